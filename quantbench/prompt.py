@@ -1,0 +1,84 @@
+"""How a decision question becomes a prompt. One rendering, used by the runner, the fixture's training and calibration.
+
+Each question of a request is rendered on its own (with the whole state), so its answer cannot depend on the
+other questions or their order. With no chat template the plain template is:
+
+    State:
+    observation: The player is facing a wall.
+
+    Question: action
+    A. left: Turn left
+    B. right: Turn right
+    C. forward: Move forward
+    Answer:
+
+and the options are scored by the next-token logits of the labels " A", " B", ... (" yes" / " no" for boolean
+questions, which end with "Answer with yes or no."). With a chat template the same text is the user turn, the
+generation prompt follows, and the labels are scored without the leading space.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from quantbench.protocol import DecisionRequest, Question
+
+CHOICE_LABELS = [chr(ord("A") + i) for i in range(26)]
+ANSWER_CUE = "Answer:"
+
+
+def render_state(state: dict[str, Any]) -> str:
+    lines = ["State:"]
+    for key, value in state.items():
+        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        lines.append(f"{key}: {text}")
+    return "\n".join(lines)
+
+
+def option_labels(question: Question) -> list[str]:
+    """The label written before each option in the prompt, in option order."""
+    if question.type == "boolean":
+        return ["yes", "no"]
+    return CHOICE_LABELS[: len(question.options)]
+
+
+def render_question(name: str, question: Question) -> str:
+    lines = [f"Question: {name}"]
+    if question.description:
+        lines.append(question.description)
+    if question.type == "boolean":
+        lines.append("Answer with yes or no.")
+    else:
+        for label, (key, desc) in zip(option_labels(question), (question.criteria or {}).items(), strict=False):
+            lines.append(f"{label}. {key}: {desc}")
+    return "\n".join(lines)
+
+
+def uses_chat_template(tokenizer: Any) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def wrap(tokenizer: Any, content: str) -> str:
+    """The full prompt text for one question's content (chat template when the tokenizer has one)."""
+    if uses_chat_template(tokenizer):
+        messages = [{"role": "user", "content": content}]
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=False)
+    return f"{content}\n{ANSWER_CUE}"
+
+
+def label_prefix(tokenizer: Any) -> str:
+    """What precedes a label token: a space after the plain template's "Answer:", nothing after a chat prompt."""
+    return "" if uses_chat_template(tokenizer) else " "
+
+
+def render_prompt(tokenizer: Any, request: DecisionRequest, name: str, state_text: str | None = None) -> str:
+    """The prompt for question `name` of `request` (state_text overrides the rendered state, for truncation)."""
+    state = render_state(request.state) if state_text is None else state_text
+    return wrap(tokenizer, f"{state}\n\n{render_question(name, request.questions[name])}")
+
+
+def answer_text(tokenizer: Any, question: Question, option: str) -> str:
+    """The text that follows the prompt when the answer is `option` (what the fixture is trained to say)."""
+    label = option_labels(question)[question.options.index(option)]
+    return label_prefix(tokenizer) + label

@@ -1,0 +1,185 @@
+"""The decision protocol: one request (a state plus choice questions) in, per-option probabilities out.
+
+It is the JSON of the SystemOne API in the reference card, and these pydantic classes are its only definition:
+the runner, the suites, the HTTP server and the http backend all use them.
+
+    {"model": "clef-omni",
+     "state": {"observation": "The player is facing a wall."},
+     "questions": {"action": {"type": "choice",
+                              "criteria": {"left": "Turn left", "right": "Turn right", "forward": "Move forward"}}}}
+
+`boolean` questions take no criteria (their options are `yes` and `no`). Limits that depend on the deployment
+(the largest number of options) are passed in a validation context: `DecisionRequest.model_validate(data,
+context={"max_options": 26})`. Every problem is reported as a `RequestError` naming the field and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+
+from quantbench.errors import RequestError
+
+DEFAULT_MAX_OPTIONS = 26
+BOOLEAN_OPTIONS = ("yes", "no")
+MEDIA_KEYS = ("image", "images", "audio", "audios", "video", "videos")
+
+
+class Question(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["choice", "boolean"] = Field(description="`choice` (criteria required) or `boolean` (yes / no).")
+    criteria: dict[str, str] | None = Field(
+        default=None, description="Option key → what the option means. Required for `choice`; none for `boolean`."
+    )
+    description: str | None = Field(default=None, description="Optional question text shown with the options.")
+
+    @field_validator("type", mode="before")
+    @classmethod
+    def _known_type(cls, v: Any) -> Any:
+        if v not in ("choice", "boolean"):
+            raise ValueError(f"unknown question type {v!r}; use 'choice' (with criteria) or 'boolean' (yes/no)")
+        return v
+
+    @model_validator(mode="after")
+    def _options(self, info: ValidationInfo) -> Question:
+        max_options = (info.context or {}).get("max_options", DEFAULT_MAX_OPTIONS)
+        if self.type == "boolean":
+            if self.criteria is not None and set(self.criteria) != set(BOOLEAN_OPTIONS):
+                raise ValueError("a boolean question has the options yes and no; drop `criteria` or use type 'choice'")
+            return self
+        if not self.criteria:
+            raise ValueError("criteria is empty; a choice question needs at least two options {key: description}")
+        if len(self.criteria) < 2:
+            raise ValueError("criteria has one option; a choice question needs at least two")
+        if len(self.criteria) > max_options:
+            raise ValueError(
+                f"criteria has {len(self.criteria)} options, over the limit of {max_options}; "
+                "split the question or raise max_options"
+            )
+        seen: dict[str, str] = {}
+        for key in self.criteria:
+            if not key.strip():
+                raise ValueError("criteria has an empty option key; give every option a non-empty key")
+            norm = key.strip().casefold()
+            if norm in seen:
+                raise ValueError(f"criteria keys {seen[norm]!r} and {key!r} are duplicates (keys must differ)")
+            seen[norm] = key
+        return self
+
+    @property
+    def options(self) -> list[str]:
+        return list(BOOLEAN_OPTIONS) if self.type == "boolean" else list(self.criteria or {})
+
+
+class DecisionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(default="", description="Model name the caller expects (informational).")
+    state: dict[str, Any] = Field(description="What the decision is about: a JSON object.")
+    questions: dict[str, Question] = Field(description="Question name → question. At least one.")
+
+    @field_validator("state", mode="before")
+    @classmethod
+    def _state_is_object(cls, v: Any) -> Any:
+        if not isinstance(v, dict):
+            raise ValueError(f"state must be a JSON object, got {type(v).__name__}; wrap the value, e.g. {{\"text\": ...}}")
+        return v
+
+    @field_validator("questions")
+    @classmethod
+    def _some_questions(cls, v: dict[str, Question]) -> dict[str, Question]:
+        if not v:
+            raise ValueError("questions is empty; ask at least one question")
+        for name in v:
+            if not name.strip():
+                raise ValueError("a question has an empty name; give every question a non-empty name")
+        return v
+
+    def media_fields(self) -> list[str]:
+        """State keys that carry image / audio / video (this text-only runner cannot read them)."""
+        return [k for k in self.state if k.lower() in MEDIA_KEYS]
+
+
+class QuestionAnswer(BaseModel):
+    top: str = Field(description="The option with the highest probability.")
+    probabilities: dict[str, float] = Field(description="Option key → probability; they sum to 1.")
+    method: Literal["label_logit", "continuation"] = Field(
+        description="`label_logit`: logits of single-token option labels; `continuation`: full option log-likelihood."
+    )
+    truncated: bool = Field(default=False, description="The state was cut to fit the model's context.")
+
+
+class DecisionResponse(BaseModel):
+    model: str
+    answers: dict[str, QuestionAnswer]
+    model_ms: float = Field(description="Time in the model's forward pass for this request (ms).")
+    tokens: int = Field(description="Tokens fed to the model for this request (all questions).")
+
+
+class SuiteRecord(BaseModel):
+    """One line of a suite file (JSONL)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    benchmark: str
+    request: DecisionRequest
+    gold: dict[str, str] | None = None
+
+    @model_validator(mode="after")
+    def _gold_matches(self) -> SuiteRecord:
+        for q, opt in (self.gold or {}).items():
+            if q not in self.request.questions:
+                raise ValueError(f"gold names question {q!r}, which the request does not ask")
+            if opt not in self.request.questions[q].options:
+                raise ValueError(f"gold answer {opt!r} for {q!r} is not one of its options {self.request.questions[q].options}")
+        return self
+
+
+def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise RequestError(k, f"duplicate key {k!r} in a JSON object", "each key may appear once")
+        out[k] = v
+    return out
+
+
+def loads_strict(text: str | bytes) -> Any:
+    """json.loads that refuses duplicate keys (plain json keeps the last one silently)."""
+    return json.loads(text, object_pairs_hook=_reject_duplicate_keys)
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in loc) or "request"
+
+
+def explain(err: ValidationError) -> RequestError:
+    """The first problem of a pydantic ValidationError as a RequestError naming the field."""
+    first = err.errors()[0]
+    msg = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "missing":
+        msg = "is required"
+    elif first["type"] == "extra_forbidden":
+        msg = "is not a known field; remove it (see the request schema)"
+    field = _field_path(tuple(first["loc"]))
+    if msg.startswith("criteria ") and not field.endswith("criteria"):
+        field += ".criteria"  # the option checks run on the whole question; point at the criteria
+    return RequestError(field, msg)
+
+
+def parse_request(data: dict[str, Any] | str | bytes, *, max_options: int = DEFAULT_MAX_OPTIONS) -> DecisionRequest:
+    """Validate a request given as a dict or as JSON text; raise RequestError naming the field."""
+    try:
+        if isinstance(data, str | bytes):
+            data = loads_strict(data)
+        if not isinstance(data, dict):
+            raise RequestError("request", "must be a JSON object with state and questions")
+        return DecisionRequest.model_validate(data, context={"max_options": max_options})
+    except ValidationError as e:
+        raise explain(e) from None
+    except json.JSONDecodeError as e:
+        raise RequestError("request", f"is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None

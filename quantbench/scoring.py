@@ -1,0 +1,193 @@
+"""Scoring decisions with a transformers causal LM: every local backend answers through this one engine.
+
+One forward pass per request: each question becomes its own sequence (so reordering questions cannot change an
+answer), the sequences are right-padded into one batch, and only the positions that are read go through lm_head.
+Right padding keeps every real token's attention exactly as if the sequence were alone: causal attention never
+looks forward, so no attention mask is needed and none is passed.
+
+Options are scored from the logits of their single-token labels (`label_logit`); when the tokenizer cannot
+write every label as one token, or the caller asks for it, from the summed log-likelihood of each option key as a
+continuation (`continuation`), batched in the same forward pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from quantbench.errors import ContextLengthError
+from quantbench.prompt import label_prefix, option_labels, render_prompt, render_state, uses_chat_template
+from quantbench.protocol import DEFAULT_MAX_OPTIONS, DecisionRequest, QuestionAnswer
+
+
+@dataclass
+class _Reader:
+    """Where one question's answer is read from the batch."""
+
+    question: str
+    options: list[str]
+    method: str
+    truncated: bool
+    rows: list[int]  # batch rows: one for label_logit, one per option for continuation
+    label_ids: list[int] | None = None
+    spans: list[tuple[int, int]] = field(default_factory=list)  # continuation: (first, end) token positions
+
+
+@dataclass
+class Prepared:
+    request: DecisionRequest
+    rows: list[list[int]]
+    readers: list[_Reader]
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(r) for r in self.rows)
+
+
+class TransformersEngine:
+    """Answers decision requests with a loaded causal LM (any backend that ends in a transformers model)."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_options: int = DEFAULT_MAX_OPTIONS,
+        max_tokens: int | None = None,
+        truncate: bool = False,
+        method: str = "auto",
+    ):
+        if method not in ("auto", "continuation"):
+            raise ValueError(f"method must be 'auto' or 'continuation', not {method!r}")
+        self.model, self.tokenizer = model, tokenizer
+        self.max_options, self.truncate, self.method = max_options, truncate, method
+        limit = getattr(model.config, "max_position_embeddings", None) or 1 << 30
+        self.max_tokens = min(limit, max_tokens) if max_tokens else limit
+        self.device = next(model.parameters()).device
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self._add_special = not uses_chat_template(tokenizer)
+        self._label_cache: dict[tuple[str, ...], list[int] | None] = {}
+
+    # -- tokenization (pre-processing, timed apart from the model) ------------------------------------------
+    def _encode(self, text: str, special: bool) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=special)["input_ids"]
+
+    def _single_token_labels(self, labels: list[str]) -> list[int] | None:
+        key = tuple(labels)
+        if key not in self._label_cache:
+            prefix = label_prefix(self.tokenizer)
+            ids = [self._encode(prefix + label, False) for label in labels]
+            ok = all(len(i) == 1 for i in ids) and len({i[0] for i in ids}) == len(ids)
+            self._label_cache[key] = [i[0] for i in ids] if ok else None
+        return self._label_cache[key]
+
+    def _prompt_ids(self, request: DecisionRequest, name: str, extra: int) -> tuple[list[int], bool]:
+        """Token ids of one question's prompt, cutting the state when allowed and needed to fit `extra` more."""
+        ids = self._encode(render_prompt(self.tokenizer, request, name), self._add_special)
+        if len(ids) + extra <= self.max_tokens:
+            return ids, False
+        if not self.truncate:
+            raise ContextLengthError(f"questions.{name}", len(ids) + extra, self.max_tokens)
+        state_ids = self._encode(render_state(request.state), False)
+        for _ in range(4):  # re-tokenizing the cut text can shift a few tokens: shrink until it fits
+            over = len(ids) + extra - self.max_tokens
+            if over <= 0:
+                return ids, True
+            keep = len(state_ids) - over - 4
+            if keep <= 0:
+                break
+            state_ids = state_ids[:keep]
+            cut = self.tokenizer.decode(state_ids)
+            ids = self._encode(render_prompt(self.tokenizer, request, name, state_text=cut), self._add_special)
+        raise ContextLengthError(f"questions.{name}", len(ids) + extra, self.max_tokens)
+
+    def prepare(self, request: DecisionRequest) -> Prepared:
+        rows: list[list[int]] = []
+        readers: list[_Reader] = []
+        for name, question in request.questions.items():
+            options = question.options
+            label_ids = None if self.method == "continuation" else self._single_token_labels(option_labels(question))
+            if label_ids is not None:
+                ids, cut = self._prompt_ids(request, name, 0)
+                readers.append(_Reader(name, options, "label_logit", cut, [len(rows)], label_ids=label_ids))
+                rows.append(ids)
+                continue
+            conts = [self._encode(" " + key, False) for key in options]
+            ids, cut = self._prompt_ids(request, name, max(len(c) for c in conts))
+            reader = _Reader(name, options, "continuation", cut, [])
+            for cont in conts:
+                reader.rows.append(len(rows))
+                reader.spans.append((len(ids), len(ids) + len(cont)))
+                rows.append(ids + cont)
+            readers.append(reader)
+        return Prepared(request, rows, readers)
+
+    # -- the forward pass (what the latency figures time) ---------------------------------------------------
+    @torch.inference_mode()
+    def forward_many(self, batch: list[Prepared]) -> list[dict[str, QuestionAnswer]]:
+        """Answer several prepared requests in one forward pass (the server batches concurrent requests)."""
+        rows = [r for p in batch for r in p.rows]
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        ids = ids.to(self.device, non_blocking=True)
+
+        # Which (row, position) hidden states are read: the last prompt token for labels, and for continuations
+        # every position that predicts an option token.
+        picks_row: list[int] = []
+        picks_pos: list[int] = []
+        offset = 0
+        plan: list[list[tuple[_Reader, int]]] = []
+        for p in batch:
+            entries = []
+            for rd in p.readers:
+                entries.append((rd, len(picks_row)))
+                if rd.method == "label_logit":
+                    picks_row.append(offset + rd.rows[0])
+                    picks_pos.append(len(p.rows[rd.rows[0]]) - 1)
+                else:
+                    for row, (first, end) in zip(rd.rows, rd.spans, strict=True):
+                        for pos in range(first - 1, end - 1):
+                            picks_row.append(offset + row)
+                            picks_pos.append(pos)
+            plan.append(entries)
+            offset += len(p.rows)
+
+        decoder = self.model.get_decoder()
+        hidden = decoder(input_ids=ids, use_cache=False).last_hidden_state
+        sel = hidden[torch.tensor(picks_row, device=self.device), torch.tensor(picks_pos, device=self.device)]
+        logits = self.model.get_output_embeddings()(sel).float()
+        logprobs = torch.log_softmax(logits, dim=-1).cpu()
+
+        out: list[dict[str, QuestionAnswer]] = []
+        for p, entries in zip(batch, plan, strict=True):
+            answers: dict[str, QuestionAnswer] = {}
+            for rd, start in entries:
+                if rd.method == "label_logit":
+                    scores = logits[start].cpu()[torch.tensor(rd.label_ids)]
+                else:
+                    scores, k = [], start
+                    for row, (first, end) in zip(rd.rows, rd.spans, strict=True):
+                        target = p.rows[row][first:end]
+                        scores.append(sum(float(logprobs[k + j, t]) for j, t in enumerate(target)))
+                        k += end - first
+                    scores = torch.tensor(scores, dtype=torch.float64)
+                probs = torch.softmax(scores.double(), dim=0)
+                prob = {o: float(v) for o, v in zip(rd.options, probs, strict=True)}
+                top = max(rd.options, key=lambda o: prob[o])
+                answers[rd.question] = QuestionAnswer(top=top, probabilities=prob, method=rd.method, truncated=rd.truncated)
+            out.append(answers)
+        return out
+
+    def forward(self, prepared: Prepared) -> dict[str, QuestionAnswer]:
+        return self.forward_many([prepared])[0]
+
+    def tokens(self, prepared: Prepared) -> int:
+        return prepared.tokens
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)

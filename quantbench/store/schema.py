@@ -1,0 +1,130 @@
+"""The results schema, as ordered migrations. A store at version N gets migrations N+1.. applied in order.
+
+Never edit a released migration: add a new one. `SCHEMA_VERSION` is the number of migrations.
+"""
+
+from __future__ import annotations
+
+MIGRATIONS: list[str] = [
+    # 1: runs, answers, latencies.
+    """
+    CREATE TABLE runs (
+        run_id UUID PRIMARY KEY,
+        status VARCHAR NOT NULL,              -- ok | failed
+        failure VARCHAR,                      -- oom | timeout | crashed | load_error | unsupported | error
+        error VARCHAR,                        -- message and traceback of a failed run
+        created_at TIMESTAMPTZ NOT NULL,
+        finished_at TIMESTAMPTZ,
+        backend VARCHAR NOT NULL,
+        variant VARCHAR,
+        weight_format VARCHAR,
+        kernel_path VARCHAR,
+        compute_dtype VARCHAR,
+        native VARCHAR,                       -- native | emulated | NULL
+        model_id VARCHAR,
+        model_path VARCHAR,
+        model_hash VARCHAR,
+        model_revision VARCHAR,
+        weights VARCHAR,                      -- trained | synthetic | checkpoint
+        tokenizer_hash VARCHAR,
+        suite_id VARCHAR,
+        suite_hash VARCHAR,
+        n_records INTEGER,
+        n_questions INTEGER,
+        device VARCHAR,                       -- cpu | cuda:0 ...
+        gpu_name VARCHAR,
+        gpu_family VARCHAR,                   -- cpu | ampere | ada | hopper | blackwell | ...
+        gpu_uuid VARCHAR,
+        gpu_cc VARCHAR,
+        gpu_sm_count INTEGER,
+        gpu_memory_bytes BIGINT,
+        driver_version VARCHAR,
+        cuda_version VARCHAR,
+        host VARCHAR,
+        cpu_model VARCHAR,
+        host_memory_bytes BIGINT,
+        os VARCHAR,
+        python_version VARCHAR,
+        torch_version VARCHAR,
+        transformers_version VARCHAR,
+        auto_round_version VARCHAR,
+        modelopt_version VARCHAR,
+        quantbench_version VARCHAR,
+        quantbench_git_rev VARCHAR,
+        load_s DOUBLE,
+        cold_ms DOUBLE,                       -- first decision after load (model time)
+        mem_weights_bytes BIGINT,             -- device memory allocated by the load (after - before)
+        mem_peak_allocated_bytes BIGINT,
+        mem_peak_reserved_bytes BIGINT,
+        mem_nvml_peak_bytes BIGINT,           -- NVML per-process peak, sampled
+        host_rss_peak_bytes BIGINT,
+        experts_bytes BIGINT,                 -- MoE expert weights in memory, summed from the tensors
+        disk_bytes BIGINT,
+        spec JSON,                            -- the full RunSpec
+        spec_hash VARCHAR,                    -- hash of the settings that define the result (sweeps skip on it)
+        extra JSON
+    );
+    CREATE TABLE answers (
+        run_id UUID NOT NULL,
+        record_id VARCHAR NOT NULL,
+        benchmark VARCHAR,
+        question VARCHAR NOT NULL,
+        options VARCHAR[] NOT NULL,
+        probs DOUBLE[] NOT NULL,
+        top VARCHAR NOT NULL,
+        gold VARCHAR,
+        method VARCHAR NOT NULL,              -- label_logit | continuation
+        truncated BOOLEAN NOT NULL,
+        PRIMARY KEY (run_id, record_id, question)
+    );
+    CREATE TABLE latencies (
+        run_id UUID NOT NULL,
+        seq INTEGER NOT NULL,                 -- order of the timed decision within the run
+        phase VARCHAR NOT NULL,               -- suite | latency
+        record_id VARCHAR NOT NULL,
+        model_ms DOUBLE NOT NULL,             -- forward pass (CUDA events on GPU, perf_counter on CPU)
+        prep_ms DOUBLE NOT NULL,              -- tokenization and tensor building
+        tokens INTEGER NOT NULL,
+        batch INTEGER NOT NULL,
+        PRIMARY KEY (run_id, seq)
+    );
+    """,
+    # 2: the role a run plays in parity (reference / noise floor) and the GPU the user asked for.
+    """
+    ALTER TABLE runs ADD COLUMN role VARCHAR DEFAULT 'candidate';
+    ALTER TABLE runs ADD COLUMN gpu_requested VARCHAR;
+    """,
+]
+
+# Views are recreated on every open (they hold no data), so they can change without a migration.
+VIEWS = """
+CREATE OR REPLACE VIEW run_latency AS
+SELECT run_id,
+       count(*) AS n_timed,
+       quantile_cont(model_ms, 0.5) AS p50_ms,
+       quantile_cont(model_ms, 0.9) AS p90_ms,
+       quantile_cont(model_ms, 0.99) AS p99_ms,
+       avg(model_ms) AS mean_ms,
+       avg(prep_ms) AS prep_mean_ms,
+       avg(tokens) AS mean_tokens
+FROM latencies GROUP BY run_id;
+
+CREATE OR REPLACE VIEW run_accuracy AS
+SELECT run_id,
+       count(*) AS n_answers,
+       count(gold) AS n_gold,
+       avg(CASE WHEN gold IS NOT NULL THEN (top = gold)::INTEGER END) AS accuracy
+FROM answers GROUP BY run_id;
+
+CREATE OR REPLACE VIEW run_summary AS
+SELECT r.run_id, r.created_at, r.status, r.failure, r.backend, r.variant, r.role, r.weight_format, r.kernel_path,
+       r.native, r.model_id, r.weights, r.suite_id, r.device, r.gpu_name, r.gpu_family, r.host,
+       r.n_records, r.n_questions, a.accuracy, a.n_gold, l.p50_ms, l.p90_ms, l.p99_ms, l.n_timed,
+       r.load_s, r.cold_ms, r.mem_weights_bytes, r.mem_peak_allocated_bytes, r.mem_nvml_peak_bytes,
+       r.host_rss_peak_bytes, r.experts_bytes, r.disk_bytes
+FROM runs r
+LEFT JOIN run_accuracy a USING (run_id)
+LEFT JOIN run_latency l USING (run_id);
+"""
+
+SCHEMA_VERSION = len(MIGRATIONS)
