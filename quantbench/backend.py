@@ -14,6 +14,7 @@ Local backends return a `quantbench.scoring.TransformersEngine`, so every varian
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from importlib import import_module
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -130,6 +131,13 @@ def backend_names() -> list[str]:
 
 
 def get_backend(name: str) -> Backend:
+    """An installed backend by entry-point name, or any class by import path (`package.module:Class`)."""
+    if ":" in name:
+        module, _, cls = name.partition(":")
+        try:
+            return getattr(import_module(module), cls)()
+        except (ImportError, AttributeError) as e:
+            raise ConfigError(f"--backend {name!r}: cannot import it ({e}); give `package.module:Class`") from e
     eps = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
     if name not in eps:
         raise ConfigError(

@@ -94,6 +94,11 @@ MIGRATIONS: list[str] = [
     ALTER TABLE runs ADD COLUMN role VARCHAR DEFAULT 'candidate';
     ALTER TABLE runs ADD COLUMN gpu_requested VARCHAR;
     """,
+    # 3: bytes of every tensor the loaded model holds (parameters and buffers, on any device): the weights figure
+    # on a CPU host, where the device-memory columns stay NULL.
+    """
+    ALTER TABLE runs ADD COLUMN model_tensor_bytes BIGINT;
+    """,
 ]
 
 # Views are recreated on every open (they hold no data), so they can change without a migration.
@@ -121,7 +126,7 @@ SELECT r.run_id, r.created_at, r.status, r.failure, r.backend, r.variant, r.role
        r.native, r.model_id, r.weights, r.suite_id, r.device, r.gpu_name, r.gpu_family, r.host,
        r.n_records, r.n_questions, a.accuracy, a.n_gold, l.p50_ms, l.p90_ms, l.p99_ms, l.n_timed,
        r.load_s, r.cold_ms, r.mem_weights_bytes, r.mem_peak_allocated_bytes, r.mem_nvml_peak_bytes,
-       r.host_rss_peak_bytes, r.experts_bytes, r.disk_bytes
+       r.host_rss_peak_bytes, r.experts_bytes, r.model_tensor_bytes, r.disk_bytes
 FROM runs r
 LEFT JOIN run_accuracy a USING (run_id)
 LEFT JOIN run_latency l USING (run_id);

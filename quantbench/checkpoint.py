@@ -1,0 +1,136 @@
+"""Loading checkpoints strictly, and naming them.
+
+transformers fills any weight it did not find with random values and only *reports* MISSING / UNEXPECTED keys;
+a run on such a model would be silently wrong. `load_causal_lm` turns every such report into a LoadError.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from quantbench.errors import LoadError
+
+PROVENANCE_FILE = "quantbench_provenance.json"  # written by `quantbench quantize` next to a variant
+SYNTHETIC_FILE = "quantbench_synthetic.json"  # written beside a saved random-weight real-shape model
+FULL_HASH_LIMIT = 2 << 30  # above this, fingerprint (sizes + head and tail of each file) instead of full sha256
+_CHUNK = 16 << 20
+
+
+def fingerprint(path: str | Path) -> str:
+    """Content hash of a checkpoint directory: sha256 over every file's name and bytes. For checkpoints over
+    2 GiB, over each file's name, size and first/last 16 MiB ("fp:" prefix), so a 60 GB model hashes in seconds."""
+    root = Path(path)
+    files = sorted(f for f in root.rglob("*") if f.is_file() and not f.name.startswith("."))
+    total = sum(f.stat().st_size for f in files)
+    full = total <= FULL_HASH_LIMIT
+    h = hashlib.sha256()
+    for f in files:
+        h.update(str(f.relative_to(root)).encode())
+        size = f.stat().st_size
+        h.update(size.to_bytes(8, "little"))
+        with open(f, "rb") as fh:
+            if full:
+                while chunk := fh.read(_CHUNK):
+                    h.update(chunk)
+            else:
+                h.update(fh.read(_CHUNK))
+                if size > 2 * _CHUNK:
+                    fh.seek(size - _CHUNK)
+                    h.update(fh.read(_CHUNK))
+    return ("" if full else "fp:") + h.hexdigest()
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def model_identity(path: str | Path) -> dict[str, Any]:
+    """model_id (shared by every variant of one model), model_hash (this checkpoint), weights kind."""
+    root = Path(path)
+    prov = read_json(root / PROVENANCE_FILE) or {}
+    synth = read_json(root / SYNTHETIC_FILE)
+    config = read_json(root / "config.json") or {}
+    model_id = prov.get("source_model_id") or (synth or {}).get("model_id") or config.get("quantbench_model_id")
+    if not model_id:
+        model_id = config.get("_name_or_path") or root.name
+    weights = "synthetic" if synth or prov.get("weights") == "synthetic" else "checkpoint"
+    if config.get("quantbench_model_id") or prov.get("weights") == "trained":
+        weights = "trained"
+    return {
+        "model_id": model_id,
+        "model_path": str(root.resolve()),
+        "model_hash": fingerprint(root),
+        "model_revision": prov.get("source_revision") or config.get("quantbench_revision"),
+        "weights": weights,
+        "source_model_hash": prov.get("source_model_hash"),
+    }
+
+
+def check_safetensors_only(path: Path) -> None:
+    if not list(path.glob("*.safetensors")):
+        pickled = [f.name for f in path.glob("*.bin")] + [f.name for f in path.glob("*.pt")]
+        hint = f" (found {', '.join(pickled)}: pickled weights are never loaded)" if pickled else ""
+        raise LoadError(f"{path}: no *.safetensors weights{hint}; convert the checkpoint to safetensors")
+
+
+def load_causal_lm(path: str | Path, *, dtype: torch.dtype, device: str, trust_remote_code: bool = False, **kwargs: Any):
+    """AutoModelForCausalLM.from_pretrained, refusing any checkpoint that does not fill the model exactly."""
+    from transformers import AutoModelForCausalLM
+
+    root = Path(path)
+    if not (root / "config.json").is_file():
+        raise LoadError(f"{root}: no config.json; --model must be a checkpoint directory (config.json + *.safetensors)")
+    check_safetensors_only(root)
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(
+            root,
+            dtype=dtype,
+            device_map=device,
+            use_safetensors=True,
+            trust_remote_code=trust_remote_code,
+            output_loading_info=True,
+            **kwargs,
+        )
+    except ValueError as e:
+        if "trust_remote_code" in str(e):
+            raise LoadError(f"{root}: the checkpoint needs its own Python code; pass --trust-remote-code to allow it") from e
+        raise LoadError(f"{root}: {e}") from e
+    problems = []
+    for kind in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"):
+        items = list(info.get(kind) or [])
+        if items:
+            shown = ", ".join(str(i) for i in items[:6]) + (f" … (+{len(items) - 6} more)" if len(items) > 6 else "")
+            problems.append(f"{kind.replace('_', ' ')}: {shown}")
+    if problems:
+        raise LoadError(
+            f"{root}: the checkpoint does not match the model exactly ({'; '.join(problems)}). "
+            "transformers would fill the gaps with random weights, so the run is refused"
+        )
+    return model.eval()
+
+
+def tensor_bytes(module: torch.nn.Module) -> int:
+    """Bytes of every distinct tensor storage a module holds (parameters and buffers), on any device."""
+    seen: set[int] = set()
+    total = 0
+    for t in list(module.parameters()) + list(module.buffers()):
+        key = t.untyped_storage().data_ptr()
+        if key in seen:
+            continue
+        seen.add(key)
+        total += t.untyped_storage().nbytes()
+    return total
+
+
+def experts_tensor_bytes(module: torch.nn.Module) -> int:
+    """Bytes of the MoE expert weights (parameters and buffers under any `experts` submodule)."""
+    total = 0
+    for name, t in list(module.named_parameters()) + list(module.named_buffers()):
+        if ".experts." in f".{name}":
+            total += t.numel() * t.element_size()
+    return total

@@ -1,0 +1,171 @@
+"""The child process of one run: load one variant, answer the suite, time it, write a result file.
+
+Run as `python -m quantbench.child SPEC.json RESULT.json` by `quantbench.runner`. A fresh process per variant is
+not optional: once auto_round is imported, transformers loads plain MoE checkpoints with random experts
+(NOTES.md), and memory figures are only honest in a process that loaded nothing else.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from quantbench.backend import LoadedVariant, RunSpec, get_backend
+from quantbench.checkpoint import tensor_bytes
+from quantbench.errors import LoadError, UnsupportedError
+from quantbench.machine import detect
+from quantbench.memory import MemoryTracker
+from quantbench.suite import load_suite
+
+# The parent pipes stderr to keep a tail for failed rows; it asks for live progress when it has a terminal.
+console = Console(stderr=True, force_terminal=os.environ.get("QUANTBENCH_TTY") == "1" or None)
+
+
+class Timer:
+    """Model time of one forward: CUDA events + synchronize on a GPU, perf_counter on the CPU."""
+
+    def __init__(self, device: str):
+        self.cuda = device.startswith("cuda")
+
+    def __call__(self, fn, *args):
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            out = fn(*args)
+            end.record()
+            torch.cuda.synchronize()
+            return out, start.elapsed_time(end)
+        t0 = time.perf_counter()
+        out = fn(*args)
+        return out, (time.perf_counter() - t0) * 1e3
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=console, transient=False,
+    )
+
+
+def _answer_suite(loaded: LoadedVariant, records, timer: Timer, spec: RunSpec, out: dict[str, Any]) -> None:
+    engine = loaded.engine
+    answers, latencies = out["answers"], out["latencies"]
+
+    def decide(record):
+        t0 = time.perf_counter()
+        prepared = engine.prepare(record.request)
+        prep_ms = (time.perf_counter() - t0) * 1e3
+        result, model_ms = timer(engine.forward, prepared)
+        return result, prep_ms, model_ms, engine.tokens(prepared)
+
+    # Cold: the first decision after load (kernel compilation, allocator growth, autotuning), kept apart.
+    _, _, out["run"]["cold_ms"], _ = decide(records[0])
+    for i in range(spec.warmup):
+        decide(records[(i + 1) % len(records)])
+
+    with _progress() as progress:
+        task = progress.add_task(f"{loaded.info.variant}: suite", total=len(records))
+        for record in records:
+            result, prep_ms, model_ms, tokens = decide(record)
+            latencies.append(dict(seq=len(latencies), phase="suite", record_id=record.id, model_ms=model_ms,
+                                  prep_ms=prep_ms, tokens=tokens, batch=1))
+            for q, ans in result.items():
+                answers.append(dict(
+                    record_id=record.id, benchmark=record.benchmark, question=q,
+                    options=list(ans.probabilities), probs=list(ans.probabilities.values()), top=ans.top,
+                    gold=(record.gold or {}).get(q), method=ans.method, truncated=ans.truncated,
+                ))
+            progress.advance(task)
+
+        # Latency phase: keep timing decisions until both stop rules hold (at least N decisions, S seconds).
+        suite_ms = sum(lat["model_ms"] for lat in latencies)
+        need_n = max(0, spec.latency_min_decisions - len(records))
+        need_s = max(0.0, spec.latency_min_seconds - suite_ms / 1e3)
+        if need_n or need_s:
+            task = progress.add_task(f"{loaded.info.variant}: latency", total=None)
+            t_start, i = time.perf_counter(), 0
+            while i < need_n or time.perf_counter() - t_start < need_s:
+                record = records[i % len(records)]
+                _, prep_ms, model_ms, tokens = decide(record)
+                latencies.append(dict(seq=len(latencies), phase="latency", record_id=record.id, model_ms=model_ms,
+                                      prep_ms=prep_ms, tokens=tokens, batch=1))
+                i += 1
+                progress.advance(task)
+
+
+def run(spec: RunSpec, out: dict[str, Any]) -> None:
+    """Do one run in this process, filling `out` with its rows (the parent completes and stores them)."""
+    run = out["run"]
+    machine = detect(with_torch=True)
+    device = spec.device or machine.device
+    spec.device = device
+    run.update(machine.as_row())
+    run["device"] = device
+    suite = load_suite(spec.suite)
+    records = suite.records[: spec.limit] if spec.limit else suite.records
+    run.update(suite_id=suite.id, suite_hash=suite.hash, n_records=len(records),
+               n_questions=sum(len(r.request.questions) for r in records))
+
+    mem = MemoryTracker(device, machine.nvml_index)
+    mem.before_load()
+    t0 = time.perf_counter()
+    with console.status(f"loading {spec.backend} …"):
+        loaded = get_backend(spec.backend).load(spec, machine)
+        loaded.engine.synchronize()
+    run["load_s"] = time.perf_counter() - t0
+    mem.after_load()
+    info = loaded.info
+    run.update({k: v for k, v in vars(info).items() if k not in ("extra", "load_note")})
+    run["extra"] = {**info.extra, "load_note": info.load_note} if info.load_note else dict(info.extra)
+    if loaded.model is not None:
+        run["model_tensor_bytes"] = tensor_bytes(loaded.model)
+
+    _answer_suite(loaded, records, Timer(device), spec, out)
+    run.update(vars(mem.finish()))
+
+
+def classify(exc: BaseException) -> str:
+    if isinstance(exc, LoadError):
+        return "load_error"
+    if isinstance(exc, UnsupportedError):
+        return "unsupported"
+    if isinstance(exc, torch.OutOfMemoryError | MemoryError):
+        return "oom"
+    return "crashed"
+
+
+def main(argv: list[str]) -> int:
+    spec_path, result_path = Path(argv[0]), Path(argv[1])
+    with open(result_path.with_suffix(".faulthandler"), "w") as fh:
+        faulthandler.enable(file=fh)  # a segfault in a kernel still leaves a Python traceback for the row
+        spec = RunSpec.from_dict(json.loads(spec_path.read_text()))
+        out: dict[str, Any] = {"run": {}, "answers": [], "latencies": []}
+        try:
+            run(spec, out)
+            out["status"] = "ok"
+            code = 0
+        except BaseException as exc:  # every failure becomes a `failed` row, never a lost run
+            # Keep what identifies the run (machine, suite, variant); drop partial answers: no half-written runs.
+            out = {"run": out["run"], "status": "failed", "failure": classify(exc),
+                   "error": f"{type(exc).__name__}: {exc}\n\n" + "".join(traceback.format_exception(exc))}
+            console.print(f"[red]run failed ({out['failure']}):[/] {type(exc).__name__}: {exc}")
+            code = 1
+        tmp = result_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(out, default=str))
+        tmp.replace(result_path)  # the parent sees a whole result file or none
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

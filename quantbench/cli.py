@@ -1,0 +1,245 @@
+"""The `quantbench` command. Each subcommand is a thin wrapper: the work lives in the module it names."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from quantbench.errors import QuantbenchError
+
+app = typer.Typer(
+    help="Which quant of a mixture-of-experts model should I use on this GPU? Measured, reproducibly.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+out = Console()
+err = Console(stderr=True)
+
+DbOpt = Annotated[Path, typer.Option("--db", help="Results store (DuckDB). Default: $QUANTBENCH_DB or ./results.duckdb")]
+
+
+def _db(db: Path | None) -> Path:
+    from quantbench.store import default_db
+
+    return Path(db) if db else Path(default_db())
+
+
+def _fail(e: Exception) -> None:
+    err.print(f"[bold red]error:[/] {e}")
+    raise typer.Exit(2)
+
+
+def _mib(n) -> str:
+    import math
+
+    if n is None or (isinstance(n, float) and math.isnan(n)):
+        return "—"
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def _ms(x) -> str:
+    import math
+
+    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:,.1f}"
+
+
+def runs_table(df, title: str) -> Table:
+    """One self-describing row per run (llama-bench style): what ran, where, and what it measured."""
+    t = Table(title=title, title_justify="left")
+    for col in ("run", "status", "variant", "kernel", "where", "decisions", "accuracy", "p50 ms", "p90 ms",
+                "weights", "load s"):
+        t.add_column(col, justify="right" if col in ("decisions", "accuracy", "p50 ms", "p90 ms", "weights", "load s") else "left")
+    for r in df.itertuples():
+        weights = r.mem_weights_bytes if r.mem_weights_bytes == r.mem_weights_bytes and r.mem_weights_bytes is not None else None
+        weights_text = _mib(weights) if weights is not None else (
+            _mib(r.model_tensor_bytes) + " (host)" if r.model_tensor_bytes == r.model_tensor_bytes and r.model_tensor_bytes is not None else "—")
+        status = "[green]ok[/]" if r.status == "ok" else f"[red]failed: {r.failure}[/]"
+        acc = "—" if r.accuracy != r.accuracy or r.accuracy is None else f"{r.accuracy:.1%}"
+        where = r.gpu_name if isinstance(r.gpu_name, str) else "cpu"
+        variant = (r.variant if isinstance(r.variant, str) else r.backend) + (" [noise floor]" if r.role == "noise_floor" else "")
+        t.add_row(str(r.run_id)[:13], status, variant, r.kernel_path if isinstance(r.kernel_path, str) else "—", where,
+                  "—" if r.n_records != r.n_records or r.n_records is None else str(int(r.n_records)), acc,
+                  _ms(r.p50_ms), _ms(r.p90_ms), weights_text, _ms(r.load_s))
+    return t
+
+
+def _spec(**kw):
+    from quantbench.backend import RunSpec
+
+    return RunSpec(**kw)
+
+
+def _execute_and_store(spec, db: Path) -> tuple[str, str]:
+    from quantbench.runner import execute
+    from quantbench.store import Store
+
+    result = execute(spec)
+    run_id = Store(db).write_run(result)
+    return run_id, result.run["status"]
+
+
+@app.command()
+def run(
+    backend: Annotated[str, typer.Option(help="bf16 | int4 | nvfp4 | fp8 | http (see `quantbench backends`)")] = "bf16",
+    model: Annotated[str | None, typer.Option(help="Checkpoint dir. Default: the embedded fixture (or its variant)")] = None,
+    suite: Annotated[str | None, typer.Option(help="Suite JSONL. Default: the built-in suite")] = None,
+    gpu: Annotated[str, typer.Option(help="auto | cpu | ampere | ada | hopper | blackwell | part of a GPU name")] = "auto",
+    db: DbOpt = None,
+    device: Annotated[str | None, typer.Option(help="torch device (default cuda:0 when there is a GPU)")] = None,
+    dtype: Annotated[str, typer.Option(help="bfloat16 | float32 | float16 (compute dtype)")] = "bfloat16",
+    experts_impl: Annotated[str, typer.Option(help="BF16 experts kernel: grouped_mm | eager | batched_mm")] = "grouped_mm",
+    fast_moe: Annotated[bool, typer.Option(help="quantbench's grouped-MoE engine (--no-fast-moe: the library's own path)")] = True,
+    nvfp4: Annotated[str, typer.Option(help="NVFP4 weights: packed | unpacked")] = "packed",
+    nvfp4_activations: Annotated[str, typer.Option(help="NVFP4 activation fake-quant: on | off")] = "on",
+    endpoint: Annotated[str | None, typer.Option(help="http backend: base URL of a SystemOne server")] = None,
+    concurrency: Annotated[int, typer.Option(help="http backend: requests in flight")] = 1,
+    api_key: Annotated[str | None, typer.Option(envvar="QUANTBENCH_API_KEY", help="http backend: API key")] = None,
+    shape: Annotated[str | None, typer.Option(help="Synthetic real-shape model, e.g. qwen3-30b-a3b (random weights)")] = None,
+    layers: Annotated[int | None, typer.Option(help="Synthetic shape: number of layers")] = None,
+    noise_floor: Annotated[bool, typer.Option(help="Run the BF16 reference under the second kernel (eager) as the noise floor")] = False,
+    reference: Annotated[bool, typer.Option(help="Mark this run as the reference for parity")] = False,
+    trust_remote_code: Annotated[bool, typer.Option(help="Allow the checkpoint's own Python code (off by default)")] = False,
+    max_options: Annotated[int, typer.Option(help="Largest number of options a question may have")] = 26,
+    max_tokens: Annotated[int | None, typer.Option(help="Prompt token limit (default: the model's context)")] = None,
+    truncate: Annotated[bool, typer.Option(help="Cut over-long states to fit (recorded per answer) instead of failing")] = False,
+    method: Annotated[str, typer.Option(help="auto (label logits when possible) | continuation")] = "auto",
+    warmup: Annotated[int, typer.Option(help="Untimed warm-up decisions")] = 3,
+    latency_min_decisions: Annotated[int, typer.Option(help="Latency phase: at least this many timed decisions")] = 20,
+    latency_min_seconds: Annotated[float, typer.Option(help="Latency phase: and at least this many seconds")] = 2.0,
+    limit: Annotated[int | None, typer.Option(help="Only the first N records of the suite")] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds before the run is killed (a `timeout` row)")] = 1800.0,
+) -> None:
+    """Run one variant on the suite in a fresh process and store every answer, latency and memory figure."""
+    if noise_floor:
+        if backend != "bf16":
+            _fail(QuantbenchError("--noise-floor runs the BF16 reference under a second kernel; use it with --backend bf16"))
+        experts_impl = "eager" if experts_impl == "grouped_mm" else experts_impl
+    role = "noise_floor" if noise_floor else "reference" if reference else "candidate"
+    try:
+        spec = _spec(backend=backend, model=model, suite=suite, gpu=gpu, device=device, dtype=dtype,
+                     experts_impl=experts_impl, fast_moe=fast_moe, nvfp4_mode=nvfp4, nvfp4_activations=nvfp4_activations,
+                     endpoint=endpoint, concurrency=concurrency, api_key=api_key, shape=shape, layers=layers, role=role,
+                     trust_remote_code=trust_remote_code, max_options=max_options, max_tokens=max_tokens,
+                     truncate=truncate, method=method, warmup=warmup, latency_min_decisions=latency_min_decisions,
+                     latency_min_seconds=latency_min_seconds, limit=limit, timeout_s=timeout)
+        from quantbench.backend import get_backend
+
+        get_backend(backend)  # an unknown backend is an error before anything is spawned
+        run_id, status = _execute_and_store(spec, _db(db))
+        from quantbench.store import Store
+
+        out.print(runs_table(Store(_db(db)).read("SELECT * FROM run_summary WHERE run_id = ?", [run_id]),
+                             f"run stored in {_db(db)}"))
+        if status != "ok":
+            row = Store(_db(db)).read("SELECT error FROM runs WHERE run_id = ?", [run_id])
+            err.print(f"[red]{row.error.iloc[0].splitlines()[0]}[/]")
+            raise typer.Exit(1)
+    except QuantbenchError as e:
+        _fail(e)
+
+
+DEMO_VARIANTS = [
+    ("bf16 (reference)", dict(backend="bf16", role="reference")),
+    ("bf16 eager (noise floor)", dict(backend="bf16", experts_impl="eager", role="noise_floor")),
+    ("int4", dict(backend="int4")),
+    ("nvfp4 packed", dict(backend="nvfp4", nvfp4_mode="packed")),
+    ("nvfp4 unpacked", dict(backend="nvfp4", nvfp4_mode="unpacked")),
+    ("fp8", dict(backend="fp8")),
+]
+
+
+@app.command()
+def demo(
+    db: DbOpt = None,
+    limit: Annotated[int | None, typer.Option(help="Only the first N records of the suite")] = None,
+    only: Annotated[list[str] | None, typer.Option(help="Run only these backends (repeatable)")] = None,
+) -> None:
+    """Build the embedded default model if needed, run every variant on it, store the results, print the table."""
+    from quantbench.backend import backend_names
+    from quantbench.fixture import default_model_dir
+    from quantbench.store import Store
+
+    path = _db(db)
+    try:
+        err.print(f"[bold]embedded default model:[/] {default_model_dir()}")
+        installed = set(backend_names())
+        ids = []
+        for label, kw in DEMO_VARIANTS:
+            if kw["backend"] not in installed or (only and kw["backend"] not in only):
+                continue
+            err.rule(f"[bold]{label}")
+            run_id, _ = _execute_and_store(_spec(limit=limit, timeout_s=1800.0, **kw), path)
+            ids.append(run_id)
+        df = Store(path).read(
+            "SELECT * FROM run_summary WHERE run_id IN (SELECT unnest(?::UUID[])) ORDER BY created_at", [ids])
+        out.print(runs_table(df, f"quantbench demo — stored in {path}"))
+        try:
+            from quantbench.report import report_for_this_machine
+        except ImportError:
+            return
+        from quantbench.machine import detect
+
+        out.print(report_for_this_machine(Store(path), detect().gpu_name or "cpu"))
+    except QuantbenchError as e:
+        _fail(e)
+
+
+@app.command()
+def backends() -> None:
+    """List installed backends (entry points) and what each can do on this machine."""
+    from quantbench.backend import backend_names, get_backend
+    from quantbench.machine import detect
+
+    machine = detect()
+    t = Table(title=f"backends on {machine.label}", title_justify="left")
+    for col in ("backend", "available", "native here?", "what", "detail"):
+        t.add_column(col)
+    for name in backend_names():
+        try:
+            b = get_backend(name)
+            a = b.availability(machine)
+            t.add_row(name, "yes" if a.available else "[red]no[/]", a.native or "—", b.summary, a.detail)
+        except Exception as e:  # a broken plugin is shown, not fatal
+            t.add_row(name, "[red]error[/]", "—", "", f"{type(e).__name__}: {e}")
+    out.print(t)
+
+
+@app.command()
+def runs(
+    db: DbOpt = None,
+    last: Annotated[int, typer.Option(help="Show the newest N runs")] = 30,
+) -> None:
+    """List stored runs, one self-describing row each."""
+    from quantbench.store import Store
+
+    try:
+        df = Store(_db(db)).read(f"SELECT * FROM (SELECT * FROM run_summary ORDER BY created_at DESC LIMIT {int(last)}) ORDER BY created_at")
+    except QuantbenchError as e:
+        _fail(e)
+    out.print(runs_table(df, f"runs in {_db(db)}"))
+
+
+@app.command()
+def fixture(
+    rebuild: Annotated[bool, typer.Option(help="Build again even if cached")] = False,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Write the checkpoint here instead of the cache")] = None,
+) -> None:
+    """Build (or show) the embedded default model: a small trained Qwen3-MoE with its own tokenizer."""
+    from quantbench.fixture import main_fixture
+
+    try:
+        main_fixture(rebuild, out_dir)
+    except QuantbenchError as e:
+        _fail(e)
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
