@@ -94,14 +94,17 @@ def load_causal_lm(path: str | Path, *, dtype: torch.dtype, device: str, trust_r
             use_safetensors=True,
             trust_remote_code=trust_remote_code,
             output_loading_info=True,
+            # Let transformers report shape mismatches (named, below) instead of raising without the names.
+            ignore_mismatched_sizes=True,
             **kwargs,
         )
-    except ValueError as e:
+    except (ValueError, RuntimeError, OSError) as e:
         if "trust_remote_code" in str(e):
             raise LoadError(f"{root}: the checkpoint needs its own Python code; pass --trust-remote-code to allow it") from e
-        raise LoadError(f"{root}: {e}") from e
+        # transformers raises on tensor shapes that differ from the config (for MoE checkpoints: an expert short).
+        raise LoadError(f"{root}: the checkpoint does not match the model's config ({e})") from e
     problems = []
-    for kind in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"):
+    for kind in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs", "conversion_errors"):
         items = list(info.get(kind) or [])
         if items:
             shown = ", ".join(str(i) for i in items[:6]) + (f" … (+{len(items) - 6} more)" if len(items) > 6 else "")

@@ -40,7 +40,9 @@ def option_labels(question: Question) -> list[str]:
     """The label written before each option in the prompt, in option order."""
     if question.type == "boolean":
         return ["yes", "no"]
-    return CHOICE_LABELS[: len(question.options)]
+    n = len(question.options)
+    # Past Z there are no single-letter labels: number the options (scored by continuation, see scoring.py).
+    return CHOICE_LABELS[:n] if n <= len(CHOICE_LABELS) else [str(i + 1) for i in range(n)]
 
 
 def render_question(name: str, question: Question) -> str:
@@ -50,7 +52,7 @@ def render_question(name: str, question: Question) -> str:
     if question.type == "boolean":
         lines.append("Answer with yes or no.")
     else:
-        for label, (key, desc) in zip(option_labels(question), (question.criteria or {}).items(), strict=False):
+        for label, (key, desc) in zip(option_labels(question), (question.criteria or {}).items(), strict=True):
             lines.append(f"{label}. {key}: {desc}")
     return "\n".join(lines)
 

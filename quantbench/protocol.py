@@ -56,7 +56,7 @@ class Question(BaseModel):
         max_options = (info.context or {}).get("max_options", DEFAULT_MAX_OPTIONS)
         if self.type == "boolean":
             if self.criteria is not None and set(self.criteria) != set(BOOLEAN_OPTIONS):
-                raise ValueError("a boolean question has the options yes and no; drop `criteria` or use type 'choice'")
+                raise ValueError("criteria of a boolean question must be yes and no; drop `criteria` or use type 'choice'")
             return self
         if not self.criteria:
             raise ValueError("criteria is empty; a choice question needs at least two options {key: description}")

@@ -18,7 +18,14 @@ from typing import Any
 import torch
 
 from quantbench.errors import ContextLengthError
-from quantbench.prompt import label_prefix, option_labels, render_prompt, render_state, uses_chat_template
+from quantbench.prompt import (
+    CHOICE_LABELS,
+    label_prefix,
+    option_labels,
+    render_prompt,
+    render_state,
+    uses_chat_template,
+)
 from quantbench.protocol import DEFAULT_MAX_OPTIONS, DecisionRequest, QuestionAnswer
 
 
@@ -108,7 +115,9 @@ class TransformersEngine:
         readers: list[_Reader] = []
         for name, question in request.questions.items():
             options = question.options
-            label_ids = None if self.method == "continuation" else self._single_token_labels(option_labels(question))
+            labels = option_labels(question)
+            use_labels = self.method != "continuation" and len(labels) <= len(CHOICE_LABELS)
+            label_ids = self._single_token_labels(labels) if use_labels else None
             if label_ids is not None:
                 ids, cut = self._prompt_ids(request, name, 0)
                 readers.append(_Reader(name, options, "label_logit", cut, [len(rows)], label_ids=label_ids))

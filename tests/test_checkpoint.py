@@ -1,0 +1,80 @@
+"""Strict loading: a checkpoint that does not fill the model exactly never runs."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from quantbench.checkpoint import experts_tensor_bytes, fingerprint, load_causal_lm, model_identity, tensor_bytes
+from quantbench.errors import LoadError
+from tests.tiny import save_tiny, tiny_model
+
+
+def test_a_complete_checkpoint_loads(tmp_path):
+    model = load_causal_lm(save_tiny(tmp_path / "m"), dtype=torch.bfloat16, device="cpu")
+    assert next(model.parameters()).dtype == torch.bfloat16
+
+
+def _drop(path, pick):
+    tensors = load_file(path / "model.safetensors")
+    victim = next(k for k in tensors if pick(k))
+    del tensors[victim]
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    return victim
+
+
+def test_a_checkpoint_with_a_missing_tensor_is_refused(tmp_path):
+    path = save_tiny(tmp_path / "m")
+    victim = _drop(path, lambda k: k.endswith("post_attention_layernorm.weight"))
+    with pytest.raises(LoadError, match="missing keys") as e:
+        load_causal_lm(path, dtype=torch.bfloat16, device="cpu")
+    assert victim in str(e.value) and "random weights" in str(e.value)
+
+
+def test_a_checkpoint_missing_one_expert_is_refused(tmp_path):
+    # transformers fuses per-expert tensors on load: one expert short shows up as a shape mismatch.
+    path = save_tiny(tmp_path / "m")
+    _drop(path, lambda k: ".experts.3." in k)
+    with pytest.raises(LoadError, match="experts"):
+        load_causal_lm(path, dtype=torch.bfloat16, device="cpu")
+
+
+def test_a_checkpoint_with_an_unexpected_tensor_is_refused(tmp_path):
+    path = save_tiny(tmp_path / "m")
+    tensors = load_file(path / "model.safetensors")
+    tensors["model.layers.0.mlp.extra_scale"] = torch.ones(3)
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(LoadError, match="unexpected keys.*extra_scale"):
+        load_causal_lm(path, dtype=torch.bfloat16, device="cpu")
+
+
+def test_pickled_weights_are_never_loaded(tmp_path):
+    path = save_tiny(tmp_path / "m")
+    (path / "model.safetensors").rename(path / "pytorch_model.bin")
+    with pytest.raises(LoadError, match="pickled weights are never loaded"):
+        load_causal_lm(path, dtype=torch.bfloat16, device="cpu")
+
+
+def test_not_a_checkpoint_dir_is_explained(tmp_path):
+    with pytest.raises(LoadError, match="no config.json"):
+        load_causal_lm(tmp_path, dtype=torch.bfloat16, device="cpu")
+
+
+def test_fingerprint_follows_content(tmp_path):
+    path = save_tiny(tmp_path / "m")
+    a = fingerprint(path)
+    assert a == fingerprint(path)
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["rms_norm_eps"] = 1e-5
+    (path / "config.json").write_text(json.dumps(cfg))
+    assert fingerprint(path) != a
+    assert model_identity(path)["model_hash"] == fingerprint(path)
+
+
+def test_tensor_bytes_are_measured_from_the_tensors():
+    model = tiny_model(dtype=torch.bfloat16)
+    n_params = sum(p.numel() for p in model.parameters())
+    assert tensor_bytes(model) >= 2 * n_params
+    experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+    assert experts > 0 and experts_tensor_bytes(model) == 2 * experts

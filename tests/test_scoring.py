@@ -1,0 +1,101 @@
+"""The shared scoring engine: one forward per request, order-independent answers, honest methods."""
+
+import pytest
+import torch
+
+from quantbench.errors import ContextLengthError
+from quantbench.protocol import parse_request
+from quantbench.scoring import TransformersEngine
+from tests.tiny import tiny_model, tiny_tokenizer
+
+REQUEST = {
+    "state": {"observation": "The player is facing a wall.", "hp": 7},
+    "questions": {
+        "action": {"type": "choice", "criteria": {"left": "Turn left", "right": "Turn right", "forward": "Move forward"}},
+        "safe": {"type": "boolean", "description": "Is the player safe?"},
+        "dir": {"type": "choice", "criteria": {"alpha": "first", "beta": "second"}},
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return TransformersEngine(tiny_model(), tiny_tokenizer())
+
+
+def answers(engine, data):
+    return engine.forward(engine.prepare(parse_request(data)))
+
+
+def test_probabilities_sum_to_one_and_top_is_argmax(engine):
+    for ans in answers(engine, REQUEST).values():
+        assert abs(sum(ans.probabilities.values()) - 1) < 1e-9
+        assert ans.top == max(ans.probabilities, key=ans.probabilities.get)
+        assert ans.method == "label_logit"
+
+
+def test_reordering_questions_changes_no_probability(engine):
+    a = answers(engine, REQUEST)
+    reordered = dict(REQUEST, questions=dict(reversed(list(REQUEST["questions"].items()))))
+    b = answers(engine, reordered)
+    alone = {name: answers(engine, dict(REQUEST, questions={name: qq}))[name] for name, qq in REQUEST["questions"].items()}
+    for name in a:
+        for opt, p in a[name].probabilities.items():
+            assert abs(p - b[name].probabilities[opt]) < 1e-4
+            assert abs(p - alone[name].probabilities[opt]) < 1e-4
+
+
+def test_one_forward_pass_per_request(engine, monkeypatch):
+    calls = []
+    decoder = engine.model.get_decoder()
+    original = decoder.forward
+    monkeypatch.setattr(decoder, "forward", lambda *a, **k: calls.append(1) or original(*a, **k))
+    answers(engine, REQUEST)
+    assert len(calls) == 1
+
+
+def test_more_options_than_labels_falls_back_to_continuation(engine):
+    many = {"state": {"x": 1}, "questions": {"q": {"type": "choice", "criteria": {f"o{i}": "opt" for i in range(30)}}}}
+    engine.max_options = 30
+    ans = engine.forward(engine.prepare(parse_request(many, max_options=30)))["q"]
+    assert ans.method == "continuation"
+    assert len(ans.probabilities) == 30 and abs(sum(ans.probabilities.values()) - 1) < 1e-9
+
+
+def test_label_logit_equals_continuation_for_single_token_labels():
+    """With one-token options the two methods read the same logits, so they must agree."""
+    tok = tiny_tokenizer()
+    model = tiny_model()
+    data = {"state": {"x": "wall"}, "questions": {"q": {"type": "boolean"}}}
+    a = TransformersEngine(model, tok).forward(TransformersEngine(model, tok).prepare(parse_request(data)))["q"]
+    e = TransformersEngine(model, tok, method="continuation")
+    b = e.forward(e.prepare(parse_request(data)))["q"]
+    assert b.method == "continuation"
+    assert a.probabilities["yes"] == pytest.approx(b.probabilities["yes"], abs=1e-5)
+
+
+def test_batching_requests_gives_the_same_answers(engine):
+    r1, r2 = parse_request(REQUEST), parse_request(dict(REQUEST, state={"observation": "Open field"}))
+    together = engine.forward_many([engine.prepare(r1), engine.prepare(r2)])
+    for alone, batched in zip([engine.forward(engine.prepare(r1)), engine.forward(engine.prepare(r2))], together, strict=True):
+        for name in alone:
+            for opt, p in alone[name].probabilities.items():
+                assert abs(p - batched[name].probabilities[opt]) < 1e-4
+
+
+def test_prompt_over_the_context_is_refused_or_truncated_when_asked():
+    long = {"state": {"text": "wall " * 400}, "questions": {"q": {"type": "boolean"}}}
+    strict = TransformersEngine(tiny_model(), tiny_tokenizer(), max_tokens=64)
+    with pytest.raises(ContextLengthError, match="over the model's limit of 64"):
+        strict.prepare(parse_request(long))
+    lenient = TransformersEngine(tiny_model(), tiny_tokenizer(), max_tokens=64, truncate=True)
+    prepared = lenient.prepare(parse_request(long))
+    assert max(len(r) for r in prepared.rows) <= 64
+    ans = lenient.forward(prepared)["q"]
+    assert ans.truncated is True
+
+
+def test_bf16_model_scores_without_error():
+    e = TransformersEngine(tiny_model(dtype=torch.bfloat16), tiny_tokenizer())
+    ans = answers(e, REQUEST)
+    assert set(ans) == set(REQUEST["questions"])

@@ -1,0 +1,83 @@
+"""A tiny random Qwen3-MoE and tokenizer for tests that need a model but not the trained fixture, and test-only
+backends (loaded by import path, `tests.tiny:CrashBackend`) that fail in each way a real run can."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+from quantbench.backend import Availability, LoadedVariant, VariantInfo
+from quantbench.errors import LoadError
+from quantbench.scoring import TransformersEngine
+
+CORPUS = ["State: Question: Answer: A B C D E yes no left right forward wall player observation alpha beta"] * 50
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["<pad>", "<eos>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
+
+
+def tiny_model(seed: int = 0, dtype: torch.dtype = torch.float32) -> Qwen3MoeForCausalLM:
+    cfg = Qwen3MoeConfig(vocab_size=600, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                         num_experts=8, num_experts_per_tok=2, max_position_embeddings=512)
+    torch.manual_seed(seed)
+    return Qwen3MoeForCausalLM(cfg).to(dtype).eval()
+
+
+def save_tiny(path: Path) -> Path:
+    tiny_model(dtype=torch.bfloat16).save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return path
+
+
+class TinyBackend:
+    name = "tiny"
+    summary = "test: tiny random model"
+
+    def availability(self, machine):
+        return Availability(True)
+
+    def load(self, spec, machine):
+        model = tiny_model()
+        engine = TransformersEngine(model, tiny_tokenizer(), max_options=spec.max_options)
+        info = VariantInfo(variant="tiny", weight_format="float32", kernel_path="transformers grouped_mm",
+                           compute_dtype="float32", model_id="tiny-test", weights="synthetic")
+        return LoadedVariant(engine=engine, info=info, model=model)
+
+
+class CrashBackend(TinyBackend):
+    def load(self, spec, machine):
+        os.abort()  # dies by SIGABRT with no result file, like a segfaulting kernel
+
+
+class HangBackend(TinyBackend):
+    def load(self, spec, machine):
+        time.sleep(3600)
+
+
+class RaiseBackend(TinyBackend):
+    def load(self, spec, machine):
+        loaded = super().load(spec, machine)
+
+        def boom(prepared):
+            raise RuntimeError("kernel exploded on purpose")
+
+        loaded.engine.forward = boom
+        return loaded
+
+
+class LoadErrorBackend(TinyBackend):
+    def load(self, spec, machine):
+        raise LoadError("model.safetensors: missing key model.layers.0.mlp.experts.gate_up_proj")
