@@ -225,6 +225,20 @@ def runs(
 
 
 @app.command()
+def migrate(db: DbOpt = None) -> None:
+    """Bring a results store from an older quantbench up to this schema version (in place, keeping every row)."""
+    from quantbench.store import Store
+
+    try:
+        store = Store(_db(db))
+        before = store.schema_version()
+        after = store.migrate()
+        out.print(f"{store.path}: schema version {before} → {after}")
+    except QuantbenchError as e:
+        _fail(e)
+
+
+@app.command()
 def fixture(
     rebuild: Annotated[bool, typer.Option(help="Build again even if cached")] = False,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Write the checkpoint here instead of the cache")] = None,
@@ -236,6 +250,139 @@ def fixture(
         main_fixture(rebuild, out_dir)
     except QuantbenchError as e:
         _fail(e)
+
+
+@app.command()
+def quantize(
+    model: Annotated[str | None, typer.Option(help="BF16 checkpoint dir. Default: the embedded fixture")] = None,
+    scheme: Annotated[str, typer.Option(help="int4 (AutoRound W4A16) | nvfp4 (ModelOpt) | fp8 (ModelOpt)")] = "int4",
+    out_dir: Annotated[Path, typer.Option("--out", help="Where the quantized checkpoint goes (a new dir)")] = ...,
+    iters: Annotated[int, typer.Option(help="int4: 0 = RTN (fast), 200 = SignRound")] = 0,
+    nsamples: Annotated[int, typer.Option(help="Calibration samples (rendered decision records)")] = 128,
+    seqlen: Annotated[int, typer.Option(help="Calibration sequence length (tokens)")] = 512,
+    group_size: Annotated[int, typer.Option(help="int4 group size")] = 128,
+    experts_only: Annotated[bool, typer.Option("--experts-only/--all", help="Quantize only the MoE experts (as the card)")] = True,
+    overwrite: Annotated[bool, typer.Option(help="Replace --out if it exists")] = False,
+) -> None:
+    """Make a quantized variant with the library that owns the format (auto-round, nvidia-modelopt)."""
+    from quantbench.quantize import quantize as do_quantize
+
+    try:
+        if model is None:
+            from quantbench.fixture import default_model_dir
+
+            model = str(default_model_dir())
+        path = do_quantize(model, scheme, out_dir, iters=iters, nsamples=nsamples, seqlen=seqlen,
+                           group_size=group_size, experts_only=experts_only, overwrite=overwrite)
+        out.print(f"[green]quantized[/] {model} → [bold]{path}[/] ({scheme}); run it with "
+                  f"`quantbench run --backend {scheme} --model {path}`")
+    except QuantbenchError as e:
+        _fail(e)
+
+
+@app.command()
+def compare(
+    run_id: Annotated[str, typer.Argument(help="Candidate run id (or a unique prefix)")],
+    reference: Annotated[str | None, typer.Option(help="Reference run (default: BF16 of the same model, suite, GPU)")] = None,
+    noise_floor: Annotated[str | None, typer.Option(help="Noise-floor run (default: the reference's)")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="table | json")] = "table",
+    db: DbOpt = None,
+) -> None:
+    """Parity of one run with its BF16 reference, beside the noise floor, with a verdict."""
+    from quantbench.parity import cli_compare
+
+    try:
+        cli_compare(run_id, reference, noise_floor, str(_db(db)), fmt)
+    except QuantbenchError as e:
+        _fail(e)
+
+
+@app.command()
+def report(
+    fmt: Annotated[str, typer.Option("--format", help="markdown | csv | json")] = "markdown",
+    gpu: Annotated[str | None, typer.Option(help="A GPU family (hopper, cpu …) or part of a GPU name")] = None,
+    model: Annotated[str | None, typer.Option(help="Only this model id")] = None,
+    vram_budget_gib: Annotated[float | None, typer.Option(help="Rule: peak memory must fit this budget (GiB)")] = None,
+    min_agreement: Annotated[float | None, typer.Option(help="Rule: minimum agreement with BF16 (0.95 or 95)")] = None,
+    db: DbOpt = None,
+) -> None:
+    """The "Which quant should I use?" table, one per GPU, from the store."""
+    from quantbench.report import cli_report
+
+    try:
+        cli_report(str(_db(db)), fmt, gpu, model, vram_budget_gib, min_agreement)
+    except QuantbenchError as e:
+        _fail(e)
+
+
+@app.command()
+def export(
+    out_path: Annotated[str, typer.Option("--out", help="Parquet file (or folder) to write")] = "results.parquet",
+    db: DbOpt = None,
+) -> None:
+    """Export the store to Parquet, to share results with other machines."""
+    from quantbench.store.transfer import cli_export
+
+    try:
+        cli_export(out_path, str(_db(db)))
+    except QuantbenchError as e:
+        _fail(e)
+
+
+@app.command()
+def merge(
+    sources: Annotated[list[str], typer.Argument(help="Parquet files, other .duckdb stores, or folders of them")],
+    db: DbOpt = None,
+) -> None:
+    """Merge results from other machines into this store (idempotent: merging twice adds nothing)."""
+    from quantbench.store.transfer import cli_merge
+
+    try:
+        cli_merge(sources, str(_db(db)))
+    except QuantbenchError as e:
+        _fail(e)
+
+
+@app.command()
+def serve(
+    model: Annotated[str | None, typer.Option(help="Checkpoint dir. Default: the embedded fixture (or its variant)")] = None,
+    backend: Annotated[str, typer.Option(help="bf16 | int4 | nvfp4 | fp8")] = "bf16",
+    host: Annotated[str, typer.Option(help="Address to bind (loopback unless told otherwise)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port")] = 8000,
+    api_key: Annotated[str | None, typer.Option(envvar="QUANTBENCH_API_KEY", help="Require this key on every request")] = None,
+    demo: Annotated[bool, typer.Option(help="Answer one built-in decision, print it, exit")] = False,
+    allow_truncation: Annotated[bool, typer.Option(help="Cut over-long states instead of answering 413")] = False,
+    max_batch: Annotated[int, typer.Option(help="Most requests batched into one forward pass")] = 16,
+    trust_remote_code: Annotated[bool, typer.Option(help="Allow the checkpoint's own Python code")] = False,
+) -> None:
+    """Serve the SystemOne decision API (POST /v1/systemone, GET /healthz) over HTTP."""
+    from quantbench.server import cli_serve
+
+    try:
+        raise typer.Exit(cli_serve(model, backend, host, port, api_key, demo, allow_truncation, max_batch,
+                                   trust_remote_code) or 0)
+    except QuantbenchError as e:
+        _fail(e)
+
+
+@app.command()
+def sweep(
+    path: Annotated[Path, typer.Argument(help="sweep.toml (see examples/sweep.toml)")],
+    executor: Annotated[str, typer.Option(help="local | ray")] = "local",
+    address: Annotated[str | None, typer.Option(help="Ray cluster address (ray executor), e.g. auto")] = None,
+    rerun: Annotated[bool, typer.Option(help="Run again even when an identical run is stored")] = False,
+    parquet_dir: Annotated[str | None, typer.Option(help="Ray: each task writes Parquet here (merge later)")] = None,
+    db: DbOpt = None,
+) -> None:
+    """Run a matrix of models × variants × GPUs, one fresh process per run, locally or on Ray."""
+    from quantbench.sweep import cli_sweep
+
+    try:
+        outcome = cli_sweep(path, executor, address, rerun, str(_db(db)), parquet_dir)
+    except QuantbenchError as e:
+        _fail(e)
+    if getattr(outcome, "failed", 0):
+        raise typer.Exit(1)
 
 
 def main() -> None:

@@ -81,8 +81,11 @@ def _pump(stream, sink, tail: deque[bytes]) -> None:
             sink.flush()
 
 
-def execute(spec: RunSpec, *, machine: Machine | None = None, echo: bool = True) -> RunResult:
-    """Run `spec` in a fresh child process; return its rows. Raises GpuMismatchError before spawning anything."""
+def execute(spec: RunSpec, *, machine: Machine | None = None, echo: bool = True,
+            env: dict[str, str] | None = None) -> RunResult:
+    """Run `spec` in a fresh child process; return its rows. Raises GpuMismatchError before spawning anything.
+
+    `env` adds to the child's environment (a sweep gives each GPU's child its own CUDA_VISIBLE_DEVICES)."""
     machine = machine or detect()
     device = check_gpu(spec.gpu, machine)
     spec.device = spec.device or device
@@ -91,7 +94,7 @@ def execute(spec: RunSpec, *, machine: Machine | None = None, echo: bool = True)
     with tempfile.TemporaryDirectory(prefix="quantbench-run-") as tmp:
         spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
         spec_path.write_text(json.dumps(spec.to_dict()))
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
         if echo and sys.stderr.isatty():
             env["QUANTBENCH_TTY"] = "1"
         proc = subprocess.Popen(

@@ -1,0 +1,1 @@
+"""The Streamlit dashboard: `streamlit run dashboard` (entry dashboard/streamlit_app.py)."""

@@ -1,0 +1,163 @@
+"""Plotly figures. They draw figures the report and parity modules computed; the only geometry made here is
+the Pareto frontier (which points no other point beats on both axes)."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from quantbench.report import GIB, GpuReport, Rules
+
+# One colour per weight format, stable across charts and GPUs.
+FORMAT_COLOURS = {"bf16": "#4C78A8", "fp8": "#F58518", "int4": "#54A24B", "nvfp4": "#B279A2"}
+OTHER = ["#E45756", "#72B7B2", "#EECA3B", "#9D755D"]
+LAYOUT = {"template": "plotly_white", "margin": {"l": 10, "r": 10, "t": 40, "b": 10}, "height": 440,
+          "legend": {"orientation": "h", "y": -0.18}}
+
+
+def colour(fmt: str) -> str:
+    for prefix, c in FORMAT_COLOURS.items():
+        if str(fmt).lower().startswith(prefix):
+            return c
+    return OTHER[sum(map(ord, str(fmt))) % len(OTHER)]
+
+
+def pareto(points: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
+    """The points nobody beats: no other point is both faster (lower x) and agrees more (higher y)."""
+    best = -math.inf
+    keep = []
+    for i, p in points.sort_values([x, y], ascending=[True, False]).iterrows():
+        if p[y] > best:
+            keep.append(i)
+            best = p[y]
+    return points.loc[keep]
+
+
+def _bubble(gib: pd.Series) -> pd.Series:
+    """Marker diameter in px; area proportional to memory."""
+    top = max(float(gib.max()), 1e-9)
+    return 14 + 46 * (gib / top) ** 0.5
+
+
+def tradeoff(rep: GpuReport, flat: pd.DataFrame, rules: Rules) -> go.Figure:
+    """Latency (x) against agreement with BF16 (y); bubble area = weights in memory; colour = format."""
+    mem = "memory" if rep.cpu else "VRAM"
+    pts = flat[(flat["status"] == "ok") & flat["p50_ms"].notna()].copy()
+    is_ref = pts["quality"].eq("reference")
+    pts = pts[is_ref | pts["agreement"].notna()]
+    is_ref = pts["quality"].eq("reference")
+    # The reference agrees with itself by definition: drawn at 100% without an interval.
+    pts["y"] = (pts["agreement"].where(~is_ref, 1.0)).astype(float) * 100
+    pts["lo"] = (pts["y"] - pts["agreement_lo"].where(~is_ref, 1.0).astype(float) * 100).fillna(0)
+    pts["hi"] = (pts["agreement_hi"].where(~is_ref, 1.0).astype(float) * 100 - pts["y"]).fillna(0)
+    pts["gib"] = pts["weights_memory_bytes"].astype(float) / GIB
+    fig = go.Figure()
+    if rep.floor is not None:
+        f = rep.floor
+        fig.add_hrect(y0=100 * f.agreement.lo, y1=100 * f.agreement.hi, fillcolor="#999999", opacity=0.18,
+                      line_width=0, layer="below")
+        fig.add_hline(y=100 * f.agreement.rate, line={"color": "#777777", "width": 1},
+                      annotation_text=f"noise floor: BF16 vs BF16 ({f.run.get('kernel_path')}) "
+                                      f"{100 * f.agreement.rate:.1f}% (95% CI band)",
+                      annotation_position="bottom left", annotation_font_color="#555555")
+    fig.add_hline(y=100 * rules.min_agreement, line={"color": "#d62728", "width": 1, "dash": "dot"},
+                  annotation_text=f"minimum agreement {100 * rules.min_agreement:g}%",
+                  annotation_position="top right", annotation_font_color="#d62728")
+    if len(pts) > 1:
+        front = pareto(pts, "p50_ms", "y")
+        fig.add_trace(go.Scatter(x=front["p50_ms"], y=front["y"], mode="lines", name="Pareto frontier",
+                                 line={"color": "#333333", "dash": "dash", "width": 1.5, "shape": "hv"},
+                                 hoverinfo="skip"))
+    for fmt, grp in pts.groupby("weight_format", sort=True):
+        fig.add_trace(go.Scatter(
+            x=grp["p50_ms"], y=grp["y"], mode="markers+text", name=str(fmt),
+            text=[("⭐ " if r else "") + v for v, r in zip(grp["variant"], grp["recommended"], strict=True)],
+            textposition="top center", cliponaxis=False,
+            marker={"size": _bubble(pts["gib"]).loc[grp.index], "color": colour(str(fmt)), "opacity": 0.75,
+                    "line": {"width": [3 if r else 1 for r in grp["recommended"]], "color": "#222222"}},
+            error_y={"type": "data", "symmetric": False, "array": grp["hi"], "arrayminus": grp["lo"],
+                     "color": "#888888", "thickness": 1},
+            customdata=grp[["gib", "agreement_lo", "agreement_hi"]].astype(float).fillna(1.0).to_numpy(),
+            hovertemplate=("%{text}<br>p50 %{x:.1f} ms<br>agreement %{y:.1f}% "
+                           "(95% CI %{customdata[1]:.1%}–%{customdata[2]:.1%})<br>"
+                           f"weights in {mem} %{{customdata[0]:.1f}} GiB<extra>%{{fullData.name}}</extra>"),
+        ))
+    lows = [100 * rules.min_agreement] + list(pts["y"] - pts["lo"])
+    if rep.floor is not None:
+        lows.append(100 * rep.floor.agreement.lo)
+    fig.update_layout(**LAYOUT, title=f"Latency vs agreement with BF16 (bubble area = weights in {mem})",
+                      legend_title_text="format")
+    fig.update_xaxes(title="latency p50 per decision (ms)", rangemode="tozero")
+    fig.update_yaxes(title="agrees with BF16 (%)", range=[max(0.0, min(lows) - 2), 101.5])
+    return fig
+
+
+def speed_memory(rep: GpuReport, flat: pd.DataFrame) -> go.Figure:
+    """For runs without quality figures (synthetic weights, no reference): latency against memory only."""
+    mem = "memory" if rep.cpu else "VRAM"
+    pts = flat[(flat["status"] == "ok") & flat["p50_ms"].notna() & flat["weights_memory_bytes"].notna()]
+    fig = go.Figure()
+    for fmt, grp in pts.groupby("weight_format", sort=True):
+        fig.add_trace(go.Scatter(x=grp["p50_ms"], y=grp["weights_memory_bytes"].astype(float) / GIB,
+                                 mode="markers+text", name=str(fmt), text=grp["variant"], textposition="top center",
+                                 marker={"size": 18, "color": colour(str(fmt))}))
+    fig.update_layout(**LAYOUT, title=f"Latency vs weights in {mem} (speed and memory only)")
+    fig.update_xaxes(title="latency p50 per decision (ms)", rangemode="tozero")
+    fig.update_yaxes(title=f"weights in {mem} (GiB)", rangemode="tozero")
+    return fig
+
+
+def latency_box(lat: pd.DataFrame, order: list[str], kind: str = "box") -> go.Figure:
+    """Per-decision model latency, one box (or violin) per variant."""
+    fig = go.Figure()
+    for label in order:
+        grp = lat[lat["variant"] == label]
+        fmt = str(grp["weight_format"].iloc[0]) if len(grp) else ""
+        common = {"y": grp["model_ms"], "name": label, "marker_color": colour(fmt), "showlegend": False}
+        if kind == "violin":
+            fig.add_trace(go.Violin(**common, box_visible=True, meanline_visible=False, points="outliers"))
+        else:
+            fig.add_trace(go.Box(**common, boxpoints="outliers"))
+    fig.update_layout(**LAYOUT, title="Model time per decision")
+    fig.update_yaxes(title="ms per decision", rangemode="tozero")
+    return fig
+
+
+def buckets(df: pd.DataFrame) -> go.Figure:
+    """Agreement by the reference's margin p(top) − p(second), with Wilson intervals."""
+    d = df[df["n"] > 0]
+    fig = go.Figure(go.Bar(
+        x=d["margin"], y=100 * d["rate"], marker_color="#4C78A8", text=[f"n={n}" for n in d["n"]],
+        textposition="inside", insidetextanchor="start",
+        error_y={"type": "data", "symmetric": False, "array": 100 * (d["ci_hi"] - d["rate"]),
+                 "arrayminus": 100 * (d["rate"] - d["ci_lo"])},
+    ))
+    fig.update_layout(**LAYOUT, title="Agreement by the reference's confidence (margin between its top two)")
+    fig.update_xaxes(title="reference margin p(top) − p(second)", type="category")
+    fig.update_yaxes(title="agrees with BF16 (%)", range=[0, 105])
+    return fig
+
+
+def paired_deltas(by: pd.DataFrame, mean: tuple[float, float, float] | None) -> go.Figure:
+    """Candidate minus reference accuracy per benchmark (points), with 95% paired bootstrap intervals."""
+    names = list(by["benchmark"].astype(str))
+    y = list(100 * by["delta"])
+    lo = list(100 * (by["delta"] - by["lo"]))
+    hi = list(100 * (by["hi"] - by["delta"]))
+    if mean is not None:
+        names.append("mean (unweighted)")
+        y.append(100 * mean[0])
+        lo.append(100 * (mean[0] - mean[1]))
+        hi.append(100 * (mean[2] - mean[0]))
+    fig = go.Figure(go.Scatter(
+        x=y, y=names, mode="markers", marker={"size": 11, "color": ["#4C78A8"] * len(by) + ["#222222"] * (mean is not None)},
+        error_x={"type": "data", "symmetric": False, "array": hi, "arrayminus": lo},
+        hovertemplate="%{y}: %{x:+.2f} pts<extra></extra>"))
+    fig.add_vline(x=0, line={"color": "#777777", "width": 1})
+    fig.update_layout(**LAYOUT, title="Δ accuracy vs BF16 on identical questions (points, 95% CI)")
+    fig.update_layout(height=max(240, 70 * len(names) + 120))
+    fig.update_xaxes(title="accuracy points (candidate − BF16)")
+    fig.update_yaxes(autorange="reversed")
+    return fig

@@ -1,0 +1,59 @@
+"""Latency: per-decision distributions of the report's runs on the selected GPU, percentiles, cold start, load."""
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import figures, store_cache, url_state
+
+st.title("Latency")
+sel = url_state.selection()
+db, mtime = store_cache.current()
+reports = store_cache.reports_for(db, mtime, url_state.rules())
+rows = [row for rep in reports if store_cache.report_key(rep) == sel.gpu and rep.model_id == sel.model
+        for row in rep.rows if row.ok]
+if not rows:
+    st.info(f"No successful run of {sel.model} on {sel.gpu_label}: nothing was timed. See the Runs page.", icon="ℹ️")
+    st.stop()
+
+st.caption(f"{sel.model} on {sel.gpu_label}: the runs in the report (the latest successful run of each variant). "
+           "Model time is the forward pass alone (CUDA events on a GPU, perf_counter on a CPU); tokenization is "
+           "reported apart as prep.")
+label = {str(r.run["run_id"]): r.label for r in rows}
+fmt = {str(r.run["run_id"]): str(r.run.get("weight_format")) for r in rows}
+lat = store_cache.latencies(db, mtime, tuple(label))
+if lat.empty:
+    st.info("These runs stored no per-decision timings.", icon="ℹ️")
+    st.stop()
+lat["variant"] = lat["run_id"].map(label)
+lat["weight_format"] = lat["run_id"].map(fmt)
+
+left, right = st.columns([3, 1])
+phases = right.multiselect("Phase", sorted(lat["phase"].unique()), default=sorted(lat["phase"].unique()),
+                           help="suite: the decisions whose answers are scored; latency: extra timed repeats")
+kind = right.radio("Chart", ["box", "violin"], horizontal=True)
+shown = lat[lat["phase"].isin(phases)]
+left.plotly_chart(figures.latency_box(shown, [r.label for r in rows], kind), width="stretch")
+
+# Percentiles from the store's run_latency view: the figures `quantbench report` prints.
+runs = store_cache.runs(db, mtime).set_index("run_id")
+table = pd.DataFrame([{
+    "Variant": r.label,
+    "Kernel": r.run.get("kernel_path"),
+    "n timed": runs.at[rid, "n_timed"],
+    "p50 (ms)": runs.at[rid, "p50_ms"],
+    "p90 (ms)": runs.at[rid, "p90_ms"],
+    "p99 (ms)": runs.at[rid, "p99_ms"],
+    "Cold start (ms)": r.run.get("cold_ms"),
+    "Load (s)": r.run.get("load_s"),
+    "Weights": r.run.get("weights"),
+} for rid, r in ((str(r.run["run_id"]), r) for r in rows)])
+ms = st.column_config.NumberColumn(format="%.1f")
+st.subheader("Percentiles, cold start and load time")
+st.dataframe(table, hide_index=True, width="stretch", column_config={
+    "p50 (ms)": ms, "p90 (ms)": ms, "p99 (ms)": ms,
+    "Cold start (ms)": st.column_config.NumberColumn(format="%.1f", help="the first decision after the load"),
+    "Load (s)": st.column_config.NumberColumn(format="%.2f", help="checkpoint to ready model, seconds"),
+})
+if (table["Weights"] == "synthetic").any():
+    st.caption("Runs on synthetic (random) weights are timed like any other: their speed and memory are real, "
+               "their answers are not.")

@@ -1,0 +1,71 @@
+"""Which quant should I use? The report table for the selected GPU and model, its chart, and every GPU's pick."""
+
+import streamlit as st
+
+from dashboard import figures, report_table, store_cache, url_state
+from quantbench.report import SYNTHETIC_NOTE, GpuReport, cells, flat_rows, render
+
+st.title("Which quant should I use?")
+sel = url_state.selection()
+db, mtime = store_cache.current()
+runs = store_cache.runs(db, mtime)
+
+if not (runs["status"] == "ok").any():
+    st.warning("Every run in this store failed, so there is nothing to compare yet. The reasons are below (and on "
+               "the Runs page); fix them and run again.", icon="⚠️")
+    failed = runs[["created_at", "gpu_label", "backend", "variant", "failure", "error"]].copy()
+    failed["error"] = failed["error"].fillna("").str.split("\n").str[0]
+    st.dataframe(failed, hide_index=True, width="stretch")
+    st.stop()
+
+rules = url_state.rule_inputs(cpu=sel.family == "cpu")
+reports = store_cache.reports_for(db, mtime, rules)
+mine = [r for r in reports if store_cache.report_key(r) == sel.gpu and r.model_id == sel.model]
+if not mine:
+    st.info(f"No report for {sel.model} on {sel.gpu_label}: its only runs are noise-floor runs. Run the variants "
+            "(`quantbench run --backend ...`) on this machine.", icon="ℹ️")
+
+
+def is_synthetic(rep: GpuReport) -> bool:
+    return any(r.quality == SYNTHETIC_NOTE for r in rep.rows)
+
+
+for rep in mine:
+    st.subheader(f"{rep.model_id} on {rep.gpu}")
+    st.caption(f"Suite {rep.suite_id} (hash {rep.suite_hash})")
+    if is_synthetic(rep):
+        st.info("Synthetic (random) weights: these runs measure **speed and memory only** — their answers say "
+                "nothing about quality, so no agreement and no recommendation are shown for them.", icon="🎲")
+    if rep.recommended is not None:
+        why = rep.rule.removeprefix(f"{rep.recommended.label}: ")
+        st.success(f"**⭐ Recommended: {rep.recommended.label}** — {why}")
+    else:
+        st.warning(rep.rule[:1].upper() + rep.rule[1:])
+    df = report_table.report_frame(rep)
+    st.dataframe(report_table.styled(rep, df), hide_index=True, width="stretch", column_config=report_table.column_config(rep),
+                 column_order=report_table.column_order(df), key=f"table-{store_cache.report_key(rep)}-{rep.suite_hash}")
+    for note in rep.notes:
+        st.caption(note)
+    flat = flat_rows([rep])
+    if any(r.comparison is not None for r in rep.rows):
+        st.plotly_chart(figures.tradeoff(rep, flat, rules), width="stretch")
+    else:
+        st.plotly_chart(figures.speed_memory(rep, flat), width="stretch")
+    with st.expander("This table as markdown (what `quantbench report` prints, for a model card)"):
+        st.code(render([rep], "markdown", rules), language="markdown")
+
+st.subheader(f"{sel.model}: the recommendation on every GPU")
+everywhere = [r for r in reports if r.model_id == sel.model]
+per_row = max(3, min(4, len(everywhere)))
+for start in range(0, len(everywhere), per_row):
+    for col, rep in zip(st.columns(per_row), everywhere[start:start + per_row], strict=False):
+        box = col.container(border=True)
+        here = " (selected)" if store_cache.report_key(rep) == sel.gpu else ""
+        pick = rep.recommended
+        box.metric(rep.gpu + here, pick.label if pick else "none")
+        if pick is not None:
+            c = cells(pick, rep)
+            mem = c.get("VRAM (weights)") or c.get("Weights (host memory)")
+            box.caption(f"{mem} weights · p50 / p90 {c['Latency p50 / p90 (per decision)']} · agrees "
+                        f"{c['Agrees with BF16 (95% CI)']}")
+        box.caption(rep.rule if pick is None else rep.rule.removeprefix(f"{pick.label}: "))

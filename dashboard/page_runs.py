@@ -1,0 +1,50 @@
+"""Runs: every stored run with its provenance; failed runs with their reason."""
+
+import streamlit as st
+
+from dashboard import store_cache, url_state
+
+st.title("Runs")
+sel = url_state.selection()
+runs = store_cache.runs(*store_cache.current())
+
+only_here = st.toggle(f"Only {sel.model} on {sel.gpu_label}", value=False)
+shown = runs[(runs["gpu_id"] == sel.gpu) & (runs["model_id"] == sel.model)] if only_here else runs
+shown = shown.sort_values("created_at", ascending=False)
+n_failed = int((shown["status"] != "ok").sum())
+st.caption(f"{len(shown)} runs, {n_failed} failed. Newest first. Every row carries what it ran on and with.")
+
+cols = {
+    "created_at": "When", "status": "Status", "failure": "Failure", "gpu_label": "GPU / host", "model_id": "Model",
+    "weights": "Weights", "backend": "Backend", "variant": "Variant", "role": "Role", "kernel_path": "Kernel path",
+    "weight_format": "Format", "native": "Native", "p50_ms": "p50 (ms)", "n_timed": "Timed", "load_s": "Load (s)",
+    "gpu_cc": "CC", "driver_version": "Driver", "cuda_version": "CUDA", "torch_version": "torch",
+    "transformers_version": "transformers", "auto_round_version": "auto-round", "modelopt_version": "modelopt",
+    "quantbench_version": "quantbench", "quantbench_git_rev": "git rev", "suite_id": "Suite", "host": "Host",
+    "run_id": "Run id",
+}
+table = shown[[c for c in cols if c in shown.columns]].copy()
+table["error"] = shown["error"].fillna("").str.strip().str.split("\n").str[0]
+table["failure"] = table["failure"].fillna("")
+st.dataframe(table, hide_index=True, width="stretch", height="content" if len(table) <= 30 else 700, column_config={
+    **cols,
+    "created_at": st.column_config.DatetimeColumn("When", format="YYYY-MM-DD HH:mm"),
+    "p50_ms": st.column_config.NumberColumn("p50 (ms)", format="%.1f"),
+    "load_s": st.column_config.NumberColumn("Load (s)", format="%.2f"),
+    "error": st.column_config.TextColumn("Error", width=260, help="first line; the whole message is below"),
+}, column_order=["created_at", "status", "failure", "error", *[c for c in cols if c not in ("created_at", "status",
+                                                                                          "failure")]])
+if (shown["weights"] == "synthetic").any():
+    st.caption("Weights = synthetic: random weights in the real model's shape; such runs measure speed and memory "
+               "only.")
+
+failed = shown[shown["status"] != "ok"]
+failed = failed.astype(object).where(failed.notna(), None)
+if len(failed):
+    st.subheader("Failed runs")
+    for r in failed.itertuples():
+        title = (f"{r.created_at:%Y-%m-%d %H:%M} · {r.gpu_label} · {r.variant or r.backend} "
+                 f"({r.kernel_path or 'no kernel'}) · {r.failure or 'error'}")
+        with st.expander(title, expanded=len(failed) <= 3):
+            st.code(r.error or "(no error message stored)", language=None)
+            st.caption(f"run {r.run_id}")

@@ -1,0 +1,71 @@
+"""The report table as a DataFrame: the text cells of `quantbench report` plus the raw agreement for its bar."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+from pandas.io.formats.style import Styler
+
+from quantbench.report import GpuReport, cells, flat_rows
+
+AGREEMENT = "Agreement"  # the numeric column behind the progress bar
+AGREE_TEXT = "Agrees with BF16 (95% CI)"
+HIGHLIGHT = "background-color: rgba(255, 196, 0, 0.3)"
+FAILED = "color: #9a9a9a"
+
+
+def report_frame(rep: GpuReport) -> pd.DataFrame:
+    """One row per variant: `report.cells` (the very strings `quantbench report` prints) and the agreement
+    fraction from `report.flat_rows`, put just before its text."""
+    flat = flat_rows([rep])
+    rows = []
+    for row, raw in zip(rep.rows, flat.to_dict("records"), strict=True):
+        text = cells(row, rep)
+        out: dict[str, object] = {}
+        for k, v in text.items():
+            if k == AGREE_TEXT:
+                out[AGREEMENT] = raw["agreement"]
+            out[k] = v
+        rows.append(out)
+    df = pd.DataFrame(rows)
+    df[AGREEMENT] = pd.to_numeric(df[AGREEMENT], errors="coerce")
+    return df
+
+
+def styled(rep: GpuReport, df: pd.DataFrame) -> Styler:
+    """The recommended row highlighted, failed rows greyed."""
+    marks = [HIGHLIGHT if r.recommended else FAILED if not r.ok else "" for r in rep.rows]
+    return df.style.apply(lambda col: marks, axis=0).format({AGREEMENT: lambda v: "" if pd.isna(v) else f"{v:.1%}"})
+
+
+def column_config(rep: GpuReport) -> dict:
+    mem = "host memory" if rep.cpu else "VRAM"
+    cc = st.column_config
+    return {
+        "Variant": cc.TextColumn("Variant", width=105, pinned=True),
+        AGREEMENT: cc.ProgressColumn("Agreement", min_value=0.0, max_value=1.0, format="percent",
+                                     width=105,
+                                     help="share of questions where the variant's top answer matches BF16's"),
+        AGREE_TEXT: cc.TextColumn("95% CI (Wilson)", width=120, help="agreement and its 95% Wilson interval; † = against "
+                                  "BF16 on another GPU"),
+        "TV": cc.TextColumn("TV", width="small", help="mean total variation between the per-option distributions"),
+        "Δ accuracy vs BF16": cc.TextColumn("Δ accuracy vs BF16", help="paired, on identical questions, 95% "
+                                            "bootstrap interval"),
+        "Latency p50 / p90 (per decision)": cc.TextColumn("p50 / p90", width=88, help="per decision"),
+        "Best for": cc.TextColumn("Best for", width=425),
+        "Native here?": cc.TextColumn("Native here?", width=92),
+        "Size on disk": cc.TextColumn("Disk", width="small", help="GB (10⁹ bytes)"),
+        "Format": cc.TextColumn("Format", width="small"),
+        **{k: cc.TextColumn(k, width=w, help=f"GiB of {mem}") for k, w in (
+            ("VRAM (weights)", 100), ("Peak VRAM", 100), ("Weights (host memory)", 140), ("Peak host RSS", 105))},
+    }
+
+
+# What decides first (quality, speed, memory, the verdict), then the details a wide screen also shows.
+ORDER = ["Variant", AGREEMENT, AGREE_TEXT, "Latency p50 / p90 (per decision)", "VRAM (weights)",
+         "Weights (host memory)", "Peak VRAM", "Peak host RSS", "Native here?", "Best for", "Δ accuracy vs BF16", "TV",
+         "Size on disk", "Format"]
+
+
+def column_order(df: pd.DataFrame) -> list[str]:
+    return [c for c in ORDER if c in df.columns] + [c for c in df.columns if c not in ORDER]

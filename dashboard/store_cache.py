@@ -1,0 +1,136 @@
+"""Everything the dashboard reads, cached by (store path, file stamp).
+
+Every query goes through `Store.read`, which opens a read-only connection and closes it at once: a dashboard
+left open never holds the DuckDB lock that `quantbench run` needs. The stamp (mtime and size of the file and of
+its write-ahead log) changes whenever a writer commits, so a new run shows up on the next rerun.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from quantbench import parity
+from quantbench.errors import QuantbenchError
+from quantbench.report import GpuReport, Rules, build_report
+from quantbench.store import Store, default_db
+from quantbench.store.schema import SCHEMA_VERSION
+
+Stamp = tuple[int, int, int, int]
+
+
+def db_path() -> Path:
+    return Path(default_db()).expanduser().resolve()
+
+
+def stamp(path: Path) -> Stamp:
+    def one(p: Path) -> tuple[int, int]:
+        try:
+            s = p.stat()
+            return (s.st_mtime_ns, s.st_size)
+        except FileNotFoundError:
+            return (0, 0)
+
+    return one(path) + one(path.with_name(path.name + ".wal"))
+
+
+def current() -> tuple[str, Stamp]:
+    """The store's path and its stamp now: the key of every cached read in this script run."""
+    path = db_path()
+    return str(path), stamp(path)
+
+
+@dataclass(frozen=True)
+class Status:
+    """What the store holds, and the message to show when the dashboard cannot use it."""
+
+    usable: bool
+    n_runs: int = 0
+    n_ok: int = 0
+    version: int = 0
+    message: str = ""
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def status(db: str, mtime: Stamp) -> Status:
+    path = Path(db)
+    make = "run `quantbench demo` to make one, or point QUANTBENCH_DB at a results store"
+    if not path.exists():
+        return Status(False, message=f"No results store at `{path}`: {make}.")
+    store = Store(path)
+    try:
+        version = store.schema_version()
+    except QuantbenchError as e:
+        return Status(False, message=f"Cannot read `{path}` as a quantbench results store: {e}")
+    if version > SCHEMA_VERSION:
+        return Status(False, version=version, message=(
+            f"`{path}` has schema version {version}, newer than this quantbench (version {SCHEMA_VERSION}): "
+            "upgrade quantbench (`pip install -U quantbench`) to read it."))
+    if version == 0:
+        return Status(False, message=f"`{path}` is a DuckDB file without quantbench's tables: {make}.")
+    if version < SCHEMA_VERSION:
+        n = int(store.read("SELECT count(*) AS n FROM runs")["n"].iloc[0])
+        return Status(False, n_runs=n, version=version, message=(
+            f"`{path}` has schema version {version} ({n} runs); this dashboard reads version {SCHEMA_VERSION}. "
+            "The dashboard only reads, so it does not upgrade stores: the next `quantbench run` into this store "
+            f"upgrades it in place, keeping every run, or run `quantbench migrate --db {path}`."))
+    counts = store.read("SELECT count(*) AS n, count(*) FILTER (WHERE status = 'ok') AS ok FROM runs")
+    n, ok = int(counts["n"].iloc[0]), int(counts["ok"].iloc[0])
+    if n == 0:
+        return Status(False, version=version, message=f"The store `{path}` has no runs yet: {make}.")
+    return Status(True, n_runs=n, n_ok=ok, version=version)
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def runs(db: str, mtime: Stamp) -> pd.DataFrame:
+    """Every run with its latency summary, oldest first, plus the machine it is grouped under."""
+    df = Store(db).read(
+        "SELECT r.*, l.p50_ms, l.p90_ms, l.p99_ms, l.n_timed FROM runs r LEFT JOIN run_latency l USING (run_id) "
+        "ORDER BY r.created_at")
+    records = parity._records(df)
+    df["gpu_id"] = [machine_id(r) for r in records]
+    df["gpu_label"] = [parity.gpu_label(r) for r in records]
+    df["family"] = [str(r.get("gpu_family") or ("cpu" if parity.is_cpu(r) else "unknown")) for r in records]
+    return df
+
+
+def machine_id(run: dict) -> str:
+    """The value the GPU selector (and the URL) uses: the GPU's name, or cpu:HOST for a CPU run."""
+    return f"cpu:{run.get('host')}" if parity.is_cpu(run) else str(run.get("gpu_name"))
+
+
+@st.cache_data(show_spinner="Comparing every variant with BF16…", max_entries=16)
+def reports(db: str, mtime: Stamp, min_agreement: float, vram_budget_gib: float | None,
+            objective: str) -> list[GpuReport]:
+    """`quantbench report`'s tables for every GPU and model: the same function, the same rules."""
+    rules = Rules(min_agreement=min_agreement, vram_budget_gib=vram_budget_gib, objective=objective)
+    return build_report(Store(db), rules=rules)
+
+
+def reports_for(db: str, mtime: Stamp, rules: Rules) -> list[GpuReport]:
+    return reports(db, mtime, rules.min_agreement, rules.vram_budget_gib, rules.objective)
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def latencies(db: str, mtime: Stamp, run_ids: tuple[str, ...]) -> pd.DataFrame:
+    return Store(db).read(
+        "SELECT CAST(run_id AS VARCHAR) AS run_id, seq, phase, model_ms, prep_ms, tokens, batch FROM latencies "
+        "WHERE list_contains(?, CAST(run_id AS VARCHAR)) ORDER BY run_id, seq", [list(run_ids)])
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def answers(db: str, mtime: Stamp, run_id: str) -> pd.DataFrame:
+    return parity.load_answers(Store(db), run_id)
+
+
+def report_key(rep: GpuReport) -> str:
+    """The machine id of a report, matching `machine_id` of its runs."""
+    return machine_id(rep.rows[0].run)
+
+
+def env_db_note() -> str:
+    return "from QUANTBENCH_DB" if os.environ.get("QUANTBENCH_DB") else "default; set QUANTBENCH_DB to change"

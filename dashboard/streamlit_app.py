@@ -1,0 +1,37 @@
+"""quantbench dashboard: `streamlit run dashboard` (the store: env QUANTBENCH_DB, else results.duckdb)."""
+
+import sys
+from pathlib import Path
+
+# `streamlit run dashboard` puts only dashboard/ on sys.path; the pages import the `dashboard` package.
+ROOT = str(Path(__file__).resolve().parent.parent)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import streamlit as st  # noqa: E402
+
+from dashboard import store_cache, url_state  # noqa: E402
+
+st.set_page_config(page_title="quantbench", page_icon=":material/balance:", layout="wide")
+
+page = st.navigation([
+    st.Page("page_report.py", title="Which quant should I use?", icon=":material/star:", default=True),
+    st.Page("page_latency.py", title="Latency", icon=":material/timer:", url_path="latency"),
+    st.Page("page_parity.py", title="Parity detail", icon=":material/compare_arrows:", url_path="parity"),
+    st.Page("page_runs.py", title="Runs", icon=":material/list:", url_path="runs"),
+])
+
+db, mtime = store_cache.current()
+status = store_cache.status(db, mtime)
+with st.sidebar:
+    st.caption(f"Store `{db}` ({store_cache.env_db_note()})")
+if not status.usable:
+    st.title(page.title)
+    st.info(status.message, icon="ℹ️")
+    st.stop()
+
+runs = store_cache.runs(db, mtime)
+with st.sidebar:
+    st.session_state["_selection"] = url_state.sidebar(runs)
+    st.caption(f"{status.n_runs} runs, {status.n_ok} successful; newest {runs['created_at'].max():%Y-%m-%d %H:%M}")
+page.run()

@@ -1,0 +1,167 @@
+"""Filters bound to the URL, so a filtered view can be shared as a link.
+
+A bound widget starts from what the user chose earlier in this session (kept in `_memo`: Streamlit forgets the
+state of a widget that a page did not draw), else from the URL's query parameter, else from its default; after
+it is drawn its value is written back to the URL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from quantbench.report import Rules
+
+MEMO = "_memo"
+ALWAYS = object()  # a default no value equals: the parameter stays in the URL
+
+
+def _memo() -> dict[str, Any]:
+    return st.session_state.setdefault(MEMO, {})
+
+
+def value(key: str, default: Any, parse: Callable[[str], Any] = str) -> Any:
+    """The current value of a bound setting, whether or not its widget is on this page."""
+    if key in st.session_state:
+        return st.session_state[key]
+    if key in _memo():
+        return _memo()[key]
+    raw = st.query_params.get(key)
+    if raw is None:
+        return default
+    try:
+        return parse(raw)
+    except (TypeError, ValueError):
+        return default
+
+
+def start(key: str, default: Any, parse: Callable[[str], Any] = str) -> None:
+    """Give widget `key` its starting value (call before drawing it)."""
+    if key not in st.session_state:
+        st.session_state[key] = value(key, default, parse)
+
+
+def publish(key: str, to_url: Callable[[Any], str] = str, default: Any = ALWAYS) -> Any:
+    """Remember the widget's value and put it in the URL (left out while it equals `default`)."""
+    v = st.session_state[key]
+    _memo()[key] = v
+    if v is None or v == default:
+        if key in st.query_params:
+            del st.query_params[key]
+    else:
+        st.query_params[key] = to_url(v)
+    return v
+
+
+def _pick(want: str | None, options: list[str], labels: dict[str, str]) -> str | None:
+    """The option the URL names: exactly, else by label, else the first one containing it (case-insensitive)."""
+    if want is None:
+        return None
+    if want in options:
+        return want
+    w = want.strip().lower()
+    for o in options:
+        if w == labels.get(o, o).lower():
+            return o
+    return next((o for o in options if w in o.lower() or w in labels.get(o, o).lower()), None)
+
+
+def bound_select(label: str, key: str, options: list[str], labels: dict[str, str] | None = None,
+                 help: str | None = None) -> str:
+    labels = labels or {}
+    if key not in st.session_state:
+        chosen = _memo().get(key)
+        st.session_state[key] = chosen if chosen in options else (
+            _pick(st.query_params.get(key), options, labels) or options[0])
+    elif st.session_state[key] not in options:  # a wider filter changed: this one's old value is gone
+        st.session_state[key] = options[0]
+    st.selectbox(label, options, key=key, format_func=lambda o: labels.get(o, o), help=help)
+    return publish(key)
+
+
+@dataclass(frozen=True)
+class Selection:
+    family: str
+    gpu: str  # store_cache.machine_id: the GPU's name, or cpu:HOST
+    gpu_label: str
+    model: str
+
+
+FAMILY_ORDER = ["blackwell", "hopper", "ada", "ampere", "cpu"]
+
+
+def sidebar(runs: pd.DataFrame) -> Selection:
+    """Family, GPU and model selectors, from the stored runs."""
+    machines = runs[["family", "gpu_id", "gpu_label", "model_id"]].astype(str).drop_duplicates()
+    families = sorted(machines["family"].unique(), key=lambda f: (FAMILY_ORDER.index(f) if f in FAMILY_ORDER else 99, f))
+    gpu_labels = dict(zip(machines["gpu_id"], machines["gpu_label"], strict=False))
+    # A shared link may name only the GPU: start its family from it.
+    if "family" not in st.session_state and "family" not in _memo() and "family" not in st.query_params:
+        gpu = _pick(st.query_params.get("gpu"), sorted(gpu_labels), gpu_labels)
+        if gpu is not None:
+            st.session_state["family"] = machines.loc[machines["gpu_id"] == gpu, "family"].iloc[0]
+    family = bound_select("GPU family", "family", families, {f: "CPU" if f == "cpu" else f.capitalize() for f in families})
+    here = machines[machines["family"] == family]
+    gpus = sorted(here["gpu_id"].unique())
+    gpu = bound_select("GPU", "gpu", gpus, gpu_labels, help="the exact GPU (or CPU host) the runs were made on")
+    models = sorted(here.loc[here["gpu_id"] == gpu, "model_id"].unique())
+    model = bound_select("Model", "model", models)
+    return Selection(family, gpu, gpu_labels[gpu], model)
+
+
+def selection() -> Selection:
+    return st.session_state["_selection"]
+
+
+# -- the recommendation rules --------------------------------------------------------------------------------
+DEFAULT_MIN_AGREE = 100 * Rules().min_agreement
+OBJECTIVE_LABELS = {"memory": "smallest weights in memory", "latency": "lowest p50 latency"}
+
+
+def _percent(raw: str) -> float:
+    v = float(raw)
+    if not 50.0 <= v <= 100.0:
+        raise ValueError(raw)
+    return v
+
+
+def _budget(raw: str) -> float | None:
+    v = float(raw)
+    if v <= 0:
+        raise ValueError(raw)
+    return v
+
+
+def _objective(raw: str) -> str:
+    if raw not in OBJECTIVE_LABELS:
+        raise ValueError(raw)
+    return raw
+
+
+def rules() -> Rules:
+    """The rules the user set on the report page (or the URL, or the defaults) — pages without the inputs too."""
+    budget = value("budget", None, _budget)
+    return Rules(min_agreement=value("min_agree", DEFAULT_MIN_AGREE, _percent) / 100,
+                 vram_budget_gib=budget or None,  # 0 (the input cleared to zero) means no budget
+                 objective=value("objective", "memory", _objective))
+
+
+def rule_inputs(cpu: bool) -> Rules:
+    start("min_agree", DEFAULT_MIN_AGREE, _percent)
+    start("budget", None, _budget)
+    start("objective", "memory", _objective)
+    a, b, c = st.columns(3)
+    a.slider("Minimum agreement with BF16 (%)", 50.0, 100.0, step=0.5, key="min_agree",
+             help="a variant whose top answer matches BF16's less often than this does not pass")
+    b.number_input(f"{'Memory' if cpu else 'VRAM'} budget (GiB)", min_value=0.0, step=1.0, key="budget",
+                   placeholder="no budget", help="peak memory must fit; leave empty for no budget")
+    c.radio("Pick", list(OBJECTIVE_LABELS), key="objective", format_func=OBJECTIVE_LABELS.get, horizontal=True,
+            help="among the variants that pass")
+    publish("min_agree", lambda v: f"{v:g}", DEFAULT_MIN_AGREE)
+    publish("budget", lambda v: f"{v:g}", 0.0)
+    publish("objective", default="memory")
+    return rules()

@@ -1,0 +1,218 @@
+"""The dashboard under streamlit's AppTest: every page renders, and shows what `quantbench report` computes."""
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from quantbench.report import Rules, build_report, cells, flat_rows
+from quantbench.store import Store
+from tests import dashboard_store as ds
+
+APP = str(Path(__file__).resolve().parent.parent / "dashboard" / "streamlit_app.py")
+PAGES = ["page_report.py", "page_latency.py", "page_parity.py", "page_runs.py"]
+TITLES = ["Which quant should I use?", "Latency", "Parity detail", "Runs"]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    return ds.build(tmp_path_factory.mktemp("dash") / "results.duckdb").path
+
+
+@pytest.fixture
+def store(built, monkeypatch) -> Store:
+    """The shared test store (read only: the dashboard's cache serves it across tests), via QUANTBENCH_DB."""
+    monkeypatch.setenv("QUANTBENCH_DB", str(built))
+    return Store(built)
+
+
+@pytest.fixture
+def own_store(built, tmp_path, monkeypatch) -> Store:
+    """A private copy, for a test that writes."""
+    path = tmp_path / "results.duckdb"
+    shutil.copy(built, path)
+    monkeypatch.setenv("QUANTBENCH_DB", str(path))
+    return Store(path)
+
+
+def app(**query) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params.update(query)
+    return at.run()
+
+
+def texts(elements) -> list[str]:
+    return [e.value for e in elements]
+
+
+def assert_table_is_the_report(at: AppTest, rep) -> None:
+    """Every text cell equals `report.cells`, and the bar's value `report.flat_rows`' agreement."""
+    df = at.dataframe[0].value
+    expected = [cells(row, rep) for row in rep.rows]
+    for col in expected[0]:
+        assert df[col].tolist() == [e[col] for e in expected], col
+    agree = flat_rows([rep])["agreement"].tolist()
+    assert [None if v != v else round(v, 12) for v in df["Agreement"]] == \
+        [None if v is None or v != v else round(v, 12) for v in agree]
+
+
+def test_every_page_renders_without_an_exception(store):
+    at = app(gpu="NVIDIA H200")
+    assert not at.exception
+    for page, title in zip(PAGES, TITLES, strict=True):
+        at.switch_page(page).run()
+        assert not at.exception, page
+        assert texts(at.title) == [title]
+    assert len(at.dataframe) >= 1  # the runs table
+
+
+def test_the_table_shows_what_quantbench_report_computes_for_that_gpu(store):
+    at = app(gpu="NVIDIA H200")
+    assert at.selectbox(key="gpu").value == "NVIDIA H200"
+    assert at.selectbox(key="family").value == "hopper"  # the link named only the GPU
+    [rep] = build_report(store, gpu="NVIDIA H200", model=ds.MODEL)
+    assert_table_is_the_report(at, rep)
+    assert rep.recommended.label == "int4"
+    assert any("Recommended: int4" in s for s in texts(at.success))
+
+
+def test_changing_the_gpu_changes_the_table_and_the_url(store):
+    at = app(gpu="NVIDIA H200")
+    before = at.dataframe[0].value["Variant"].tolist()
+    at.selectbox(key="family").set_value("blackwell").run()
+    assert not at.exception
+    assert at.selectbox(key="gpu").value == "NVIDIA RTX PRO 6000 Blackwell"
+    assert at.query_params["gpu"] == "NVIDIA RTX PRO 6000 Blackwell" and at.query_params["family"] == "blackwell"
+    [rep] = build_report(store, gpu="blackwell", model=ds.MODEL)
+    assert_table_is_the_report(at, rep)
+    assert at.dataframe[0].value["Variant"].tolist() != before
+
+
+def test_rule_inputs_change_the_recommendation_as_the_report_rules_do(store):
+    at = app(gpu="NVIDIA H200")
+    at.slider(key="min_agree").set_value(99.0).run()
+    [rep] = build_report(store, gpu="NVIDIA H200", model=ds.MODEL, rules=Rules(min_agreement=0.99))
+    assert rep.recommended.label == "bf16"  # int4 (96.5%) and fp8 (98.5%) no longer pass
+    assert_table_is_the_report(at, rep)
+    assert at.query_params["min_agree"] == "99"
+    at.number_input(key="budget").set_value(21.0).run()
+    [rep] = build_report(store, gpu="NVIDIA H200", model=ds.MODEL, rules=Rules(min_agreement=0.99, vram_budget_gib=21))
+    assert rep.recommended is None
+    assert texts(at.warning) == [rep.rule[:1].upper() + rep.rule[1:]]
+    assert at.query_params["budget"] == "21"
+
+
+def test_rules_from_a_shared_link_apply_and_survive_a_page_switch(store):
+    at = app(gpu="NVIDIA H200", min_agree="99")
+    assert at.slider(key="min_agree").value == 99.0
+    assert any("Recommended: bf16" in s for s in texts(at.success))
+    at.switch_page("page_runs.py").run()
+    at.switch_page("page_report.py").run()
+    assert at.slider(key="min_agree").value == 99.0
+
+
+def test_every_gpu_gets_its_recommendation_side_by_side(store):
+    at = app(gpu="NVIDIA H200")
+    reports = build_report(store, model=ds.MODEL)
+    got = {m.label.removesuffix(" (selected)"): m.value for m in at.metric}
+    assert got == {r.gpu: r.recommended.label for r in reports if r.model_id == ds.MODEL}
+    assert got["NVIDIA RTX PRO 6000 Blackwell (blackwell)"] == "nvfp4-packed"
+
+
+def test_a_failed_run_shows_with_its_reason(store):
+    at = app(gpu="blackwell")
+    df = at.dataframe[0].value
+    assert df.loc[df["Variant"] == "bf16 (batched_mm)", "Best for"].tolist() == ["failed here (oom)"]
+    at.switch_page("page_runs.py").run()
+    runs = at.dataframe[0].value
+    failed = runs[runs["status"] == "failed"]
+    assert failed["failure"].tolist() == ["oom"]
+    assert failed["error"].iloc[0].startswith("torch.OutOfMemoryError")
+    assert any("oom" in e.label for e in at.expander)
+
+
+def test_synthetic_weights_show_speed_and_memory_only(store):
+    at = app(gpu="NVIDIA H200", model=ds.SYNTHETIC_MODEL)
+    assert not at.exception
+    assert any("speed and memory only" in s for s in texts(at.info))
+    assert at.dataframe[0].value["Agrees with BF16 (95% CI)"].tolist() == ["synthetic weights: speed/memory only"]
+    at.switch_page("page_parity.py").run()
+    assert not at.exception and any("speed and memory only" in s for s in texts(at.info))
+    at.switch_page("page_latency.py").run()
+    assert not at.exception and len(at.dataframe) == 1
+
+
+def test_latency_page_percentiles_are_the_stores(store):
+    at = app(gpu="NVIDIA H200")
+    at.switch_page("page_latency.py").run()
+    table = at.dataframe[0].value.set_index("Variant")
+    summary = store.read("SELECT variant, p50_ms, p99_ms, cold_ms FROM run_summary WHERE gpu_name = 'NVIDIA H200' "
+                         "AND model_id = ? AND role <> 'noise_floor'", [ds.MODEL]).set_index("variant")
+    assert sorted(table.index) == sorted(summary.index)
+    for v in summary.index:
+        assert table.at[v, "p50 (ms)"] == pytest.approx(summary.at[v, "p50_ms"])
+        assert table.at[v, "p99 (ms)"] == pytest.approx(summary.at[v, "p99_ms"])
+        assert table.at[v, "Cold start (ms)"] == pytest.approx(summary.at[v, "cold_ms"])
+
+
+def test_parity_page_lists_the_flips_and_searches_them(store):
+    at = app(gpu="NVIDIA H200", variant="nvfp4-packed")
+    at.switch_page("page_parity.py").run()
+    assert at.selectbox(key="variant").value == "nvfp4-packed"
+    comp = next(r.comparison for r in build_report(store, gpu="NVIDIA H200", model=ds.MODEL)[0].rows
+                if r.label == "nvfp4-packed")
+    flips = at.dataframe[1].value
+    assert len(flips) == (~comp.per_question["agree"]).sum() == 18
+    first = flips.iloc[0]
+    assert first["top_ref"] != first["top_cand"]
+    assert first["BF16 distribution"].split()[::2] == ds.OPTIONS  # "A 0.08  B 0.03 ..." for every option
+    at.text_input(key="flip_search").set_value("safety").run()
+    searched = at.dataframe[1].value
+    assert 0 < len(searched) < len(flips) and set(searched["benchmark"]) == {"safety"}
+    deltas = at.dataframe[2].value
+    assert deltas["delta"].tolist() == pytest.approx((100 * comp.paired.by_benchmark["delta"]).tolist())
+
+
+@pytest.mark.parametrize("make, expect", [
+    (None, "No results store at"),
+    (ds.build_empty, "has no runs yet"),
+    (ds.build_old_schema, "has schema version 1"),
+    (lambda path: path.write_text("not a database"), "Cannot read"),
+])
+def test_stores_it_cannot_use_get_a_message_on_every_page(tmp_path, monkeypatch, make, expect):
+    path = tmp_path / "results.duckdb"
+    if make is not None:
+        make(path)
+    monkeypatch.setenv("QUANTBENCH_DB", str(path))
+    at = app()
+    for page in PAGES:
+        at.switch_page(page).run()
+        assert not at.exception, page
+        assert any(expect in s for s in texts(at.info)), page
+    assert make is not None or not path.exists()  # reading never creates a store
+
+
+def test_a_store_of_only_failed_runs_explains_and_lists_them(tmp_path, monkeypatch):
+    ds.build_only_failed(tmp_path / "results.duckdb")
+    monkeypatch.setenv("QUANTBENCH_DB", str(tmp_path / "results.duckdb"))
+    at = app()
+    assert not at.exception
+    assert any("Every run in this store failed" in s for s in texts(at.warning))
+    assert at.dataframe[0].value["failure"].tolist() == ["load_error"]
+    for page in PAGES[1:]:
+        at.switch_page(page).run()
+        assert not at.exception, page
+
+
+def test_a_writer_is_not_blocked_by_the_open_dashboard_and_its_run_shows(own_store):
+    store = own_store
+    at = app(gpu="cpu")
+    at.switch_page("page_runs.py").run()
+    n = len(at.dataframe[0].value)
+    t0 = time.monotonic()
+    ds.append_run(store)  # the dashboard has queried and stays open: the write must not wait on it
+    assert time.monotonic() - t0 < 5
+    at.run()
+    assert len(at.dataframe[0].value) == n + 1
