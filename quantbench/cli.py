@@ -34,37 +34,43 @@ def _fail(e: Exception) -> None:
     raise typer.Exit(2)
 
 
-def _mib(n) -> str:
-    import math
+def _val(x):
+    """A stored value, or None for SQL NULL (pandas gives NaN, NA or NaT)."""
+    import pandas as pd
 
-    if n is None or (isinstance(n, float) and math.isnan(n)):
-        return "—"
-    return f"{n / 2**20:,.1f} MiB"
+    return None if x is None or (not isinstance(x, list | tuple) and pd.isna(x)) else x
+
+
+def _mib(n) -> str:
+    return "—" if _val(n) is None else f"{n / 2**20:,.1f} MiB"
 
 
 def _ms(x) -> str:
-    import math
+    return "—" if _val(x) is None else f"{x:,.1f}"
 
-    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:,.1f}"
+
+NUMERIC = ("decisions", "accuracy", "p50 ms", "p90 ms", "weights", "load s")
 
 
 def runs_table(df, title: str) -> Table:
     """One self-describing row per run (llama-bench style): what ran, where, and what it measured."""
     t = Table(title=title, title_justify="left")
-    for col in ("run", "status", "variant", "kernel", "where", "decisions", "accuracy", "p50 ms", "p90 ms",
-                "weights", "load s"):
-        t.add_column(col, justify="right" if col in ("decisions", "accuracy", "p50 ms", "p90 ms", "weights", "load s") else "left")
-    for r in df.itertuples():
-        weights = r.mem_weights_bytes if r.mem_weights_bytes == r.mem_weights_bytes and r.mem_weights_bytes is not None else None
-        weights_text = _mib(weights) if weights is not None else (
-            _mib(r.model_tensor_bytes) + " (host)" if r.model_tensor_bytes == r.model_tensor_bytes and r.model_tensor_bytes is not None else "—")
-        status = "[green]ok[/]" if r.status == "ok" else f"[red]failed: {r.failure}[/]"
-        acc = "—" if r.accuracy != r.accuracy or r.accuracy is None else f"{r.accuracy:.1%}"
-        where = r.gpu_name if isinstance(r.gpu_name, str) else "cpu"
-        variant = (r.variant if isinstance(r.variant, str) else r.backend) + (" [noise floor]" if r.role == "noise_floor" else "")
-        t.add_row(str(r.run_id)[:13], status, variant, r.kernel_path if isinstance(r.kernel_path, str) else "—", where,
-                  "—" if r.n_records != r.n_records or r.n_records is None else str(int(r.n_records)), acc,
-                  _ms(r.p50_ms), _ms(r.p90_ms), weights_text, _ms(r.load_s))
+    for col in ("run", "status", "variant", "kernel", "where", *NUMERIC):
+        t.add_column(col, justify="right" if col in NUMERIC else "left")
+    for r in df.to_dict("records"):
+        r = {k: _val(v) for k, v in r.items()}
+        if r["mem_weights_bytes"] is not None:
+            weights = _mib(r["mem_weights_bytes"])
+        elif r["model_tensor_bytes"] is not None:
+            weights = _mib(r["model_tensor_bytes"]) + " (host)"
+        else:
+            weights = "—"
+        status = "[green]ok[/]" if r["status"] == "ok" else f"[red]failed: {r['failure']}[/]"
+        variant = (r["variant"] or r["backend"]) + (" [noise floor]" if r["role"] == "noise_floor" else "")
+        t.add_row(str(r["run_id"])[:13], status, variant, r["kernel_path"] or "—", r["gpu_name"] or "cpu",
+                  "—" if r["n_records"] is None else str(int(r["n_records"])),
+                  "—" if r["accuracy"] is None else f"{r['accuracy']:.1%}",
+                  _ms(r["p50_ms"]), _ms(r["p90_ms"]), weights, _ms(r["load_s"]))
     return t
 
 
@@ -178,13 +184,11 @@ def demo(
         df = Store(path).read(
             "SELECT * FROM run_summary WHERE run_id IN (SELECT unnest(?::UUID[])) ORDER BY created_at", [ids])
         out.print(runs_table(df, f"quantbench demo — stored in {path}"))
-        try:
-            from quantbench.report import report_for_this_machine
-        except ImportError:
-            return
         from quantbench.machine import detect
+        from quantbench.report import report_for_this_machine
 
-        out.print(report_for_this_machine(Store(path), detect().gpu_name or "cpu"))
+        # Plain print: the report is markdown meant to be pasted, so no wrapping or markup from rich.
+        print(report_for_this_machine(Store(path), detect().gpu_name or "cpu"))
     except QuantbenchError as e:
         _fail(e)
 

@@ -1,0 +1,561 @@
+"""The "Which quant should I use?" report: one table per GPU (and model, suite), built from the store.
+
+Rows are the latest run of each variant (backend, variant, kernel, format) on that GPU — a failed run only when
+the variant never succeeded there, so an out-of-memory shows up as what it is. Quality columns compare each row
+with the BF16 reference (see quantbench.parity); runs with synthetic weights show speed and memory only.
+
+"Best for" follows `Rules`, applied in this order, and the report prints which rule picked the recommendation:
+  1. quality: agreement with BF16 ≥ `min_agreement`, and (with `use_noise_floor`) not `worse` than the noise
+     floor; the BF16 reference passes by definition; a row without parity figures cannot pass;
+  2. memory: peak memory (peak VRAM; peak host RSS on a CPU) ≤ `vram_budget_gib`, when a budget is set;
+  3. native: with `prefer_native`, a variant that is emulated on this GPU is dropped when a native one passes;
+  4. objective: the smallest weights in memory (`objective="memory"`) or the lowest p50 latency ("latency"),
+     the other figure breaking ties.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import socket
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from quantbench import analysis as an
+from quantbench import parity
+from quantbench.analysis import ParityError
+from quantbench.errors import ConfigError
+from quantbench.parity import Comparison, FloorStats
+from quantbench.store import Store
+
+GIB = 1 << 30
+FORMATS = ("markdown", "csv", "json")
+OBJECTIVES = ("memory", "latency")
+SYNTHETIC_NOTE = "synthetic weights: speed/memory only"
+
+
+@dataclass
+class Rules:
+    min_agreement: float = 0.95  # top-answer agreement with BF16, a fraction
+    use_noise_floor: bool = True  # a variant `worse` than the noise floor does not pass
+    vram_budget_gib: float | None = None  # peak memory must fit (VRAM; host RSS on a CPU)
+    prefer_native: bool = True  # drop emulated variants when a native one passes
+    objective: str = "memory"  # memory (smallest weights) | latency (lowest p50)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.min_agreement <= 1.0:
+            raise ConfigError(f"--min-agreement {self.min_agreement}: give a fraction between 0 and 1 (e.g. 0.95)")
+        if self.vram_budget_gib is not None and self.vram_budget_gib <= 0:
+            raise ConfigError(f"--vram-budget-gib {self.vram_budget_gib}: give a positive number of GiB")
+        if self.objective not in OBJECTIVES:
+            raise ConfigError(f"objective {self.objective!r}: use one of {', '.join(OBJECTIVES)}")
+
+    def describe(self, cpu: bool = False) -> str:
+        memory = "the smallest weights in host memory" if cpu else "the smallest VRAM (weights)"
+        goal = memory if self.objective == "memory" else "the lowest p50 latency"
+        parts = [f"agreement with BF16 ≥ {self.min_agreement:.1%}"]
+        if self.use_noise_floor:
+            parts.append("not worse than the noise floor")
+        if self.vram_budget_gib is not None:
+            parts.append(f"peak {'host RSS' if cpu else 'VRAM'} ≤ {self.vram_budget_gib:g} GiB")
+        if self.prefer_native:
+            parts.append("native format preferred")
+        return f"{goal} among variants with " + ", ".join(parts)
+
+
+@dataclass
+class Row:
+    run: dict[str, Any]
+    label: str  # variant, with the kernel when two rows share a variant
+    cpu: bool
+    weights_bytes: int | None  # VRAM taken by the load; on a CPU every tensor of the loaded model
+    peak_bytes: int | None  # NVML per-process peak (torch's peak reserved when NVML had none); host RSS on a CPU
+    peak_source: str | None  # nvml | torch_reserved | host_rss
+    comparison: Comparison | None = None
+    quality: str | None = None  # why there are no parity figures: reference | synthetic | failed | an error
+    excluded: list[str] = field(default_factory=list)
+    recommended: bool = False
+    best_for: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.run.get("status") == "ok"
+
+    @property
+    def is_reference(self) -> bool:
+        return self.quality == "reference"
+
+    @property
+    def p50(self) -> float | None:
+        return _num(self.run.get("p50_ms"))
+
+
+@dataclass
+class GpuReport:
+    gpu: str  # label: "NVIDIA H200 (hopper)" or "CPU (host)"
+    gpu_family: str | None
+    cpu: bool
+    model_id: str | None
+    suite_id: str | None
+    suite_hash: str | None
+    rows: list[Row]
+    reference: dict[str, Any] | None
+    floor: FloorStats | None
+    recommended: Row | None
+    rule: str  # the rule that picked the recommendation, or why there is none
+    reference_accuracy: float | None = None  # unweighted mean over benchmarks, on gold
+    notes: list[str] = field(default_factory=list)
+
+
+def _num(v: Any) -> float | None:
+    if v is None:
+        return None
+    try:
+        return None if math.isnan(float(v)) else float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _int(v: Any) -> int | None:
+    f = _num(v)
+    return None if f is None else int(f)
+
+
+# -- building ------------------------------------------------------------------------------------------------
+def matches_gpu(run: dict[str, Any], gpu: str) -> bool:
+    """`--gpu`: cpu, a family (hopper, blackwell, ...) or part of the GPU's name, case-insensitive."""
+    g = gpu.strip().lower()
+    if parity.is_cpu(run):
+        return g == "cpu"
+    return g == str(run.get("gpu_family") or "").lower() or g in str(run.get("gpu_name") or "").lower()
+
+
+def _memory(run: dict[str, Any]) -> tuple[int | None, int | None, str | None]:
+    if parity.is_cpu(run):
+        peak = _int(run.get("host_rss_peak_bytes"))
+        return _int(run.get("model_tensor_bytes")), peak, "host_rss" if peak is not None else None
+    nvml, reserved = _int(run.get("mem_nvml_peak_bytes")), _int(run.get("mem_peak_reserved_bytes"))
+    peak, source = (nvml, "nvml") if nvml is not None else (reserved, "torch_reserved" if reserved is not None else None)
+    return _int(run.get("mem_weights_bytes")), peak, source
+
+
+def _variant_key(run: dict[str, Any]) -> tuple[str, ...]:
+    return tuple(str(run.get(k)) for k in ("backend", "variant", "kernel_path", "weight_format"))
+
+
+def _pick_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Latest ok run per variant; the latest failed one only where the variant never succeeded."""
+    best: dict[tuple[str, ...], dict[str, Any]] = {}
+    for run in runs:  # oldest first
+        key = _variant_key(run)
+        if run.get("status") == "ok" or best.get(key, {}).get("status") != "ok":
+            best[key] = run
+    return sorted(best.values(), key=lambda r: (r.get("backend") != "bf16", str(r.get("variant")), str(r.get("kernel_path"))))
+
+
+def _groups(runs: list[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    orphans = []  # runs that failed before their suite was known
+    for run in runs:
+        if run.get("suite_hash") is None:
+            orphans.append(run)
+            continue
+        groups.setdefault((parity.gpu_key(run), run.get("model_id"), run["suite_hash"]), []).append(run)
+    for run in orphans:
+        homes = [k for k in groups if k[:2] == (parity.gpu_key(run), run.get("model_id"))]
+        for k in homes or [(parity.gpu_key(run), run.get("model_id"), None)]:
+            groups.setdefault(k, []).append(run)
+    return groups
+
+
+def _load_runs(store: Store) -> list[dict[str, Any]]:
+    df = store.read(
+        "SELECT r.*, l.p50_ms, l.p90_ms, l.n_timed FROM runs r LEFT JOIN run_latency l USING (run_id) "
+        "ORDER BY r.created_at"
+    )
+    return parity._records(df)
+
+
+def build_report(store: Store, gpu: str | None = None, model: str | None = None, rules: Rules | None = None, *,
+                 host: str | None = None, cross_gpu_reference: bool = True, seed: int = 0) -> list[GpuReport]:
+    """One GpuReport per (GPU, model, suite) in the store, filtered by `gpu` / `model` / `host`."""
+    rules = rules or Rules()
+    runs = _load_runs(store)
+    if gpu:
+        runs = [r for r in runs if matches_gpu(r, gpu)]
+    if host:
+        runs = [r for r in runs if str(r.get("host")) == host]
+    if model:
+        m = model.lower()
+        runs = [r for r in runs if r.get("model_id") == model or m in str(r.get("model_id") or "").lower()]
+    answers: dict[str, pd.DataFrame] = {}
+
+    def answers_of(run: dict[str, Any]) -> pd.DataFrame:
+        rid = str(run["run_id"])
+        if rid not in answers:
+            answers[rid] = parity.load_answers(store, rid)
+        return answers[rid]
+
+    reports = []
+    for group in _groups(runs).values():
+        rows_runs = [r for r in _pick_rows(group) if (r.get("role") or "candidate") != "noise_floor"]
+        if rows_runs:
+            reports.append(_build_one(store, group, rows_runs, rules, answers_of, cross_gpu_reference, seed))
+    reports.sort(key=lambda r: (r.cpu, r.gpu, str(r.model_id), str(r.suite_id)))
+    return reports
+
+
+def _build_one(store, group, rows_runs, rules, answers_of, cross_gpu_reference, seed) -> GpuReport:
+    first = rows_runs[0]
+    cpu = parity.is_cpu(first)
+    labels = [str(r.get("variant") or r.get("backend")) for r in rows_runs]
+    rows = []
+    for run, label in zip(rows_runs, labels, strict=True):
+        if labels.count(label) > 1:
+            label = f"{label} ({run.get('kernel_path')})"
+        rows.append(Row(run, label, cpu, *_memory(run)))
+    synthetic = any(r.ok for r in rows) and all(r.run.get("weights") == "synthetic" for r in rows if r.ok)
+    ok_runs = [r for r in group if r.get("status") == "ok"]
+    refs = [r for r in ok_runs if r.get("backend") == "bf16" and (r.get("role") or "candidate") != "noise_floor"]
+    reference = max(refs, key=parity.reference_rank, default=None)
+    notes: list[str] = []
+    if reference is None and cross_gpu_reference and ok_runs and not synthetic:
+        reference = parity.find_reference(store, ok_runs[-1], any_gpu=True)
+        if reference is not None:
+            notes.append(f"† agreement and accuracy are measured against BF16 on {parity.gpu_label(reference)} "
+                         f"(run {str(reference['run_id'])[:13]}): no successful BF16 run on this machine")
+    floor = None
+    if reference is not None and not synthetic:
+        floor_run = parity.find_noise_floor(store, reference)
+        if floor_run is not None:
+            try:
+                floor = parity.floor_stats(reference, answers_of(reference), floor_run, answers_of(floor_run), seed)
+            except ParityError as e:
+                notes.append(f"noise floor run {str(floor_run['run_id'])[:13]} not used: {e}")
+    for row in rows:
+        _fill_quality(row, reference, floor, answers_of, seed)
+    ref_acc = None
+    if reference is not None and not synthetic:
+        by_bench = an.accuracy_by_benchmark(answers_of(reference))
+        ref_acc = float(by_bench["accuracy"].mean()) if len(by_bench) else None
+    report = GpuReport(
+        gpu=parity.gpu_label(first), gpu_family=first.get("gpu_family"), cpu=cpu, model_id=first.get("model_id"),
+        suite_id=next((r.get("suite_id") for r in group if r.get("suite_id")), None),
+        suite_hash=next((r.get("suite_hash") for r in group if r.get("suite_hash")), None),
+        rows=rows, reference=reference, floor=floor, recommended=None, rule="", reference_accuracy=ref_acc,
+        notes=notes,
+    )
+    _recommend(report, rules, synthetic)
+    return report
+
+
+def _fill_quality(row: Row, reference, floor, answers_of, seed) -> None:
+    run = row.run
+    if not row.ok:
+        row.quality = f"failed ({run.get('failure') or 'error'})"
+    elif run.get("weights") == "synthetic":
+        row.quality = SYNTHETIC_NOTE
+    elif reference is None:
+        row.quality = "no BF16 reference"
+    elif str(run["run_id"]) == str(reference["run_id"]):
+        row.quality = "reference"
+    else:
+        try:
+            row.comparison = parity.compare_loaded(run, answers_of(run), reference, answers_of(reference), floor,
+                                                   seed=seed)
+        except ParityError as e:
+            row.quality = f"not comparable ({str(e).split(':')[0]})"  # the cause; `quantbench compare` says more
+
+
+def _recommend(report: GpuReport, rules: Rules, synthetic: bool) -> None:
+    ok = [r for r in report.rows if r.ok]
+    fastest = min((r for r in ok if r.p50 is not None), key=lambda r: r.p50, default=None)
+    smallest = min((r for r in ok if r.weights_bytes is not None), key=lambda r: r.weights_bytes, default=None)
+    for r in report.rows:
+        if not r.ok:
+            r.excluded.append(f"failed here ({r.run.get('failure') or 'error'})")
+            continue
+        if synthetic:
+            continue
+        if not r.is_reference:
+            c = r.comparison
+            if c is None:
+                r.excluded.append(r.quality or "no parity figures")
+            else:
+                if c.agreement.rate < rules.min_agreement:
+                    r.excluded.append(f"agreement {c.agreement.rate:.1%} < {rules.min_agreement:.1%}")
+                if rules.use_noise_floor and c.verdict.label == "worse":
+                    r.excluded.append("worse than the noise floor")
+        if rules.vram_budget_gib is not None:
+            if r.peak_bytes is None:
+                r.excluded.append("peak memory unknown")
+            elif r.peak_bytes > rules.vram_budget_gib * GIB:
+                r.excluded.append(f"peak {r.peak_bytes / GIB:.1f} GiB over the {rules.vram_budget_gib:g} GiB budget")
+    passing = [r for r in ok if not r.excluded]
+    if rules.prefer_native and any(r.run.get("native") != "emulated" for r in passing):
+        for r in passing:
+            if r.run.get("native") == "emulated":
+                r.excluded.append("emulated here (a native variant passes)")
+        passing = [r for r in passing if not r.excluded]
+    inf = float("inf")
+    by_memory = lambda r: (r.weights_bytes if r.weights_bytes is not None else inf, r.p50 if r.p50 is not None else inf)  # noqa: E731
+    by_latency = lambda r: (r.p50 if r.p50 is not None else inf, r.weights_bytes if r.weights_bytes is not None else inf)  # noqa: E731
+    pick = min(passing, key=by_memory if rules.objective == "memory" else by_latency, default=None)
+
+    if not ok:
+        report.rule = "no recommendation: every variant failed here"
+    elif synthetic:
+        report.rule = "no recommendation: synthetic (random) weights carry speed and memory only"
+    elif report.reference is None:
+        report.rule = ("no recommendation: no BF16 reference run for this model and suite "
+                       "(run `quantbench run --backend bf16` with them)")
+    elif pick is None:
+        report.rule = f"no variant passes the rules ({rules.describe(report.cpu)}); see Best for"
+    else:
+        pick.recommended = True
+        report.recommended = pick
+        report.rule = rules.describe(report.cpu)
+
+    for r in report.rows:
+        facts = []
+        if r.recommended:
+            facts.append("⭐ Recommended")
+        elif r.is_reference:
+            facts.append("Reference quality")
+        if r.ok and r is fastest and len(ok) > 1:
+            facts.append("fastest here")
+        if r.ok and r is smallest and len(ok) > 1:
+            facts.append(f"smallest {'memory' if report.cpu else 'VRAM'} here")
+        if r.ok and r.run.get("native") == "native" and not r.cpu:
+            facts.append(f"native on {r.run.get('gpu_family')}")
+        facts += r.excluded
+        r.best_for = "; ".join(facts) or "passes the rules"
+
+
+# -- formatting ----------------------------------------------------------------------------------------------
+def fmt_bytes(n: int | None, binary: bool = True) -> str:
+    """GiB for memory, GB (10⁹) for disk, as download sizes are quoted; n/a for unknown, never 0."""
+    if n is None:
+        return "n/a"
+    base = 1024 if binary else 1000
+    for unit in ("GiB", "MiB", "KiB") if binary else ("GB", "MB", "kB"):
+        scale = base ** {"G": 3, "M": 2, "K": 1, "k": 1}[unit[0]]
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def fmt_ms(ms: float | None) -> str:
+    if ms is None:
+        return "n/a"
+    return f"{ms:.1f}" if ms < 10 else f"{ms:,.0f}"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def cells(row: Row, report: GpuReport) -> dict[str, str]:
+    """One table row as text, in column order."""
+    run, c = row.run, row.comparison
+    dagger = "†" if report.reference is not None and row.comparison is not None and parity.gpu_key(
+        report.reference) != parity.gpu_key(run) else ""
+    if c is not None:
+        agree = f"{_pct(c.agreement.rate)} ({100 * c.agreement.lo:.1f}–{100 * c.agreement.hi:.1f}){dagger}"
+        tv = f"{c.tv.mean:.3f}"
+        m = c.paired.mean
+        acc = "no gold answers" if m is None else f"{100 * m.mean:+.2f} pts ({100 * m.lo:+.2f}…{100 * m.hi:+.2f})"
+    elif row.is_reference:
+        agree, tv = "reference", "—"
+        acc = "reference" if report.reference_accuracy is None else (
+            f"reference (mean accuracy {_pct(report.reference_accuracy)})")
+    else:
+        agree, tv, acc = row.quality or "n/a", "—", "—"
+    native = {"native": "yes", "emulated": "no (emulated)"}.get(run.get("native") or "", "—")
+    lat = "n/a" if row.p50 is None else f"{fmt_ms(row.p50)} / {fmt_ms(_num(run.get('p90_ms')))} ms"
+    peak = fmt_bytes(row.peak_bytes) + ("*" if row.peak_source == "torch_reserved" else "")
+    return {
+        "Variant": row.label,
+        "Format": str(run.get("weight_format") or "n/a"),
+        "Size on disk": fmt_bytes(_int(run.get("disk_bytes")), binary=False),
+        ("Weights (host memory)" if row.cpu else "VRAM (weights)"): fmt_bytes(row.weights_bytes),
+        ("Peak host RSS" if row.cpu else "Peak VRAM"): peak,
+        "Latency p50 / p90 (per decision)": lat,
+        "Agrees with BF16 (95% CI)": agree,
+        "TV": tv,
+        "Δ accuracy vs BF16": acc,
+        "Native here?": native,
+        "Best for": row.best_for,
+    }
+
+
+def _md_escape(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _markdown_one(report: GpuReport) -> str:
+    title = f"### {report.model_id} on {report.gpu}"
+    lines = [title, "", f"Suite {report.suite_id} (hash {report.suite_hash})."]
+    table = [cells(r, report) for r in report.rows]
+    header = list(table[0])
+    lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_md_escape(row[h]) for h in header) + " |" for row in table]
+    lines.append("")
+    if report.recommended:
+        lines.append(f"**Recommended: {report.recommended.label}**, picked by the rule: {report.rule}.")
+    else:
+        lines.append(f"**Recommendation:** {report.rule}.")
+    lines.append("")
+    notes = list(report.notes)
+    ref = report.reference
+    if ref is not None and any(r.comparison is not None for r in report.rows):
+        n = max(r.comparison.agreement.n for r in report.rows if r.comparison is not None)
+        notes.append(
+            f"Agrees with BF16 is the share of {n} questions where the variant's top answer matches the BF16 run "
+            f"{str(ref['run_id'])[:13]} ({ref.get('kernel_path')}), with a 95% Wilson interval; TV is the mean total "
+            "variation between their per-option distributions; Δ accuracy is the unweighted mean over benchmarks of "
+            "paired per-benchmark deltas on identical questions, with a 95% paired bootstrap interval."
+        )
+    if report.floor is not None:
+        f = report.floor
+        notes.append(
+            f"Noise floor: BF16 against itself under another kernel ({f.run.get('kernel_path')}, run "
+            f"{str(f.run['run_id'])[:13]}) agrees on {_pct(f.agreement.rate)} ({100 * f.agreement.lo:.1f}–"
+            f"{100 * f.agreement.hi:.1f}) of the questions, TV {f.tv.mean:.3f}: a variant whose intervals overlap "
+            "it is indistinguishable from BF16 at this precision."
+        )
+        if parity.floor_note(f):
+            notes.append("Note: " + parity.floor_note(f) + ".")
+    elif ref is not None and not any(r.quality == SYNTHETIC_NOTE for r in report.rows):
+        notes.append("No noise-floor run: make one with `quantbench run --noise-floor` to judge how close is close.")
+    if report.cpu:
+        notes.append("CPU runs have no VRAM: Weights (host memory) is the bytes of every tensor the loaded model "
+                     "holds; Peak host RSS is the process's peak resident memory.")
+    else:
+        notes.append("VRAM (weights) is the device memory the load allocated; Peak VRAM is NVML's per-process peak "
+                     "(what nvidia-smi shows; * = torch's peak reserved, where NVML had no figure).")
+    notes.append("Size on disk is in GB (10⁹ bytes), memory in GiB; n/a means not measured, — not applicable.")
+    lines += [f"- {_md_escape(n)}" for n in notes]
+    return "\n".join(lines)
+
+
+def _summary_rows(reports: list[GpuReport]) -> list[dict[str, str]]:
+    return [{"GPU": r.gpu, "Model": str(r.model_id), "Recommended": r.recommended.label if r.recommended else "none",
+             "Rule": r.rule} for r in reports]
+
+
+def _markdown(reports: list[GpuReport]) -> str:
+    parts = [_markdown_one(r) for r in reports]
+    if len(reports) > 1:
+        rows = _summary_rows(reports)
+        lines = ["### Recommended per GPU", "", "| GPU | Model | Recommended | Rule |", "|---|---|---|---|"]
+        lines += ["| " + " | ".join(_md_escape(row[k]) for k in ("GPU", "Model", "Recommended", "Rule")) + " |"
+                  for row in rows]
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts) + "\n"
+
+
+def flat_rows(reports: list[GpuReport]) -> pd.DataFrame:
+    """Raw figures, one row per variant per report (empty where unknown): the csv and the dashboard."""
+    out = []
+    for rep in reports:
+        for row in rep.rows:
+            run, c = row.run, row.comparison
+            m = c.paired.mean if c is not None else None
+            out.append({
+                "gpu": rep.gpu, "gpu_family": rep.gpu_family, "host": run.get("host"), "model_id": rep.model_id,
+                "suite_id": rep.suite_id, "suite_hash": rep.suite_hash, "variant": row.label,
+                "backend": run.get("backend"), "kernel_path": run.get("kernel_path"),
+                "weight_format": run.get("weight_format"), "run_id": str(run["run_id"]), "status": run.get("status"),
+                "failure": run.get("failure"), "weights": run.get("weights"), "native": run.get("native"),
+                "disk_bytes": _int(run.get("disk_bytes")),
+                "weights_memory_bytes": row.weights_bytes,
+                "weights_memory_kind": "host_tensors" if row.cpu else "vram_allocated",
+                "peak_memory_bytes": row.peak_bytes, "peak_memory_kind": row.peak_source,
+                "p50_ms": row.p50, "p90_ms": _num(run.get("p90_ms")), "n_timed": _int(run.get("n_timed")),
+                "quality": row.quality,
+                "agreement": c.agreement.rate if c else None, "agreement_lo": c.agreement.lo if c else None,
+                "agreement_hi": c.agreement.hi if c else None, "n_questions": c.agreement.n if c else None,
+                "tv_mean": c.tv.mean if c else None, "kl_mean": c.kl.mean if c else None,
+                "verdict": c.verdict.label if c else None,
+                "delta_accuracy": m.mean if m else None, "delta_accuracy_lo": m.lo if m else None,
+                "delta_accuracy_hi": m.hi if m else None,
+                "reference_run_id": str(rep.reference["run_id"]) if rep.reference else None,
+                "recommended": row.recommended, "best_for": row.best_for,
+            })
+    df = pd.DataFrame(out)
+    for col in ("disk_bytes", "weights_memory_bytes", "peak_memory_bytes", "n_timed", "n_questions"):
+        if col in df:
+            df[col] = df[col].astype("Int64")  # integers stay integers beside unknowns
+    return df
+
+
+def to_json(reports: list[GpuReport], rules: Rules | None = None) -> dict[str, Any]:
+    flat = flat_rows(reports)
+    records = parity._clean(flat.astype(object).where(flat.notna(), None).to_dict("records")) if len(flat) else []
+    out = []
+    for rep in reports:
+        f = rep.floor
+        out.append({
+            "gpu": rep.gpu, "gpu_family": rep.gpu_family, "cpu": rep.cpu, "model_id": rep.model_id,
+            "suite_id": rep.suite_id, "suite_hash": rep.suite_hash,
+            "reference_run_id": str(rep.reference["run_id"]) if rep.reference else None,
+            "noise_floor": None if f is None else parity._clean({
+                "run_id": str(f.run["run_id"]), "kernel_path": f.run.get("kernel_path"),
+                "agreement": asdict(f.agreement), "tv": asdict(f.tv)}),
+            "recommended": rep.recommended.label if rep.recommended else None, "rule": rep.rule, "notes": rep.notes,
+            "rows": [r for r in records if r["gpu"] == rep.gpu and r["model_id"] == rep.model_id
+                     and r["suite_hash"] == rep.suite_hash],
+        })
+    return {"rules": asdict(rules) if rules else None, "reports": out, "summary": _summary_rows(reports)}
+
+
+def render(reports: list[GpuReport], fmt: str = "markdown", rules: Rules | None = None) -> str:
+    if fmt not in FORMATS:
+        raise ConfigError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
+    if fmt == "markdown":
+        return _markdown(reports) if reports else "No runs to report.\n"
+    if fmt == "csv":
+        buf = io.StringIO()
+        flat_rows(reports).to_csv(buf, index=False)
+        return buf.getvalue()
+    return json.dumps(to_json(reports, rules), indent=2, default=str) + "\n"
+
+
+# -- entry points for the CLI and the demo -------------------------------------------------------------------
+def report_for_this_machine(store: Store, machine_gpu_name_or_family: str, host: str | None = None,
+                            rules: Rules | None = None) -> str:
+    """The markdown report for one machine: pass `machine.gpu_name`, or "cpu" (this host's CPU runs unless `host`
+    names another)."""
+    if machine_gpu_name_or_family.strip().lower() == "cpu" and host is None:
+        host = socket.gethostname()
+    reports = build_report(store, gpu=machine_gpu_name_or_family, host=host, rules=rules)
+    if not reports:
+        where = machine_gpu_name_or_family + (f" on {host}" if host else "")
+        return f"No successful or failed runs for {where} in {store.path} yet.\n"
+    return render(reports, "markdown", rules)
+
+
+def cli_report(db: str | None = None, fmt: str = "markdown", gpu: str | None = None, model: str | None = None,
+               vram_budget_gib: float | None = None, min_agreement: float | None = None,
+               host: str | None = None) -> str:
+    """`quantbench report`: prints the report (plain text, so it pastes into a model card) and returns it."""
+    if min_agreement is not None and 1.0 < min_agreement <= 100.0:
+        min_agreement /= 100.0  # --min-agreement 95 means 95%
+    rules = Rules(vram_budget_gib=vram_budget_gib,
+                  **({"min_agreement": min_agreement} if min_agreement is not None else {}))
+    if fmt not in FORMATS:
+        raise ConfigError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
+    store = Store(db)
+    reports = build_report(store, gpu=gpu, model=model, rules=rules, host=host)
+    if not reports:
+        have = sorted({f"{parity.gpu_label(r)}: {r.get('model_id')}" for r in _load_runs(store)})
+        asked = " ".join(f"--{k} {v}" for k, v in (("gpu", gpu), ("model", model), ("host", host)) if v)
+        raise ConfigError(f"no runs match {asked or 'the filters'} in {store.path}; the store has: "
+                          + ("; ".join(have) or "no runs (run `quantbench demo`)"))
+    text = render(reports, fmt, rules)
+    print(text, end="")
+    return text

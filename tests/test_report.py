@@ -1,0 +1,344 @@
+"""Parity of stored runs (`compare`) and the which-quant report, on hand-made runs in a temporary store."""
+
+import datetime as dt
+import io
+import json
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from quantbench import parity, report
+from quantbench.analysis import ParityError
+from quantbench.errors import ConfigError, QuantbenchError
+from quantbench.report import Rules
+from quantbench.store import RunResult, Store, uuid7
+
+T0 = dt.datetime(2026, 11, 29, 12, tzinfo=dt.UTC)
+MB = 1_000_000
+GPU = dict(device="cuda:0", gpu_name="NVIDIA H200", gpu_family="hopper", host="gpu-box")
+
+
+class Lab:
+    """A store plus a fixed set of questions; variants are the reference's probabilities, perturbed."""
+
+    def __init__(self, path, n=300, seed=0):
+        self.store, self.t = Store(path), 0
+        rng = np.random.default_rng(seed)
+        self.questions = []
+        for i in range(n):
+            k = int(rng.integers(2, 5))
+            self.questions.append((f"r{i:03d}", f"bench{i % 3}", [f"o{j}" for j in range(k)], rng.normal(0, 1.5, k)))
+
+    def answers(self, noise=0.0, flatten=0.0, seed=1):
+        """noise: on the logits (flips near-ties, like another kernel or a coarse quant); flatten: mix with
+        uniform (keeps every top answer, as zeroed scales or a 2-bit quant might)."""
+        rng, out = np.random.default_rng(seed), []
+        for i, (rid, bench, opts, logits) in enumerate(self.questions):
+            lg = logits + rng.normal(0, noise, len(logits)) if noise else logits
+            p = np.exp(lg - lg.max())
+            p = (1 - flatten) * p / p.sum() + flatten / len(p)
+            gold = opts[int(np.argmax(logits))] if i % 4 else opts[-1]
+            out.append(dict(record_id=rid, benchmark=bench, question="action", options=opts, probs=p.tolist(),
+                            top=opts[int(np.argmax(p))], gold=gold, method="label_logit", truncated=False))
+        return out
+
+    def run(self, answers=None, ms=10.0, **fields):
+        self.t += 1
+        row = dict(run_id=str(uuid7()), status="ok", created_at=T0 + dt.timedelta(minutes=self.t), backend="bf16",
+                   variant="bf16", weight_format="bfloat16", kernel_path="transformers experts=grouped_mm",
+                   model_id="tiny-moe", weights="trained", suite_id="builtin", suite_hash="s1", tokenizer_hash="t1",
+                   device="cpu", gpu_family="cpu", host="box", role="candidate", disk_bytes=100 * MB,
+                   model_tensor_bytes=50 * MB, host_rss_peak_bytes=900 * MB)
+        row.update(fields)
+        lat = [dict(seq=i, phase="suite", record_id="r000", model_ms=ms + 0.1 * i, prep_ms=0.5, tokens=90, batch=1)
+               for i in range(10)]
+        ok = row["status"] == "ok"
+        return self.store.write_run(RunResult(row, (self.answers() if answers is None else answers) if ok else [],
+                                              lat if ok else []))
+
+
+def build_cpu_lab(path):
+    """BF16 reference, its noise floor, and three quants: close to BF16, flattened, and answer-flipping."""
+    lab = Lab(path)
+    ids = {
+        "bf16": lab.run(ms=14),
+        "floor": lab.run(lab.answers(noise=0.05), kernel_path="transformers experts=eager", role="noise_floor"),
+        "int4": lab.run(lab.answers(noise=0.04, seed=5), ms=30, backend="int4", variant="int4",
+                        weight_format="int4 w4a16 g128", kernel_path="quantbench grouped", native="native",
+                        model_tensor_bytes=20 * MB, host_rss_peak_bytes=400 * MB),
+        "nvfp4": lab.run(lab.answers(flatten=0.5), ms=40, backend="nvfp4", variant="nvfp4-packed",
+                         weight_format="nvfp4 w4a4 g16", kernel_path="quantbench grouped", native="emulated",
+                         model_tensor_bytes=25 * MB, host_rss_peak_bytes=500 * MB),
+        "int2": lab.run(lab.answers(noise=1.5, seed=9), ms=20, backend="int4", variant="int2",
+                        weight_format="int2", kernel_path="quantbench grouped", native="native",
+                        model_tensor_bytes=10 * MB, host_rss_peak_bytes=300 * MB),
+    }
+    return lab, ids
+
+
+@pytest.fixture(scope="module")
+def cpu_lab_template(tmp_path_factory):
+    return build_cpu_lab(tmp_path_factory.mktemp("lab") / "r.duckdb")
+
+
+@pytest.fixture
+def cpu_lab(cpu_lab_template, tmp_path):
+    """A private copy of the module's store (writing five runs takes longer than copying a file)."""
+    lab, ids = cpu_lab_template
+    path = tmp_path / "r.duckdb"
+    shutil.copy(lab.store.path, path)
+    copy = Lab(path)
+    copy.t = lab.t
+    return copy, ids
+
+
+# -- compare -------------------------------------------------------------------------------------------------
+def test_an_exact_copy_of_the_reference_is_indistinguishable_with_full_agreement(cpu_lab):
+    lab, ids = cpu_lab
+    copy = lab.run(lab.answers(), backend="int4", variant="copy")
+    c = parity.compare(lab.store, copy)
+    assert str(c.reference["run_id"]) == ids["bf16"] and c.reference_how == "same GPU"
+    assert str(c.floor.run["run_id"]) == ids["floor"]
+    assert (c.agreement.k, c.agreement.n) == (300, 300)
+    assert c.tv.max == 0.0 and c.kl.max == 0.0
+    assert c.verdict.label == "indistinguishable"
+    assert c.paired.mean.mean == 0.0
+
+
+def test_flattened_probabilities_are_worse_than_the_floor_though_no_answer_flips(cpu_lab):
+    lab, ids = cpu_lab
+    c = parity.compare(lab.store, ids["nvfp4"])
+    assert c.agreement.rate == 1.0
+    assert c.verdict.label == "worse"
+    assert c.tv_ci.lo > c.floor.tv_ci.hi
+    assert c.dp.mean < -0.1  # the candidate is much less sure of the reference's answers
+
+
+def test_a_variant_that_flips_answers_is_worse_on_agreement(cpu_lab):
+    lab, ids = cpu_lab
+    c = parity.compare(lab.store, ids["int2"])
+    assert c.agreement.hi < c.floor.agreement.lo
+    assert c.verdict.label == "worse"
+    assert c.flips.ref_right_cand_wrong > c.flips.ref_wrong_cand_right
+    # Flips concentrate in near-ties: the lowest-margin bucket agrees least.
+    rates = c.buckets.set_index("margin")["rate"]
+    assert rates.iloc[0] < rates.iloc[-1]
+
+
+def test_the_default_reference_is_the_latest_bf16_run_on_the_same_gpu(cpu_lab):
+    lab, ids = cpu_lab
+    lab.run(host="other-box")  # newer, other host
+    lab.run(role="noise_floor", kernel_path="transformers experts=eager")  # newer, but a floor
+    lab.run(suite_hash="s2")  # newer, other suite
+    lab.run(status="failed", failure="oom")
+    assert str(parity.compare(lab.store, ids["int4"]).reference["run_id"]) == ids["bf16"]
+    newer = lab.run()
+    assert str(parity.compare(lab.store, ids["int4"]).reference["run_id"]) == newer
+
+
+def test_a_run_marked_reference_wins_and_bfloat16_beats_a_float32_run_of_the_bf16_backend(cpu_lab):
+    lab, ids = cpu_lab
+    lab.run(variant="float32", weight_format="float32")  # newer, but not BF16
+    assert str(parity.compare(lab.store, ids["int4"]).reference["run_id"]) == ids["bf16"]
+    marked = lab.run(role="reference")
+    lab.run()  # newer, not marked
+    assert str(parity.compare(lab.store, ids["int4"]).reference["run_id"]) == marked
+    assert str(report.build_report(lab.store)[0].reference["run_id"]) == marked
+
+
+def test_compare_takes_an_explicit_reference_and_an_id_prefix(cpu_lab):
+    lab, ids = cpu_lab
+    c = parity.compare(lab.store, ids["int4"][:13], reference_run_id=ids["floor"])
+    assert str(c.reference["run_id"]) == ids["floor"] and c.reference_how == "given"
+    with pytest.raises(ParityError, match="ambiguous"):
+        parity.compare(lab.store, ids["int4"][:4])
+    with pytest.raises(ParityError, match="no run with that id"):
+        parity.compare(lab.store, "ffffffff")
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(suite_hash="s2"), "suite_hash differs"),
+    (dict(tokenizer_hash="t2"), "tokenizer_hash differs"),
+    (dict(weights="synthetic"), "synthetic"),
+    (dict(status="failed", failure="oom"), r"failed \(oom\)"),
+])
+def test_compare_refuses_runs_whose_inputs_or_weights_differ(cpu_lab, fields, message):
+    lab, ids = cpu_lab
+    other = lab.run(backend="int4", variant="int4", **fields)
+    with pytest.raises(ParityError, match=message):
+        parity.compare(lab.store, other, reference_run_id=ids["bf16"])
+
+
+def test_without_any_bf16_run_compare_says_how_to_make_one(tmp_path):
+    lab = Lab(tmp_path / "r.duckdb", n=20)
+    rid = lab.run(backend="int4", variant="int4")
+    with pytest.raises(ParityError, match="quantbench run --backend bf16"):
+        parity.compare(lab.store, rid)
+
+
+def test_cli_compare_prints_the_verdict_and_writes_valid_json(cpu_lab, capsys):
+    lab, ids = cpu_lab
+    parity.cli_compare(ids["nvfp4"], db=str(lab.store.path))
+    out = capsys.readouterr().out
+    assert "Verdict: worse" in out and "mean over benchmarks" in out
+    parity.cli_compare(ids["int4"], db=str(lab.store.path), fmt="json")
+    data = json.loads(capsys.readouterr().out)
+    assert data["agreement"]["n"] == 300 and data["noise_floor"]["run"]["run_id"] == ids["floor"]
+    assert data["verdict"] in ("indistinguishable", "worse")
+
+
+# -- report --------------------------------------------------------------------------------------------------
+def rows_of(rep):
+    return {r.label: r for r in rep.rows}
+
+
+def test_the_report_recommends_the_smallest_variant_that_passes_the_quality_rules(cpu_lab):
+    lab, ids = cpu_lab
+    [rep] = report.build_report(lab.store)
+    rows = rows_of(rep)
+    assert list(rows) == ["bf16", "int2", "int4", "nvfp4-packed"]  # the noise floor is not a row
+    assert rep.recommended is rows["int4"]
+    assert rows["int4"].comparison.verdict.label == "indistinguishable"
+    assert "worse than the noise floor" in rows["nvfp4-packed"].excluded
+    assert any(e.startswith("agreement") for e in rows["int2"].excluded)
+    assert rows["bf16"].is_reference and rows["bf16"].best_for.startswith("Reference quality")
+    assert rep.rule.startswith("the smallest weights in host memory among variants with agreement with BF16 ≥ 95.0%")
+
+
+def test_changing_a_rule_changes_the_recommendation_and_says_which_rule(cpu_lab):
+    lab, _ = cpu_lab
+    strict = report.build_report(lab.store, rules=Rules(min_agreement=0.999))[0]
+    assert strict.recommended.label == "bf16"  # int4's 98–99% no longer passes; the reference always does
+    fast = report.build_report(lab.store, rules=Rules(objective="latency"))[0]
+    assert fast.recommended.label == "bf16" and "lowest p50 latency" in fast.rule
+    budget = report.build_report(lab.store, rules=Rules(vram_budget_gib=0.3))[0]  # 322 MB: only int2 fits
+    assert budget.recommended is None and budget.rule.startswith("no variant passes")
+    assert "over the 0.3 GiB budget" in rows_of(budget)["int4"].best_for
+    loose = report.build_report(lab.store, rules=Rules(min_agreement=0.5, use_noise_floor=False,
+                                                       prefer_native=False))[0]
+    assert loose.recommended.label == "int2"
+
+
+def test_an_emulated_variant_gives_way_to_a_native_one_only_when_preferred(tmp_path):
+    lab = Lab(tmp_path / "r.duckdb", n=60)
+    lab.run()
+    lab.run(lab.answers(), backend="nvfp4", variant="nvfp4", native="emulated", model_tensor_bytes=10 * MB)
+    lab.run(lab.answers(), backend="int4", variant="int4", native="native", model_tensor_bytes=20 * MB)
+    assert report.build_report(lab.store)[0].recommended.label == "int4"
+    assert report.build_report(lab.store, rules=Rules(prefer_native=False))[0].recommended.label == "nvfp4"
+
+
+def test_the_markdown_table_has_the_card_columns_and_cpu_memory_labels(cpu_lab):
+    lab, ids = cpu_lab
+    lab.run(backend="fp8", variant="fp8", host_rss_peak_bytes=None, model_tensor_bytes=None, disk_bytes=None)
+    text = report.render(report.build_report(lab.store), "markdown")
+    header = next(line for line in text.splitlines() if line.startswith("| Variant"))
+    assert header == ("| Variant | Format | Size on disk | Weights (host memory) | Peak host RSS | Latency p50 / p90 "
+                      "(per decision) | Agrees with BF16 (95% CI) | TV | Δ accuracy vs BF16 | Native here? | Best for |")
+    assert "VRAM" not in header
+    fp8 = next(line for line in text.splitlines() if line.startswith("| fp8 "))
+    assert fp8.count("n/a") >= 3 and " 0 B" not in fp8  # unknown is n/a, never 0
+    assert "| 14 / 15 ms |" in text  # bf16's p50 / p90
+    assert "Noise floor: BF16 against itself" in text
+    assert "**Recommended: int4**, picked by the rule: the smallest weights in host memory" in text
+    table = [line for line in text.splitlines() if line.startswith("|") and not line.startswith("|---")]
+    assert len({line.count(" | ") for line in table}) == 1  # every row has the same number of cells
+
+
+def test_synthetic_weights_show_speed_and_memory_but_no_quality(tmp_path):
+    lab = Lab(tmp_path / "r.duckdb", n=30)
+    for backend, size in (("bf16", 60), ("int4", 20)):
+        lab.run(backend=backend, variant=backend, weights="synthetic", model_id="synthetic-qwen3-30b-a3b",
+                model_tensor_bytes=size * MB, **GPU, mem_weights_bytes=size * MB, mem_nvml_peak_bytes=2 * size * MB)
+    [rep] = report.build_report(lab.store)
+    assert rep.recommended is None and "synthetic" in rep.rule
+    assert all(r.comparison is None for r in rep.rows)
+    text = report.render([rep], "markdown")
+    assert text.count(report.SYNTHETIC_NOTE) == 2 and "Reference quality" not in text
+    assert "| 57.2 MiB | 114.4 MiB |" in text  # VRAM (weights), Peak VRAM of bf16
+
+
+def test_one_table_per_gpu_with_a_summary_and_gpu_filters(cpu_lab):
+    lab, ids = cpu_lab
+    lab.run(**GPU, mem_weights_bytes=60 * MB, mem_nvml_peak_bytes=None, mem_peak_reserved_bytes=70 * MB)
+    lab.run(lab.answers(noise=0.02, seed=3), backend="int4", variant="int4", native="native", **GPU,
+            mem_weights_bytes=20 * MB, mem_nvml_peak_bytes=30 * MB)
+    lab.run(backend="nvfp4", variant="nvfp4-packed", status="failed", failure="oom", **GPU)
+    reps = report.build_report(lab.store)
+    assert [r.gpu for r in reps] == ["NVIDIA H200 (hopper)", "CPU (box)"]
+    h200 = rows_of(reps[0])
+    assert h200["nvfp4-packed"].best_for == "failed here (oom)"
+    assert reps[0].recommended.label == "int4" and reps[0].floor is None  # no floor run on the H200
+    text = report.render(reps, "markdown")
+    assert "### Recommended per GPU" in text and "| NVIDIA H200 (hopper) | tiny-moe | int4 |" in text
+    assert "| VRAM (weights) | Peak VRAM |" in text and "66.8 MiB*" in text  # torch reserved, marked
+    assert "No noise-floor run" in text
+    assert [r.gpu for r in report.build_report(lab.store, gpu="hopper")] == ["NVIDIA H200 (hopper)"]
+    assert [r.gpu for r in report.build_report(lab.store, gpu="h200")] == ["NVIDIA H200 (hopper)"]
+    assert [r.gpu for r in report.build_report(lab.store, gpu="cpu")] == ["CPU (box)"]
+    assert report.build_report(lab.store, gpu="blackwell") == []
+
+
+def test_a_gpu_without_bf16_borrows_the_reference_from_another_gpu_and_says_so(cpu_lab):
+    lab, ids = cpu_lab
+    lab.run(lab.answers(noise=0.02, seed=3), backend="int4", variant="int4", **GPU, mem_weights_bytes=20 * MB)
+    [rep] = report.build_report(lab.store, gpu="hopper")
+    assert str(rep.reference["run_id"]) == ids["bf16"]
+    assert "†" in report.cells(rep.rows[0], rep)["Agrees with BF16 (95% CI)"]
+    assert any("CPU (box)" in n for n in rep.notes)
+    [strict] = report.build_report(lab.store, gpu="hopper", cross_gpu_reference=False)
+    assert strict.recommended is None and "no BF16 reference" in strict.rule
+
+
+def test_csv_and_json_carry_the_raw_figures(cpu_lab):
+    lab, ids = cpu_lab
+    reps = report.build_report(lab.store)
+    csv = pd.read_csv(io.StringIO(report.render(reps, "csv")))
+    int4 = csv.set_index("variant").loc["int4"]
+    assert int4["recommended"] and int4["weights_memory_bytes"] == 20 * MB and int4["n_questions"] == 300
+    assert int4["run_id"] == ids["int4"]
+    data = json.loads(report.render(reps, "json", Rules()))
+    assert data["rules"]["min_agreement"] == 0.95
+    assert data["reports"][0]["recommended"] == "int4"
+    assert data["reports"][0]["noise_floor"]["run_id"] == ids["floor"]
+    assert {r["variant"] for r in data["reports"][0]["rows"]} == {"bf16", "int2", "int4", "nvfp4-packed"}
+    with pytest.raises(ConfigError, match="--format"):
+        report.render(reps, "html")
+
+
+def test_report_for_this_machine_and_cli_report(cpu_lab, capsys):
+    lab, _ = cpu_lab
+    text = report.report_for_this_machine(lab.store, "cpu", host="box")
+    assert text.startswith("### tiny-moe on CPU (box)")
+    assert report.report_for_this_machine(lab.store, "NVIDIA H200").startswith("No successful or failed runs")
+    report.cli_report(db=str(lab.store.path), min_agreement=99.9)  # a percentage is read as one
+    assert "**Recommended: bf16**" in capsys.readouterr().out
+    with pytest.raises(QuantbenchError, match="the store has: CPU \\(box\\): tiny-moe"):
+        report.cli_report(db=str(lab.store.path), gpu="blackwell")
+    with pytest.raises(ConfigError, match="--min-agreement"):
+        report.cli_report(db=str(lab.store.path), min_agreement=-1)
+
+
+def test_rows_that_cannot_be_compared_or_only_failed_say_why(tmp_path):
+    lab = Lab(tmp_path / "r.duckdb", n=20)
+    lab.run()
+    lab.run(backend="int4", variant="int4", tokenizer_hash="other")
+    lab.run(backend="nvfp4", variant="nvfp4", status="failed", failure="oom", **GPU)
+    cpu, = report.build_report(lab.store, gpu="cpu")
+    assert rows_of(cpu)["int4"].quality.startswith("not comparable (tokenizer_hash differs")
+    assert cpu.recommended.label == "bf16"
+    gpu, = report.build_report(lab.store, gpu="hopper")
+    assert gpu.recommended is None and gpu.rule == "no recommendation: every variant failed here"
+
+
+def test_a_floor_identical_to_the_reference_is_called_out(tmp_path):
+    lab = Lab(tmp_path / "r.duckdb", n=40)
+    lab.run()
+    lab.run(role="noise_floor", kernel_path="transformers experts=eager")  # bit-identical, as on a CPU
+    rid = lab.run(lab.answers(noise=0.001), backend="bf16", variant="float32", weight_format="float32")
+    c = parity.compare(lab.store, rid)
+    assert c.floor.tv.max == 0 and c.verdict.label == "indistinguishable"
+    assert any("answered exactly as the reference" in n for n in c.notes)
+    assert "Note: the noise-floor run answered exactly" in report.render(report.build_report(lab.store))
