@@ -1,0 +1,205 @@
+"""INT4 W4A16 (AutoRound, `auto_round:auto_gptq` packing): any `quant_method: auto-round` checkpoint, loaded by
+transformers + auto-round, then by default run through quantbench's grouped-MoE engine (one grouped GEMM per
+projection per layer, int4 kept packed; a fused Triton kernel on CUDA). `fast_moe=False` keeps auto-round's own
+per-expert QuantLinear loop, for comparison. Dense int4 linears (if a checkpoint has them) keep auto-round's
+kernels either way.
+
+`--model` unset: the embedded default model's INT4 variant, quantized once (RTN) and cached.
+`--shape`: a real-shape model with random weights, RTN-quantized in memory (speed and memory only).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from quantbench.backend import Availability, LoadedVariant, RunSpec, VariantInfo, dir_bytes
+from quantbench.checkpoint import experts_tensor_bytes, load_causal_lm, model_identity
+from quantbench.errors import ConfigError, LoadError
+from quantbench.scoring import TransformersEngine
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def read_quant_config(path: Path) -> dict[str, Any]:
+    """The checkpoint's quantization_config, refused unless it is 4-bit auto-round with auto_gptq packing."""
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise LoadError(f"{path}: no config.json; --model must be a checkpoint directory")
+    qc = json.loads(config_file.read_text()).get("quantization_config")
+    if not qc:
+        raise LoadError(f"{path}/config.json: no quantization_config; this is not an AutoRound checkpoint "
+                        "(use --backend bf16, or make one with `quantbench quantize --scheme int4`)")
+    method, packing = qc.get("quant_method"), str(qc.get("packing_format", "auto_round:auto_gptq"))
+    if method not in ("auto-round", "intel/auto-round"):
+        raise LoadError(f"{path}/config.json: quantization_config.quant_method is {method!r}, not 'auto-round'")
+    if "auto_gptq" not in packing:
+        raise LoadError(f"{path}/config.json: quantization_config.packing_format is {packing!r}; the int4 backend "
+                        "reads 'auto_round:auto_gptq'")
+    if qc.get("bits") != 4:
+        raise LoadError(f"{path}/config.json: quantization_config.bits is {qc.get('bits')!r}; the int4 backend "
+                        "reads 4-bit checkpoints")
+    return qc
+
+
+@contextmanager
+def transformers_state_restored() -> Iterator[None]:
+    """Undo what loading an auto-round checkpoint changes in transformers' global state: it rewrites the
+    qwen3_moe checkpoint conversion mapping (and may patch MoE block classes), after which a plain BF16 MoE
+    checkpoint loads in the same process with MISSING / UNEXPECTED expert keys. Restored on exit."""
+    from transformers import conversion_mapping, modeling_utils
+
+    cache = conversion_mapping._checkpoint_conversion_mapping_cache
+    saved = {
+        "cache": copy.deepcopy(cache) if cache is not None else None,
+        "user": set(getattr(conversion_mapping, "USER_REGISTERED_MAPPINGS", ())),
+        "get": conversion_mapping.get_checkpoint_conversion_mapping,
+        "get_mu": getattr(modeling_utils, "get_checkpoint_conversion_mapping", None),
+    }
+    blocks = {}
+    for mod_name in ("transformers.models.qwen3_moe.modeling_qwen3_moe",):
+        mod = importlib.import_module(mod_name)
+        blocks[mod] = {k: v for k, v in vars(mod).items() if isinstance(v, type)}
+    try:
+        yield
+    finally:
+        conversion_mapping._checkpoint_conversion_mapping_cache = saved["cache"]
+        if hasattr(conversion_mapping, "USER_REGISTERED_MAPPINGS"):
+            conversion_mapping.USER_REGISTERED_MAPPINGS.clear()
+            conversion_mapping.USER_REGISTERED_MAPPINGS.update(saved["user"])
+        conversion_mapping.get_checkpoint_conversion_mapping = saved["get"]
+        if saved["get_mu"] is not None:
+            modeling_utils.get_checkpoint_conversion_mapping = saved["get_mu"]
+        for mod, classes in blocks.items():
+            for k, v in classes.items():
+                setattr(mod, k, v)
+
+
+def weight_format(qc: dict[str, Any]) -> str:
+    sym = "sym" if qc.get("sym", True) else "asym"
+    return f"int4 w4a16 g{qc.get('group_size', 128)} {sym} ({qc.get('packing_format', 'auto_round:auto_gptq')})"
+
+
+def per_expert_kernel(model: torch.nn.Module) -> str:
+    """auto-round's own path: which QuantLinear class runs each expert."""
+    kinds = {type(m).__module__.rsplit(".", 1)[-1] for n, m in model.named_modules()
+             if ".experts." in f".{n}." and hasattr(m, "qweight")}
+    return "auto-round per-expert loop " + "+".join(sorted(kinds))
+
+
+class Int4Backend:
+    name = "int4"
+    summary = "INT4 W4A16 AutoRound checkpoint; quantbench grouped-MoE engine (fused Triton on CUDA)"
+
+    def availability(self, machine) -> Availability:
+        try:
+            import auto_round  # noqa: F401
+        except ImportError:
+            return Availability(False, None, "auto-round is not installed (pip install auto-round)")
+        if machine.has_gpu:
+            from quantbench.moe.int4 import triton_available
+
+            path = "triton-fused-int4" if triton_available() else "dequant+grouped_mm (no triton)"
+            return Availability(True, "native", f"{machine.gpu_name}: grouped-MoE {path}; --no-fast-moe: per-expert")
+        return Availability(True, "native", "CPU: grouped-MoE cpu-vectorised; --no-fast-moe: per-expert")
+
+    def load(self, spec: RunSpec, machine) -> LoadedVariant:
+        if spec.dtype not in DTYPES:
+            raise ConfigError(f"--dtype {spec.dtype!r}: use one of {', '.join(DTYPES)}")
+        dtype = DTYPES[spec.dtype]
+        device = spec.device or ("cuda:0" if torch.cuda.is_available() else "cpu")
+        if spec.shape:
+            return self._load_synthetic(spec, dtype, device)
+
+        if spec.model:
+            path = Path(spec.model)
+        else:
+            from quantbench.quantize import default_variant
+
+            path = default_variant("int4")
+        qc = read_quant_config(path)
+        with transformers_state_restored():
+            model = load_causal_lm(path, dtype=dtype, device=device, trust_remote_code=spec.trust_remote_code)
+        if dtype == torch.float32:
+            # auto-round casts to fp16 when asked for fp32 (its kernels' dtype list), and transformers forbids
+            # .float() on a quantized model; exact CPU comparisons want fp32, so cast through nn.Module's own .to
+            torch.nn.Module.to(model, torch.float32)
+        if spec.fast_moe:
+            # the fused kernel computes in bf16/fp16; float32 on a GPU takes the dequantize + grouped_mm path
+            engine_kernel = "grouped_mm" if dtype == torch.float32 and device.startswith("cuda") else "auto"
+            kernel = f"quantbench grouped-moe {install_int4_engine(model, qc, engine_kernel)}"
+            experts_bytes = _engine_bytes(model)
+        else:
+            kernel = per_expert_kernel(model)
+            experts_bytes = experts_tensor_bytes(model)
+
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=spec.trust_remote_code)
+        ident = model_identity(path)
+        source_hash = ident.pop("source_model_hash", None)
+        engine = TransformersEngine(model, tokenizer, max_options=spec.max_options, max_tokens=spec.max_tokens,
+                                    truncate=spec.truncate, method=spec.method)
+        info = VariantInfo(
+            variant="int4",
+            weight_format=weight_format(qc),
+            kernel_path=kernel,
+            compute_dtype=spec.dtype,
+            native="native",
+            disk_bytes=dir_bytes(path),
+            experts_bytes=experts_bytes,
+            extra={"source_model_hash": source_hash, "fast_moe": spec.fast_moe},
+            **ident,
+        )
+        return LoadedVariant(engine=engine, info=info, model=model)
+
+    def _load_synthetic(self, spec: RunSpec, dtype: torch.dtype, device: str) -> LoadedVariant:
+        if not spec.fast_moe:
+            raise ConfigError("--shape with --backend int4 runs the grouped-MoE engine only; drop --no-fast-moe "
+                              "(a per-expert synthetic run needs a checkpoint: `quantbench quantize --scheme int4`)")
+        from quantbench.fixture import build_synthetic, synthetic_id
+        from quantbench.moe import install_grouped_moe
+        from quantbench.moe.int4 import rtn_experts
+
+        model, tokenizer = build_synthetic(spec.shape, layers=spec.layers, device=device, dtype=dtype, seed=spec.seed)
+        path = install_grouped_moe(
+            model, lambda i, ex: (rtn_experts(ex.gate_up_proj.data), rtn_experts(ex.down_proj.data)))
+        engine = TransformersEngine(model, tokenizer, max_options=spec.max_options, max_tokens=spec.max_tokens,
+                                    truncate=spec.truncate, method=spec.method)
+        info = VariantInfo(
+            variant="int4",
+            weight_format="int4 w4a16 g128 sym (RTN in memory)",
+            kernel_path=f"quantbench grouped-moe {path}",
+            compute_dtype=spec.dtype,
+            model_id=synthetic_id(spec.shape, spec.layers, spec.seed),
+            model_hash=f"seed:{spec.seed}",
+            weights="synthetic",
+            native="native",
+            experts_bytes=_engine_bytes(model),
+            load_note="random weights built in memory and RTN-quantized by quantbench (not AutoRound); "
+                      "speed and memory only, load time is not a disk load",
+        )
+        return LoadedVariant(engine=engine, info=info, model=model)
+
+
+def install_int4_engine(model: torch.nn.Module, qc: dict[str, Any], kernel: str = "auto") -> str:
+    """Regroup every MoE layer's per-expert int4 QuantLinears into stacked tensors and swap in the engine."""
+    from quantbench.moe import install_grouped_moe
+    from quantbench.moe.int4 import regroup_experts
+
+    sym = qc.get("sym", True)
+    return install_grouped_moe(model, lambda i, ex: regroup_experts(ex, sym=sym, name=f"layers.{i}.mlp.experts"),
+                               kernel=kernel)
+
+
+def _engine_bytes(model: torch.nn.Module) -> int:
+    from quantbench.moe import experts_nbytes
+
+    return experts_nbytes(model)

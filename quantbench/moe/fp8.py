@@ -1,0 +1,265 @@
+"""FP8 (E4M3) expert weights and dense layers, as ModelOpt's FP8 and compressed-tensors' float-quantized write them.
+
+For one projection of E experts with K inputs and N outputs (gate_up: gate rows then up rows):
+
+    weight       float8_e4m3fn [E, N, K]
+    scale        float32       [E, N]   per row: a per-tensor scale repeated, or per-channel scales as stored
+    input_scale  float32       [E]      static per-tensor activation scale (amax / 448), when the checkpoint has one
+
+    W[e, n, k] = weight[e, n, k] · scale[e, n]        (in float32, then cast)
+
+FP8 checkpoints are W8A8: the activations entering each quantized layer are E4M3 too, with the static
+`input_scale` ("static") or a per-token scale computed on the fly ("dynamic", compressed-tensors' FP8_DYNAMIC).
+Emulated (any device): activations fake-quantized as ModelOpt's fake-quant forward does, weights dequantized.
+Native (CUDA, compute capability >= 8.9: Ada, Hopper, Blackwell): dense layers run `torch._scaled_mm` and the
+experts a Triton grouped GEMM whose dot takes E4M3 operands on the FP8 tensor cores.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor, nn
+
+from quantbench.errors import LoadError
+from quantbench.moe import nvfp4
+from quantbench.moe.engine import stored_nbytes
+from quantbench.moe.nvfp4 import expert_of_rows, interpreting, triton
+
+if triton is not None:
+    import triton.language as tl
+
+    from quantbench.moe.nvfp4 import expert_tile, round_bf16
+
+E4M3_MAX = 448.0
+FUSED_KERNEL = "triton-fused-fp8"
+NATIVE_KERNEL = "triton-fused-fp8-native"
+ACTIVATION_MODES = ("static", "dynamic", "none")
+_DEQUANT_CHUNK = 1 << 24
+
+
+def quantize(weight: Tensor, per_channel: bool = False) -> tuple[Tensor, Tensor]:
+    """ModelOpt's FP8QTensor.quantize over the last two dims of [..., N, K]: scale = amax / 448 per matrix (or
+    per row), weight / scale cast to E4M3. Returns (weight, scale [..., N])."""
+    w = weight.float()
+    amax = w.abs().amax(dim=-1) if per_channel else w.abs().amax(dim=(-2, -1)).unsqueeze(-1).expand(w.shape[:-1])
+    scale = (amax / E4M3_MAX).contiguous()
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return (w / safe.unsqueeze(-1)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale
+
+
+def dequantize(weight: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
+    return (weight.float() * scale.float().unsqueeze(-1)).to(dtype)
+
+
+def fake_quantize_activations(x: Tensor, scale: Tensor | None) -> Tensor:
+    """E4M3 fake-quant of activations, ModelOpt's `_fp8_eager` op for op with amax = 448 · scale: x · (448 / amax)
+    rounded to E4M3 (saturating at ±448), times its reciprocal, in x's dtype. scale None: dynamic, each row's own
+    amax (compressed-tensors' per-token FP8_DYNAMIC)."""
+    xf = x.float()
+    amax = xf.abs().amax(dim=-1, keepdim=True) if scale is None else scale.float() * E4M3_MAX
+    amax = torch.where(amax <= 1.0 / (1 << 24), torch.ones_like(amax), amax)
+    factor = E4M3_MAX / amax
+    return ((xf * factor).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).float() * (1 / factor)).to(x.dtype)
+
+
+@functools.cache
+def native_fp8(device: torch.device | str) -> bool:
+    """FP8 tensor cores: CUDA compute capability 8.9 (Ada) and up."""
+    device = torch.device(device)
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+class Fp8Experts(nn.Module):
+    """One projection of all E experts of a layer in FP8 E4M3 with per-row scales, as buffers."""
+
+    def __init__(self, weight: Tensor, scale: Tensor, input_scale: Tensor | None = None, *,
+                 activations: str = "static", name: str = ""):
+        super().__init__()
+        e, n, k = weight.shape
+        if weight.dtype != torch.float8_e4m3fn:
+            raise LoadError(f"{name}.weight: dtype {weight.dtype}; FP8 experts are float8_e4m3fn")
+        if scale.dtype != torch.float32 or tuple(scale.shape) != (e, n):
+            raise LoadError(f"{name}.weight_scale: {scale.dtype} {tuple(scale.shape)}, expected float32 {(e, n)}")
+        if activations not in ACTIVATION_MODES:
+            raise LoadError(f"{name}: activation mode {activations!r}, expected one of {ACTIVATION_MODES}")
+        if activations == "static" and input_scale is None:
+            raise LoadError(f"{name}.input_scale: missing; static FP8 activations need it")
+        self.register_buffer("weight", weight.contiguous())
+        self.register_buffer("scale", scale.contiguous())
+        self.register_buffer("input_scale", None if input_scale is None else input_scale.float().reshape(-1).contiguous())
+        self.num_experts, self.out_features, self.in_features = e, n, k
+        self.activations = activations
+        self.format = "fp8"
+
+    @property
+    def fused_kernel(self) -> str:
+        return NATIVE_KERNEL if self._native(self.weight.device) else FUSED_KERNEL
+
+    def _native(self, device: torch.device) -> bool:
+        return self.activations == "static" and native_fp8(device) and self.in_features % 32 == 0
+
+    @classmethod
+    def from_weights(cls, weight: Tensor, *, input_scale: Tensor | None = None, per_channel: bool = False,
+                     activations: str = "static") -> Fp8Experts:
+        w, scale = quantize(weight, per_channel)
+        return cls(w, scale, input_scale, activations=activations if input_scale is not None else "dynamic")
+
+    def dequantize(self, dtype: torch.dtype, experts: Tensor | None = None) -> Tensor:
+        w, s = (self.weight, self.scale) if experts is None else (self.weight[experts], self.scale[experts])
+        out = torch.empty(w.shape, dtype=dtype, device=w.device)
+        step = max(1, _DEQUANT_CHUNK // max(1, self.out_features * self.in_features))
+        for i in range(0, w.shape[0], step):
+            out[i : i + step] = dequantize(w[i : i + step], s[i : i + step], dtype)
+        return out
+
+    def nbytes(self) -> int:
+        return stored_nbytes(self)
+
+    def quantize_input(self, x_sorted: Tensor, offsets: Tensor) -> Tensor:
+        """The A8 of W8A8, as ModelOpt's fake-quant applies it (the native kernel re-reads the same E4M3 codes)."""
+        if self.activations == "none":
+            return x_sorted
+        if self.activations == "dynamic":
+            return fake_quantize_activations(x_sorted, None)
+        s = self.input_scale
+        if s.numel() > 1:
+            s = s[expert_of_rows(offsets, x_sorted.shape[0])].unsqueeze(-1)
+        return fake_quantize_activations(x_sorted, s)
+
+    def grouped_mm(self, x_sorted: Tensor, offsets: Tensor, kernel: str) -> Tensor | None:
+        if not (x_sorted.is_cuda and x_sorted.dtype in (torch.bfloat16, torch.float16) and nvfp4.triton_available()):
+            return None
+        native = self._native(x_sorted.device)
+        in_scale = self.input_scale if native else None
+        return fp8_grouped_mm(x_sorted, self.weight, self.scale, offsets, input_scale=in_scale)
+
+    def extra_repr(self) -> str:
+        return f"fp8 e4m3, activations={self.activations}, experts={self.num_experts}, out={self.out_features}, in={self.in_features}"
+
+
+class Fp8Linear(nn.Module):
+    """A quantized nn.Linear in FP8: `torch._scaled_mm` where the GPU has FP8 tensor cores, else emulated."""
+
+    def __init__(self, weight: Tensor, scale: Tensor, input_scale: Tensor | None, bias: Tensor | None, *,
+                 activations: str = "static"):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        s = scale.float().reshape(-1)
+        self.register_buffer("weight", weight.contiguous())
+        self.register_buffer("scale", (s.expand(self.out_features) if s.numel() == 1 else s).contiguous())
+        self.register_buffer("input_scale", None if input_scale is None else input_scale.float().reshape(()))
+        self.register_buffer("bias", bias)
+        self.activations = activations
+        self.per_tensor = s.numel() == 1
+
+    def native(self, device: torch.device) -> bool:
+        return (self.activations == "static" and native_fp8(device)
+                and self.in_features % 16 == 0 and self.out_features % 16 == 0)
+
+    def forward(self, x: Tensor) -> Tensor:
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        if self.native(x.device):
+            return self._scaled_mm(x, bias)
+        if self.activations != "none":
+            x = fake_quantize_activations(x, self.input_scale if self.activations == "static" else None)
+        return nn.functional.linear(x, dequantize(self.weight, self.scale, x.dtype), bias)
+
+    def _scaled_mm(self, x: Tensor, bias: Tensor | None) -> Tensor:
+        rows = x.reshape(-1, self.in_features)
+        xq = (rows.float() / self.input_scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+        if self.per_tensor:
+            scale_a, scale_b = self.input_scale, self.scale[0]
+        else:  # per-channel weights: row-wise scaling (one scale per row of x, one per output column)
+            scale_a = self.input_scale.expand(rows.shape[0], 1).contiguous()
+            scale_b = self.scale.reshape(1, -1)
+        y = torch._scaled_mm(xq, self.weight.t(), scale_a=scale_a, scale_b=scale_b, bias=bias, out_dtype=x.dtype)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"fp8 e4m3, in={self.in_features}, out={self.out_features}, activations={self.activations}"
+
+
+# -- the fused Triton kernel ------------------------------------------------------------------------------------------
+if triton is not None:
+
+    @triton.jit
+    def fp8_grouped_mm_kernel(
+        x_ptr, w_ptr, s_ptr, in_ptr, y_ptr, offs_ptr,
+        N,
+        stride_xm, stride_we, stride_wn, stride_se, stride_ym,
+        K: tl.constexpr, E: tl.constexpr, E_P2: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        FP8_DOT: tl.constexpr, DOT_F32: tl.constexpr,
+    ):
+        pid_n = tl.program_id(0)
+        e, row_start, row_end = expert_tile(offs_ptr, tl.program_id(1), E, E_P2, BLOCK_M)
+        if e >= E:
+            return
+        rows = row_start + tl.arange(0, BLOCK_M)
+        rmask = rows < row_end
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        cmask = cols < N
+        ks = tl.arange(0, BLOCK_K)
+        e64 = e.to(tl.int64)
+        x_ptrs = x_ptr + rows[:, None].to(tl.int64) * stride_xm + ks[None, :]
+        w_ptrs = w_ptr + e64 * stride_we + cols[:, None].to(tl.int64) * stride_wn + ks[None, :]
+        s = tl.load(s_ptr + e64 * stride_se + cols, mask=cmask, other=0.0)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if FP8_DOT:
+            in_scale = tl.load(in_ptr + e)
+        for _ in range(0, K, BLOCK_K):
+            x = tl.load(x_ptrs, mask=rmask[:, None], other=0.0)
+            w = tl.load(w_ptrs, mask=cmask[:, None], other=0.0)
+            if FP8_DOT:  # W8A8 on the FP8 tensor cores: E4M3 x E4M3 products, float32 sums
+                xq = tl.minimum(tl.maximum(x.to(tl.float32) / in_scale, -448.0), 448.0).to(tl.float8e4nv)
+                acc += tl.dot(xq, tl.trans(w))
+            elif DOT_F32:  # the Triton interpreter: its bf16 dot is wrong and its casts truncate
+                acc += tl.dot(x.to(tl.float32), tl.trans(round_bf16(w.to(tl.float32) * s[:, None])))
+            else:
+                acc += tl.dot(x, tl.trans((w.to(tl.float32) * s[:, None]).to(x.dtype)))
+            x_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
+        if FP8_DOT:
+            acc = acc * (in_scale * s[None, :])
+        if DOT_F32:
+            acc = round_bf16(acc)
+        y_ptrs = y_ptr + rows[:, None].to(tl.int64) * stride_ym + cols[None, :]
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
+
+
+def pick_config(rows: int, experts: int, n: int, k: int) -> dict[str, int]:
+    per_expert = rows / max(1, experts)
+    block_m = 16 if per_expert <= 16 else 32 if per_expert <= 48 else 64
+    block_k = 128 if k % 128 == 0 else 64 if k % 64 == 0 else 32 if k % 32 == 0 else 16
+    return {"BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_K": block_k, "num_warps": 4, "num_stages": 3}
+
+
+def fp8_grouped_mm(x: Tensor, weight: Tensor, scale: Tensor, offsets: Tensor, *, input_scale: Tensor | None = None,
+                   config: dict[str, int] | None = None) -> Tensor:
+    """y[r] = x[r] @ W[e(r)].T for rows sorted by expert, W FP8 with per-row scales. With `input_scale` ([E]),
+    x is quantized to E4M3 in the kernel and the dot runs in FP8 (needs compute capability >= 8.9)."""
+    s_rows, k = x.shape
+    e, n, _ = weight.shape
+    x = x.contiguous()
+    y = torch.empty(s_rows, n, dtype=x.dtype, device=x.device)
+    if s_rows == 0:
+        return y
+    cfg = dict(config or pick_config(s_rows, e, n, k))
+    if k % cfg["BLOCK_K"]:
+        raise ValueError(f"fp8_grouped_mm: K={k} is not a multiple of BLOCK_K={cfg['BLOCK_K']}")
+    interpret = interpreting()
+    if interpret:
+        cfg.pop("num_warps", None), cfg.pop("num_stages", None)
+    fp8_dot = input_scale is not None
+    if fp8_dot and input_scale.numel() == 1:
+        input_scale = input_scale.reshape(1).expand(e).contiguous()
+    grid = (triton.cdiv(n, cfg["BLOCK_N"]), triton.cdiv(s_rows, cfg["BLOCK_M"]) + e)
+    fp8_grouped_mm_kernel[grid](
+        x, weight, scale, input_scale if fp8_dot else scale, y, offsets,
+        n,
+        x.stride(0), weight.stride(0), weight.stride(1), scale.stride(0), y.stride(0),
+        K=k, E=e, E_P2=triton.next_power_of_2(e), FP8_DOT=fp8_dot, DOT_F32=interpret, **cfg,
+    )
+    return y

@@ -1,0 +1,511 @@
+"""INT4 (W4A16) expert weights from AutoRound's `auto_round:auto_gptq` checkpoints, stacked per layer.
+
+For one projection of E experts with K inputs and N outputs (gate_up: gate rows then up rows, as transformers):
+
+    qweight int32   [E, K/8, N]   8 int4 codes per word, packed along K (layout below)
+    scales  float16 [E, ⌈K/G⌉, N] kept as stored (fp16 even in a BF16 model); AutoRound's can be negative
+    zeros   uint8   [E, ⌈K/G⌉, N] the zero points, unpacked from qzeros (which store zero point − 1)
+
+    W[e, n, k] = scales[e, k//G, n] · (q[e, k, n] − zeros[e, k//G, n])
+
+Packing along K, in blocks of `k_block` rows: word r of block b holds, in nibble j, row b·k_block + j·(k_block/8)
++ r. With k_block = 8 that is exactly auto_gptq's packing (row 8r + j); the regrouped tensors use k_block = 128
+whenever K allows, so that the fused kernel loads each word once and nibble j is a contiguous 16-row slice: eight
+K=16 tensor-core dots per block, no shuffles. Same bytes, same codes, only their order within a block differs.
+
+Three ways to multiply: `dequantize` (vectorised torch, used by the CPU path and the GPU fallback), and on CUDA
+`grouped_mm`, a Triton grouped GEMM that unpacks the int4 words in registers inside the K loop, so no BF16 copy
+of the weights is ever written to memory.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from quantbench.errors import LoadError
+from quantbench.moe.engine import stored_nbytes
+
+FUSED_KERNEL = "triton-fused-int4"
+FUSED_K_BLOCK = 128  # the layout the kernel reads: 8 slices of 16 rows per block
+_DEQUANT_CHUNK = 1 << 24  # elements per dequantize chunk: bounds the float32 scratch to 64 MiB
+
+
+def _shifts(device: torch.device, dtype: torch.dtype = torch.int32) -> Tensor:
+    return torch.arange(0, 32, 4, dtype=dtype, device=device)
+
+
+def unpack_k(packed: Tensor, k_block: int = 8) -> Tensor:
+    """int32 [..., K/8, N] packed along K (layout in the module doc) -> int32 codes [..., K, N]."""
+    *lead, words, n = packed.shape
+    sub = k_block // 8
+    blocks = packed.reshape(*lead, words // sub, 1, sub, n)
+    q = (blocks >> _shifts(packed.device).view(8, 1, 1)) & 0xF  # [..., blocks, 8, sub, N]
+    return q.reshape(*lead, words * 8, n)
+
+
+def pack_k(q: Tensor, k_block: int = 8) -> Tensor:
+    """Inverse of unpack_k: codes 0..15 [..., K, N] -> int32 [..., K/8, N]."""
+    *lead, k, n = q.shape
+    sub = k_block // 8
+    q = q.to(torch.int64).reshape(*lead, k // k_block, 8, sub, n)
+    words = (q << _shifts(q.device, torch.int64).view(8, 1, 1)).sum(dim=-3)  # [..., blocks, sub, N]
+    words = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
+    return words.reshape(*lead, k // 8, n)
+
+
+def unpack_rows(packed: Tensor) -> Tensor:
+    """auto_gptq's qweight [..., K/8, N] (row 8r + j in nibble j of word r) -> codes [..., K, N]."""
+    return unpack_k(packed, 8)
+
+
+def pack_rows(q: Tensor) -> Tensor:
+    return pack_k(q, 8)
+
+
+def unpack_cols(packed: Tensor) -> Tensor:
+    """int32 [..., R, C] packed 8 nibbles per word along C -> int32 [..., R, 8C] (nibble j of word c = col 8c+j)."""
+    q = (packed.unsqueeze(-1) >> _shifts(packed.device)) & 0xF
+    return q.reshape(*packed.shape[:-1], packed.shape[-1] * 8)
+
+
+def fused_layout(k: int) -> int:
+    """The k_block regrouped tensors get: the kernel's layout when K is a multiple of it, else auto_gptq's."""
+    return FUSED_K_BLOCK if k % FUSED_K_BLOCK == 0 else 8
+
+
+class Int4Experts(nn.Module):
+    """One projection of all E experts of a layer, int4 + fp16 scales + uint8 zero points, as buffers."""
+
+    fused_kernel = FUSED_KERNEL
+    fused_features = frozenset({"gather", "swiglu", "row_scale"})
+
+    def __init__(self, qweight: Tensor, scales: Tensor, zeros: Tensor, group_size: int, sym: bool, name: str = "",
+                 k_block: int = 8):
+        super().__init__()
+        e, k8, n = qweight.shape
+        groups = -(-k8 * 8 // group_size)
+        for tname, t, dtype in (("qweight", qweight, torch.int32), ("zeros", zeros, torch.uint8)):
+            if t.dtype != dtype:
+                raise LoadError(f"{name}.{tname}: dtype {t.dtype}, expected {dtype}")
+        if scales.shape != (e, groups, n) or zeros.shape != (e, groups, n):
+            raise LoadError(f"{name}.scales/zeros: shapes {tuple(scales.shape)} / {tuple(zeros.shape)} do not match "
+                            f"qweight {tuple(qweight.shape)} with group size {group_size} (expected {(e, groups, n)})")
+        if (k8 * 8) % k_block:
+            raise LoadError(f"{name}.qweight: {k8 * 8} inputs are not a multiple of the packing block {k_block}")
+        self.register_buffer("qweight", qweight.contiguous())
+        self.register_buffer("scales", scales.contiguous())
+        self.register_buffer("zeros", zeros.contiguous())
+        self.num_experts, self.in_features, self.out_features = e, k8 * 8, n
+        self.group_size, self.sym, self.k_block = group_size, sym, k_block
+        self.format = f"int4-g{group_size}-{'sym' if sym else 'asym'}"
+
+    # -- building from a loaded auto-round checkpoint ------------------------------------------------------------
+    @classmethod
+    def from_quant_linears(cls, experts: list[list[nn.Module]], *, group_size: int, sym: bool, name: str) -> Int4Experts:
+        """Stack per-expert QuantLinears; `experts[e]` is [gate_proj, up_proj] (concatenated along N) or [down_proj].
+        The codes are repacked into the kernel's block layout when K allows (same bytes)."""
+        qweights, scales, zeros = [], [], []
+        for e, parts in enumerate(experts):
+            qweights.append(torch.cat([_tensor(p, "qweight", f"{name}.{e}") for p in parts], dim=-1))
+            scales.append(torch.cat([_tensor(p, "scales", f"{name}.{e}") for p in parts], dim=-1))
+            zeros.append(torch.cat([_zeros_of(p, f"{name}.{e}") for p in parts], dim=-1))
+        shapes = {tuple(q.shape) for q in qweights}
+        if len(shapes) != 1:
+            raise LoadError(f"{name}: experts have different qweight shapes {sorted(shapes)}")
+        qweight = torch.stack(qweights)
+        k_block = fused_layout(qweight.shape[1] * 8)
+        if k_block != 8:
+            qweight = torch.stack([pack_k(unpack_rows(q), k_block) for q in qweight])  # one expert at a time
+        return cls(qweight, torch.stack(scales), torch.stack(zeros), group_size, sym, name, k_block)
+
+    # -- the ExpertWeights contract ------------------------------------------------------------------------------
+    def dequantize(self, dtype: torch.dtype, experts: Tensor | None = None, *, use_triton: bool = True) -> Tensor:
+        """[E', N, K] in `dtype` (a transposed view of a contiguous [E', K, N]); in float32 math, by a Triton
+        kernel on CUDA (one pass over the words) or vectorised torch in chunks."""
+        qw, sc, zp = self.qweight, self.scales, self.zeros
+        if experts is not None:
+            qw, sc, zp = qw[experts], sc[experts], zp[experts]
+        e, k, n, g = qw.shape[0], self.in_features, self.out_features, self.group_size
+        out = torch.empty(e, k, n, dtype=dtype, device=qw.device)
+        if use_triton and qw.is_cuda and triton_available() and e:
+            return triton_dequantize(qw, sc, zp, g, self.k_block, out).transpose(-2, -1)
+        step = max(1, _DEQUANT_CHUNK // max(1, k * n))
+        for i in range(0, e, step):
+            q = unpack_k(qw[i : i + step], self.k_block)
+            s, z = sc[i : i + step].float(), zp[i : i + step].float()
+            if k % g == 0:  # broadcast over each group's rows
+                w = (q.view(-1, k // g, g, n) - z.unsqueeze(2)) * s.unsqueeze(2)
+            else:
+                w = (q - z.repeat_interleave(g, dim=1)[:, :k]) * s.repeat_interleave(g, dim=1)[:, :k]
+            out[i : i + step] = w.view(-1, k, n)
+        return out.transpose(-2, -1)
+
+    def nbytes(self) -> int:
+        return stored_nbytes(self)
+
+    def grouped_mm(self, x_sorted: Tensor, offsets: Tensor, kernel: str, *, row_index: Tensor | None = None,
+                   act: str | None = None, row_scale: Tensor | None = None) -> Tensor | None:
+        """The fused Triton kernel (see the engine's contract for row_index / act / row_scale), or None."""
+        if not (x_sorted.is_cuda and x_sorted.dtype in (torch.bfloat16, torch.float16) and triton_available()):
+            return None
+        if not fused_supported(self.in_features, self.group_size, self.k_block) or act not in (None, "swiglu"):
+            return None
+        rows = x_sorted.shape[0] if row_index is None else row_index.shape[0]
+        if rows // 16 + self.num_experts > 65535:
+            return None  # the M tiles live on grid axis 1, which CUDA caps at 65535
+        return int4_grouped_mm(x_sorted, self.qweight, self.scales, self.zeros, offsets, self.group_size,
+                               row_index=row_index, swiglu=act == "swiglu", row_scale=row_scale)
+
+    def extra_repr(self) -> str:
+        return f"{self.format}, experts={self.num_experts}, out={self.out_features}, in={self.in_features}"
+
+
+def _tensor(module: nn.Module, attr: str, name: str) -> Tensor:
+    t = getattr(module, attr, None)
+    if not isinstance(t, Tensor):
+        raise LoadError(f"{name}.{attr}: missing; an int4 auto_round:auto_gptq expert needs qweight, qzeros and scales")
+    return t
+
+
+def _zeros_of(module: nn.Module, name: str) -> Tensor:
+    """Zero points [K/G, N] as uint8, from qzeros int32 [K/G, N/8] that store zero point − 1."""
+    qz = _tensor(module, "qzeros", name)
+    return (unpack_cols(qz) + 1).to(torch.uint8)
+
+
+# -- the fused Triton kernel ------------------------------------------------------------------------------------
+@functools.cache
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def fused_supported(k: int, group_size: int, k_block: int = FUSED_K_BLOCK) -> bool:
+    """The kernel reads the 128-row block layout; a group never straddles one of its 16-row slices."""
+    if k_block != FUSED_K_BLOCK or k % FUSED_K_BLOCK:
+        return False
+    return group_size % FUSED_K_BLOCK == 0 if group_size >= FUSED_K_BLOCK else group_size % 16 == 0
+
+
+# Block sizes measured best on an H200 (benchmarks/moe_int4.py sweep, 2026-11-29) per (N, K, swiglu, rows-per-
+# expert bucket); other shapes use the heuristic below. At the Qwen3-30B-A3B shape, 512 tokens: gate_up + SwiGLU
+# 268 us, down + routing weights 144 us (the first version, x @ W with 8 redundant word loads: 426 + 235 us).
+_H200_BEST = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "SWAP_AB": True, "EVICT": True}
+TUNED: dict[tuple[int, int, bool, str], dict[str, Any]] = {
+    (1536, 2048, True, "mid"): _H200_BEST,
+    (2048, 768, False, "mid"): _H200_BEST,
+}
+
+
+def rows_bucket(rows: int, experts: int) -> str:
+    per_expert = rows / max(1, experts)
+    return "small" if per_expert <= 12 else "mid" if per_expert <= 48 else "large"
+
+
+def pick_config(rows: int, experts: int, n: int, k: int, group_size: int, swiglu: bool = False) -> dict[str, Any]:
+    """Block sizes for `rows` sorted rows over `experts` experts (a batch-1 decision of 512 tokens at top-8 of
+    128 experts gives each expert about 32 rows: the "mid" bucket). The weights take the tensor core's M side
+    (SWAP_AB): a token tile of 16..64 rows is then a legal, full MMA N."""
+    bucket = rows_bucket(rows, experts)
+    tuned = TUNED.get((n, k, swiglu, bucket))
+    if tuned:
+        return dict(tuned)
+    return dict(_H200_BEST, BLOCK_M=16 if bucket == "small" else 64)
+
+
+@functools.cache
+def _kernel() -> Any:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def int4_tile(x_ptr, qw_ptr, s_ptr, z_ptr, x_rows, rmask, e, cols, cmask,
+                  stride_qe, stride_qk, stride_se, stride_sg,
+                  K: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  SWAP_AB: tl.constexpr, EVICT: tl.constexpr):
+        """x[rows] @ W[e][:, cols] as float32 [BLOCK_M, BLOCK_N] (or its transpose when SWAP_AB)."""
+        KB: tl.constexpr = 128  # rows per packed block (FUSED_K_BLOCK)
+        SUB: tl.constexpr = 16  # rows per nibble slice
+        sub = tl.arange(0, SUB)
+        q_ptrs = qw_ptr + e * stride_qe + sub[:, None] * stride_qk + cols[None, :]
+        sz_off = e * stride_se + cols
+        if SWAP_AB:  # weights as the MMA's M side (x^T as B): small token tiles still fill the tensor core
+            x_ptrs = x_ptr + x_rows[None, :] + sub[:, None]
+            xmask = rmask[None, :]
+            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        else:
+            x_ptrs = x_ptr + x_rows[:, None] + sub[None, :]
+            xmask = rmask[:, None]
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kb in range(0, K, KB):
+            # one load of the block's 16 x BLOCK_N words; nibble j holds rows kb + 16j .. kb + 16j + 15
+            if EVICT:  # weights stream through once; keep x (re-read by every column block) in L2
+                q = tl.load(q_ptrs + (kb // 8) * stride_qk, mask=cmask[None, :], other=0, eviction_policy="evict_first")
+            else:
+                q = tl.load(q_ptrs + (kb // 8) * stride_qk, mask=cmask[None, :], other=0)
+            if G >= KB:
+                s = tl.load(s_ptr + sz_off + (kb // G) * stride_sg, mask=cmask, other=0.0).to(tl.float32)
+                z = tl.load(z_ptr + sz_off + (kb // G) * stride_sg, mask=cmask, other=0).to(tl.int32)
+                if SWAP_AB:
+                    part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+                else:
+                    part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for j in tl.static_range(8):
+                    x = tl.load(x_ptrs + kb + j * SUB, mask=xmask, other=0.0)
+                    # (q - z) is a small integer, exact in bf16/fp16: the scale multiplies the sum once
+                    w = (((q >> (4 * j)) & 0xF) - z[None, :]).to(x.dtype)
+                    if SWAP_AB:
+                        part = tl.dot(tl.trans(w), x, part)
+                    else:
+                        part = tl.dot(x, w, part)
+                if SWAP_AB:
+                    acc += part * s[:, None]
+                else:
+                    acc += part * s[None, :]
+            else:
+                for j in tl.static_range(8):
+                    g = (kb + j * SUB) // G
+                    s = tl.load(s_ptr + sz_off + g * stride_sg, mask=cmask, other=0.0).to(tl.float32)
+                    z = tl.load(z_ptr + sz_off + g * stride_sg, mask=cmask, other=0).to(tl.int32)
+                    x = tl.load(x_ptrs + kb + j * SUB, mask=xmask, other=0.0)
+                    w = (((q >> (4 * j)) & 0xF) - z[None, :]).to(x.dtype)
+                    if SWAP_AB:
+                        acc += tl.dot(tl.trans(w), x) * s[:, None]
+                    else:
+                        acc += tl.dot(x, w) * s[None, :]
+        return acc
+
+    # Triton resolves a jitted callee through the caller's module globals, not through this closure.
+    globals()["int4_tile"] = int4_tile
+
+    @triton.jit
+    def int4_grouped_mm_kernel(
+        x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, offs_ptr, rowidx_ptr, rowscale_ptr,
+        N_OUT, HALF,
+        stride_xm, stride_qe, stride_qk, stride_se, stride_sg, stride_ym,
+        K: tl.constexpr, E: tl.constexpr, E_P2: tl.constexpr, G: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr, EVICT: tl.constexpr,
+        GATHER: tl.constexpr, SWIGLU: tl.constexpr, ROW_SCALE: tl.constexpr,
+    ):
+        # Axis 0 walks N so that programs running side by side share one M tile of x (it stays in L2).
+        pid_n = tl.program_id(0)
+        pid_m = tl.program_id(1)
+        # Which expert and rows this M tile covers: the tiles of expert e follow those of expert e-1.
+        eidx = tl.arange(0, E_P2)
+        emask = eidx < E
+        ends = tl.load(offs_ptr + eidx, mask=emask, other=0)
+        starts = tl.load(offs_ptr + eidx - 1, mask=emask & (eidx > 0), other=0)
+        tiles = tl.where(emask, (ends - starts + BLOCK_M - 1) // BLOCK_M, 0)
+        tile_end = tl.cumsum(tiles, 0)
+        if pid_m >= tl.sum(tiles, 0):
+            return
+        e = tl.sum((tile_end <= pid_m).to(tl.int32), 0)
+        sel = eidx == e
+        first_tile = tl.sum(tl.where(sel, tile_end - tiles, 0), 0)
+        row_start = tl.sum(tl.where(sel, starts, 0), 0)
+        row_end = tl.sum(tl.where(sel, ends, 0), 0)
+
+        rows = row_start + (pid_m - first_tile) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rmask = rows < row_end
+        if GATHER:  # sorted row r reads token row_index[r] of the unsorted x: no gathered copy of x
+            x_rows = tl.load(rowidx_ptr + rows, mask=rmask, other=0).to(tl.int64) * stride_xm
+        else:
+            x_rows = rows.to(tl.int64) * stride_xm
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        cmask = cols < N_OUT
+        e64 = e.to(tl.int64)
+        out = int4_tile(x_ptr, qw_ptr, s_ptr, z_ptr, x_rows, rmask, e64, cols, cmask, stride_qe, stride_qk,
+                        stride_se, stride_sg, K, G, BLOCK_M, BLOCK_N, SWAP_AB, EVICT)
+        if SWIGLU:  # gate columns c and up columns HALF + c in one program: silu(gate) * up, half the output
+            up = int4_tile(x_ptr, qw_ptr, s_ptr, z_ptr, x_rows, rmask, e64, cols + HALF, cmask, stride_qe,
+                           stride_qk, stride_se, stride_sg, K, G, BLOCK_M, BLOCK_N, SWAP_AB, EVICT)
+            out = out * tl.sigmoid(out) * up
+        if ROW_SCALE:  # the routing weight of each (token, expert) row
+            rs = tl.load(rowscale_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
+            if SWAP_AB:
+                out = out * rs[None, :]
+            else:
+                out = out * rs[:, None]
+        if SWAP_AB:
+            y_ptrs = y_ptr + rows[None, :].to(tl.int64) * stride_ym + cols[:, None]
+            tl.store(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=rmask[None, :] & cmask[:, None])
+        else:
+            y_ptrs = y_ptr + rows[:, None].to(tl.int64) * stride_ym + cols[None, :]
+            tl.store(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
+
+    return int4_grouped_mm_kernel
+
+
+def int4_grouped_mm(
+    x: Tensor,
+    qweight: Tensor,
+    scales: Tensor,
+    zeros: Tensor,
+    offsets: Tensor,
+    group_size: int,
+    config: dict[str, Any] | None = None,
+    out: Tensor | None = None,
+    *,
+    row_index: Tensor | None = None,
+    swiglu: bool = False,
+    row_scale: Tensor | None = None,
+) -> Tensor:
+    """y[r] = x[r] @ W[e(r)].T for rows sorted by expert (offsets: cumulative row counts, int32); W int4 in the
+    128-row block layout. Rows past offsets[-1] are not written. `out` ([S, N], x's dtype) receives the result.
+    row_index [S]: read x[row_index[r]] (x unsorted). swiglu: silu(x @ Wg.T) * (x @ Wu.T) for W = [Wg; Wu],
+    [S, N/2]. row_scale [S]: multiply row r of the result by row_scale[r]."""
+    import triton
+
+    k = x.shape[1]
+    s_rows = x.shape[0] if row_index is None else row_index.shape[0]
+    e, _, n = qweight.shape
+    if not fused_supported(k, group_size):
+        raise ValueError(f"int4 fused kernel: K={k}, group size {group_size} unsupported (see fused_supported)")
+    n_out = n // 2 if swiglu else n
+    x = x.contiguous()
+    y = torch.empty(s_rows, n_out, dtype=x.dtype, device=x.device) if out is None else out
+    if s_rows == 0:
+        return y
+    cfg = dict(config or pick_config(s_rows, e, n, k, group_size, swiglu))
+    cfg.setdefault("SWAP_AB", False)
+    cfg.setdefault("EVICT", False)
+    # enough M tiles for any split of the rows: each expert wastes at most one partial tile
+    grid = (triton.cdiv(n_out, cfg["BLOCK_N"]), triton.cdiv(s_rows, cfg["BLOCK_M"]) + e)
+    _kernel()[grid](
+        x, qweight, scales, zeros, y, offsets,
+        offsets if row_index is None else row_index, offsets if row_scale is None else row_scale,
+        n_out, n // 2,
+        x.stride(0), qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1), y.stride(0),
+        K=k, E=e, E_P2=triton.next_power_of_2(e), G=group_size,
+        GATHER=row_index is not None, SWIGLU=swiglu, ROW_SCALE=row_scale is not None, **cfg,
+    )
+    return y
+
+
+@functools.cache
+def _dequant_kernel() -> Any:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def int4_dequant_kernel(qw_ptr, s_ptr, z_ptr, out_ptr, N, WORDS, stride_qe, stride_se, stride_oe,
+                            SUB: tl.constexpr, G: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr):
+        e = tl.program_id(2).to(tl.int64)
+        words = tl.program_id(0) * BLOCK_W + tl.arange(0, BLOCK_W)
+        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask = (words < WORDS)[:, None] & (cols < N)[None, :]
+        q = tl.load(qw_ptr + e * stride_qe + words[:, None] * N + cols[None, :], mask=mask, other=0)
+        for j in tl.static_range(8):
+            rows = (words // SUB) * (8 * SUB) + j * SUB + words % SUB  # the block layout (module doc)
+            sz = e * stride_se + (rows // G)[:, None] * N + cols[None, :]
+            s = tl.load(s_ptr + sz, mask=mask, other=0.0).to(tl.float32)
+            z = tl.load(z_ptr + sz, mask=mask, other=0).to(tl.float32)
+            w = (((q >> (4 * j)) & 0xF).to(tl.float32) - z) * s
+            tl.store(out_ptr + e * stride_oe + rows[:, None] * N + cols[None, :], w.to(out_ptr.dtype.element_ty),
+                     mask=mask)
+
+    return int4_dequant_kernel
+
+
+def triton_dequantize(qweight: Tensor, scales: Tensor, zeros: Tensor, group_size: int, k_block: int,
+                      out: Tensor) -> Tensor:
+    """[E, K, N] weights into `out` in one pass over the int4 words (the GPU fallback's unpacking)."""
+    import triton
+
+    e, words, n = qweight.shape
+    grid = (triton.cdiv(words, 16), triton.cdiv(n, 128), e)
+    _dequant_kernel()[grid](qweight, scales.contiguous(), zeros.contiguous(), out, n, words, qweight.stride(0),
+                            scales.stride(0), out.stride(0), SUB=k_block // 8, G=group_size, BLOCK_W=16, BLOCK_N=128)
+    return out
+
+
+# -- synthetic weights ------------------------------------------------------------------------------------------
+def rtn_experts(weight: Tensor, group_size: int = 128) -> Int4Experts:
+    """Symmetric round-to-nearest int4 of stacked weights [E, N, K] (zero point 8, fp16 scales), in chunks of
+    experts. For synthetic real-shape runs, where quantizing random weights with AutoRound would take minutes."""
+    e, n, k = weight.shape
+    groups = -(-k // group_size)
+    k_block = fused_layout(k)
+    qweight = torch.empty(e, k // 8, n, dtype=torch.int32, device=weight.device)
+    scales = torch.empty(e, groups, n, dtype=torch.float16, device=weight.device)
+    step = max(1, _DEQUANT_CHUNK // max(1, k * n))
+    for i in range(0, e, step):
+        w = weight[i : i + step].float().transpose(-2, -1)  # [e', K, N]
+        wg = torch.nn.functional.pad(w, (0, 0, 0, groups * group_size - k)).view(-1, groups, group_size, n)
+        scale = (wg.abs().amax(dim=2) / 7).clamp(min=1e-8).half()  # [e', groups, N]
+        q = torch.round(wg / scale.float().unsqueeze(2)).clamp(-8, 7) + 8
+        qweight[i : i + step] = pack_k(q.view(-1, groups * group_size, n)[:, :k], k_block)
+        scales[i : i + step] = scale
+    zeros = torch.full((e, groups, n), 8, dtype=torch.uint8, device=weight.device)
+    return Int4Experts(qweight, scales, zeros, group_size, sym=True, name="rtn", k_block=k_block)
+
+
+# -- regrouping a loaded auto-round checkpoint ------------------------------------------------------------------
+def _is_int4_linear(module: nn.Module) -> bool:
+    return all(isinstance(getattr(module, a, None), Tensor) for a in ("qweight", "qzeros", "scales"))
+
+
+def regroup_experts(experts: nn.Module, *, sym: bool | None, name: str = "experts") -> tuple[nn.Module, nn.Module]:
+    """(gate_up, down) for one layer from auto-round's per-expert MLPs (a ModuleList of gate_proj / up_proj /
+    down_proj). Int4 QuantLinears become Int4Experts; projections left in 16 bits become DenseExperts. Bits,
+    group size and (a)symmetry come from each QuantLinear, i.e. from the checkpoint's config, and are checked
+    against the tensors: a mismatch is a LoadError naming the tensor."""
+    from quantbench.moe.engine import DenseExperts
+
+    if not isinstance(experts, nn.ModuleList) or not len(experts):
+        raise LoadError(f"{name}: expected auto-round's per-expert ModuleList, found {type(experts).__name__}")
+    out = []
+    for projs in (("gate_proj", "up_proj"), ("down_proj",)):
+        per_expert = [[getattr(mlp, p, None) for p in projs] for mlp in experts]
+        flat = [m for parts in per_expert for m in parts]
+        missing = [f"{name}.{e}.{p}" for e, parts in enumerate(per_expert) for p, m in zip(projs, parts, strict=True)
+                   if m is None]
+        if missing:
+            raise LoadError(f"{missing[0]}: missing from the loaded experts ({len(missing)} projections missing)")
+        label = f"{name}.*.{'+'.join(projs)}"
+        if all(_is_int4_linear(m) for m in flat):
+            _check_int4(flat, name, projs)
+            group_size = int(flat[0].group_size)
+            out.append(Int4Experts.from_quant_linears(per_expert, group_size=group_size, sym=bool(sym), name=label))
+            if sym:
+                bad = out[-1].zeros != 8
+                if bool(bad.any()):
+                    e = int(bad.nonzero()[0, 0])
+                    raise LoadError(f"{name}.{e}.{projs[0]}.qzeros: the config says sym=true but the zero points are "
+                                    "not 8; the checkpoint's config does not match its tensors")
+        elif all(isinstance(getattr(m, "weight", None), Tensor) and m.weight.dim() == 2 for m in flat):
+            weight = torch.stack([torch.cat([m.weight for m in parts], dim=0) for parts in per_expert])
+            out.append(DenseExperts(weight))
+        else:
+            raise LoadError(f"{label}: experts mix int4 and 16-bit weights within one projection; "
+                            "the grouped-MoE engine cannot stack them (run with --no-fast-moe)")
+    return out[0], out[1]
+
+
+def _check_int4(linears: list[nn.Module], name: str, projs: tuple[str, ...]) -> None:
+    for i, m in enumerate(linears):
+        where = f"{name}.{i // len(projs)}.{projs[i % len(projs)]}"
+        bits, group = int(getattr(m, "bits", 4)), int(getattr(m, "group_size", 0) or 0)
+        if bits != 4:
+            raise LoadError(f"{where}: {bits}-bit weights; the int4 backend reads 4-bit auto_round:auto_gptq only")
+        k, n = int(m.infeatures), int(m.outfeatures)
+        if group <= 0:
+            group = k
+        groups = -(-k // group)
+        expect = {"qweight": (k // 8, n), "scales": (groups, n), "qzeros": (groups, n // 8)}
+        for attr, shape in expect.items():
+            t = getattr(m, attr)
+            if tuple(t.shape) != shape:
+                raise LoadError(f"{where}.{attr}: shape {tuple(t.shape)}, expected {shape} for {k} inputs, {n} "
+                                f"outputs, {bits} bits, group size {group} (as the config says)")
+        g_idx = getattr(m, "g_idx", None)
+        if isinstance(g_idx, Tensor) and not torch.equal(g_idx.cpu().long(), torch.arange(k) // group):
+            raise LoadError(f"{where}.g_idx: act-order (desc_act) group indices are not supported by the "
+                            "grouped-MoE engine; run with --no-fast-moe")

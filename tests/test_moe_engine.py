@@ -1,0 +1,80 @@
+"""The grouped-MoE engine against transformers' own MoE block: same routing, same outputs, every layer swapped."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from quantbench.errors import ConfigError, UnsupportedError
+from quantbench.moe import DenseExperts, GroupedMoE, experts_nbytes, install_grouped_moe, moe_blocks, route
+from tests.tiny import tiny_model
+
+
+def dense_weights(layer_index, experts):
+    return DenseExperts(experts.gate_up_proj.data.clone()), DenseExperts(experts.down_proj.data.clone())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_route_picks_the_same_experts_and_weights_as_transformers_router(dtype):
+    router = tiny_model(seed=1, dtype=dtype).model.layers[0].mlp.gate
+    x = torch.randn(64, router.hidden_dim, dtype=dtype)
+    _, want_weights, want_index = router(x)
+    weights, index = route(x, router.weight, router.top_k, router.norm_topk_prob)
+    assert torch.equal(index, want_index)
+    assert torch.equal(weights, want_weights)
+
+
+@pytest.mark.parametrize("impl", ["eager", "grouped_mm"])
+def test_dense_grouped_moe_gives_transformers_logits(impl):
+    reference = tiny_model(seed=2)
+    reference.set_experts_implementation(impl)
+    model = copy.deepcopy(reference)
+    install_grouped_moe(model, dense_weights)
+    ids = torch.randint(0, 600, (3, 40))
+    with torch.inference_mode():
+        torch.testing.assert_close(model(ids).logits, reference(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_a_single_token_hits_only_top_k_experts_and_still_matches():
+    reference = tiny_model(seed=3)
+    block = reference.model.layers[1].mlp
+    moe = GroupedMoE(block.gate, *dense_weights(1, block.experts), top_k=2, norm_topk_prob=block.gate.norm_topk_prob)
+    x = torch.randn(1, 1, 128)
+    with torch.inference_mode():
+        torch.testing.assert_close(moe(x), block(x), rtol=1e-5, atol=1e-6)
+    assert moe.kernel_path == "cpu-vectorised"
+
+
+def test_install_swaps_every_moe_block_and_names_the_path():
+    model = tiny_model(seed=4)
+    names = [ref.name for ref in moe_blocks(model)]
+    assert names == ["model.layers.0.mlp", "model.layers.1.mlp"]
+    assert install_grouped_moe(model, dense_weights) == "cpu-vectorised"
+    assert all(isinstance(layer.mlp, GroupedMoE) for layer in model.model.layers)
+    assert moe_blocks(model) == []  # nothing left with the per-expert experts module
+
+
+def test_install_refuses_a_model_without_moe_blocks():
+    with pytest.raises(UnsupportedError, match="no MoE block"):
+        install_grouped_moe(nn.Sequential(nn.Linear(4, 4)), dense_weights)
+
+
+def test_asking_for_a_fused_kernel_that_does_not_exist_fails_loudly():
+    block = tiny_model(seed=5).model.layers[0].mlp
+    with pytest.raises(UnsupportedError, match="no fused grouped kernel"):
+        GroupedMoE(block.gate, *dense_weights(0, block.experts), top_k=2, norm_topk_prob=True, kernel="fused")
+
+
+def test_projections_that_do_not_fit_together_are_refused():
+    gate_up = DenseExperts(torch.zeros(8, 128, 128))
+    down = DenseExperts(torch.zeros(8, 128, 32))  # down needs 64 inputs (half of gate_up's outputs)
+    with pytest.raises(ConfigError, match="2 x down's inputs"):
+        GroupedMoE(nn.Linear(128, 8, bias=False), gate_up, down, top_k=2, norm_topk_prob=True)
+
+
+def test_experts_bytes_are_measured_from_the_stored_tensors():
+    model = tiny_model(seed=6, dtype=torch.bfloat16)
+    install_grouped_moe(model, dense_weights)
+    # 2 layers x 8 experts x (gate_up 128x128 + down 128x64) bf16 values
+    assert experts_nbytes(model) == 2 * 8 * (128 * 128 + 128 * 64) * 2
