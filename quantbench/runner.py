@@ -70,6 +70,14 @@ def spec_hash(spec: RunSpec, machine: Machine) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def stored_spec(spec: RunSpec) -> dict[str, Any]:
+    """The spec as stored on the row: everything but secrets."""
+    data = spec.to_dict()
+    if data.get("api_key"):
+        data["api_key"] = "***"
+    return data
+
+
 def _pump(stream, sink, tail: deque[bytes]) -> None:
     """Echo the child's stderr live (progress bars) and keep its tail for a failed run's row."""
     for chunk in iter(lambda: stream.read1(4096), b""):
@@ -113,6 +121,10 @@ def execute(spec: RunSpec, *, machine: Machine | None = None, echo: bool = True,
             timed_out = True
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        except BaseException:  # Ctrl-C: the child has its own session, so it must be stopped by hand
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
         pump.join(timeout=5)
         out = json.loads(result_path.read_text()) if result_path.exists() else None
         crash_trace = result_path.with_suffix(".faulthandler")
@@ -134,7 +146,7 @@ def execute(spec: RunSpec, *, machine: Machine | None = None, echo: bool = True,
     row.update(
         run_id=run_id, created_at=created, finished_at=dt.datetime.now(dt.UTC), status=out["status"],
         failure=out.get("failure"), error=out.get("error"), backend=spec.backend, role=spec.role,
-        gpu_requested=spec.gpu, spec=spec.to_dict(), spec_hash=spec_hash(spec, machine),
+        gpu_requested=spec.gpu, spec=stored_spec(spec), spec_hash=spec_hash(spec, machine),
     )
     row["device"] = row.get("device") or spec.device
     if out["status"] != "ok":

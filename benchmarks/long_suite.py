@@ -1,0 +1,51 @@
+"""Make a suite of realistic-length decisions: the built-in records with a deterministic `context` in the state,
+padded until each question's prompt is about `--tokens` tokens long (counted with the fixture's tokenizer).
+
+    python benchmarks/long_suite.py --tokens 512 --n 32 --out suite-512.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+
+from transformers import AutoTokenizer
+
+from quantbench.fixture import default_model_dir
+from quantbench.prompt import render_prompt
+from quantbench.suite import load_suite
+
+WORDS = ("the report notes that the weather, the schedule and the budget changed again after the meeting "
+         "while the team reviewed every open ticket and the customer asked for a short summary").split()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=512)
+    ap.add_argument("--n", type=int, default=32)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    tok = AutoTokenizer.from_pretrained(default_model_dir())
+    rng = random.Random(args.seed)
+    records = [r for r in load_suite(None).records if len(r.request.questions) == 1][: args.n]
+    with open(args.out, "w") as f:
+        for r in records:
+            req = r.request.model_copy(deep=True)
+            name = next(iter(req.questions))
+            words: list[str] = []
+            while True:
+                req.state = {**r.request.state, "context": " ".join(words)}
+                n = len(tok(render_prompt(tok, req, name))["input_ids"])
+                if n >= args.tokens:
+                    break
+                words.extend(rng.choice(WORDS) for _ in range(max(1, (args.tokens - n) // 2)))
+            rec = {"id": f"{r.id}-{args.tokens}", "benchmark": r.benchmark, "request": req.model_dump(exclude_none=True),
+                   "gold": r.gold}
+            f.write(json.dumps(rec) + "\n")
+    print(f"wrote {len(records)} records of ~{args.tokens} tokens to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
