@@ -59,53 +59,72 @@ def _progress() -> Progress:
 
 
 def _answer_suite(loaded: LoadedVariant, records, timer: Timer, spec: RunSpec, out: dict[str, Any]) -> None:
+    """Answer every record (timed), then keep timing until the latency phase's stop rules hold.
+
+    With `spec.concurrency` n > 1, records go n at a time through `forward_many`: a remote server gets n requests
+    in flight (each timed end to end by the client), a local model answers them in one batched forward pass
+    (throughput mode: each decision's time is the whole batch's, and `batch` says n)."""
     engine = loaded.engine
     answers, latencies = out["answers"], out["latencies"]
+    n = max(1, spec.concurrency)
 
-    def decide(record):
+    def decide(chunk) -> list[tuple[Any, float, float, int, int]]:
         t0 = time.perf_counter()
-        prepared = engine.prepare(record.request)
-        prep_ms = (time.perf_counter() - t0) * 1e3
-        result, model_ms = timer(engine.forward, prepared)
-        return result, prep_ms, model_ms, engine.tokens(prepared)
+        prepared = [engine.prepare(r.request) for r in chunk]
+        prep_ms = (time.perf_counter() - t0) * 1e3 / len(chunk)
+        if len(chunk) == 1:
+            result, ms = timer(engine.forward, prepared[0])
+            results, times = [result], [ms]
+        else:
+            results, ms = timer(engine.forward_many, prepared)
+            times = [getattr(p, "client_ms", None) or ms for p in prepared]
+        return [(res, prep_ms, t, engine.tokens(p), len(chunk)) for res, p, t in zip(results, prepared, times, strict=True)]
+
+    def chunks(items):
+        return [items[i : i + n] for i in range(0, len(items), n)]
+
+    def timed(phase: str, record, prep_ms: float, model_ms: float, tokens: int, batch: int) -> None:
+        latencies.append(dict(seq=len(latencies), phase=phase, record_id=record.id, model_ms=model_ms,
+                              prep_ms=prep_ms, tokens=tokens, batch=batch))
 
     # Cold: the first decision after load (kernel compilation, allocator growth, autotuning), kept apart.
-    _, _, out["run"]["cold_ms"], _ = decide(records[0])
+    out["run"]["cold_ms"] = decide(records[:1])[0][2]
     for i in range(spec.warmup):
-        decide(records[(i + 1) % len(records)])
+        decide([records[(i * n + j + 1) % len(records)] for j in range(n)])
 
     with _progress() as progress:
         task = progress.add_task(f"{loaded.info.variant}: suite", total=len(records))
-        for record in records:
-            result, prep_ms, model_ms, tokens = decide(record)
-            latencies.append(dict(seq=len(latencies), phase="suite", record_id=record.id, model_ms=model_ms,
-                                  prep_ms=prep_ms, tokens=tokens, batch=1))
-            for q, ans in result.items():
-                answers.append(dict(
-                    record_id=record.id, benchmark=record.benchmark, question=q,
-                    options=list(ans.probabilities), probs=list(ans.probabilities.values()), top=ans.top,
-                    gold=(record.gold or {}).get(q), method=ans.method, truncated=ans.truncated,
-                ))
-            progress.advance(task)
+        for chunk in chunks(records):
+            for record, (result, prep_ms, model_ms, tokens, batch) in zip(chunk, decide(chunk), strict=True):
+                timed("suite", record, prep_ms, model_ms, tokens, batch)
+                for q, ans in result.items():
+                    answers.append(dict(
+                        record_id=record.id, benchmark=record.benchmark, question=q,
+                        options=list(ans.probabilities), probs=list(ans.probabilities.values()), top=ans.top,
+                        gold=(record.gold or {}).get(q), method=ans.method, truncated=ans.truncated,
+                    ))
+            progress.advance(task, len(chunk))
 
         # Latency phase: keep timing decisions until both stop rules hold (at least N decisions, S seconds).
-        suite_ms = sum(lat["model_ms"] for lat in latencies)
         need_n = max(0, spec.latency_min_decisions - len(records))
-        need_s = max(0.0, spec.latency_min_seconds - suite_ms / 1e3)
+        t_start = time.perf_counter()
+        need_s = max(0.0, spec.latency_min_seconds - sum(lat["model_ms"] for lat in latencies) / 1e3 / n)
         if need_n or need_s:
             task = progress.add_task(f"{loaded.info.variant}: latency", total=None)
-            t_start, i = time.perf_counter(), 0
+            i = 0
             while i < need_n or time.perf_counter() - t_start < need_s:
-                record = records[i % len(records)]
-                _, prep_ms, model_ms, tokens = decide(record)
-                latencies.append(dict(seq=len(latencies), phase="latency", record_id=record.id, model_ms=model_ms,
-                                      prep_ms=prep_ms, tokens=tokens, batch=1))
-                i += 1
-                progress.advance(task)
+                chunk = [records[(i + j) % len(records)] for j in range(n)]
+                for record, (_, prep_ms, model_ms, tokens, batch) in zip(chunk, decide(chunk), strict=True):
+                    timed("latency", record, prep_ms, model_ms, tokens, batch)
+                i += n
+                progress.advance(task, n)
 
 
 def run(spec: RunSpec, out: dict[str, Any]) -> None:
     """Do one run in this process, filling `out` with its rows (the parent completes and stores them)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own progress display is enough; theirs floods a piped stderr
     run = out["run"]
     machine = detect(with_torch=True)
     device = spec.device or machine.device
@@ -131,7 +150,8 @@ def run(spec: RunSpec, out: dict[str, Any]) -> None:
     if loaded.model is not None:
         run["model_tensor_bytes"] = tensor_bytes(loaded.model)
 
-    _answer_suite(loaded, records, Timer(device), spec, out)
+    # A remote backend (no model here) is timed by the wall clock: CUDA events would time this GPU, idle.
+    _answer_suite(loaded, records, Timer(device if loaded.model is not None else "cpu"), spec, out)
     run.update(vars(mem.finish()))
 
 

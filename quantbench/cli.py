@@ -17,7 +17,8 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-out = Console()
+# Tables are meant to be read whole: when stdout is a file or a pipe, don't squeeze them into 80 columns.
+out = Console(width=None if sys.stdout.isatty() else 220)
 err = Console(stderr=True)
 
 DbOpt = Annotated[Path, typer.Option("--db", help="Results store (DuckDB). Default: $QUANTBENCH_DB or ./results.duckdb")]
@@ -103,7 +104,7 @@ def run(
     nvfp4: Annotated[str, typer.Option(help="NVFP4 weights: packed | unpacked")] = "packed",
     nvfp4_activations: Annotated[str, typer.Option(help="NVFP4 activation fake-quant: on | off")] = "on",
     endpoint: Annotated[str | None, typer.Option(help="http backend: base URL of a SystemOne server")] = None,
-    concurrency: Annotated[int, typer.Option(help="http backend: requests in flight")] = 1,
+    concurrency: Annotated[int, typer.Option(help="Requests in flight (http) or batched per forward pass (throughput mode)")] = 1,
     api_key: Annotated[str | None, typer.Option(envvar="QUANTBENCH_API_KEY", help="http backend: API key")] = None,
     shape: Annotated[str | None, typer.Option(help="Synthetic real-shape model, e.g. qwen3-30b-a3b (random weights)")] = None,
     layers: Annotated[int | None, typer.Option(help="Synthetic shape: number of layers")] = None,
@@ -124,7 +125,7 @@ def run(
     if noise_floor:
         if backend != "bf16":
             _fail(QuantbenchError("--noise-floor runs the BF16 reference under a second kernel; use it with --backend bf16"))
-        experts_impl = "eager" if experts_impl == "grouped_mm" else experts_impl
+        experts_impl, dtype = noise_floor_kernel(gpu)
     role = "noise_floor" if noise_floor else "reference" if reference else "candidate"
     try:
         spec = _spec(backend=backend, model=model, suite=suite, gpu=gpu, device=device, dtype=dtype,
@@ -149,9 +150,21 @@ def run(
         _fail(e)
 
 
+def noise_floor_kernel(gpu: str) -> tuple[str, str]:
+    """(experts_impl, dtype) of the noise-floor run: the same BF16 weights through a second, equally valid kernel.
+
+    On a GPU that is transformers' `eager` experts loop instead of `grouped_mm` (the card's floor). On a CPU the
+    two compute bit-identical answers, which would make a floor of zero noise, so there the second kernel is
+    float32 arithmetic over the same bf16 weights: what bf16 rounding alone moves."""
+    from quantbench.machine import detect
+
+    on_cpu = gpu.strip().lower() == "cpu" or not detect().has_gpu
+    return ("grouped_mm", "float32") if on_cpu else ("eager", "bfloat16")
+
+
 DEMO_VARIANTS = [
     ("bf16 (reference)", dict(backend="bf16", role="reference")),
-    ("bf16 eager (noise floor)", dict(backend="bf16", experts_impl="eager", role="noise_floor")),
+    ("bf16 noise floor (second kernel)", dict(backend="bf16", role="noise_floor")),
     ("int4", dict(backend="int4")),
     ("nvfp4 packed", dict(backend="nvfp4", nvfp4_mode="packed")),
     ("nvfp4 unpacked", dict(backend="nvfp4", nvfp4_mode="unpacked")),
@@ -179,6 +192,8 @@ def demo(
             if kw["backend"] not in installed or (only and kw["backend"] not in only):
                 continue
             err.rule(f"[bold]{label}")
+            if kw.get("role") == "noise_floor":
+                kw = dict(kw, **dict(zip(("experts_impl", "dtype"), noise_floor_kernel("auto"), strict=True)))
             run_id, _ = _execute_and_store(_spec(limit=limit, timeout_s=1800.0, **kw), path)
             ids.append(run_id)
         df = Store(path).read(

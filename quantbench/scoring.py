@@ -170,13 +170,16 @@ class TransformersEngine:
         sel = hidden[torch.tensor(picks_row, device=self.device), torch.tensor(picks_pos, device=self.device)]
         logits = self.model.get_output_embeddings()(sel).float()
         logprobs = torch.log_softmax(logits, dim=-1).cpu()
+        # One copy to the host: a .cpu() per question releases the GIL each time, and under a server's event loop
+        # every re-acquire can wait a whole switch interval (5 ms).
+        logits_host = logits.cpu()
 
         out: list[dict[str, QuestionAnswer]] = []
         for p, entries in zip(batch, plan, strict=True):
             answers: dict[str, QuestionAnswer] = {}
             for rd, start in entries:
                 if rd.method == "label_logit":
-                    scores = logits[start].cpu()[torch.tensor(rd.label_ids)]
+                    scores = logits_host[start][torch.tensor(rd.label_ids)]
                 else:
                     scores, k = [], start
                     for row, (first, end) in zip(rd.rows, rd.spans, strict=True):

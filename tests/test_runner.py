@@ -92,3 +92,15 @@ def test_an_api_key_is_never_stored(suite):
     result = execute(spec("TinyBackend", suite, api_key="s3cret", limit=1), echo=False)
     assert result.run["spec"]["api_key"] == "***"
     assert "s3cret" not in str(result.run)
+
+
+def test_throughput_mode_batches_decisions_into_one_forward(suite):
+    result = execute(spec("TinyBackend", suite, concurrency=2), echo=False)
+    assert result.run["status"] == "ok", result.run.get("error")
+    suite_rows = [lat for lat in result.latencies if lat["phase"] == "suite"]
+    assert [lat["batch"] for lat in suite_rows] == [2, 2, 2, 2, 1]  # 5 records, two at a time
+    assert len(result.answers) == 6
+    single = execute(spec("TinyBackend", suite), echo=False)
+    probs = {(a["record_id"], a["question"]): a["probs"] for a in single.answers}
+    for a in result.answers:  # batching changes no answer
+        assert a["probs"] == pytest.approx(probs[(a["record_id"], a["question"])], abs=1e-4)

@@ -1,0 +1,661 @@
+"""The SystemOne HTTP server: `quantbench serve` answers POST /v1/systemone with any backend's loaded model.
+
+    app = create_app(lambda: get_backend("int4").load(spec, machine))   # the loader runs in the background
+    serve(app, host="127.0.0.1", port=8000)
+
+The port opens at once; GET /healthz answers 503 {"status": "loading"} until the loader returns, then 200 with
+what is served. Requests are validated with the protocol's own classes (one definition), queued, and answered
+in micro-batches: requests that queued while the model was busy (and, with `max_wait_ms` > 0, those arriving
+that much later), up to `max_batch` of them, go through ONE `engine.forward_many` call, on one worker thread
+so the event loop never runs the model. A full queue answers 503 with Retry-After; bad input gets a 4xx
+naming the field, and the server keeps serving.
+A response's `model_ms` is the forward pass that answered it (shared by its batch; the batch size is in the
+X-Quantbench-Batch header, and GET /metrics counts batch sizes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import math
+import os
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass, field, is_dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+import quantbench
+from quantbench.backend import LoadedVariant
+from quantbench.errors import ContextLengthError, RequestError
+from quantbench.protocol import (
+    DEFAULT_MAX_OPTIONS,
+    DecisionRequest,
+    DecisionResponse,
+    loads_strict,
+    parse_request,
+)
+
+log = logging.getLogger("quantbench.server")
+
+DEFAULT_MAX_BATCH = 8
+# 0: a batch is whatever queued while the previous forward pass ran. Measured with benchmarks/serve_load.py on
+# the fixture: waiting 5 ms for company cost 1 client ~5 ms and bought no throughput at 4 or 16 clients.
+DEFAULT_MAX_WAIT_MS = 0.0
+DEFAULT_MAX_QUEUE = 64
+DEFAULT_MAX_BODY_BYTES = 4 << 20  # 4 MiB: about a million tokens of state, far past any model's context
+DRAIN_TIMEOUT_S = 60.0
+API_KEY_ENV = "QUANTBENCH_API_KEY"
+
+# The reference card's curl example: what `--demo` answers.
+DEMO_REQUEST = {
+    "model": "clef-omni",
+    "state": {"observation": "The player is facing a wall."},
+    "questions": {
+        "action": {
+            "type": "choice",
+            "criteria": {"left": "Turn left", "right": "Turn right", "forward": "Move forward"},
+        }
+    },
+}
+
+
+class ErrorBody(BaseModel):
+    """Every 4xx / 5xx body: what is wrong, where, and how to fix it."""
+
+    detail: str
+    field: str | None = None
+    fix: str | None = None
+    tokens: int | None = None  # context errors: the prompt's length
+    limit: int | None = None  # context and size errors: the limit it broke
+
+
+class Rejected(Exception):
+    """A request answered with an error status (never a crash)."""
+
+    def __init__(self, status: int, body: ErrorBody, headers: dict[str, str] | None = None):
+        self.status, self.body, self.headers = status, body, headers or {}
+        super().__init__(body.detail)
+
+
+def _from_request_error(status: int, e: RequestError) -> Rejected:
+    body = ErrorBody(detail=str(e), field=e.field, fix=e.fix or None)
+    if isinstance(e, ContextLengthError):
+        body.tokens, body.limit = e.tokens, e.limit
+    return Rejected(status, body)
+
+
+# -- the micro-batcher ------------------------------------------------------------------------------------------
+@dataclass
+class Answered:
+    response: DecisionResponse
+    batch: int  # requests in the forward pass that answered this one
+    queue_ms: float  # from queued to the start of that forward pass
+
+
+@dataclass
+class Metrics:
+    answered: int = 0
+    batches: int = 0
+    batch_sizes: Counter[int] = field(default_factory=Counter)
+    rejected: Counter[int] = field(default_factory=Counter)  # status -> count
+    forward_ms_total: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "answered": self.answered,
+            "batches": self.batches,
+            "batch_sizes": {str(k): v for k, v in sorted(self.batch_sizes.items())},
+            "max_batch_seen": max(self.batch_sizes, default=0),
+            "mean_batch": (sum(k * v for k, v in self.batch_sizes.items()) / self.batches)
+            if self.batches
+            else 0.0,
+            "rejected": {str(k): v for k, v in sorted(self.rejected.items())},
+            "forward_ms_total": round(self.forward_ms_total, 3),
+        }
+
+
+class QueueFull(Exception):
+    pass
+
+
+@dataclass
+class _Job:
+    request: DecisionRequest
+    future: asyncio.Future[Answered]
+    queued_at: float
+
+
+class MicroBatcher:
+    """Collects concurrent requests and answers each group in one forward pass on a single worker thread."""
+
+    def __init__(
+        self, loaded: LoadedVariant, *, max_batch: int, max_wait_ms: float, max_queue: int, metrics: Metrics
+    ):
+        self.engine, self.model_id = loaded.engine, loaded.info.model_id
+        self.max_batch, self.max_wait_s, self.max_queue = max_batch, max_wait_ms / 1000.0, max_queue
+        self.metrics = metrics
+        self.pending = 0  # queued or being answered
+        self._queue: asyncio.Queue[_Job] = asyncio.Queue()
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="quantbench-model")
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def submit(self, request: DecisionRequest) -> Answered:
+        if self.pending >= self.max_queue:
+            raise QueueFull
+        self.pending += 1
+        future: asyncio.Future[Answered] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(_Job(request, future, time.perf_counter()))
+        return await future
+
+    async def _collect(self) -> list[_Job]:
+        loop = asyncio.get_running_loop()
+        jobs = [await self._queue.get()]
+        deadline = loop.time() + self.max_wait_s
+        while len(jobs) < self.max_batch:
+            if not self._queue.empty():
+                jobs.append(self._queue.get_nowait())
+                continue
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            try:
+                jobs.append(await asyncio.wait_for(self._queue.get(), left))
+            except TimeoutError:
+                break
+        return jobs
+
+    async def _run(self) -> None:
+        while True:
+            jobs = await self._collect()
+            try:
+                await self._answer_jobs(jobs)
+            except Exception as e:  # never let one batch stop the loop: fail its requests and go on
+                log.exception("answering a batch of %d failed", len(jobs))
+                for job in jobs:
+                    if not job.future.done():
+                        job.future.set_exception(e)
+            finally:
+                self.pending -= len(jobs)
+
+    async def _answer_jobs(self, jobs: list[_Job]) -> None:
+        live = [j for j in jobs if not j.future.done()]  # a client that went away is not answered
+        if not live:
+            return
+        start = time.perf_counter()
+        results = await asyncio.get_running_loop().run_in_executor(
+            self._worker, self._answer, [j.request for j in live]
+        )
+        for job, result in zip(live, results, strict=True):
+            if job.future.done():
+                continue
+            if isinstance(result, BaseException):
+                job.future.set_exception(result)
+            else:
+                result.queue_ms = (start - job.queued_at) * 1000.0
+                job.future.set_result(result)
+
+    def _answer(self, requests: list[DecisionRequest]) -> list[Answered | BaseException]:
+        """Runs on the worker thread: tokenize each request (its own errors stay its own), one forward for all."""
+        results: list[Answered | BaseException | None] = [None] * len(requests)
+        prepared: list[tuple[int, Any]] = []
+        for i, request in enumerate(requests):
+            try:
+                prepared.append((i, self.engine.prepare(request)))
+            except Exception as e:
+                results[i] = e
+        if prepared:
+            t0 = time.perf_counter()
+            answers = self.engine.forward_many([p for _, p in prepared])
+            self.engine.synchronize()
+            ms = (time.perf_counter() - t0) * 1000.0
+            self.metrics.batches += 1
+            self.metrics.batch_sizes[len(prepared)] += 1
+            self.metrics.forward_ms_total += ms
+            for (i, p), a in zip(prepared, answers, strict=True):
+                response = DecisionResponse(
+                    model=self.model_id, answers=a, model_ms=ms, tokens=self.engine.tokens(p)
+                )
+                results[i] = Answered(response, batch=len(prepared), queue_ms=0.0)
+        return results  # type: ignore[return-value]  # every slot is filled above
+
+    async def drain(self, timeout_s: float) -> None:
+        """Wait for queued and running requests (graceful shutdown), then stop the loop and the worker."""
+        deadline = time.monotonic() + timeout_s
+        while self.pending and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        if self._task:
+            self._task.cancel()
+        self._worker.shutdown(wait=True)
+
+
+# -- request parsing ----------------------------------------------------------------------------------------------
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused as soon as it passes `limit` bytes (declared or streamed)."""
+    too_big = Rejected(
+        413,
+        ErrorBody(
+            detail=f"request body is over the limit of {limit} bytes",
+            field="request",
+            limit=limit,
+            fix="send a smaller state, or start the server with a larger max_body_bytes",
+        ),
+    )
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_big
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_big
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def decode_request(body: bytes, *, max_options: int = DEFAULT_MAX_OPTIONS) -> DecisionRequest:
+    """Bytes -> DecisionRequest, or Rejected: 400 for bytes that are not JSON text, 422 for a wrong request."""
+
+    def bad(problem: str, fix: str) -> Rejected:
+        return Rejected(400, ErrorBody(detail=f"request: {problem} ({fix})", field="request", fix=fix))
+
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise bad(
+            f"body is not UTF-8 (invalid byte at offset {e.start})", "encode the JSON as UTF-8"
+        ) from None
+    if not text.strip():
+        raise bad("body is empty", "send a JSON decision request with state and questions")
+    try:
+        data = loads_strict(text)
+        # A \ud800 escape parses into a string no tokenizer can encode: refuse it here, not in the model thread.
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except json.JSONDecodeError as e:
+        raise bad(
+            f"is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}", "send one JSON object"
+        ) from None
+    except RecursionError:
+        raise bad("JSON nests deeper than the parser allows", "flatten the state") from None
+    except UnicodeEncodeError:
+        raise bad(
+            "contains an unpaired UTF-16 surrogate escape (\\ud800-\\udfff)", "send valid Unicode text"
+        ) from None
+    except RequestError as e:  # duplicate keys
+        raise _from_request_error(422, e) from None
+    try:
+        request = parse_request(data, max_options=max_options)
+    except RequestError as e:
+        raise _from_request_error(422, e) from None
+    media = request.media_fields()
+    if media:
+        # Every engine quantbench serves is a text-only language model: there is no tower to read media with.
+        raise Rejected(
+            422,
+            ErrorBody(
+                detail=f"state.{media[0]}: the served model reads text only and has no image/audio/video input",
+                field=f"state.{media[0]}",
+                fix="send a text-only state (describe the media in words) or use a server whose model has that tower",
+            ),
+        )
+    return request
+
+
+# -- the app ------------------------------------------------------------------------------------------------------
+@dataclass
+class ServerState:
+    loaded: LoadedVariant | None = None
+    batcher: MicroBatcher | None = None
+    error: str | None = None
+    started: float = field(default_factory=time.monotonic)
+    load_s: float | None = None
+    metrics: Metrics = field(default_factory=Metrics)
+    on_load_error: Callable[[], None] | None = None  # serve() stops the process: a server that cannot answer
+
+
+def _identity(loaded: LoadedVariant, machine: Any) -> dict[str, Any]:
+    """What /healthz reports as served: the variant's record, the device and the GPU."""
+    device = str(getattr(loaded.engine, "device", "cpu"))
+    gpu = getattr(machine, "gpu_name", None)
+    if gpu is None:
+        gpu = "cpu"
+        if device.startswith("cuda"):
+            import torch
+
+            gpu = torch.cuda.get_device_name(device)
+    info = loaded.info
+    return {
+        "model": info.model_id,
+        "variant": info.variant,
+        "kernel_path": info.kernel_path,
+        "weight_format": info.weight_format,
+        "compute_dtype": info.compute_dtype,
+        "device": device,
+        "gpu": gpu,
+        "info": jsonable_encoder(asdict(info)),
+        "machine": jsonable_encoder(asdict(machine))
+        if is_dataclass(machine) and not isinstance(machine, type)
+        else None,
+    }
+
+
+def _error_response(state: ServerState, e: Rejected) -> JSONResponse:
+    state.metrics.rejected[e.status] += 1
+    return JSONResponse(e.body.model_dump(exclude_none=True), status_code=e.status, headers=e.headers)
+
+
+def _api_key_middleware(app: FastAPI, key: str) -> None:
+    expected = key.encode()
+
+    @app.middleware("http")
+    async def check_key(request: Request, call_next: Callable[..., Any]) -> Any:
+        auth = request.headers.get("authorization", "")
+        given = auth[7:] if auth[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
+        if not hmac.compare_digest(given.encode(), expected):
+            request.app.state.qb.metrics.rejected[401] += 1
+            return JSONResponse(
+                ErrorBody(
+                    detail="missing or wrong API key",
+                    field="Authorization",
+                    fix="send the header 'Authorization: Bearer <key>' (or 'X-API-Key: <key>')",
+                ).model_dump(exclude_none=True),
+                status_code=401,
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        return await call_next(request)
+
+
+def create_app(
+    loader: Callable[[], LoadedVariant],
+    *,
+    api_key: str | None = None,
+    max_batch: int = DEFAULT_MAX_BATCH,
+    max_wait_ms: float = DEFAULT_MAX_WAIT_MS,
+    max_queue: int = DEFAULT_MAX_QUEUE,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    allow_truncation: bool = False,
+    max_options: int = DEFAULT_MAX_OPTIONS,
+    machine: Any = None,
+) -> FastAPI:
+    """The SystemOne app. `loader` runs in a background thread when the app starts (the port is open meanwhile)."""
+    if max_batch < 1 or max_queue < 1 or max_wait_ms < 0 or max_body_bytes < 1:
+        raise ValueError("max_batch, max_queue and max_body_bytes must be >= 1 and max_wait_ms >= 0")
+    state = ServerState()
+
+    def loaded_ok(loaded: LoadedVariant) -> None:
+        if hasattr(loaded.engine, "truncate"):
+            loaded.engine.truncate = allow_truncation  # the server's flag decides, whatever the loader set
+        state.loaded, state.load_s = loaded, time.monotonic() - state.started
+        state.batcher = MicroBatcher(
+            loaded, max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue, metrics=state.metrics
+        )
+        state.batcher.start()
+        log.info("model %s (%s) loaded in %.1f s", loaded.info.model_id, loaded.info.variant, state.load_s)
+
+    def load_failed(message: str) -> None:
+        state.error = message
+        log.error("loading the model failed: %s", message)
+        if state.on_load_error:
+            state.on_load_error()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+        state.started = time.monotonic()
+
+        def load() -> None:
+            try:
+                loaded = loader()
+            except BaseException as e:  # noqa: B036 - any failure is reported through /healthz
+                message = f"{type(e).__name__}: {e}"
+                log.debug("loader failed", exc_info=True)
+                done = (load_failed, message)
+            else:
+                done = (loaded_ok, loaded)
+            try:
+                loop.call_soon_threadsafe(*done)
+            except RuntimeError:  # the server stopped while the model was still loading
+                pass
+
+        # A daemon thread, so Ctrl-C during a long load does not wait for it.
+        threading.Thread(target=load, name="quantbench-load", daemon=True).start()
+        yield
+        # uvicorn has stopped accepting and waited for open requests; finish what is still queued.
+        if state.batcher:
+            await state.batcher.drain(DRAIN_TIMEOUT_S)
+
+    app = FastAPI(
+        title="quantbench SystemOne server",
+        version=quantbench.__version__,
+        description="Per-option probabilities for decision questions (the SystemOne API).",
+        lifespan=lifespan,
+    )
+    app.state.qb = state
+    if api_key:
+        _api_key_middleware(app, api_key)
+
+    @app.exception_handler(Rejected)
+    async def rejected(request: Request, e: Rejected) -> JSONResponse:
+        return _error_response(state, e)
+
+    @app.get("/healthz", responses={503: {"description": "The model is still loading, or failed to load."}})
+    async def healthz() -> JSONResponse:
+        if state.error:
+            return JSONResponse({"status": "failed", "error": state.error}, status_code=503)
+        if state.loaded is None:
+            return JSONResponse(
+                {"status": "loading", "loading_s": round(time.monotonic() - state.started, 1)},
+                status_code=503,
+                headers={"Retry-After": "1"},
+            )
+        body = {
+            "status": "ok",
+            **_identity(state.loaded, machine),
+            "load_s": state.load_s,
+            "quantbench_version": quantbench.__version__,
+            "max_batch": max_batch,
+            "max_wait_ms": max_wait_ms,
+            "max_queue": max_queue,
+            "allow_truncation": allow_truncation,
+            "metrics": state.metrics.to_dict(),
+        }
+        return JSONResponse(body)
+
+    @app.get("/metrics")
+    async def metrics() -> JSONResponse:
+        queued = state.batcher.pending if state.batcher else 0
+        return JSONResponse({**state.metrics.to_dict(), "pending": queued, "max_queue": max_queue})
+
+    errors = {
+        status: {"model": ErrorBody, "description": text}
+        for status, text in [
+            (400, "The body is not UTF-8 JSON."),
+            (401, "Missing or wrong API key."),
+            (413, "The body is over the size limit."),
+            (422, "The request is invalid, or its prompt is over the model's context."),
+            (503, "The model is still loading, or the queue is full (see Retry-After)."),
+        ]
+    }
+
+    @app.post(
+        "/v1/systemone",
+        response_model=DecisionResponse,
+        responses=errors,
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/DecisionRequest"}}},
+            }
+        },
+    )
+    async def systemone(request: Request) -> JSONResponse:
+        # The body is read and validated by hand: size limit, UTF-8, duplicate keys and the protocol's own
+        # classes (the OpenAPI schema above is the same DecisionRequest class).
+        if state.batcher is None:
+            detail = (
+                f"the model failed to load: {state.error}" if state.error else "the model is still loading"
+            )
+            raise Rejected(
+                503,
+                ErrorBody(detail=detail, fix="retry when GET /healthz answers 200"),
+                headers={"Retry-After": "5"},
+            )
+        body = await read_body(request, max_body_bytes)
+        decision = decode_request(body, max_options=max_options)
+        try:
+            answered = await state.batcher.submit(decision)
+        except QueueFull:
+            batches = max(1, math.ceil(state.batcher.pending / max_batch))
+            per_batch_s = state.metrics.forward_ms_total / 1000.0 / max(1, state.metrics.batches)
+            retry = max(1, math.ceil(batches * per_batch_s))
+            raise Rejected(
+                503,
+                ErrorBody(
+                    detail=f"the queue is full ({max_queue} requests waiting)",
+                    limit=max_queue,
+                    fix=f"retry after {retry} s, or send fewer requests at once",
+                ),
+                headers={"Retry-After": str(retry)},
+            ) from None
+        except RequestError as e:  # the prompt is over the context, or another per-request problem
+            raise _from_request_error(422, e) from None
+        except Exception as e:
+            raise Rejected(
+                500, ErrorBody(detail=f"the model failed on this batch: {type(e).__name__}: {e}")
+            ) from e
+        state.metrics.answered += 1
+        return JSONResponse(
+            answered.response.model_dump(mode="json"),
+            headers={
+                "X-Quantbench-Batch": str(answered.batch),
+                "X-Quantbench-Queue-Ms": f"{answered.queue_ms:.3f}",
+            },
+        )
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(
+                title=app.title, version=app.version, description=app.description, routes=app.routes
+            )
+            request_schema = DecisionRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            components.update(request_schema.pop("$defs", {}))
+            components["DecisionRequest"] = request_schema
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app
+
+
+# -- running it ---------------------------------------------------------------------------------------------------
+def serve(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, *, log_level: str = "info") -> int:
+    """Run the app under uvicorn until Ctrl-C / SIGTERM (in-flight requests finish). 1 if the model failed to load."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on"))
+    state: ServerState = app.state.qb
+
+    def stop() -> None:
+        server.should_exit = True
+
+    state.on_load_error = stop
+    server.run()
+    if state.error:
+        print(f"quantbench serve: the model failed to load: {state.error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def demo(loaded: LoadedVariant, request: dict[str, Any] | None = None) -> DecisionResponse:
+    """Answer one decision (the reference card's example by default) through the loaded engine."""
+    decision = parse_request(request or DEMO_REQUEST)
+    engine = loaded.engine
+    prepared = engine.prepare(decision)
+    t0 = time.perf_counter()
+    answers = engine.forward(prepared)
+    engine.synchronize()
+    ms = (time.perf_counter() - t0) * 1000.0
+    return DecisionResponse(
+        model=loaded.info.model_id, answers=answers, model_ms=ms, tokens=engine.tokens(prepared)
+    )
+
+
+_demo_answer = demo  # inside cli_serve the `demo` flag shadows this function
+
+
+def cli_serve(
+    model: str | None,
+    backend: str,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    api_key: str | None = None,
+    demo: bool = False,
+    allow_truncation: bool = False,
+    max_batch: int = DEFAULT_MAX_BATCH,
+    trust_remote_code: bool = False,
+    max_wait_ms: float = DEFAULT_MAX_WAIT_MS,
+) -> int:
+    """`quantbench serve`: load `model` through `backend` (as the runner does) and serve it, or answer --demo."""
+    from quantbench.backend import RunSpec, get_backend
+    from quantbench.errors import ConfigError
+    from quantbench.machine import detect
+
+    if backend == "http":
+        raise ConfigError(
+            "--backend http sends requests to a server; serve a local model with bf16, int4, nvfp4 or fp8"
+        )
+    spec = RunSpec(
+        backend=backend, model=model, truncate=allow_truncation, trust_remote_code=trust_remote_code
+    )
+    machine = detect(with_torch=True)
+    spec.device = machine.device
+    chosen = get_backend(backend)  # an unknown name fails here, before the port opens
+
+    def load() -> LoadedVariant:
+        return chosen.load(spec, machine)
+
+    if demo:
+        loaded = load()
+        response = _demo_answer(loaded)
+        print(json.dumps(response.model_dump(mode="json"), indent=2))
+        info = loaded.info
+        for name, answer in response.answers.items():
+            print(
+                f"{name}: {answer.top} ({answer.probabilities[answer.top]:.1%}) — {info.model_id} {info.variant}, "
+                f"{info.kernel_path}, {response.model_ms:.1f} ms, {response.tokens} tokens",
+                file=sys.stderr,
+            )
+        return 0
+    api_key = api_key or os.environ.get(API_KEY_ENV) or None
+    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        print(
+            f"warning: serving on {host} without an API key; anyone who reaches it can use the model "
+            f"(set --api-key or {API_KEY_ENV})",
+            file=sys.stderr,
+        )
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
+    app = create_app(
+        load,
+        api_key=api_key,
+        max_batch=max_batch,
+        max_wait_ms=max_wait_ms,
+        allow_truncation=allow_truncation,
+        machine=machine,
+    )
+    return serve(app, host, port)
