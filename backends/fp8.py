@@ -1,0 +1,85 @@
+"""FP8 (E4M3, W8A8): ModelOpt FP8 or compressed-tensors float-quantized checkpoints (per-tensor or per-channel
+weight scales), read by quantbench.modelopt_loader into quantbench's grouped-MoE engine.
+
+Native where the GPU has FP8 tensor cores (compute capability >= 8.9: Ada, Hopper, Blackwell): dense FP8 layers
+run `torch._scaled_mm`, the experts a Triton grouped GEMM with E4M3 operands. Elsewhere (older GPUs, the CPU)
+emulated: weights dequantized, activations fake-quantized as ModelOpt's fake-quant forward does. Recorded.
+
+`--model` unset: the embedded default model's FP8 variant, quantized once with ModelOpt and cached.
+`--shape`: a real-shape model with random weights, FP8-quantized in memory (per-tensor, ModelOpt's algorithm),
+activation scales from one calibration forward: speed and memory only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from backends.nvfp4 import build_synthetic_quantized, device_of, dtype_of, engine_for, load_checkpoint
+from quantbench.backend import Availability, LoadedVariant, RunSpec, VariantInfo, dir_bytes
+from quantbench.errors import ConfigError
+from quantbench.moe.engine import experts_nbytes, kernel_paths
+
+
+def native_here(device: str, activations: str) -> bool:
+    from quantbench.moe.fp8 import native_fp8
+
+    return activations == "static" and native_fp8(device)
+
+
+class Fp8Backend:
+    name = "fp8"
+    summary = "FP8 E4M3 W8A8 (ModelOpt / compressed-tensors); native on Ada/Hopper/Blackwell, else emulated"
+
+    def availability(self, machine) -> Availability:
+        if not machine.has_gpu:
+            return Availability(True, "emulated", "CPU: no FP8 units; weights dequantized, activations fake-quantized")
+        major, minor = (int(p) for p in (machine.gpu_cc or "0.0").split("."))
+        if (major, minor) >= (8, 9):
+            return Availability(True, "native", f"{machine.gpu_name}: FP8 tensor cores (torch._scaled_mm, "
+                                "Triton E4M3 grouped GEMM)")
+        return Availability(True, "emulated", f"{machine.gpu_name} (compute capability {machine.gpu_cc}): no FP8 "
+                            "tensor cores; weights dequantized in the grouped GEMM, activations fake-quantized")
+
+    def load(self, spec: RunSpec, machine) -> LoadedVariant:
+        if spec.nvfp4_mode != "packed" or spec.nvfp4_activations != "on":
+            raise ConfigError("--nvfp4 / --nvfp4-activations apply to --backend nvfp4 only")
+        dtype = dtype_of(spec)
+        if spec.shape:
+            fields = self._synthetic(spec, dtype)
+            activations = "static"
+        else:
+            got = load_checkpoint(spec, "fp8")
+            layout = got["layout"]
+            activations = layout.activations
+            fields = {"model": got["model"], "tokenizer": got["tokenizer"], "weight_format": layout.weight_format,
+                      "disk_bytes": dir_bytes(got["path"]), "extra": got["extra"], "load_note": "", **got["ident"]}
+        model = fields.pop("model")
+        engine = engine_for(model, fields.pop("tokenizer"), spec)
+        native = native_here(device_of(spec), activations)
+        info = VariantInfo(
+            variant="fp8",
+            kernel_path=f"quantbench grouped-moe {kernel_paths(model)}",
+            compute_dtype=spec.dtype,
+            native="native" if native else "emulated",
+            experts_bytes=experts_nbytes(model),
+            extra={**fields.pop("extra"), "fp8_activations": activations},
+            **fields,
+        )
+        return LoadedVariant(engine=engine, info=info, model=model)
+
+    def _synthetic(self, spec: RunSpec, dtype: torch.dtype) -> dict[str, Any]:
+        from quantbench.fixture import synthetic_id
+        from quantbench.moe.fp8 import E4M3_MAX, Fp8Experts
+
+        def make(weight: Tensor, amax: Tensor):
+            return Fp8Experts.from_weights(weight, input_scale=(amax.float() / E4M3_MAX).reshape(1))
+
+        model, tokenizer, _ = build_synthetic_quantized(spec, make, dtype)
+        return {"model": model, "tokenizer": tokenizer, "weight_format": "fp8 w8a8 (quantbench's ModelOpt port, "
+                "per-tensor, in memory)", "model_id": synthetic_id(spec.shape, spec.layers, spec.seed),
+                "model_hash": f"seed:{spec.seed}", "weights": "synthetic", "extra": {},
+                "load_note": "random weights built in memory and FP8-quantized by quantbench (ModelOpt's algorithm; "
+                             "activation scales from one calibration forward); speed and memory only"}
