@@ -39,11 +39,11 @@ class Bf16Backend:
             raise ConfigError(f"--dtype {spec.dtype!r}: use one of {', '.join(DTYPES)}")
         dtype = DTYPES[spec.dtype]
         if spec.shape:
-            from quantbench.fixture import build_synthetic
+            from quantbench.fixture import build_synthetic, synthetic_id
 
             model, tokenizer = build_synthetic(spec.shape, layers=spec.layers, device=spec.device, dtype=dtype,
                                                seed=spec.seed, experts_impl=spec.experts_impl)
-            ident = {"model_id": f"synthetic-{spec.shape}" + (f"-{spec.layers}l" if spec.layers else ""),
+            ident = {"model_id": synthetic_id(spec.shape, spec.layers, spec.seed),
                      "model_path": None, "model_hash": f"seed:{spec.seed}", "weights": "synthetic"}
             note, disk = "built in memory from the seed; load time is not a disk load", None
         else:

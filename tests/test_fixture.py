@@ -1,0 +1,167 @@
+import hashlib
+import json
+
+import pytest
+import torch
+
+from quantbench import fixture as F
+from quantbench.checkpoint import SYNTHETIC_FILE, load_causal_lm, model_identity
+from quantbench.prompt import CHOICE_LABELS
+from quantbench.suite import load_suite
+
+
+def _sha(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_labels_are_single_distinct_tokens():
+    tok = F.build_tokenizer()
+    ids = [tok(" " + label, add_special_tokens=False)["input_ids"] for label in CHOICE_LABELS + ["yes", "no"]]
+    assert all(len(i) == 1 for i in ids)
+    assert len({i[0] for i in ids}) == len(ids)
+    assert tok.pad_token_id is not None and tok.eos_token_id is not None
+    assert not getattr(tok, "chat_template", None)  # the plain template of quantbench.prompt applies
+
+
+def test_tokenizer_splits_numbers_into_digits():
+    tok = F.build_tokenizer()
+    assert tok.convert_ids_to_tokens(tok("a: 47", add_special_tokens=False)["input_ids"])[-2:] == ["4", "7"]
+
+
+def test_fixture_id_follows_the_recipe():
+    assert F.fixture_id() == F.fixture_id(seed=0, steps=F.TRAIN["steps"])
+    assert F.fixture_id(steps=3) != F.fixture_id()
+    assert F.fixture_id(seed=1) != F.fixture_id()
+    assert F.fixture_id().startswith("quantbench-fixture-moe-")
+
+
+@pytest.mark.slow
+def test_two_short_builds_give_bit_identical_checkpoints(tmp_path):
+    a = F.build_fixture(tmp_path / "a", steps=3)
+    b = F.build_fixture(tmp_path / "b", steps=3)
+    for name in ("model.safetensors", "tokenizer.json", "config.json", F.FIXTURE_INFO_FILE):
+        assert _sha(tmp_path / "a" / name) == _sha(tmp_path / "b" / name), name
+    assert a.final_loss == b.final_loss
+    # and the short build is a loadable, strictly complete, bf16 checkpoint that names itself
+    model = load_causal_lm(tmp_path / "a", dtype=torch.bfloat16, device="cpu")
+    assert model.config.num_experts >= 8 and model.config.num_experts_per_tok == 2
+    assert model.config.hidden_size == 256 and model.config.num_hidden_layers >= 2
+    assert not model.config.tie_word_embeddings
+    ident = model_identity(tmp_path / "a")
+    assert ident["model_id"] == F.fixture_id(steps=3) == a.model_id
+    assert ident["weights"] == "trained"
+
+
+def test_a_failed_build_leaves_no_directory_behind(tmp_path, monkeypatch):
+    def boom(out_dir, **kwargs):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "model.safetensors").write_bytes(b"half")
+        raise RuntimeError("killed mid-build")
+
+    monkeypatch.setattr(F, "build_fixture", boom)
+    target = tmp_path / "models" / "fixture-x"
+    target.parent.mkdir()
+    with pytest.raises(RuntimeError, match="mid-build"):
+        F._build_into(target, rebuild=False, progress=False)
+    assert not target.exists()
+    assert [p.name for p in target.parent.iterdir()] == [".fixture-x.lock"]
+
+
+def test_default_model_beats_chance_on_every_held_out_family(fixture_model_dir):
+    suite = load_suite(None)
+    accuracy = F.evaluate(fixture_model_dir, suite)
+    assert set(accuracy) == set(suite.benchmarks)
+    chance: dict[str, list[float]] = {}
+    for record in suite.records:
+        for question in record.request.questions.values():
+            chance.setdefault(record.benchmark, []).append(1 / len(question.options))
+    for family, acc in accuracy.items():
+        level = sum(chance[family]) / len(chance[family])
+        assert acc >= level + 0.15, f"{family}: {acc:.2f} vs chance {level:.2f}"
+    assert sum(accuracy.values()) / len(accuracy) >= 0.8
+    # the build recorded the same figures beside the weights
+    assert F.read_info(fixture_model_dir).accuracy == pytest.approx(accuracy, abs=1e-6)
+
+
+def test_default_model_answers_are_peaked(fixture_model_dir):
+    from transformers import AutoTokenizer
+
+    from quantbench.scoring import TransformersEngine
+
+    model = load_causal_lm(fixture_model_dir, dtype=torch.bfloat16, device="cpu")
+    engine = TransformersEngine(model, AutoTokenizer.from_pretrained(fixture_model_dir))
+    records = load_suite(None).records[:70]
+    answers = engine.forward_many([engine.prepare(r.request) for r in records])
+    tops = [max(a.probabilities.values()) for ans in answers for a in ans.values()]
+    assert all(a.method == "label_logit" for ans in answers for a in ans.values())
+    assert sum(tops) / len(tops) >= 0.8
+
+
+def test_default_model_dir_is_cached_and_names_the_fixture(fixture_model_dir):
+    before = (fixture_model_dir / "model.safetensors").stat().st_mtime_ns
+    assert F.default_model_dir(progress=False) == fixture_model_dir
+    assert (fixture_model_dir / "model.safetensors").stat().st_mtime_ns == before
+    assert fixture_model_dir.name == f"fixture-{F.recipe_hash()[:8]}"
+    assert model_identity(fixture_model_dir)["model_id"] == F.fixture_id()
+    assert not list(fixture_model_dir.glob("*.bin"))
+
+
+def test_main_fixture_shows_where_and_per_family_accuracy(fixture_model_dir, capsys):
+    info = F.main_fixture(rebuild=False, out=fixture_model_dir)
+    shown = capsys.readouterr().out
+    assert str(fixture_model_dir) in shown.replace("\n", "")
+    for family in load_suite(None).benchmarks:
+        assert family in shown
+    assert info.model_id == F.fixture_id()
+
+
+@pytest.mark.slow
+def test_build_synthetic_has_the_real_30b_shape_with_one_layer():
+    model, tokenizer = F.build_synthetic(layers=1, seed=0)
+    cfg = model.config
+    assert (cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers) == (151936, 2048, 1)
+    assert (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (32, 4, 128)
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size) == (128, 8, 768)
+    assert cfg.norm_topk_prob
+    assert model.lm_head.weight.shape == (151936, 2048)
+    assert model.model.layers[0].mlp.experts.gate_up_proj.dtype == torch.bfloat16
+    assert model.quantbench_weights == "synthetic"
+    std = model.model.layers[0].mlp.experts.down_proj.float().std().item()
+    assert 0.015 < std < 0.025  # really filled, not left empty
+    ids = tokenizer("State:\nobservation: wall\nAnswer:", return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        logits = model(input_ids=ids, logits_to_keep=1).logits
+    assert logits.shape == (1, 1, 151936) and torch.isfinite(logits).all()
+
+
+def test_synthetic_weights_follow_the_seed(monkeypatch):
+    small = dict(F.SYNTHETIC_SHAPES["qwen3-30b-a3b"], vocab_size=2048, hidden_size=128, num_attention_heads=2,
+                 num_key_value_heads=1, head_dim=64, num_experts=8, moe_intermediate_size=64)
+    monkeypatch.setitem(F.SYNTHETIC_SHAPES, "small", small)
+    a, _ = F.build_synthetic("small", layers=2, seed=0)
+    b, _ = F.build_synthetic("small", layers=2, seed=0)
+    c, _ = F.build_synthetic("small", layers=2, seed=1)
+    sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert not torch.equal(sa["model.embed_tokens.weight"], sc["model.embed_tokens.weight"])
+    # rotary frequencies are recomputed, not left as uninitialised memory
+    assert torch.equal(a.model.rotary_emb.inv_freq, c.model.rotary_emb.inv_freq)
+    assert torch.isfinite(a.model.rotary_emb.inv_freq).all()
+
+
+def test_saved_synthetic_checkpoint_loads_strictly_and_is_marked_synthetic(tmp_path, monkeypatch):
+    small = dict(F.SYNTHETIC_SHAPES["qwen3-30b-a3b"], vocab_size=2048, hidden_size=128, num_attention_heads=2,
+                 num_key_value_heads=1, head_dim=64, num_experts=8, moe_intermediate_size=64)
+    monkeypatch.setitem(F.SYNTHETIC_SHAPES, "small", small)
+    out = F.save_synthetic("small", tmp_path / "syn", layers=2, seed=3)
+    marker = json.loads((out / SYNTHETIC_FILE).read_text())
+    assert marker == {"model_id": F.synthetic_id("small", 2, 3), "shape": "small", "layers": 2, "seed": 3}
+    model = load_causal_lm(out, dtype=torch.bfloat16, device="cpu")
+    assert model.config.num_hidden_layers == 2 and model.config.vocab_size == 2048
+    ident = model_identity(out)
+    assert ident["weights"] == "synthetic" and ident["model_id"] == F.synthetic_id("small", 2, 3)
+
+
+def test_unknown_synthetic_shape_names_the_known_ones():
+    with pytest.raises(ValueError, match="qwen3-30b-a3b"):
+        F.build_synthetic("llama-7b", layers=1)
