@@ -16,13 +16,13 @@ import difflib
 import json
 import os
 import queue
+import subprocess
+import sys
 import threading
 import tomllib
 import typing
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, fields
-from multiprocessing import get_context
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -728,8 +728,14 @@ def _make(make: Make) -> None:
 
         default_variant(make.scheme)  # cached; quantizes in its own child process on first use
         return
-    with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
-        pool.submit(_quantize, str(make.source), make.scheme, str(make.out), dict(make.options)).result()
+    # A plain child interpreter, not a multiprocessing spawn: spawn re-runs whatever `__main__` is (under
+    # Streamlit's AppTest or an embedding app that is not importable), and auto-round must not touch this process.
+    args = json.dumps([str(make.source), make.scheme, str(make.out), dict(make.options)])
+    code = "import json, sys; from quantbench.sweep import _quantize; _quantize(*json.loads(sys.argv[1]))"
+    done = subprocess.run([sys.executable, "-c", code, args], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or [f"exit status {done.returncode}"]
+        raise QuantbenchError(f"quantize exited with status {done.returncode}: {tail[0]}")
     if not _ready(make.out):
         raise QuantbenchError(f"quantize finished but {make.out} holds no checkpoint")
 
