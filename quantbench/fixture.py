@@ -2,8 +2,9 @@
 
 `default_model_dir()` returns a checkpoint any backend can load and quantize: a `Qwen3MoeForCausalLM` of the real
 model's family (fused experts, top-k router, QK-norm) at hidden size 256, with its own byte-level BPE tokenizer,
-trained on CPU (300 steps; 11-15 min measured on a shared 2-core machine) on the suite generator's TRAIN split, so that on the held-out built-in suite its
-answers are peaked and mostly right: a quantized variant then has real decisions to keep or lose.
+trained on CPU on the suite generator's TRAIN split (300 steps: 96 s measured on 2 idle cores, 2.4-3.4 min while
+other jobs shared them), so that on the held-out built-in suite its answers are peaked and mostly right: a
+quantized variant then has real decisions to keep or lose.
 The build is deterministic (seeded, deterministic algorithms, fixed thread count: a rebuild on the same kind of
 machine gives a bit-identical model.safetensors), cached under `$QUANTBENCH_CACHE` (default ~/.cache/quantbench)
 by a hash of its recipe, built in a temporary directory and renamed into place under a file lock.
@@ -58,7 +59,7 @@ MODEL = {
 TOKENIZER = {"vocab_size": 3000, "min_frequency": 2, "split_digits": True}  # trained on TRAIN["mix"]
 TRAIN = {
     # train records per family: more for the families a tiny model learns slowly (number order, item facts)
-    "mix": {"intent": 500, "nli": 850, "compare": 1600, "tool": 500, "facts": 1000, "sentiment": 400, "multi": 700},
+    "mix": {"intent": 300, "nli": 850, "compare": 2400, "tool": 300, "facts": 1100, "sentiment": 250, "multi": 600},
     "steps": 300,
     "batch_size": 32,
     "lr": 2e-3,
@@ -113,11 +114,13 @@ class FixtureInfo:
 
 # -- identity and cache ---------------------------------------------------------------------------------------
 def _recipe(seed: int = 0, steps: int | None = None) -> dict[str, Any]:
-    from quantbench.suitegen import GENERATOR_VERSION
+    from quantbench import suitegen
 
     train = dict(TRAIN, steps=TRAIN["steps"] if steps is None else steps)
-    return {"version": FIXTURE_VERSION, "generator": GENERATOR_VERSION, "model": MODEL, "tokenizer": TOKENIZER,
-            "train": train, "seed": seed, "dtype": "bfloat16"}
+    # the generator's source, so any change to its templates rebuilds the model (hashing its output takes seconds)
+    source = hashlib.sha256(Path(suitegen.__file__).read_bytes()).hexdigest()
+    return {"version": FIXTURE_VERSION, "generator": suitegen.GENERATOR_VERSION, "generator_source": source, "model": MODEL,
+            "tokenizer": TOKENIZER, "train": train, "seed": seed, "dtype": "bfloat16"}
 
 
 def recipe_hash(seed: int = 0, steps: int | None = None) -> str:
@@ -166,7 +169,7 @@ def _build_into(target: Path, *, rebuild: bool, progress: bool, seed: int = 0, s
 
 
 def default_model_dir(progress: bool = True) -> Path:
-    """The trained default model's checkpoint directory, built (300 training steps, minutes on 2 cores) if not cached."""
+    """The trained default model's checkpoint directory, built (300 training steps, about 2 minutes on 2 cores) if not cached."""
     target = cache_dir() / "models" / f"fixture-{recipe_hash()[:8]}"
     if not (target / FIXTURE_INFO_FILE).is_file():
         _build_into(target, rebuild=False, progress=progress)
@@ -269,7 +272,7 @@ Example = tuple[list[int], int | None]  # (prompt ids, answer token id) or (worl
 
 def _world_examples(tokenizer, seed: int) -> list[Example]:
     """The closed world's true facts as plain text, read with full LM loss: the model must know them to answer
-    the yes/no facts family (which asks about them in other words)."""
+    the facts family (which asks about them in other words)."""
     from quantbench.suitegen import world_facts
 
     facts = world_facts()

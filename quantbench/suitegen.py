@@ -1,10 +1,12 @@
 """The built-in decision suite's generator: seven benchmark-like families of templated decisions, no network.
 
-Each family draws from a small closed world (intents, tools, a colour/category table of items, people and
-places), so a tiny model can learn it in a minute on a CPU and a quantized variant has real answers to keep.
-`generate(split, n, seed)` is deterministic (seeded `random.Random`); train and eval never share a request:
-every request's canonical text is assigned to exactly one split by its hash, and each split also draws from
-its own seed. `python -m quantbench.suitegen` rewrites the built-in eval suite bit-identically.
+Families: intent routing, NLI, number comparison, tool choice, yes/no facts, sentiment, and multi-question
+requests (choice and boolean together). Each draws from a small closed world (intents, tools, a table of items
+and their kinds, people and places), so a tiny model can learn it in a minute or two on a CPU and a quantized
+variant has real answers to keep or lose. `generate(split, n, seed)` is deterministic (seeded `random.Random`);
+train and eval never share a request: each request's canonical text belongs to exactly one split by its hash,
+and each split draws from its own seed. Gold answers are balanced per question. `python -m quantbench.suitegen`
+rewrites the built-in eval suite bit-identically.
 """
 
 from __future__ import annotations
@@ -154,28 +156,35 @@ TOOL_TEMPLATES = {
     ],
 }
 
-# item -> (colour, category): the facts the yes/no family asks about. One item per colour and category, so the
-# table is small enough for a tiny model to learn (84 item/property pairs) yet no property predicts another.
+# The closed world of the facts family: item -> category; fruit and vegetables are the edible things.
+# Each question is answered from the item alone (a memorised fact). Questions that compare two things the model
+# must recall ("is the banana red?") are pure interactions that a 2-layer model does not learn in minutes.
 ITEMS = {
-    "banana": ("yellow", "fruit"), "cherry": ("red", "fruit"), "lime": ("green", "fruit"), "coconut": ("white", "fruit"),
-    "canary": ("yellow", "animal"), "cardinal": ("red", "animal"), "frog": ("green", "animal"), "swan": ("white", "animal"),
-    "taxi": ("yellow", "vehicle"), "firetruck": ("red", "vehicle"), "tractor": ("green", "vehicle"),
-    "ambulance": ("white", "vehicle"),
+    "banana": "fruit", "cherry": "fruit", "lime": "fruit", "coconut": "fruit", "mango": "fruit",
+    "carrot": "vegetable", "potato": "vegetable", "onion": "vegetable", "cabbage": "vegetable", "leek": "vegetable",
+    "canary": "animal", "frog": "animal", "swan": "animal", "badger": "animal", "otter": "animal",
+    "taxi": "vehicle", "tractor": "vehicle", "ambulance": "vehicle", "scooter": "vehicle", "tram": "vehicle",
+    "hammer": "tool", "wrench": "tool", "shovel": "tool", "chisel": "tool", "ladder": "tool",
 }
-COLOURS = sorted({c for c, _ in ITEMS.values()})
-CATEGORIES = sorted({k for _, k in ITEMS.values()})
+CATEGORIES = {"fruit": "A fruit", "vegetable": "A vegetable", "animal": "An animal", "vehicle": "A vehicle", "tool": "A tool"}
+EDIBLE = ("fruit", "vegetable")
+EDIBLE_ASKS = ["Can you eat a {item}?", "Is a {item} food?", "Is the {item} something people eat?",
+               "Could a {item} be part of a meal?", "Is it safe to eat the {item}?"]
+CATEGORY_ASKS = ["What kind of thing is it?", "Which group does the item belong to?", "What is a {item}?"]
+
+
+def world_facts() -> list[str]:
+    """The closed world's facts as true sentences (the fixture also reads them as plain text)."""
+    out = []
+    for item, category in ITEMS.items():
+        eat = "People eat" if category in EDIBLE else "Nobody eats"
+        out += [f"A {item} is a kind of {category}.", f"{eat} a {item}."]
+    return out
+
 
 POSITIVE = ["great", "excellent", "wonderful", "fantastic", "lovely", "perfect", "superb"]
 NEGATIVE = ["terrible", "awful", "broken", "disappointing", "horrible", "useless", "flimsy"]
 NEUTRAL = ["okay", "fine", "average", "ordinary", "acceptable"]
-
-
-def world_facts() -> list[str]:
-    """The closed world's facts as true sentences (the fixture learns them as plain text)."""
-    out = []
-    for item, (colour, category) in ITEMS.items():
-        out += [f"A {item} is {colour}.", f"The {item} is {colour}.", f"A {item} is a kind of {category}."]
-    return out
 
 
 def _choice(criteria: dict[str, str], description: str | None = None) -> dict[str, Any]:
@@ -242,33 +251,19 @@ def tool(rng: random.Random) -> Draft:
     return {"task": rng.choice(OPENERS) + _fill(rng, rng.choice(TOOL_TEMPLATES[name]))}, {"tool": _choice(TOOLS)}, {"tool": name}
 
 
-COLOUR_ASKS = ["Is the {item} {asked}?", "Would you call a {item} {asked}?", "Does a {item} look {asked}?",
-               "Is a {item} usually {asked}?", "Is the colour of the {item} {asked}?", "Are most {item}s {asked}?"]
-CATEGORY_ASKS = ["Is the {item} a {asked}?", "Is a {item} some kind of {asked}?", "Does the {item} count as a {asked}?",
-                 "Is a {item} one of the {asked}s?"]
-
-
 def facts(rng: random.Random) -> Draft:
     item = rng.choice(list(ITEMS))
-    colour, category = ITEMS[item]
-    truth = rng.random() < 0.5
-    answer = "yes" if truth else "no"
+    category = ITEMS[item]
     context = rng.choice([{}, {"speaker": rng.choice(NAMES)}, {"seen_in": rng.choice(PLACES)}])
-    if rng.random() < 0.6:
-        asked = colour if truth else rng.choice([c for c in COLOURS if c != colour])
-        form = rng.randrange(len(COLOUR_ASKS) + 2)
-        if form < len(COLOUR_ASKS):
-            text = COLOUR_ASKS[form].format(item=item, asked=asked)
-            return {**context, "item": item}, {"colour_check": _boolean(text)}, {"colour_check": answer}
-        if form == len(COLOUR_ASKS):
-            return {**context, "item": item, "colour": asked}, {"right_colour": _boolean()}, {"right_colour": answer}
-        return {**context, "claim": f"A {item} is {asked}."}, {"claim_true": _boolean()}, {"claim_true": answer}
-    asked = category if truth else rng.choice([k for k in CATEGORIES if k != category])
-    form = rng.randrange(len(CATEGORY_ASKS) + 1)
-    if form < len(CATEGORY_ASKS):
-        text = CATEGORY_ASKS[form].format(item=item, asked=asked)
-        return {**context, "item": item}, {"category_check": _boolean(text)}, {"category_check": answer}
-    return {**context, "claim": f"A {item} is a kind of {asked}."}, {"claim_true": _boolean()}, {"claim_true": answer}
+    edible = "yes" if category in EDIBLE else "no"
+    form = rng.random()
+    if form < 0.45:
+        text = rng.choice(EDIBLE_ASKS).format(item=item)
+        return {**context, "item": item}, {"edible": _boolean(text)}, {"edible": edible}
+    if form < 0.65:
+        return {**context, "claim": f"People eat {item}s."}, {"claim_true": _boolean()}, {"claim_true": edible}
+    text = rng.choice(CATEGORY_ASKS).format(item=item)
+    return {**context, "item": item}, {"category": _choice(CATEGORIES, text)}, {"category": category}
 
 
 def sentiment(rng: random.Random) -> Draft:
