@@ -61,8 +61,9 @@ class Bf16Backend:
             ident.pop("source_model_hash", None)
             note, disk = "", dir_bytes(path)
         impl = set_experts_implementation(model, spec.experts_impl)
-        engine = TransformersEngine(model, tokenizer, max_options=spec.max_options, max_tokens=spec.max_tokens,
-                                    truncate=spec.truncate, method=spec.method)
+        engine = TransformersEngine.for_spec(model, tokenizer, spec)
+        if impl == "eager":
+            engine.decoder.disable("experts=eager loops over the hit experts with a host sync (nonzero): not capturable")
         info = VariantInfo(
             variant="bf16" if dtype == torch.bfloat16 else spec.dtype,
             weight_format=spec.dtype,

@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from backends.nvfp4 import build_synthetic_quantized, device_of, dtype_of, engine_for, load_checkpoint
 from quantbench.backend import Availability, LoadedVariant, RunSpec, VariantInfo, dir_bytes
 from quantbench.errors import ConfigError
+from quantbench.loading import build_synthetic_quantized, device_of, dtype_of, engine_for, load_checkpoint
 from quantbench.moe.engine import experts_nbytes, kernel_paths
 
 

@@ -145,8 +145,7 @@ class Int4Backend:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=spec.trust_remote_code)
         ident = model_identity(path)
         source_hash = ident.pop("source_model_hash", None)
-        engine = TransformersEngine(model, tokenizer, max_options=spec.max_options, max_tokens=spec.max_tokens,
-                                    truncate=spec.truncate, method=spec.method)
+        engine = TransformersEngine.for_spec(model, tokenizer, spec)
         info = VariantInfo(
             variant="int4",
             weight_format=weight_format(qc),
@@ -171,8 +170,7 @@ class Int4Backend:
         model, tokenizer = build_synthetic(spec.shape, layers=spec.layers, device=device, dtype=dtype, seed=spec.seed)
         path = install_grouped_moe(
             model, lambda i, ex: (rtn_experts(ex.gate_up_proj.data), rtn_experts(ex.down_proj.data)))
-        engine = TransformersEngine(model, tokenizer, max_options=spec.max_options, max_tokens=spec.max_tokens,
-                                    truncate=spec.truncate, method=spec.method)
+        engine = TransformersEngine.for_spec(model, tokenizer, spec)
         info = VariantInfo(
             variant="int4",
             weight_format="int4 w4a16 g128 sym (RTN in memory)",

@@ -1,5 +1,6 @@
 """Make a suite of realistic-length decisions: the built-in records with a deterministic `context` in the state,
-padded until each question's prompt is about `--tokens` tokens long (counted with the fixture's tokenizer).
+padded until each question's prompt is `--tokens` tokens long or a few under it, counted with the fixture's tokenizer (the one
+synthetic real-shape runs tokenize with; built in seconds, no model needed).
 
     python benchmarks/long_suite.py --tokens 512 --n 32 --out suite-512.jsonl
 """
@@ -10,9 +11,7 @@ import argparse
 import json
 import random
 
-from transformers import AutoTokenizer
-
-from quantbench.fixture import default_model_dir
+from quantbench.fixture import build_tokenizer
 from quantbench.prompt import render_prompt
 from quantbench.suite import load_suite
 
@@ -27,7 +26,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    tok = AutoTokenizer.from_pretrained(default_model_dir())
+    tok = build_tokenizer()
     rng = random.Random(args.seed)
     records = [r for r in load_suite(None).records if len(r.request.questions) == 1][: args.n]
     with open(args.out, "w") as f:
@@ -35,12 +34,16 @@ def main() -> None:
             req = r.request.model_copy(deep=True)
             name = next(iter(req.questions))
             words: list[str] = []
-            while True:
-                req.state = {**r.request.state, "context": " ".join(words)}
-                n = len(tok(render_prompt(tok, req, name))["input_ids"])
-                if n >= args.tokens:
-                    break
+
+            def length(ws: list[str]) -> int:
+                req.state = {**r.request.state, "context": " ".join(ws)}
+                return len(tok(render_prompt(tok, req, name))["input_ids"])
+
+            while (n := length(words)) < args.tokens:  # grow past the target, then cut back to at most it
                 words.extend(rng.choice(WORDS) for _ in range(max(1, (args.tokens - n) // 2)))
+            while words and length(words) > args.tokens:
+                words.pop()
+            length(words)
             rec = {"id": f"{r.id}-{args.tokens}", "benchmark": r.benchmark, "request": req.model_dump(exclude_none=True),
                    "gold": r.gold}
             f.write(json.dumps(rec) + "\n")

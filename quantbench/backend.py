@@ -50,6 +50,7 @@ class RunSpec:
     max_tokens: int | None = None
     truncate: bool = False
     method: str = "auto"  # auto | continuation
+    cuda_graph: str = "auto"  # auto: replay the decision forward from CUDA graphs where it can be | off
     warmup: int = 3
     latency_min_decisions: int = 20
     latency_min_seconds: float = 2.0

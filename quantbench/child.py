@@ -152,6 +152,13 @@ def run(spec: RunSpec, out: dict[str, Any]) -> None:
 
     # A remote backend (no model here) is timed by the wall clock: CUDA events would time this GPU, idle.
     _answer_suite(loaded, records, Timer(device if loaded.model is not None else "cpu"), spec, out)
+    graphs = getattr(loaded.engine, "graph_report", None)
+    if graphs is not None:  # a GPU run: say whether the timed forwards were graph replays
+        run["extra"]["cuda_graph"] = graphs
+        if graphs["replays"] and not graphs["eager_calls"]:
+            run["kernel_path"] = f"{run['kernel_path']} +cuda-graph"
+        elif graphs["replays"]:
+            run["kernel_path"] = f"{run['kernel_path']} +cuda-graph (partly eager)"
     run.update(vars(mem.finish()))
 
 

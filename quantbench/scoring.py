@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from quantbench.cudagraph import GraphedDecoder
 from quantbench.errors import ContextLengthError
 from quantbench.prompt import (
     CHOICE_LABELS,
@@ -65,6 +66,7 @@ class TransformersEngine:
         max_tokens: int | None = None,
         truncate: bool = False,
         method: str = "auto",
+        cuda_graph: str = "auto",
     ):
         if method not in ("auto", "continuation"):
             raise ValueError(f"method must be 'auto' or 'continuation', not {method!r}")
@@ -76,6 +78,19 @@ class TransformersEngine:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self._add_special = not uses_chat_template(tokenizer)
         self._label_cache: dict[tuple[str, ...], list[int] | None] = {}
+        self.decoder = GraphedDecoder(model.get_decoder(), pad_id=self.pad_id, max_width=self.max_tokens,
+                                      mode=cuda_graph if self.device.type == "cuda" else "off")
+
+    @classmethod
+    def for_spec(cls, model: Any, tokenizer: Any, spec: Any) -> TransformersEngine:
+        """The engine a backend builds for a RunSpec (options, truncation, scoring method, CUDA graphs)."""
+        return cls(model, tokenizer, max_options=spec.max_options, max_tokens=spec.max_tokens, truncate=spec.truncate,
+                   method=spec.method, cuda_graph=spec.cuda_graph)
+
+    @property
+    def graph_report(self) -> dict[str, Any] | None:
+        """What the CUDA graphs did (None on the CPU, where there are none)."""
+        return self.decoder.report.as_dict() if self.device.type == "cuda" else None
 
     # -- tokenization (pre-processing, timed apart from the model) ------------------------------------------
     def _encode(self, text: str, special: bool) -> list[int]:
@@ -165,8 +180,7 @@ class TransformersEngine:
             plan.append(entries)
             offset += len(p.rows)
 
-        decoder = self.model.get_decoder()
-        hidden = decoder(input_ids=ids, use_cache=False).last_hidden_state
+        hidden = self.decoder(ids)  # replayed from a CUDA graph where it can be (quantbench.cudagraph)
         sel = hidden[torch.tensor(picks_row, device=self.device), torch.tensor(picks_pos, device=self.device)]
         logits = self.model.get_output_embeddings()(sel).float()
         logprobs = torch.log_softmax(logits, dim=-1).cpu()

@@ -250,9 +250,12 @@ class GroupedMoE(nn.Module):
 
     def _project(self, w: ExpertWeights, x: Tensor, counts: Tensor, offsets: Tensor, paths: list[str]) -> Tensor:
         quantize_input = getattr(w, "quantize_input", None)  # optional: W4A4 / W8A8 formats (nvfp4, fp8)
-        if quantize_input is not None:  # emulate the activation quantization their fake-quant forward applies
-            x = quantize_input(x, offsets)
         path = self._path_for(w, x.device)
+        # A native low-precision kernel quantizes its inputs itself (FP8 W8A8 on FP8 tensor cores): quantizing
+        # them here first would only round them twice to the same codes.
+        in_kernel = path == w.fused_kernel and getattr(w, "quantizes_input_in_kernel", lambda d: False)(x.device)
+        if quantize_input is not None and not in_kernel:  # emulate what their fake-quant forward applies
+            x = quantize_input(x, offsets)
         if path == w.fused_kernel:
             y = w.grouped_mm(x, offsets, self.kernel)
             if y is not None:
@@ -260,6 +263,8 @@ class GroupedMoE(nn.Module):
                 return y
             if self.kernel == "fused":
                 raise UnsupportedError(f"format {w.format}: its fused kernel declined these inputs ({x.dtype}, {x.device})")
+            if in_kernel:  # declined after all: the fallback below needs the inputs quantized here
+                x = quantize_input(x, offsets)
         if x.device.type == "cpu":
             # dequantize only the experts this batch hits (a host sync costs nothing on the CPU)
             hit = torch.nonzero(counts).flatten()

@@ -117,6 +117,10 @@ class Fp8Experts(nn.Module):
     def nbytes(self) -> int:
         return stored_nbytes(self)
 
+    def quantizes_input_in_kernel(self, device: torch.device) -> bool:
+        """The native kernel rounds x to E4M3 with the static input scale itself (see quantize_input)."""
+        return self._native(device)
+
     def quantize_input(self, x_sorted: Tensor, offsets: Tensor) -> Tensor:
         """The A8 of W8A8, as ModelOpt's fake-quant applies it (the native kernel re-reads the same E4M3 codes)."""
         if self.activations == "none":

@@ -229,7 +229,8 @@ def _kernel() -> Any:
     def int4_tile(x_ptr, qw_ptr, s_ptr, z_ptr, x_rows, rmask, e, cols, cmask,
                   stride_qe, stride_qk, stride_se, stride_sg,
                   K: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  SWAP_AB: tl.constexpr, EVICT: tl.constexpr):
+                  SWAP_AB: tl.constexpr, EVICT: tl.constexpr, KDOT: tl.constexpr,
+                  MAGIC: tl.constexpr, xsum_ptr, xs_rows, stride_xs):
         """x[rows] @ W[e][:, cols] as float32 [BLOCK_M, BLOCK_N] (or its transpose when SWAP_AB)."""
         KB: tl.constexpr = 128  # rows per packed block (FUSED_K_BLOCK)
         SUB: tl.constexpr = 16  # rows per nibble slice
@@ -244,42 +245,99 @@ def _kernel() -> Any:
             x_ptrs = x_ptr + x_rows[:, None] + sub[None, :]
             xmask = rmask[:, None]
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kb in range(0, K, KB):
-            # one load of the block's 16 x BLOCK_N words; nibble j holds rows kb + 16j .. kb + 16j + 15
-            if EVICT:  # weights stream through once; keep x (re-read by every column block) in L2
-                q = tl.load(q_ptrs + (kb // 8) * stride_qk, mask=cmask[None, :], other=0, eviction_policy="evict_first")
+        if KDOT and G >= KB:
+            # One K=128 dot per block instead of eight K=16 ones: the eight nibble slices, stacked in order, are
+            # exactly rows kb .. kb + 127 (slice j = rows kb + 16j ..), so x is read as one [128]-wide tile.
+            kk = tl.arange(0, KB)
+            shifts = tl.arange(0, 8) * 4
+            if SWAP_AB:
+                xk_ptrs = x_ptr + x_rows[None, :] + kk[:, None]
             else:
-                q = tl.load(q_ptrs + (kb // 8) * stride_qk, mask=cmask[None, :], other=0)
-            if G >= KB:
+                xk_ptrs = x_ptr + x_rows[:, None] + kk[None, :]
+            for kb in range(0, K, KB):
+                if EVICT:
+                    q = tl.load(q_ptrs + (kb // 8) * stride_qk, mask=cmask[None, :], other=0,
+                                eviction_policy="evict_first")
+                else:
+                    q = tl.load(q_ptrs + (kb // 8) * stride_qk, mask=cmask[None, :], other=0)
                 s = tl.load(s_ptr + sz_off + (kb // G) * stride_sg, mask=cmask, other=0.0).to(tl.float32)
                 z = tl.load(z_ptr + sz_off + (kb // G) * stride_sg, mask=cmask, other=0).to(tl.int32)
+                codes = (q[None, :, :] >> shifts[:, None, None]) & 0xF  # [8, 16, BLOCK_N]
+                x = tl.load(xk_ptrs + kb, mask=xmask, other=0.0)
+                w = (tl.reshape(codes, (KB, BLOCK_N)) - z[None, :]).to(x.dtype)
                 if SWAP_AB:
-                    part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+                    acc += tl.dot(tl.trans(w), x) * s[:, None]
                 else:
-                    part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for j in tl.static_range(8):
-                    x = tl.load(x_ptrs + kb + j * SUB, mask=xmask, other=0.0)
-                    # (q - z) is a small integer, exact in bf16/fp16: the scale multiplies the sum once
-                    w = (((q >> (4 * j)) & 0xF) - z[None, :]).to(x.dtype)
-                    if SWAP_AB:
-                        part = tl.dot(tl.trans(w), x, part)
-                    else:
-                        part = tl.dot(x, w, part)
-                if SWAP_AB:
-                    acc += part * s[:, None]
+                    acc += tl.dot(x, w) * s[None, :]
+        else:
+            for kb in range(0, K, KB):
+                # one load of the block's 16 x BLOCK_N words; nibble j holds rows kb + 16j .. kb + 16j + 15
+                if EVICT:  # weights stream through once; keep x (re-read by every column block) in L2
+                    q = tl.load(q_ptrs + (kb // 8) * stride_qk, mask=cmask[None, :], other=0, eviction_policy="evict_first")
                 else:
-                    acc += part * s[None, :]
-            else:
-                for j in tl.static_range(8):
-                    g = (kb + j * SUB) // G
-                    s = tl.load(s_ptr + sz_off + g * stride_sg, mask=cmask, other=0.0).to(tl.float32)
-                    z = tl.load(z_ptr + sz_off + g * stride_sg, mask=cmask, other=0).to(tl.int32)
-                    x = tl.load(x_ptrs + kb + j * SUB, mask=xmask, other=0.0)
-                    w = (((q >> (4 * j)) & 0xF) - z[None, :]).to(x.dtype)
+                    q = tl.load(q_ptrs + (kb // 8) * stride_qk, mask=cmask[None, :], other=0)
+                if MAGIC and G >= KB:
+                    # No int->float conversion per weight (the I2F rate bounds the plain path): OR each code into
+                    # the mantissa of BIAS (0x4300 = bf16 128.0, 0x6400 = fp16 1024.0), so the bits ARE the
+                    # float BIAS + q, exactly. The dot then sums (BIAS + q) x, and the block's zero point and bias
+                    # come off once per column: sum((q - z) x) = part - (BIAS + z) * sum(x), with sum(x) per row
+                    # and 128-row block precomputed in float32 (xsum).
+                    s = tl.load(s_ptr + sz_off + (kb // G) * stride_sg, mask=cmask, other=0.0).to(tl.float32)
+                    z = tl.load(z_ptr + sz_off + (kb // G) * stride_sg, mask=cmask, other=0).to(tl.float32)
+                    xs = tl.load(xsum_ptr + xs_rows + kb // KB, mask=rmask, other=0.0)
                     if SWAP_AB:
-                        acc += tl.dot(tl.trans(w), x) * s[:, None]
+                        part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
                     else:
-                        acc += tl.dot(x, w) * s[None, :]
+                        part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                    for j in tl.static_range(8):
+                        x = tl.load(x_ptrs + kb + j * SUB, mask=xmask, other=0.0)
+                        if x_ptr.dtype.element_ty == tl.bfloat16:
+                            bits = ((q >> (4 * j)) & 0xF) | 0x4300
+                        else:
+                            bits = ((q >> (4 * j)) & 0xF) | 0x6400
+                        w = bits.to(tl.int16).to(x.dtype, bitcast=True)
+                        if SWAP_AB:
+                            part = tl.dot(tl.trans(w), x, part)
+                        else:
+                            part = tl.dot(x, w, part)
+                    if x_ptr.dtype.element_ty == tl.bfloat16:
+                        zb = z + 128.0
+                    else:
+                        zb = z + 1024.0
+                    if SWAP_AB:
+                        acc += (part - zb[:, None] * xs[None, :]) * s[:, None]
+                    else:
+                        acc += (part - xs[:, None] * zb[None, :]) * s[None, :]
+                elif G >= KB:
+                    s = tl.load(s_ptr + sz_off + (kb // G) * stride_sg, mask=cmask, other=0.0).to(tl.float32)
+                    z = tl.load(z_ptr + sz_off + (kb // G) * stride_sg, mask=cmask, other=0).to(tl.int32)
+                    if SWAP_AB:
+                        part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+                    else:
+                        part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                    for j in tl.static_range(8):
+                        x = tl.load(x_ptrs + kb + j * SUB, mask=xmask, other=0.0)
+                        # (q - z) is a small integer, exact in bf16/fp16: the scale multiplies the sum once
+                        w = (((q >> (4 * j)) & 0xF) - z[None, :]).to(x.dtype)
+                        if SWAP_AB:
+                            part = tl.dot(tl.trans(w), x, part)
+                        else:
+                            part = tl.dot(x, w, part)
+                    if SWAP_AB:
+                        acc += part * s[:, None]
+                    else:
+                        acc += part * s[None, :]
+                else:
+                    for j in tl.static_range(8):
+                        g = (kb + j * SUB) // G
+                        s = tl.load(s_ptr + sz_off + g * stride_sg, mask=cmask, other=0.0).to(tl.float32)
+                        z = tl.load(z_ptr + sz_off + g * stride_sg, mask=cmask, other=0).to(tl.int32)
+                        x = tl.load(x_ptrs + kb + j * SUB, mask=xmask, other=0.0)
+                        w = (((q >> (4 * j)) & 0xF) - z[None, :]).to(x.dtype)
+                        if SWAP_AB:
+                            acc += tl.dot(tl.trans(w), x) * s[:, None]
+                        else:
+                            acc += tl.dot(x, w) * s[None, :]
         return acc
 
     # Triton resolves a jitted callee through the caller's module globals, not through this closure.
@@ -287,12 +345,12 @@ def _kernel() -> Any:
 
     @triton.jit
     def int4_grouped_mm_kernel(
-        x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, offs_ptr, rowidx_ptr, rowscale_ptr,
+        x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, offs_ptr, rowidx_ptr, rowscale_ptr, xsum_ptr,
         N_OUT, HALF,
-        stride_xm, stride_qe, stride_qk, stride_se, stride_sg, stride_ym,
+        stride_xm, stride_qe, stride_qk, stride_se, stride_sg, stride_ym, stride_xs,
         K: tl.constexpr, E: tl.constexpr, E_P2: tl.constexpr, G: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr, EVICT: tl.constexpr,
-        GATHER: tl.constexpr, SWIGLU: tl.constexpr, ROW_SCALE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr, EVICT: tl.constexpr, KDOT: tl.constexpr,
+        MAGIC: tl.constexpr, GATHER: tl.constexpr, SWIGLU: tl.constexpr, ROW_SCALE: tl.constexpr,
     ):
         # Axis 0 walks N so that programs running side by side share one M tile of x (it stays in L2).
         pid_n = tl.program_id(0)
@@ -315,17 +373,21 @@ def _kernel() -> Any:
         rows = row_start + (pid_m - first_tile) * BLOCK_M + tl.arange(0, BLOCK_M)
         rmask = rows < row_end
         if GATHER:  # sorted row r reads token row_index[r] of the unsorted x: no gathered copy of x
-            x_rows = tl.load(rowidx_ptr + rows, mask=rmask, other=0).to(tl.int64) * stride_xm
+            tokens = tl.load(rowidx_ptr + rows, mask=rmask, other=0).to(tl.int64)
         else:
-            x_rows = rows.to(tl.int64) * stride_xm
+            tokens = rows.to(tl.int64)
+        x_rows = tokens * stride_xm
+        xs_rows = tokens * stride_xs
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         cmask = cols < N_OUT
         e64 = e.to(tl.int64)
         out = int4_tile(x_ptr, qw_ptr, s_ptr, z_ptr, x_rows, rmask, e64, cols, cmask, stride_qe, stride_qk,
-                        stride_se, stride_sg, K, G, BLOCK_M, BLOCK_N, SWAP_AB, EVICT)
+                        stride_se, stride_sg, K, G, BLOCK_M, BLOCK_N, SWAP_AB, EVICT, KDOT, MAGIC, xsum_ptr, xs_rows,
+                        stride_xs)
         if SWIGLU:  # gate columns c and up columns HALF + c in one program: silu(gate) * up, half the output
             up = int4_tile(x_ptr, qw_ptr, s_ptr, z_ptr, x_rows, rmask, e64, cols + HALF, cmask, stride_qe,
-                           stride_qk, stride_se, stride_sg, K, G, BLOCK_M, BLOCK_N, SWAP_AB, EVICT)
+                           stride_qk, stride_se, stride_sg, K, G, BLOCK_M, BLOCK_N, SWAP_AB, EVICT, KDOT, MAGIC,
+                           xsum_ptr, xs_rows, stride_xs)
             out = out * tl.sigmoid(out) * up
         if ROW_SCALE:  # the routing weight of each (token, expert) row
             rs = tl.load(rowscale_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
@@ -376,13 +438,20 @@ def int4_grouped_mm(
     cfg = dict(config or pick_config(s_rows, e, n, k, group_size, swiglu))
     cfg.setdefault("SWAP_AB", False)
     cfg.setdefault("EVICT", False)
+    cfg.setdefault("KDOT", False)
+    cfg.setdefault("MAGIC", False)
+    magic = cfg["MAGIC"] and group_size >= FUSED_K_BLOCK and not cfg["KDOT"]
+    cfg["MAGIC"] = magic
+    # MAGIC's per-row, per-128-block sums of x (float32): the zero-point and bias correction after the dot
+    xsum = x.view(x.shape[0], k // FUSED_K_BLOCK, FUSED_K_BLOCK).sum(-1, dtype=torch.float32) if magic else x
     # enough M tiles for any split of the rows: each expert wastes at most one partial tile
     grid = (triton.cdiv(n_out, cfg["BLOCK_N"]), triton.cdiv(s_rows, cfg["BLOCK_M"]) + e)
     _kernel()[grid](
         x, qweight, scales, zeros, y, offsets,
-        offsets if row_index is None else row_index, offsets if row_scale is None else row_scale,
+        offsets if row_index is None else row_index, offsets if row_scale is None else row_scale, xsum,
         n_out, n // 2,
         x.stride(0), qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1), y.stride(0),
+        xsum.stride(0),
         K=k, E=e, E_P2=triton.next_power_of_2(e), G=group_size,
         GATHER=row_index is not None, SWIGLU=swiglu, ROW_SCALE=row_scale is not None, **cfg,
     )
