@@ -1,32 +1,59 @@
 #!/usr/bin/env bash
-# The GPU run behind the Hopper rows of results.duckdb: every backend on the embedded fixture (quality parity with
-# its CPU runs) and at the real Qwen3-30B-A3B shape with random weights (speed and memory only), one GPU, no network.
+# The GPU runs behind the Hopper rows of results.duckdb: every backend on the embedded fixture (its answers must
+# agree with its CPU runs) and at the real Qwen3-30B-A3B shape with random weights (speed and memory only), one
+# GPU, no network, everything through quantbench's own CLI.
 #
-#   bash benchmarks/h200.sh OUT_DIR          # then, here:  quantbench merge OUT_DIR/h200.duckdb
+#   bash benchmarks/h200.sh OUT_DIR [fixture|shape|throughput|lengths|all]    # then, here:
+#   quantbench merge OUT_DIR/h200.duckdb && quantbench report --gpu hopper
 #
-# Needs quantbench importable (PYTHONPATH=$PWD or installed) and, for the fixture, its cache ($QUANTBENCH_CACHE):
-# carried from the machine that built it, or built here (about a minute).
+# Parts (each fits one 10-minute device call): fixture = the fixture's variants; shape = every backend at the
+# 30B shape, one ~512-token decision at a time; throughput = 8 and 32 decisions of 512 tokens per forward pass;
+# lengths = 128- and 2048-token decisions. Needs quantbench importable (installed, or PYTHONPATH=$PWD) and, for
+# the fixture, its cache ($QUANTBENCH_CACHE): carried from the machine that built it, or built here (~2 min).
 set -u
-out=${1:?usage: h200.sh OUT_DIR}
+out=${1:?usage: h200.sh OUT_DIR [fixture|shape|throughput|lengths|all]}
+part=${2:-all}
 mkdir -p "$out"
 db="$out/h200.duckdb"
-qb() { python3 -m quantbench run --gpu hopper --db "$db" "$@" 2>&1 | tail -n 4; }
+here=$(cd "$(dirname "$0")" && pwd)
+qb() {
+  local t=$SECONDS
+  timeout 300 python3 -m quantbench run --gpu hopper --db "$db" "$@" 2>&1 | grep -E "│|Error|error" | tail -n 3
+  echo "    ($((SECONDS - t)) s: $*)"
+}
+suite() {  # realistic-length decisions: the built-in records padded to N tokens (deterministic)
+  [ -f "$out/suite-$1.jsonl" ] || python3 "$here/long_suite.py" --tokens "$1" --n 16 --out "$out/suite-$1.jsonl" >/dev/null
+  echo "$out/suite-$1.jsonl"
+}
+shape() { echo --shape qwen3-30b-a3b --suite "$(suite "$1")" --warmup 2 --latency-min-decisions 16 --latency-min-seconds 1; }
 
-# 1. The fixture, every variant: its answers must agree with the CPU runs (same top answer on >= 99%).
-qb --backend bf16 --reference
-qb --backend bf16 --noise-floor
-qb --backend int4
-qb --backend nvfp4 --nvfp4 packed
-qb --backend fp8
-
-# 2. The real 30B-A3B shape with random weights, one ~512-token decision at a time.
-python3 benchmarks/long_suite.py --tokens 512 --n 16 --out "$out/suite-512.jsonl"
-shape=(--shape qwen3-30b-a3b --suite "$out/suite-512.jsonl" --warmup 2 --latency-min-decisions 20 --latency-min-seconds 1)
-qb --backend bf16 "${shape[@]}"
-qb --backend int4 "${shape[@]}"
-qb --backend nvfp4 --nvfp4 packed "${shape[@]}"
-qb --backend fp8 "${shape[@]}"
-# Throughput: 8 decisions of 512 tokens per forward pass.
-qb --backend bf16 "${shape[@]}" --concurrency 8
-qb --backend int4 "${shape[@]}" --concurrency 8
-python3 -m quantbench runs --db "$db" --last 20
+if [[ $part == fixture || $part == all ]]; then
+  qb --backend bf16 --reference
+  qb --backend bf16 --noise-floor
+  qb --backend int4
+  qb --backend nvfp4 --nvfp4 packed
+  qb --backend fp8
+fi
+if [[ $part == shape || $part == all ]]; then
+  s512=$(shape 512)
+  qb --backend bf16 $s512
+  qb --backend bf16 --experts-impl eager $s512
+  qb --backend int4 $s512
+  qb --backend nvfp4 --nvfp4 packed $s512
+  qb --backend nvfp4 --nvfp4 unpacked $s512
+  qb --backend fp8 $s512
+fi
+if [[ $part == throughput || $part == all ]]; then
+  s512=$(shape 512)
+  for n in 8 32; do
+    qb --backend bf16 $s512 --concurrency $n
+    qb --backend int4 $s512 --concurrency $n
+  done
+fi
+if [[ $part == lengths || $part == all ]]; then
+  for tokens in 128 2048; do
+    qb --backend bf16 $(shape $tokens)
+    qb --backend int4 $(shape $tokens)
+  done
+fi
+python3 -m quantbench runs --db "$db" --last 40 2>&1 | tail -n 50

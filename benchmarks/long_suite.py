@@ -19,6 +19,12 @@ WORDS = ("the report notes that the weather, the schedule and the budget changed
          "while the team reviewed every open ticket and the customer asked for a short summary").split()
 
 
+def with_context(tok, req, state: dict, name: str, words: list[str]) -> int:
+    """Set req's state to `state` plus a context of `words`; the prompt's length in tokens."""
+    req.state = {**state, "context": " ".join(words)}
+    return len(tok(render_prompt(tok, req, name))["input_ids"])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=512)
@@ -34,16 +40,11 @@ def main() -> None:
             req = r.request.model_copy(deep=True)
             name = next(iter(req.questions))
             words: list[str] = []
-
-            def length(ws: list[str]) -> int:
-                req.state = {**r.request.state, "context": " ".join(ws)}
-                return len(tok(render_prompt(tok, req, name))["input_ids"])
-
-            while (n := length(words)) < args.tokens:  # grow past the target, then cut back to at most it
+            while (n := with_context(tok, req, r.request.state, name, words)) < args.tokens:
                 words.extend(rng.choice(WORDS) for _ in range(max(1, (args.tokens - n) // 2)))
-            while words and length(words) > args.tokens:
-                words.pop()
-            length(words)
+            while words and with_context(tok, req, r.request.state, name, words) > args.tokens:
+                words.pop()  # grown past the target: cut back to at most it
+            with_context(tok, req, r.request.state, name, words)
             rec = {"id": f"{r.id}-{args.tokens}", "benchmark": r.benchmark, "request": req.model_dump(exclude_none=True),
                    "gold": r.gold}
             f.write(json.dumps(rec) + "\n")

@@ -53,7 +53,7 @@ class GraphedDecoder:
     The returned hidden states are a view of a graph's static output: read them before the next call."""
 
     def __init__(self, decoder: Any, *, pad_id: int, max_width: int, mode: str = "auto", width_step: int = 16,
-                 max_graphs: int = 12, max_tokens: int = 1 << 16):
+                 max_graphs: int = 64, max_tokens: int = 1 << 16):
         if mode not in MODES:
             raise ValueError(f"cuda graph mode {mode!r}: use one of {', '.join(MODES)}")
         self.decoder, self.pad_id, self.max_width = decoder, pad_id, max_width
@@ -71,21 +71,29 @@ class GraphedDecoder:
         self.report.eager_calls += 1
         return self.decoder(input_ids=ids, use_cache=False).last_hidden_state
 
-    def __call__(self, ids: Tensor) -> Tensor:
-        if self.report.disabled or not ids.is_cuda:
-            return self._eager(ids)
-        rows, width = ids.shape
+    def ensure(self, rows: int, width: int, device: torch.device) -> bool:
+        """Capture the graph a [rows, width] batch replays, if it has none yet; False when it will run eagerly.
+        The runner calls this before it starts a decision's clock, so no timed decision includes a capture."""
+        if self.report.disabled or device.type != "cuda":
+            return False
         key = bucket(rows, width, self.width_step, self.max_width)
-        if key not in self._graphs:
-            if len(self._graphs) >= self.max_graphs or key[0] * key[1] > self.max_tokens:
-                return self._eager(ids)  # an unusual shape: not worth a graph's memory
-            try:
-                self._graphs[key] = self._capture(key, ids.device)
-            except Exception as exc:  # noqa: BLE001 - any capture failure means: run eagerly, and say why
-                self.report.disabled = f"capture of {list(key)} failed: {type(exc).__name__}: {str(exc)[:300]}"
-                torch.cuda.synchronize(ids.device)
-                return self._eager(ids)
-        graph, static_ids, static_out = self._graphs[key]
+        if key in self._graphs:
+            return True
+        if len(self._graphs) >= self.max_graphs or key[0] * key[1] > self.max_tokens:
+            return False  # an unusual shape: not worth a graph's memory
+        try:
+            self._graphs[key] = self._capture(key, device)
+        except Exception as exc:  # noqa: BLE001 - any capture failure means: run eagerly, and say why
+            self.report.disabled = f"capture of {list(key)} failed: {type(exc).__name__}: {str(exc)[:300]}"
+            torch.cuda.synchronize(device)
+            return False
+        return True
+
+    def __call__(self, ids: Tensor) -> Tensor:
+        rows, width = ids.shape
+        if not self.ensure(rows, width, ids.device):
+            return self._eager(ids)
+        graph, static_ids, static_out = self._graphs[bucket(rows, width, self.width_step, self.max_width)]
         static_ids.fill_(self.pad_id)
         static_ids[:rows, :width].copy_(ids)
         graph.replay()

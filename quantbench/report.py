@@ -172,11 +172,34 @@ def _groups(runs: list[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
 
 
 def _load_runs(store: Store) -> list[dict[str, Any]]:
+    # batch: decisions per forward pass (throughput mode); decisions_per_s over the full-size batches
     df = store.read(
-        "SELECT r.*, l.p50_ms, l.p90_ms, l.n_timed FROM runs r LEFT JOIN run_latency l USING (run_id) "
+        "WITH b AS (SELECT run_id, max(batch) AS batch FROM latencies GROUP BY run_id), "
+        "t AS (SELECT l.run_id, count(*) / (sum(l.model_ms / l.batch) / 1000) AS decisions_per_s "
+        "      FROM latencies l JOIN b ON l.run_id = b.run_id AND l.batch = b.batch GROUP BY l.run_id) "
+        "SELECT r.*, l.p50_ms, l.p90_ms, l.n_timed, b.batch, t.decisions_per_s FROM runs r "
+        "LEFT JOIN run_latency l USING (run_id) LEFT JOIN b USING (run_id) LEFT JOIN t USING (run_id) "
         "ORDER BY r.created_at"
     )
     return parity._records(df)
+
+
+def _batch(run: dict[str, Any]) -> int:
+    return _int(run.get("batch")) or 1
+
+
+def throughput_notes(group: list[dict[str, Any]]) -> list[str]:
+    """Batched runs (several decisions per forward pass) as decisions/s per variant and batch size: the table
+    itself is per-decision latency at batch 1, so they never replace its rows."""
+    latest: dict[tuple, dict[str, Any]] = {}
+    for run in group:
+        if run.get("status") == "ok" and _batch(run) > 1 and _num(run.get("decisions_per_s")):
+            latest[(str(run.get("variant")), _batch(run))] = run  # oldest first: the newest run stays
+    if not latest:
+        return []
+    parts = [f"{r.get('variant')} at batch {_batch(r)}: {_num(r.get('decisions_per_s')):.1f}/s"
+             for r in sorted(latest.values(), key=lambda r: (str(r.get("variant")), _batch(r)))]
+    return ["Throughput (decisions per second, several decisions in one forward pass): " + "; ".join(parts) + "."]
 
 
 def build_report(store: Store, gpu: str | None = None, model: str | None = None, rules: Rules | None = None, *,
@@ -201,7 +224,8 @@ def build_report(store: Store, gpu: str | None = None, model: str | None = None,
 
     reports = []
     for group in _groups(runs).values():
-        rows_runs = [r for r in _pick_rows(group) if (r.get("role") or "candidate") != "noise_floor"]
+        batch1 = [r for r in group if _batch(r) == 1]
+        rows_runs = [r for r in _pick_rows(batch1) if (r.get("role") or "candidate") != "noise_floor"]
         if rows_runs:
             reports.append(_build_one(store, group, rows_runs, rules, answers_of, cross_gpu_reference, seed))
     reports.sort(key=lambda r: (r.cpu, r.gpu, str(r.model_id), str(r.suite_id)))
@@ -219,9 +243,10 @@ def _build_one(store, group, rows_runs, rules, answers_of, cross_gpu_reference, 
         rows.append(Row(run, label, cpu, *_memory(run)))
     synthetic = any(r.ok for r in rows) and all(r.run.get("weights") == "synthetic" for r in rows if r.ok)
     ok_runs = [r for r in group if r.get("status") == "ok"]
-    refs = [r for r in ok_runs if r.get("backend") == "bf16" and (r.get("role") or "candidate") != "noise_floor"]
+    refs = [r for r in ok_runs if r.get("backend") == "bf16" and (r.get("role") or "candidate") != "noise_floor"
+            and _batch(r) == 1]
     reference = max(refs, key=parity.reference_rank, default=None)
-    notes: list[str] = []
+    notes: list[str] = throughput_notes(group)
     if reference is None and cross_gpu_reference and ok_runs and not synthetic:
         reference = parity.find_reference(store, ok_runs[-1], any_gpu=True)
         if reference is not None:

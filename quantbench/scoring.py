@@ -87,6 +87,11 @@ class TransformersEngine:
         return cls(model, tokenizer, max_options=spec.max_options, max_tokens=spec.max_tokens, truncate=spec.truncate,
                    method=spec.method, cuda_graph=spec.cuda_graph)
 
+    def warm(self, batch: list[Prepared]) -> None:
+        """Make ready what the forward of this batch will replay (its CUDA graph), outside any timing."""
+        rows = [r for p in batch for r in p.rows]
+        self.decoder.ensure(len(rows), max(len(r) for r in rows), self.device)
+
     @property
     def graph_report(self) -> dict[str, Any] | None:
         """What the CUDA graphs did (None on the CPU, where there are none)."""

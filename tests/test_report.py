@@ -44,7 +44,7 @@ class Lab:
                             top=opts[int(np.argmax(p))], gold=gold, method="label_logit", truncated=False))
         return out
 
-    def run(self, answers=None, ms=10.0, **fields):
+    def run(self, answers=None, ms=10.0, batch=1, **fields):
         self.t += 1
         row = dict(run_id=str(uuid7()), status="ok", created_at=T0 + dt.timedelta(minutes=self.t), backend="bf16",
                    variant="bf16", weight_format="bfloat16", kernel_path="transformers experts=grouped_mm",
@@ -52,7 +52,7 @@ class Lab:
                    device="cpu", gpu_family="cpu", host="box", role="candidate", disk_bytes=100 * MB,
                    model_tensor_bytes=50 * MB, host_rss_peak_bytes=900 * MB)
         row.update(fields)
-        lat = [dict(seq=i, phase="suite", record_id="r000", model_ms=ms + 0.1 * i, prep_ms=0.5, tokens=90, batch=1)
+        lat = [dict(seq=i, phase="suite", record_id="r000", model_ms=ms + 0.1 * i, prep_ms=0.5, tokens=90, batch=batch)
                for i in range(10)]
         ok = row["status"] == "ok"
         return self.store.write_run(RunResult(row, (self.answers() if answers is None else answers) if ok else [],
@@ -258,6 +258,19 @@ def test_synthetic_weights_show_speed_and_memory_but_no_quality(tmp_path):
     text = report.render([rep], "markdown")
     assert text.count(report.SYNTHETIC_NOTE) == 2 and "Reference quality" not in text
     assert "| 57.2 MiB | 114.4 MiB |" in text  # VRAM (weights), Peak VRAM of bf16
+
+
+def test_a_batched_run_never_replaces_the_batch_1_row_and_is_reported_as_decisions_per_second(tmp_path):
+    lab = Lab(tmp_path / "r.duckdb", n=30)
+    kw = dict(weights="synthetic", model_id="synthetic-qwen3-30b-a3b", **GPU, mem_weights_bytes=60 * MB)
+    lab.run(ms=10, **kw)
+    lab.run(ms=40, batch=8, **kw)  # newer: 8 decisions per 40 ms forward pass
+    [rep] = report.build_report(lab.store)
+    [row] = rep.rows
+    assert row.p50 == pytest.approx(10.45)  # the batch-1 run's median, not the batch time
+    # 10 timed decisions whose forward passes took 40 + 0.1 i ms for 8 each: 10 / (404.5 / 8 / 1000) per second
+    assert any("bf16 at batch 8: 197.8/s" in note for note in rep.notes)
+    assert "197.8/s" in report.render([rep], "markdown")
 
 
 def test_one_table_per_gpu_with_a_summary_and_gpu_filters(cpu_lab):

@@ -196,11 +196,12 @@ def fused_supported(k: int, group_size: int, k_block: int = FUSED_K_BLOCK) -> bo
 
 # Block sizes measured best on an H200 (benchmarks/moe_int4.py sweep, 2026-11-29) per (N, K, swiglu, rows-per-
 # expert bucket); other shapes use the heuristic below. At the Qwen3-30B-A3B shape, 512 tokens: gate_up + SwiGLU
-# 268 us, down + routing weights 144 us (the first version, x @ W with 8 redundant word loads: 426 + 235 us).
-_H200_BEST = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "SWAP_AB": True, "EVICT": True}
+# 216 us, down + routing weights 128 us (scaling after the dot, in a second accumulator: 268 + 144 us; the first
+# version, x @ W with 8 redundant word loads: 426 + 235 us).
+_H200_BEST = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "SWAP_AB": True, "EVICT": False}
 TUNED: dict[tuple[int, int, bool, str], dict[str, Any]] = {
     (1536, 2048, True, "mid"): _H200_BEST,
-    (2048, 768, False, "mid"): _H200_BEST,
+    (2048, 768, False, "mid"): dict(_H200_BEST, num_stages=2),
 }
 
 
@@ -229,8 +230,7 @@ def _kernel() -> Any:
     def int4_tile(x_ptr, qw_ptr, s_ptr, z_ptr, x_rows, rmask, e, cols, cmask,
                   stride_qe, stride_qk, stride_se, stride_sg,
                   K: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  SWAP_AB: tl.constexpr, EVICT: tl.constexpr, KDOT: tl.constexpr,
-                  MAGIC: tl.constexpr, xsum_ptr, xs_rows, stride_xs):
+                  SWAP_AB: tl.constexpr, EVICT: tl.constexpr):
         """x[rows] @ W[e][:, cols] as float32 [BLOCK_M, BLOCK_N] (or its transpose when SWAP_AB)."""
         KB: tl.constexpr = 128  # rows per packed block (FUSED_K_BLOCK)
         SUB: tl.constexpr = 16  # rows per nibble slice
@@ -245,99 +245,28 @@ def _kernel() -> Any:
             x_ptrs = x_ptr + x_rows[:, None] + sub[None, :]
             xmask = rmask[:, None]
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        if KDOT and G >= KB:
-            # One K=128 dot per block instead of eight K=16 ones: the eight nibble slices, stacked in order, are
-            # exactly rows kb .. kb + 127 (slice j = rows kb + 16j ..), so x is read as one [128]-wide tile.
-            kk = tl.arange(0, KB)
-            shifts = tl.arange(0, 8) * 4
-            if SWAP_AB:
-                xk_ptrs = x_ptr + x_rows[None, :] + kk[:, None]
+        for kb in range(0, K, KB):
+            # one load of the block's 16 x BLOCK_N words; nibble j holds rows kb + 16j .. kb + 16j + 15
+            if EVICT:  # weights stream through once; keep x (re-read by every column block) in L2
+                q = tl.load(q_ptrs + (kb // 8) * stride_qk, mask=cmask[None, :], other=0, eviction_policy="evict_first")
             else:
-                xk_ptrs = x_ptr + x_rows[:, None] + kk[None, :]
-            for kb in range(0, K, KB):
-                if EVICT:
-                    q = tl.load(q_ptrs + (kb // 8) * stride_qk, mask=cmask[None, :], other=0,
-                                eviction_policy="evict_first")
-                else:
-                    q = tl.load(q_ptrs + (kb // 8) * stride_qk, mask=cmask[None, :], other=0)
-                s = tl.load(s_ptr + sz_off + (kb // G) * stride_sg, mask=cmask, other=0.0).to(tl.float32)
-                z = tl.load(z_ptr + sz_off + (kb // G) * stride_sg, mask=cmask, other=0).to(tl.int32)
-                codes = (q[None, :, :] >> shifts[:, None, None]) & 0xF  # [8, 16, BLOCK_N]
-                x = tl.load(xk_ptrs + kb, mask=xmask, other=0.0)
-                w = (tl.reshape(codes, (KB, BLOCK_N)) - z[None, :]).to(x.dtype)
+                q = tl.load(q_ptrs + (kb // 8) * stride_qk, mask=cmask[None, :], other=0)
+            # W = s * (q - z) rounded to x's dtype, as dequantize() writes it, straight into one accumulator. No
+            # int->float conversion: the code sits in the mantissa of 128.0 (0x43000000 | q << 16 is the float
+            # 128 + q) and one FMA takes the bias and zero point off exactly: (128 + q) s - (128 + z) s.
+            for j in tl.static_range(8):
+                if j == 0 or G < KB:  # a group spans whole 16-row slices (fused_supported)
+                    g = (kb + j * SUB) // G
+                    s = tl.load(s_ptr + sz_off + g * stride_sg, mask=cmask, other=0.0).to(tl.float32)
+                    z = tl.load(z_ptr + sz_off + g * stride_sg, mask=cmask, other=0).to(tl.float32)
+                    c = (z + 128.0) * s
+                x = tl.load(x_ptrs + kb + j * SUB, mask=xmask, other=0.0)
+                v = ((((q >> (4 * j)) & 0xF) << 16) | 0x43000000).to(tl.float32, bitcast=True)
+                w = (v * s[None, :] - c[None, :]).to(x.dtype)
                 if SWAP_AB:
-                    acc += tl.dot(tl.trans(w), x) * s[:, None]
+                    acc = tl.dot(tl.trans(w), x, acc)
                 else:
-                    acc += tl.dot(x, w) * s[None, :]
-        else:
-            for kb in range(0, K, KB):
-                # one load of the block's 16 x BLOCK_N words; nibble j holds rows kb + 16j .. kb + 16j + 15
-                if EVICT:  # weights stream through once; keep x (re-read by every column block) in L2
-                    q = tl.load(q_ptrs + (kb // 8) * stride_qk, mask=cmask[None, :], other=0, eviction_policy="evict_first")
-                else:
-                    q = tl.load(q_ptrs + (kb // 8) * stride_qk, mask=cmask[None, :], other=0)
-                if MAGIC and G >= KB:
-                    # No int->float conversion per weight (the I2F rate bounds the plain path): OR each code into
-                    # the mantissa of BIAS (0x4300 = bf16 128.0, 0x6400 = fp16 1024.0), so the bits ARE the
-                    # float BIAS + q, exactly. The dot then sums (BIAS + q) x, and the block's zero point and bias
-                    # come off once per column: sum((q - z) x) = part - (BIAS + z) * sum(x), with sum(x) per row
-                    # and 128-row block precomputed in float32 (xsum).
-                    s = tl.load(s_ptr + sz_off + (kb // G) * stride_sg, mask=cmask, other=0.0).to(tl.float32)
-                    z = tl.load(z_ptr + sz_off + (kb // G) * stride_sg, mask=cmask, other=0).to(tl.float32)
-                    xs = tl.load(xsum_ptr + xs_rows + kb // KB, mask=rmask, other=0.0)
-                    if SWAP_AB:
-                        part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-                    else:
-                        part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                    for j in tl.static_range(8):
-                        x = tl.load(x_ptrs + kb + j * SUB, mask=xmask, other=0.0)
-                        if x_ptr.dtype.element_ty == tl.bfloat16:
-                            bits = ((q >> (4 * j)) & 0xF) | 0x4300
-                        else:
-                            bits = ((q >> (4 * j)) & 0xF) | 0x6400
-                        w = bits.to(tl.int16).to(x.dtype, bitcast=True)
-                        if SWAP_AB:
-                            part = tl.dot(tl.trans(w), x, part)
-                        else:
-                            part = tl.dot(x, w, part)
-                    if x_ptr.dtype.element_ty == tl.bfloat16:
-                        zb = z + 128.0
-                    else:
-                        zb = z + 1024.0
-                    if SWAP_AB:
-                        acc += (part - zb[:, None] * xs[None, :]) * s[:, None]
-                    else:
-                        acc += (part - xs[:, None] * zb[None, :]) * s[None, :]
-                elif G >= KB:
-                    s = tl.load(s_ptr + sz_off + (kb // G) * stride_sg, mask=cmask, other=0.0).to(tl.float32)
-                    z = tl.load(z_ptr + sz_off + (kb // G) * stride_sg, mask=cmask, other=0).to(tl.int32)
-                    if SWAP_AB:
-                        part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-                    else:
-                        part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                    for j in tl.static_range(8):
-                        x = tl.load(x_ptrs + kb + j * SUB, mask=xmask, other=0.0)
-                        # (q - z) is a small integer, exact in bf16/fp16: the scale multiplies the sum once
-                        w = (((q >> (4 * j)) & 0xF) - z[None, :]).to(x.dtype)
-                        if SWAP_AB:
-                            part = tl.dot(tl.trans(w), x, part)
-                        else:
-                            part = tl.dot(x, w, part)
-                    if SWAP_AB:
-                        acc += part * s[:, None]
-                    else:
-                        acc += part * s[None, :]
-                else:
-                    for j in tl.static_range(8):
-                        g = (kb + j * SUB) // G
-                        s = tl.load(s_ptr + sz_off + g * stride_sg, mask=cmask, other=0.0).to(tl.float32)
-                        z = tl.load(z_ptr + sz_off + g * stride_sg, mask=cmask, other=0).to(tl.int32)
-                        x = tl.load(x_ptrs + kb + j * SUB, mask=xmask, other=0.0)
-                        w = (((q >> (4 * j)) & 0xF) - z[None, :]).to(x.dtype)
-                        if SWAP_AB:
-                            acc += tl.dot(tl.trans(w), x) * s[:, None]
-                        else:
-                            acc += tl.dot(x, w) * s[None, :]
+                    acc = tl.dot(x, w, acc)
         return acc
 
     # Triton resolves a jitted callee through the caller's module globals, not through this closure.
@@ -345,12 +274,12 @@ def _kernel() -> Any:
 
     @triton.jit
     def int4_grouped_mm_kernel(
-        x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, offs_ptr, rowidx_ptr, rowscale_ptr, xsum_ptr,
+        x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, offs_ptr, rowidx_ptr, rowscale_ptr,
         N_OUT, HALF,
-        stride_xm, stride_qe, stride_qk, stride_se, stride_sg, stride_ym, stride_xs,
+        stride_xm, stride_qe, stride_qk, stride_se, stride_sg, stride_ym,
         K: tl.constexpr, E: tl.constexpr, E_P2: tl.constexpr, G: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr, EVICT: tl.constexpr, KDOT: tl.constexpr,
-        MAGIC: tl.constexpr, GATHER: tl.constexpr, SWIGLU: tl.constexpr, ROW_SCALE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr, EVICT: tl.constexpr,
+        GATHER: tl.constexpr, SWIGLU: tl.constexpr, ROW_SCALE: tl.constexpr,
     ):
         # Axis 0 walks N so that programs running side by side share one M tile of x (it stays in L2).
         pid_n = tl.program_id(0)
@@ -373,21 +302,17 @@ def _kernel() -> Any:
         rows = row_start + (pid_m - first_tile) * BLOCK_M + tl.arange(0, BLOCK_M)
         rmask = rows < row_end
         if GATHER:  # sorted row r reads token row_index[r] of the unsorted x: no gathered copy of x
-            tokens = tl.load(rowidx_ptr + rows, mask=rmask, other=0).to(tl.int64)
+            x_rows = tl.load(rowidx_ptr + rows, mask=rmask, other=0).to(tl.int64) * stride_xm
         else:
-            tokens = rows.to(tl.int64)
-        x_rows = tokens * stride_xm
-        xs_rows = tokens * stride_xs
+            x_rows = rows.to(tl.int64) * stride_xm
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         cmask = cols < N_OUT
         e64 = e.to(tl.int64)
         out = int4_tile(x_ptr, qw_ptr, s_ptr, z_ptr, x_rows, rmask, e64, cols, cmask, stride_qe, stride_qk,
-                        stride_se, stride_sg, K, G, BLOCK_M, BLOCK_N, SWAP_AB, EVICT, KDOT, MAGIC, xsum_ptr, xs_rows,
-                        stride_xs)
+                        stride_se, stride_sg, K, G, BLOCK_M, BLOCK_N, SWAP_AB, EVICT)
         if SWIGLU:  # gate columns c and up columns HALF + c in one program: silu(gate) * up, half the output
             up = int4_tile(x_ptr, qw_ptr, s_ptr, z_ptr, x_rows, rmask, e64, cols + HALF, cmask, stride_qe,
-                           stride_qk, stride_se, stride_sg, K, G, BLOCK_M, BLOCK_N, SWAP_AB, EVICT, KDOT, MAGIC,
-                           xsum_ptr, xs_rows, stride_xs)
+                           stride_qk, stride_se, stride_sg, K, G, BLOCK_M, BLOCK_N, SWAP_AB, EVICT)
             out = out * tl.sigmoid(out) * up
         if ROW_SCALE:  # the routing weight of each (token, expert) row
             rs = tl.load(rowscale_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
@@ -438,23 +363,17 @@ def int4_grouped_mm(
     cfg = dict(config or pick_config(s_rows, e, n, k, group_size, swiglu))
     cfg.setdefault("SWAP_AB", False)
     cfg.setdefault("EVICT", False)
-    cfg.setdefault("KDOT", False)
-    cfg.setdefault("MAGIC", False)
-    magic = cfg["MAGIC"] and group_size >= FUSED_K_BLOCK and not cfg["KDOT"]
-    cfg["MAGIC"] = magic
-    # MAGIC's per-row, per-128-block sums of x (float32): the zero-point and bias correction after the dot
-    xsum = x.view(x.shape[0], k // FUSED_K_BLOCK, FUSED_K_BLOCK).sum(-1, dtype=torch.float32) if magic else x
     # enough M tiles for any split of the rows: each expert wastes at most one partial tile
     grid = (triton.cdiv(n_out, cfg["BLOCK_N"]), triton.cdiv(s_rows, cfg["BLOCK_M"]) + e)
-    _kernel()[grid](
+    compiled = _kernel()[grid](
         x, qweight, scales, zeros, y, offsets,
-        offsets if row_index is None else row_index, offsets if row_scale is None else row_scale, xsum,
+        offsets if row_index is None else row_index, offsets if row_scale is None else row_scale,
         n_out, n // 2,
         x.stride(0), qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1), y.stride(0),
-        xsum.stride(0),
         K=k, E=e, E_P2=triton.next_power_of_2(e), G=group_size,
         GATHER=row_index is not None, SWIGLU=swiglu, ROW_SCALE=row_scale is not None, **cfg,
     )
+    int4_grouped_mm.last_compiled = compiled  # registers, spills and assembly, for benchmarks/profile_kernels.py
     return y
 
 
