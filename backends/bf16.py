@@ -67,7 +67,7 @@ class Bf16Backend:
         info = VariantInfo(
             variant="bf16" if dtype == torch.bfloat16 else spec.dtype,
             weight_format=spec.dtype,
-            kernel_path=f"transformers experts={impl}",
+            kernel_path=f"transformers experts={impl}" + ("" if dtype == torch.bfloat16 else f", {spec.dtype} compute"),
             compute_dtype=spec.dtype,
             disk_bytes=disk,
             experts_bytes=experts_tensor_bytes(model),

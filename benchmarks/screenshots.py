@@ -1,6 +1,7 @@
 """Screenshots of every dashboard page over a real store (default: the repo's results.duckdb) into docs/screenshots.
 
-    python benchmarks/screenshots.py [--db results.duckdb] [--gpu cpu] [--out docs/screenshots]
+    python benchmarks/screenshots.py [--db results.duckdb] [--gpu hopper] [--model 9af210da] [--prefix ""]
+                                     [--pages which-quant,latency,parity,runs] [--out docs/screenshots]
 
 Drives Debian's chromium through Playwright against `streamlit run dashboard` on 127.0.0.1.
 """
@@ -28,6 +29,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", default=str(ROOT / "results.duckdb"))
     ap.add_argument("--gpu", default=None, help="GPU filter for the link (a family or a name)")
+    ap.add_argument("--model", default=None, help="model filter for the link (its id or part of it)")
+    ap.add_argument("--prefix", default="", help="prefix of the file names")
+    ap.add_argument("--pages", default=",".join(n for _, n in PAGES), help="which pages, comma-separated")
     ap.add_argument("--out", default=str(ROOT / "docs" / "screenshots"))
     args = ap.parse_args()
     with socket.socket() as s:
@@ -52,8 +56,9 @@ def main() -> None:
             browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=ARGS)
             page = browser.new_page(viewport={"width": 1600, "height": 1000})
             page.set_default_timeout(60_000)
-            for path, name in PAGES:
-                query = f"?gpu={quote_plus(args.gpu)}" if args.gpu else ""
+            for path, name in [p for p in PAGES if p[1] in args.pages.split(",")]:
+                params = [f"{k}={quote_plus(v)}" for k, v in (("gpu", args.gpu), ("model", args.model)) if v]
+                query = "?" + "&".join(params) if params else ""
                 page.goto(f"{url}/{path}{query}")
                 page.locator('[data-testid="stMain"] h1').first.wait_for(state="visible")
                 page.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')")
@@ -61,9 +66,9 @@ def main() -> None:
                 height = page.evaluate('document.querySelector("[data-testid=stMain]").scrollHeight')
                 page.set_viewport_size({"width": 1600, "height": max(1000, height)})
                 page.wait_for_timeout(1500)
-                page.screenshot(path=str(out / f"{name}.png"))
+                page.screenshot(path=str(out / f"{args.prefix}{name}.png"))
                 page.set_viewport_size({"width": 1600, "height": 1000})
-                print(f"{out / name}.png")
+                print(f"{out / (args.prefix + name)}.png")
             browser.close()
     finally:
         proc.terminate()

@@ -108,7 +108,9 @@ def sidebar(runs: pd.DataFrame) -> Selection:
     here = machines[machines["family"] == family]
     gpus = sorted(here["gpu_id"].unique())
     gpu = bound_select("GPU", "gpu", gpus, gpu_labels, help="the exact GPU (or CPU host) the runs were made on")
-    models = sorted(here.loc[here["gpu_id"] == gpu, "model_id"].unique())
+    # newest first: the model a person just ran is the one they come to look at
+    on_gpu = runs[(runs["family"].astype(str) == family) & (runs["gpu_id"].astype(str) == gpu)]
+    models = list(dict.fromkeys(reversed(on_gpu["model_id"].astype(str).tolist())))  # runs come oldest first
     model = bound_select("Model", "model", models)
     return Selection(family, gpu, gpu_labels[gpu], model)
 

@@ -207,7 +207,8 @@ def demo(
         from quantbench.report import report_for_this_machine
 
         # Plain print: the report is markdown meant to be pasted, so no wrapping or markup from rich.
-        print(report_for_this_machine(Store(path), detect().gpu_name or "cpu"))
+        model = next(iter(df["model_id"].dropna()), None)  # the model the demo just ran, not older ones
+        print(report_for_this_machine(Store(path), detect().gpu_name or "cpu", model=model))
     except QuantbenchError as e:
         _fail(e)
 

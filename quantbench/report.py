@@ -552,12 +552,12 @@ def render(reports: list[GpuReport], fmt: str = "markdown", rules: Rules | None 
 
 # -- entry points for the CLI and the demo -------------------------------------------------------------------
 def report_for_this_machine(store: Store, machine_gpu_name_or_family: str, host: str | None = None,
-                            rules: Rules | None = None) -> str:
+                            rules: Rules | None = None, model: str | None = None) -> str:
     """The markdown report for one machine: pass `machine.gpu_name`, or "cpu" (this host's CPU runs unless `host`
-    names another)."""
+    names another); `model` keeps only that model's tables (the demo reports on the model it just ran)."""
     if machine_gpu_name_or_family.strip().lower() == "cpu" and host is None:
         host = socket.gethostname()
-    reports = build_report(store, gpu=machine_gpu_name_or_family, host=host, rules=rules)
+    reports = build_report(store, gpu=machine_gpu_name_or_family, host=host, rules=rules, model=model)
     if not reports:
         where = machine_gpu_name_or_family + (f" on {host}" if host else "")
         return f"No successful or failed runs for {where} in {store.path} yet.\n"

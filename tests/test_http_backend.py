@@ -137,7 +137,7 @@ def test_load_records_the_servers_identity_as_provenance(fixture_dir, served):
     info = loaded.info
     assert info.variant == "float32" == health["variant"]
     assert info.model_id == health["model"] and info.model_path == str(fixture_dir)
-    assert info.kernel_path == "http → transformers experts=grouped_mm"
+    assert info.kernel_path == "http → transformers experts=grouped_mm, float32 compute" == "http → " + health["kernel_path"]
     assert info.extra["endpoint"] == served.url and info.extra["concurrency"] == 2
     assert info.extra["server_gpu"] == "cpu" and info.extra["server"]["info"]["model_hash"] == info.model_hash
     assert loaded.model is None
