@@ -11,7 +11,7 @@ import pytest
 from quantbench.store import Store
 from quantbench.store.transfer import merge
 from quantbench.sweep import LocalExecutor, load_sweep, plan, run_sweep
-from quantbench.sweep_ray import RayExecutor, accelerator_type, run_task
+from quantbench.sweep.ray import RayExecutor, accelerator_type, run_task
 
 ray = pytest.importorskip("ray")
 

@@ -19,7 +19,8 @@ from typing import Any
 from quantbench.backend import RunSpec
 from quantbench.machine import KNOWN_FAMILIES
 from quantbench.store import RunResult
-from quantbench.sweep import Event, PlannedRun, failed_result
+from quantbench.sweep.executor import Event, failed_result
+from quantbench.sweep.planning import PlannedRun
 
 ACCELERATOR_LABEL = "ray.io/accelerator-type"
 # Ray's accelerator types (ray.util.accelerators and the NVML names it shortens) by architecture family.

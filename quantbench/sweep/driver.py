@@ -1,0 +1,170 @@
+"""The driver of `quantbench sweep`: plan, skip what is finished, make missing variants, run, store, summarise.
+
+The unit of work is `runner.execute(spec) -> RunResult`, the same fresh-process run `quantbench run` does; it
+writes nothing. Results come back to this driver, the only process that writes DuckDB, from whichever executor
+ran them (`local`: this host; `ray`: a Ray cluster).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from quantbench.errors import ConfigError, QuantbenchError
+from quantbench.store import RunResult, Store
+from quantbench.sweep.executor import Event, failed_result
+from quantbench.sweep.local import LocalExecutor
+from quantbench.sweep.make import make_missing
+from quantbench.sweep.planning import PlannedRun, plan, split_finished, text_or_none
+from quantbench.sweep.spec import Sweep, load_sweep
+
+
+@dataclass
+class SweepOutcome:
+    planned: int = 0
+    skipped: int = 0  # already finished (same config hash, status ok)
+    unplaceable: list[tuple[PlannedRun, str]] = field(default_factory=list)
+    run_ids: list[str] = field(default_factory=list)  # stored by this sweep, in the order they finished
+    ok: int = 0
+    failed: int = 0
+
+
+class _Display:
+    """One progress line for the whole matrix, and one line per finished run above it."""
+
+    def __init__(self, console: Console, total: int):
+        self.console = console
+        self.progress = Progress(
+            TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[running]} in flight · [green]{task.fields[ok]} ok[/] · "
+                       "[red]{task.fields[failed]} failed[/]"),
+            TimeElapsedColumn(), console=console, transient=False,
+        )
+        self.task = self.progress.add_task("sweep", total=total, running=0, ok=0, failed=0)
+        self.running = self.ok = self.failed = 0
+
+    def __enter__(self) -> _Display:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def started(self, event: Event) -> None:
+        self.running += 1
+        self.progress.update(self.task, running=self.running)
+
+    def finished(self, event: Event) -> None:
+        run = event.result.run
+        self.running -= 1
+        if run["status"] == "ok":
+            self.ok += 1
+            seconds = (run["finished_at"] - run["created_at"]).total_seconds()
+            self.progress.console.print(f"[green]✓[/] {event.run.label} [dim]({event.where}, {seconds:.1f} s)[/]")
+        else:
+            self.failed += 1
+            first = (run.get("error") or "").strip().splitlines()[:1]
+            self.progress.console.print(f"[red]✗ {event.run.label}: {run['failure']}[/] [dim]({event.where})[/] "
+                                        + (first[0][:200] if first else ""))
+        self.progress.update(self.task, advance=1, running=self.running, ok=self.ok, failed=self.failed)
+
+
+def run_sweep(sweep: Sweep, executor: Any, store: Store, *, rerun: bool = False,
+              console: Console | None = None) -> SweepOutcome:
+    """Plan, skip what is finished, make missing variants, run the rest on `executor`, store every result."""
+    console = console or Console(stderr=True)
+    runs = plan(sweep)
+    todo, skipped = split_finished(runs, store, executor.accepts, rerun)
+    outcome = SweepOutcome(planned=len(runs), skipped=len(skipped))
+    placeable = []
+    for run in todo:
+        why = executor.placeable(run)
+        if why:
+            outcome.unplaceable.append((run, why))
+        else:
+            placeable.append(run)
+    console.print(f"[bold]sweep {sweep.name}[/]: {len(runs)} runs planned, {len(skipped)} already finished"
+                  + (f", {len(outcome.unplaceable)} cannot be placed" if outcome.unplaceable else "")
+                  + f"; {len(placeable)} to run on {executor.where()}")
+    for run, why in outcome.unplaceable:
+        console.print(f"[yellow]not run:[/] {run.label}: {why}")
+
+    def store_result(result: RunResult) -> None:
+        outcome.run_ids.append(store.write_run(result))
+        if result.run["status"] == "ok":
+            outcome.ok += 1
+        else:
+            outcome.failed += 1
+
+    unmade = make_missing(placeable, console)
+    with _Display(console, len(placeable)) as display:
+        ready = []
+        for run in placeable:
+            if run.make in unmade:
+                event = Event("finished", run, failed_result(run.spec, "error", unmade[run.make]), "quantize")
+                store_result(event.result)
+                display.started(event)
+                display.finished(event)
+            else:
+                ready.append(run)
+        for event in executor.run(ready):
+            if event.kind == "started":
+                display.started(event)
+            else:
+                store_result(event.result)  # the driver is the only DuckDB writer
+                display.finished(event)
+    return outcome
+
+
+def print_summary(store: Store, outcome: SweepOutcome, out: Console | None = None) -> None:
+    """The runs this sweep stored, then the which-quant report for each GPU they ran on."""
+    out = out or Console()
+    if not outcome.run_ids:
+        out.print(f"Nothing ran: {outcome.skipped} of {outcome.planned} runs were already finished "
+                  f"(--rerun runs them again), {len(outcome.unplaceable)} could not be placed.")
+        return
+    from quantbench.cli import runs_table
+
+    df = store.read("SELECT * FROM run_summary WHERE run_id IN (SELECT unnest(?::UUID[])) ORDER BY created_at",
+                    [outcome.run_ids])
+    out.print(runs_table(df, f"sweep: {outcome.ok} ok, {outcome.failed} failed, {outcome.skipped} already "
+                             f"finished — stored in {store.path}"))
+    try:
+        from quantbench.report import report_for_this_machine
+    except ImportError:
+        return
+    for gpu, host in dict.fromkeys(zip(df.gpu_name.map(text_or_none), df.host.map(text_or_none), strict=True)):
+        try:
+            out.print(report_for_this_machine(store, gpu or "cpu", None if gpu else host), markup=False, soft_wrap=True)
+        except QuantbenchError as e:
+            out.print(f"report for {gpu or f'CPU ({host})'}: {e}", markup=False)
+
+
+def cli_sweep(path: str | os.PathLike[str], executor: str = "local", address: str | None = None,
+              rerun: bool = False, db: str | os.PathLike[str] | None = None,
+              parquet_dir: str | None = None) -> SweepOutcome:
+    """`quantbench sweep FILE [--executor local|ray] [--address auto] [--rerun] [--db PATH] [--parquet-dir DIR]`.
+    Returns the outcome (the CLI exits 1 when outcome.failed)."""
+    sweep = load_sweep(path)
+    if executor == "local":
+        for option, value in (("--address", address), ("--parquet-dir", parquet_dir)):
+            if value:
+                raise ConfigError(f"{option} is for --executor ray; remove it (a local sweep stores into --db)")
+        ex: Any = LocalExecutor()
+    elif executor == "ray":
+        from quantbench.sweep.ray import RayExecutor
+
+        ex = RayExecutor(address=address, parquet_dir=parquet_dir, **sweep.ray)
+    else:
+        raise ConfigError(f"--executor {executor!r}: use local or ray")
+    store = Store(db)
+    try:
+        outcome = run_sweep(sweep, ex, store, rerun=rerun)
+    finally:
+        ex.close()
+    print_summary(store, outcome)
+    return outcome

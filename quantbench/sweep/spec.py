@@ -1,0 +1,381 @@
+"""The sweep file: what a sweep.toml may say, read and validated into a `Sweep`.
+
+The format is documented in examples/sweep.toml. Every mistake in a file is a ConfigError that names the file,
+the key and the fix (`{file}: {key}: {problem}; {fix}`), raised by `load_sweep` before anything runs: variant
+settings are checked against RunSpec's own annotations, backends against the installed ones, suites are loaded,
+and a quantized variant of a checkpoint model must exist already unless `quantize_missing = true`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import tomllib
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from quantbench.backend import RunSpec, backend_names, get_backend
+from quantbench.errors import ConfigError
+from quantbench.machine import KNOWN_FAMILIES
+
+# Backends whose checkpoint `quantbench quantize --scheme <scheme>` makes from a BF16 checkpoint.
+SCHEMES = {"int4": "int4", "nvfp4": "nvfp4", "fp8": "fp8"}
+FAMILIES = tuple(f for f in KNOWN_FAMILIES if f != "cpu")
+# RunSpec fields the matrix itself sets (or that must not sit in a file): not allowed in [defaults] / [[variants]].
+AXIS_FIELDS = {"backend", "model", "suite", "gpu", "shape", "layers", "device", "api_key", "extra", "trust_remote_code"}
+SETTINGS = {f.name for f in fields(RunSpec)} - AXIS_FIELDS
+TOP_KEYS = {"name", "repeats", "quantize_missing", "variants_dir", "quantize", "suites", "gpus", "defaults", "models",
+            "variants", "ray"}
+MODEL_KEYS = {"name", "fixture", "path", "shape", "layers", "trust_remote_code", *SCHEMES}
+VARIANT_KEYS = SETTINGS | {"name", "backend", "models"}
+RAY_KEYS = {"num_cpus", "max_retries"}
+QUANTIZE_KEYS = {"iters": int, "nsamples": int, "seqlen": int, "group_size": int, "experts_only": bool, "seed": int}
+CHOICES = {
+    "role": ("candidate", "reference", "noise_floor"),
+    "nvfp4_mode": ("packed", "unpacked"),
+    "nvfp4_activations": ("on", "off"),
+    "method": ("auto", "continuation"),
+    "cuda_graph": ("auto", "off"),
+    "dtype": ("bfloat16", "float32", "float16"),
+}
+POSITIVE = {"limit", "timeout_s", "concurrency", "max_tokens", "max_options"}
+NON_NEGATIVE = {"warmup", "latency_min_decisions", "latency_min_seconds", "seed"}
+HINTS = typing.get_type_hints(RunSpec)
+
+
+@dataclass
+class Model:
+    name: str
+    fixture: bool = False  # the embedded default model
+    path: Path | None = None  # a BF16 checkpoint dir
+    shape: str | None = None  # a synthetic real shape (random weights: speed and memory only)
+    layers: int | None = None
+    trust_remote_code: bool = False
+    made: dict[str, Path] = field(default_factory=dict)  # scheme → a ready quantized checkpoint of this model
+
+
+@dataclass
+class Variant:
+    label: str
+    backend: str
+    settings: dict[str, Any]
+    models: list[str] | None = None  # only these models (an http endpoint serves one)
+
+
+@dataclass
+class Sweep:
+    path: Path
+    name: str
+    models: list[Model]
+    variants: list[Variant]
+    suites: list[str | None]  # None = the built-in suite
+    gpus: list[str]
+    variants_dir: Path
+    repeats: int = 1
+    quantize_missing: bool = False
+    quantize: dict[str, Any] = field(default_factory=dict)  # quantbench quantize options (the recipe)
+    defaults: dict[str, Any] = field(default_factory=dict)
+    ray: dict[str, Any] = field(default_factory=dict)
+
+
+def made_variant_dir(sweep: Sweep, model: Model, scheme: str) -> Path:
+    """variants_dir/<model>-<scheme>-<recipe hash>: another recipe is another checkpoint (and another config)."""
+    from quantbench.quantize import Recipe
+
+    return sweep.variants_dir / f"{model.name}-{scheme}-{Recipe(scheme, **sweep.quantize).hash[:8]}"
+
+
+def checkpoint_ready(path: Path) -> bool:
+    """A made checkpoint is ready once its config.json is there (the sweep's quantize renames a finished one into
+    place, so a crash leaves none behind)."""
+    return (path / "config.json").is_file()
+
+
+def _kind(value: Any) -> str:
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
+             dict: "a table"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _hint_ok(value: Any, hint: Any) -> bool:
+    for t in typing.get_args(hint) or (hint,):
+        if t is type(None):
+            continue
+        if t in (int, float) and isinstance(value, bool):
+            continue
+        if (t is float and isinstance(value, int | float)) or isinstance(value, typing.get_origin(t) or t):
+            return True
+    return False
+
+
+def _hint_name(hint: Any) -> str:
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string", dict: "a table"}
+    kinds = [t for t in typing.get_args(hint) or (hint,) if t is not type(None)]
+    return " or ".join(names.get(typing.get_origin(t) or t, str(t)) for t in kinds)
+
+
+class _Parser:
+    """Turns the TOML data into a Sweep; every problem names the file, the key and the fix."""
+
+    def __init__(self, path: Path):
+        self.path, self.base = path, path.parent
+
+    def fail(self, where: str, problem: str, fix: str = "") -> typing.NoReturn:
+        raise ConfigError(f"{self.path}: {where}: {problem}" + (f"; {fix}" if fix else ""))
+
+    def keys(self, table: dict[str, Any], allowed: set[str], where: str) -> None:
+        for key in table:
+            if key not in allowed:
+                near = difflib.get_close_matches(key, sorted(allowed), n=1)
+                hint = f"did you mean {near[0]!r}? " if near else ""
+                if key == "api_key":
+                    self.fail(f"{where}.api_key", "secrets do not belong in a sweep file",
+                              "set $QUANTBENCH_API_KEY in the environment instead (on every node, for Ray)")
+                self.fail(where, f"unknown key {key!r}", f"{hint}allowed keys: {', '.join(sorted(allowed))}")
+
+    def typed(self, value: Any, kind: type | tuple[type, ...], where: str, what: str) -> Any:
+        ok = isinstance(value, kind) and not (isinstance(value, bool) and kind in (int, float, (int, float)))
+        if not ok:
+            self.fail(where, f"expected {what}, got {value!r} ({_kind(value)})")
+        return value
+
+    def table(self, data: dict[str, Any], key: str, where: str) -> dict[str, Any]:
+        return self.typed(data.get(key, {}), dict, where, f"a table ([{key}])")
+
+    def settings(self, table: dict[str, Any], where: str) -> dict[str, Any]:
+        """RunSpec settings, type- and range-checked against RunSpec's own annotations."""
+        out = {}
+        for key, value in table.items():
+            if key not in SETTINGS:
+                continue
+            loc = f"{where}.{key}"
+            if not _hint_ok(value, HINTS[key]):
+                self.fail(loc, f"expected {_hint_name(HINTS[key])}, got {value!r} ({_kind(value)})")
+            if key in CHOICES and value not in CHOICES[key]:
+                self.fail(loc, f"{value!r} is not one of {', '.join(CHOICES[key])}")
+            if key in POSITIVE and value <= 0 or key in NON_NEGATIVE and value < 0:
+                self.fail(loc, f"must be {'positive' if key in POSITIVE else 'zero or more'}, got {value}")
+            out[key] = float(value) if HINTS[key] is float else value
+        return out
+
+    def checkpoint_dir(self, value: Any, where: str, what: str) -> Path:
+        path = Path(self.typed(value, str, where, "a directory path (a string)")).expanduser()
+        path = path if path.is_absolute() else (self.base / path).resolve()
+        if not path.is_dir():
+            self.fail(where, f"{path} does not exist or is not a directory", f"give the {what} directory")
+        if not (path / "config.json").is_file():
+            self.fail(where, f"{path} has no config.json", f"give a transformers checkpoint directory ({what})")
+        return path
+
+    # -- sections --------------------------------------------------------------------------------------------
+    def sweep(self, data: dict[str, Any]) -> Sweep:
+        self.keys(data, TOP_KEYS, "top level")
+        name = self.typed(data.get("name", self.path.stem), str, "name", "a string")
+        repeats = self.typed(data.get("repeats", 1), int, "repeats", "an integer")
+        if repeats < 1:
+            self.fail("repeats", f"must be 1 or more, got {repeats}")
+        quantize_missing = self.typed(data.get("quantize_missing", False), bool, "quantize_missing", "true or false")
+        variants_dir = Path(self.typed(data.get("variants_dir", "variants"), str, "variants_dir", "a path"))
+        variants_dir = variants_dir if variants_dir.is_absolute() else (self.base / variants_dir).resolve()
+        defaults = self.table(data, "defaults", "defaults")
+        self.keys(defaults, SETTINGS, "defaults")
+        quantize = self.table(data, "quantize", "quantize")
+        self.keys(quantize, set(QUANTIZE_KEYS), "quantize")
+        for key, value in quantize.items():
+            self.typed(value, QUANTIZE_KEYS[key], f"quantize.{key}", "true or false" if QUANTIZE_KEYS[key] is bool
+                       else "an integer")
+        ray = self.table(data, "ray", "ray")
+        self.keys(ray, RAY_KEYS, "ray")
+        for key, value in ray.items():
+            least = 1 if key == "num_cpus" else 0
+            if self.typed(value, int, f"ray.{key}", "an integer") < least:
+                self.fail(f"ray.{key}", f"must be {least} or more, got {value}")
+
+        models = self.models(data.get("models"))
+        variants = self.variants(data.get("variants"), {m.name for m in models})
+        sweep = Sweep(path=self.path, name=name, models=models, variants=variants, suites=self.suites(data),
+                      gpus=self.gpus(data), variants_dir=variants_dir, repeats=repeats,
+                      quantize_missing=quantize_missing, quantize=quantize, defaults=self.settings(defaults, "defaults"), ray=ray)
+        if quantize:
+            from quantbench.quantize import Recipe
+
+            try:
+                Recipe("int4", **quantize)
+            except ConfigError as e:
+                self.fail("quantize", str(e))
+        self.checkpoints(sweep)
+        return sweep
+
+    def models(self, items: Any) -> list[Model]:
+        if items is None:
+            return [Model(name="fixture", fixture=True)]  # no [[models]]: the embedded default model
+        self.typed(items, list, "models", "a list of [[models]] tables")
+        if not items:
+            self.fail("models", "the list is empty", 'add a [[models]] table, e.g. fixture = true')
+        out, seen = [], set()
+        for i, item in enumerate(items):
+            where = f"models[{i}]"
+            self.typed(item, dict, where, "a table")
+            self.keys(item, MODEL_KEYS, where)
+            name = self.typed(item.get("name", ""), str, f"{where}.name", "a string")
+            if not name:
+                self.fail(where, "no name", 'give it name = "..." (variants and the summary use it)')
+            if name in seen:
+                self.fail(f"{where}.name", f"{name!r} is used twice", "give each model its own name")
+            seen.add(name)
+            kinds = [k for k in ("fixture", "path", "shape") if item.get(k) not in (None, False)]
+            if len(kinds) != 1:
+                self.fail(where, f"model {name!r} needs exactly one of fixture = true, path = \"DIR\", "
+                          f"shape = \"...\" (has {', '.join(kinds) or 'none'})")
+            model = Model(name=name, trust_remote_code=self.typed(item.get("trust_remote_code", False), bool,
+                                                                  f"{where}.trust_remote_code", "true or false"))
+            if kinds == ["fixture"]:
+                model.fixture = self.typed(item["fixture"], bool, f"{where}.fixture", "true or false")
+            elif kinds == ["path"]:
+                model.path = self.checkpoint_dir(item["path"], f"{where}.path", "BF16 checkpoint")
+            else:
+                from quantbench.fixture import SYNTHETIC_SHAPES
+
+                model.shape = self.typed(item["shape"], str, f"{where}.shape", "a string")
+                if model.shape not in SYNTHETIC_SHAPES:
+                    self.fail(f"{where}.shape", f"unknown shape {model.shape!r}",
+                              f"use one of {', '.join(sorted(SYNTHETIC_SHAPES))}")
+            if "layers" in item:
+                if not model.shape:
+                    self.fail(f"{where}.layers", "layers only applies to a synthetic shape", "remove it")
+                model.layers = self.typed(item["layers"], int, f"{where}.layers", "an integer")
+                if model.layers < 1:
+                    self.fail(f"{where}.layers", f"must be 1 or more, got {model.layers}")
+            for scheme in SCHEMES.values():
+                if scheme in item:
+                    if not model.path:
+                        self.fail(f"{where}.{scheme}", "a ready-made variant only goes with path = \"DIR\"",
+                                  "remove it (the backend makes the fixture's and synthetic variants itself)")
+                    model.made[scheme] = self.checkpoint_dir(item[scheme], f"{where}.{scheme}", f"{scheme} checkpoint")
+            out.append(model)
+        return out
+
+    def variants(self, items: Any, model_names: set[str]) -> list[Variant]:
+        if items is None or items == []:
+            self.fail("variants", "no variants", 'add at least one [[variants]] table, e.g. backend = "bf16"')
+        self.typed(items, list, "variants", "a list of [[variants]] tables")
+        installed = backend_names()
+        out = []
+        for i, item in enumerate(items):
+            where = f"variants[{i}]"
+            self.typed(item, dict, where, "a table")
+            self.keys(item, VARIANT_KEYS, where)
+            if "backend" not in item:
+                self.fail(where, "no backend", f'give backend = "..." (installed: {", ".join(installed)})')
+            backend = self.typed(item["backend"], str, f"{where}.backend", "a string")
+            if ":" in backend:
+                try:
+                    get_backend(backend)
+                except ConfigError as e:
+                    self.fail(f"{where}.backend", str(e))
+            elif backend not in installed:
+                near = difflib.get_close_matches(backend, installed, n=1)
+                self.fail(f"{where}.backend", f"{backend!r} is not an installed backend",
+                          (f"did you mean {near[0]!r}? " if near else "")
+                          + f"installed: {', '.join(installed)} (or give package.module:Class)")
+            settings = self.settings(item, where)
+            models = item.get("models")
+            if models is not None:
+                self.typed(models, list, f"{where}.models", "a list of model names")
+                for m in models:
+                    if m not in model_names:
+                        self.fail(f"{where}.models", f"no model named {m!r}",
+                                  f"use names from [[models]]: {', '.join(sorted(model_names))}")
+            if backend == "http":
+                if not settings.get("endpoint"):
+                    self.fail(where, 'backend "http" needs endpoint = "http://HOST:PORT"')
+                if models is None and len(model_names) > 1:
+                    self.fail(f"{where}.models", "an http variant measures the model its server serves",
+                              'say which with models = ["NAME"]')
+            label = item.get("name") or _default_label(backend, settings)
+            out.append(Variant(label=self.typed(label, str, f"{where}.name", "a string"), backend=backend,
+                               settings=settings, models=models))
+        return out
+
+    def suites(self, data: dict[str, Any]) -> list[str | None]:
+        from quantbench.suite import load_suite
+
+        items = self.typed(data.get("suites", ["builtin"]), list, "suites", 'a list, e.g. ["builtin"]')
+        if not items:
+            self.fail("suites", "the list is empty", 'use ["builtin"] for the built-in suite')
+        out: list[str | None] = []
+        for i, item in enumerate(items):
+            self.typed(item, str, f"suites[{i}]", '"builtin" or a JSONL path')
+            if item == "builtin":
+                out.append(None)
+                continue
+            path = Path(item).expanduser()
+            path = path if path.is_absolute() else (self.base / path).resolve()
+            if not path.is_file():
+                self.fail(f"suites[{i}]", f"{path} does not exist", 'give a suite JSONL file, or "builtin"')
+            load_suite(path)  # a bad record fails now, not in the middle of the sweep
+            out.append(str(path))
+        return out
+
+    def gpus(self, data: dict[str, Any]) -> list[str]:
+        items = self.typed(data.get("gpus", ["auto"]), list, "gpus", 'a list, e.g. ["hopper", {name = "H200"}]')
+        if not items:
+            self.fail("gpus", "the list is empty", 'use ["auto"] for whatever this host or cluster has')
+        out: list[str] = []
+        for i, item in enumerate(items):
+            where = f"gpus[{i}]"
+            if isinstance(item, dict):
+                self.keys(item, {"name"}, where)
+                name = self.typed(item.get("name", ""), str, f"{where}.name", "a string").strip()
+                if not name:
+                    self.fail(where, "an empty GPU name", 'give part of the GPU\'s name, e.g. {name = "H200"}')
+                gpu = name
+            else:
+                gpu = self.typed(item, str, where, "a GPU family or {name = \"...\"}").strip().lower()
+                if gpu not in ("auto", "cpu", *FAMILIES):
+                    near = difflib.get_close_matches(gpu, [*FAMILIES, "auto", "cpu"], n=1)
+                    self.fail(where, f"unknown GPU family {item!r}",
+                              (f"did you mean {near[0]!r}? " if near else "")
+                              + f"use auto, cpu or a family ({', '.join(FAMILIES)}); "
+                              f'for a GPU by name write {{name = "{item}"}}')
+            if gpu not in out:
+                out.append(gpu)
+        return out
+
+    def checkpoints(self, sweep: Sweep) -> None:
+        """Every quantized variant of a checkpoint model must exist already, or be made (quantize_missing)."""
+        for i, model in enumerate(sweep.models):
+            for variant in sweep.variants:
+                scheme = SCHEMES.get(variant.backend)
+                if not scheme or not model.path or scheme in model.made or (variant.models and model.name not in variant.models):
+                    continue
+                if not sweep.quantize_missing and not checkpoint_ready(made_variant_dir(sweep, model, scheme)):
+                    self.fail(f"models[{i}]", f"variant {variant.label!r} needs a {scheme} checkpoint of "
+                              f"{model.name!r}", f'give {scheme} = "DIR" in that model, or set quantize_missing = true '
+                              "to make it with quantbench quantize first")
+
+
+def _default_label(backend: str, settings: dict[str, Any]) -> str:
+    label = backend.rpartition(":")[2] if ":" in backend else backend
+    if backend == "nvfp4":
+        label += f"-{settings.get('nvfp4_mode', 'packed')}"
+    if settings.get("experts_impl") not in (None, "grouped_mm"):
+        label += f"-{settings['experts_impl']}"
+    if settings.get("role") == "noise_floor":
+        label += " (noise floor)"
+    return label
+
+
+def load_sweep(path: str | os.PathLike[str]) -> Sweep:
+    """Read and validate a sweep file. Raises ConfigError naming the file, the key and the fix."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such sweep file; see examples/sweep.toml for the format")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}; fix the file at that line") from None
+    return _Parser(path.resolve()).sweep(data)
+
