@@ -10,9 +10,8 @@ import torch
 from quantbench.backend import Availability, LoadedVariant, RunSpec, VariantInfo, dir_bytes
 from quantbench.checkpoint import experts_tensor_bytes, load_causal_lm, model_identity
 from quantbench.errors import ConfigError
+from quantbench.loading import dtype_of
 from quantbench.scoring import TransformersEngine
-
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
 
 def set_experts_implementation(model, name: str) -> str:
@@ -35,9 +34,7 @@ class Bf16Backend:
         return Availability(True, None, f"runs on {where}; experts grouped_mm | eager")
 
     def load(self, spec: RunSpec, machine) -> LoadedVariant:
-        if spec.dtype not in DTYPES:
-            raise ConfigError(f"--dtype {spec.dtype!r}: use one of {', '.join(DTYPES)}")
-        dtype = DTYPES[spec.dtype]
+        dtype = dtype_of(spec)
         if spec.shape:
             from quantbench.fixture import build_synthetic, synthetic_id
 

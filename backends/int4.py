@@ -23,9 +23,8 @@ import torch
 from quantbench.backend import Availability, LoadedVariant, RunSpec, VariantInfo, dir_bytes
 from quantbench.checkpoint import experts_tensor_bytes, load_causal_lm, model_identity
 from quantbench.errors import ConfigError, LoadError
+from quantbench.loading import dtype_of
 from quantbench.scoring import TransformersEngine
-
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def read_quant_config(path: Path) -> dict[str, Any]:
@@ -111,9 +110,7 @@ class Int4Backend:
         return Availability(True, "native", "CPU: grouped-MoE cpu-vectorised; --no-fast-moe: per-expert")
 
     def load(self, spec: RunSpec, machine) -> LoadedVariant:
-        if spec.dtype not in DTYPES:
-            raise ConfigError(f"--dtype {spec.dtype!r}: use one of {', '.join(DTYPES)}")
-        dtype = DTYPES[spec.dtype]
+        dtype = dtype_of(spec)
         device = spec.device or ("cuda:0" if torch.cuda.is_available() else "cpu")
         if spec.shape:
             return self._load_synthetic(spec, dtype, device)
