@@ -108,9 +108,12 @@ def sidebar(runs: pd.DataFrame) -> Selection:
     here = machines[machines["family"] == family]
     gpus = sorted(here["gpu_id"].unique())
     gpu = bound_select("GPU", "gpu", gpus, gpu_labels, help="the exact GPU (or CPU host) the runs were made on")
-    # newest first: the model a person just ran is the one they come to look at
-    on_gpu = runs[(runs["family"].astype(str) == family) & (runs["gpu_id"].astype(str) == gpu)]
-    models = list(dict.fromkeys(reversed(on_gpu["model_id"].astype(str).tolist())))  # runs come oldest first
+    # The model a person just ran comes first, trained weights before synthetic ones (those answer "which quant"
+    # only for speed and memory); runs come oldest first.
+    on_gpu = runs[(runs["family"].astype(str) == family) & (runs["gpu_id"].astype(str) == gpu)].iloc[::-1]
+    newest = list(dict.fromkeys(on_gpu["model_id"].astype(str)))
+    synthetic = set(on_gpu.loc[on_gpu["weights"].astype(str) == "synthetic", "model_id"].astype(str))
+    models = sorted(newest, key=lambda m: (m in synthetic, newest.index(m)))
     model = bound_select("Model", "model", models)
     return Selection(family, gpu, gpu_labels[gpu], model)
 

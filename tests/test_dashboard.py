@@ -68,6 +68,13 @@ def test_every_page_renders_without_an_exception(store):
     assert len(at.dataframe) >= 1  # the runs table
 
 
+def test_the_model_opened_by_default_is_the_newest_with_trained_weights(store):
+    """On the H200 the synthetic model ran last, but only trained weights answer "which quant" for quality."""
+    at = app(gpu="NVIDIA H200")
+    assert at.selectbox(key="model").options == [ds.MODEL, ds.SYNTHETIC_MODEL]
+    assert at.selectbox(key="model").value == ds.MODEL
+
+
 def test_the_table_shows_what_quantbench_report_computes_for_that_gpu(store):
     at = app(gpu="NVIDIA H200")
     assert at.selectbox(key="gpu").value == "NVIDIA H200"
