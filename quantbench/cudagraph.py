@@ -112,6 +112,10 @@ class GraphedDecoder:
             for _ in range(2):
                 self.decoder(input_ids=static_ids, use_cache=False)
         torch.cuda.current_stream(device).wait_stream(side)
+        # The warm-up's blocks stay cached for the side stream, where the capture cannot use them; at batch 32 of
+        # the 30B shape that doubling ran the H200 out of memory (2026-11-29). Hand them back first.
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             static_out = self.decoder(input_ids=static_ids, use_cache=False).last_hidden_state
