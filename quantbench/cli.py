@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from quantbench.errors import QuantbenchError
+from quantbench.errors import ConfigError, QuantbenchError
 
 app = typer.Typer(
     help="Which quant of a mixture-of-experts model should I use on this GPU? Measured, reproducibly.",
@@ -266,12 +266,31 @@ def migrate(db: DbOpt = None) -> None:
 def fixture(
     rebuild: Annotated[bool, typer.Option(help="Build again even if cached")] = False,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Write the checkpoint here instead of the cache")] = None,
+    shape: Annotated[str | None, typer.Option(help="Instead: the same family at a real shape (qwen3-30b-a3b) with "
+                                                   "seeded random weights, written to --out (weights: synthetic)")] = None,
+    layers: Annotated[int | None, typer.Option(help="--shape: number of layers (default: the real model's)")] = None,
+    seed: Annotated[int, typer.Option(help="--shape: the random weights' seed")] = 0,
 ) -> None:
     """Build (or show) the embedded default model: a small trained Qwen3-MoE with its own tokenizer."""
-    from quantbench.fixture import main_fixture
+    from quantbench.fixture import SYNTHETIC_SHAPES, main_fixture, save_synthetic, synthetic_id
 
     try:
-        main_fixture(rebuild, out_dir)
+        if shape is None:
+            if layers is not None:
+                raise ConfigError("--layers applies to --shape only: the embedded model's layers are part of its recipe")
+            main_fixture(rebuild, out_dir)
+            return
+        if shape not in SYNTHETIC_SHAPES:
+            raise ConfigError(f"--shape {shape!r}: use one of {', '.join(sorted(SYNTHETIC_SHAPES))}")
+        if out_dir is None:
+            raise ConfigError("--shape writes a checkpoint (61 GB at 48 layers): give --out DIR")
+        if layers is not None and layers < 1:
+            raise ConfigError(f"--layers {layers}: give at least 1")
+        with err.status(f"building {synthetic_id(shape, layers, seed)} …"):
+            path = save_synthetic(shape, out_dir, layers=layers, seed=seed)
+        size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+        out.print(f"{synthetic_id(shape, layers, seed)} (random weights: speed and memory only) at {path}, "
+                  f"{size / 1e9:.2f} GB")
     except QuantbenchError as e:
         _fail(e)
 

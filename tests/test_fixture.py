@@ -166,3 +166,24 @@ def test_saved_synthetic_checkpoint_loads_strictly_and_is_marked_synthetic(tmp_p
 def test_unknown_synthetic_shape_names_the_known_ones():
     with pytest.raises(ValueError, match="qwen3-30b-a3b"):
         F.build_synthetic("llama-7b", layers=1)
+
+
+def test_the_fixture_command_writes_a_real_shape_checkpoint_and_refuses_what_it_cannot_do(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from quantbench.cli import app
+
+    small = dict(F.SYNTHETIC_SHAPES["qwen3-30b-a3b"], vocab_size=2048, hidden_size=128, num_attention_heads=2,
+                 num_key_value_heads=1, head_dim=64, num_experts=8, moe_intermediate_size=64)
+    monkeypatch.setitem(F.SYNTHETIC_SHAPES, "small", small)
+    runner = CliRunner()
+    done = runner.invoke(app, ["fixture", "--shape", "small", "--layers", "1", "--seed", "2", "--out", str(tmp_path / "s")])
+    assert done.exit_code == 0, done.output
+    assert F.synthetic_id("small", 1, 2) in done.output and "speed and memory only" in done.output
+    assert model_identity(tmp_path / "s")["weights"] == "synthetic"
+    for args, message in ((["--shape", "llama-7b", "--out", str(tmp_path / "x")], "use one of"),
+                          (["--shape", "small"], "give --out"),
+                          (["--shape", "small", "--layers", "0", "--out", str(tmp_path / "y")], "at least 1"),
+                          (["--layers", "2"], "--shape only")):
+        done = runner.invoke(app, ["fixture", *args])
+        assert done.exit_code != 0 and message in done.output, (args, done.output)
