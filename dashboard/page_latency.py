@@ -9,8 +9,9 @@ st.title("Latency")
 sel = url_state.selection()
 db, mtime = store_cache.current()
 reports = store_cache.reports_for(db, mtime, url_state.rules())
-rows = [row for rep in reports if store_cache.report_key(rep) == sel.gpu and rep.model_id == sel.model
-        for row in rep.rows if row.ok]
+mine = [rep for rep in reports if store_cache.report_key(rep) == sel.gpu and rep.model_id == sel.model]
+rows = [row for rep in mine for row in rep.rows if row.ok]
+suite_of = {str(row.run["run_id"]): rep.suite_id for rep in mine for row in rep.rows}
 if not rows:
     st.info(f"No successful run of {sel.model} on {sel.gpu_label}: nothing was timed. See the Runs page.", icon="ℹ️")
     st.stop()
@@ -18,7 +19,9 @@ if not rows:
 st.caption(f"{sel.model} on {sel.gpu_label}: the runs in the report (the latest successful run of each variant). "
            "Model time is the forward pass alone (CUDA events on a GPU, perf_counter on a CPU); tokenization is "
            "reported apart as prep.")
-label = {str(r.run["run_id"]): r.label for r in rows}
+# One report per suite: with several (e.g. 128-, 512- and 2048-token decisions) a variant appears once per suite
+several = len({rep.suite_hash for rep in mine}) > 1
+label = {str(r.run["run_id"]): f"{r.label} · {suite_of[str(r.run['run_id'])]}" if several else r.label for r in rows}
 fmt = {str(r.run["run_id"]): str(r.run.get("weight_format")) for r in rows}
 lat = store_cache.latencies(db, mtime, tuple(label))
 if lat.empty:
@@ -32,12 +35,13 @@ phases = right.multiselect("Phase", sorted(lat["phase"].unique()), default=sorte
                            help="suite: the decisions whose answers are scored; latency: extra timed repeats")
 kind = right.radio("Chart", ["box", "violin"], horizontal=True)
 shown = lat[lat["phase"].isin(phases)]
-left.plotly_chart(figures.latency_box(shown, [r.label for r in rows], kind), width="stretch")
+left.plotly_chart(figures.latency_box(shown, list(label.values()), kind), width="stretch")
 
 # Percentiles from the store's run_latency view: the figures `quantbench report` prints.
 runs = store_cache.runs(db, mtime).set_index("run_id")
 table = pd.DataFrame([{
     "Variant": r.label,
+    "Suite": suite_of[rid],
     "Kernel": r.run.get("kernel_path"),
     "n timed": runs.at[rid, "n_timed"],
     "p50 (ms)": runs.at[rid, "p50_ms"],

@@ -162,6 +162,7 @@ def test_latency_page_percentiles_are_the_stores(store):
         assert table.at[v, "p50 (ms)"] == pytest.approx(summary.at[v, "p50_ms"])
         assert table.at[v, "p99 (ms)"] == pytest.approx(summary.at[v, "p99_ms"])
         assert table.at[v, "Cold start (ms)"] == pytest.approx(summary.at[v, "cold_ms"])
+    assert set(table["Suite"]) == {ds.SUITE[0]}  # every row says which decisions it timed
 
 
 def test_parity_page_lists_the_flips_and_searches_them(store):
