@@ -468,17 +468,17 @@ def _markdown_one(report: GpuReport) -> str:
 
 
 def _summary_rows(reports: list[GpuReport]) -> list[dict[str, str]]:
-    return [{"GPU": r.gpu, "Model": str(r.model_id), "Recommended": r.recommended.label if r.recommended else "none",
-             "Rule": r.rule} for r in reports]
+    return [{"GPU": r.gpu, "Model": str(r.model_id), "Suite": str(r.suite_id),
+             "Recommended": r.recommended.label if r.recommended else "none", "Rule": r.rule} for r in reports]
 
 
 def _markdown(reports: list[GpuReport]) -> str:
     parts = [_markdown_one(r) for r in reports]
     if len(reports) > 1:
         rows = _summary_rows(reports)
-        lines = ["### Recommended per GPU", "", "| GPU | Model | Recommended | Rule |", "|---|---|---|---|"]
-        lines += ["| " + " | ".join(_md_escape(row[k]) for k in ("GPU", "Model", "Recommended", "Rule")) + " |"
-                  for row in rows]
+        cols = ("GPU", "Model", "Suite", "Recommended", "Rule")
+        lines = ["### Recommended per GPU", "", "| " + " | ".join(cols) + " |", "|---|---|---|---|---|"]
+        lines += ["| " + " | ".join(_md_escape(row[k]) for k in cols) + " |" for row in rows]
         parts.append("\n".join(lines))
     return "\n\n".join(parts) + "\n"
 

@@ -285,7 +285,7 @@ def test_one_table_per_gpu_with_a_summary_and_gpu_filters(cpu_lab):
     assert h200["nvfp4-packed"].best_for == "failed here (oom)"
     assert reps[0].recommended.label == "int4" and reps[0].floor is None  # no floor run on the H200
     text = report.render(reps, "markdown")
-    assert "### Recommended per GPU" in text and "| NVIDIA H200 (hopper) | tiny-moe | int4 |" in text
+    assert "### Recommended per GPU" in text and "| NVIDIA H200 (hopper) | tiny-moe | builtin | int4 |" in text
     assert "| VRAM (weights) | Peak VRAM |" in text and "66.8 MiB*" in text  # torch reserved, marked
     assert "No noise-floor run" in text
     assert [r.gpu for r in report.build_report(lab.store, gpu="hopper")] == ["NVIDIA H200 (hopper)"]
