@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from quantbench.errors import UnsupportedError
+
 FIXTURE_VERSION = 1
 FIXTURE_INFO_FILE = "quantbench_fixture.json"
 LABEL_TOKENS = [" " + chr(ord("A") + i) for i in range(26)] + [" yes", " no"]
@@ -253,12 +255,34 @@ def _fill_random(model: torch.nn.Module, seed: int, std: float) -> None:
             p.data.normal_(0.0, std, generator=gen)
 
 
-def _new_model(config, device: str | torch.device, dtype: torch.dtype, seed: int):
-    """A Qwen3MoeForCausalLM allocated directly on `device` (no CPU init pass), filled from a seeded generator."""
+def free_bytes(device: str | torch.device) -> int:
+    """Memory a new allocation can take on `device`: free GPU memory, or the host's available RAM."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    import psutil
+
+    return psutil.virtual_memory().available
+
+
+def _new_model(config, device: str | torch.device, dtype: torch.dtype, seed: int, what: str | None = None):
+    """A Qwen3MoeForCausalLM allocated directly on `device` (no CPU init pass), filled from a seeded generator.
+    With `what` (a synthetic model's name), refuse before allocating when its weights cannot fit: a 61 GB model
+    on a 24 GiB host would otherwise be killed by the kernel with no message."""
     from transformers import Qwen3MoeForCausalLM
 
     with torch.device("meta"):
         model = Qwen3MoeForCausalLM(config)
+    if what is not None:
+        need = sum(t.numel() for t in model.parameters()) * torch.finfo(dtype).bits // 8
+        free = free_bytes(device)
+        if need > free:
+            per_layer = need / config.num_hidden_layers
+            fit = int(free // per_layer) - 1
+            raise UnsupportedError(
+                f"{what}: its {str(dtype).removeprefix('torch.')} weights need {need / 2**30:.1f} GiB on {device}, {free / 2**30:.1f} GiB is "
+                f"free; give --layers N (about {per_layer / 2**30:.2f} GiB each"
+                + (f"; at most {fit} here)" if fit >= 1 else ")"))
     model = model.to(dtype=dtype).to_empty(device=device)
     _fill_random(model, seed, config.initializer_range)
     # to_empty leaves buffers uninitialised: recompute the rotary frequencies on the device.
@@ -469,7 +493,7 @@ def build_synthetic(
         dims["num_hidden_layers"] = layers
     tokenizer = build_tokenizer()
     config = _config(dims, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
-    model = _new_model(config, device, dtype, seed).eval()
+    model = _new_model(config, device, dtype, seed, what=synthetic_id(shape, layers, seed)).eval()
     model.set_experts_implementation(experts_impl)
     model.quantbench_weights = "synthetic"  # read by the runner for the row's `weights` column
     model.quantbench_model_id = synthetic_id(shape, layers, seed)

@@ -187,3 +187,11 @@ def test_the_fixture_command_writes_a_real_shape_checkpoint_and_refuses_what_it_
                           (["--layers", "2"], "--shape only")):
         done = runner.invoke(app, ["fixture", *args])
         assert done.exit_code != 0 and message in done.output, (args, done.output)
+
+
+def test_a_real_shape_that_cannot_fit_is_refused_before_allocating_with_the_layers_that_would(monkeypatch):
+    from quantbench.errors import UnsupportedError
+
+    monkeypatch.setattr(F, "free_bytes", lambda device: 24 * 2**30)  # a 24 GiB host: 61 GB of BF16 cannot fit
+    with pytest.raises(UnsupportedError, match=r"need 56\.9 GiB on cpu, 24\.0 GiB is free; give --layers N .*at most"):
+        F.build_synthetic("qwen3-30b-a3b", device="cpu")
