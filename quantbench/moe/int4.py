@@ -269,8 +269,11 @@ def _kernel() -> Any:
                     acc = tl.dot(x, w, acc)
         return acc
 
+    from quantbench.moe.nvfp4 import expert_tile  # the M-tile -> expert mapping every grouped kernel shares
+
     # Triton resolves a jitted callee through the caller's module globals, not through this closure.
     globals()["int4_tile"] = int4_tile
+    globals()["expert_tile"] = expert_tile
 
     @triton.jit
     def int4_grouped_mm_kernel(
@@ -283,23 +286,10 @@ def _kernel() -> Any:
     ):
         # Axis 0 walks N so that programs running side by side share one M tile of x (it stays in L2).
         pid_n = tl.program_id(0)
-        pid_m = tl.program_id(1)
-        # Which expert and rows this M tile covers: the tiles of expert e follow those of expert e-1.
-        eidx = tl.arange(0, E_P2)
-        emask = eidx < E
-        ends = tl.load(offs_ptr + eidx, mask=emask, other=0)
-        starts = tl.load(offs_ptr + eidx - 1, mask=emask & (eidx > 0), other=0)
-        tiles = tl.where(emask, (ends - starts + BLOCK_M - 1) // BLOCK_M, 0)
-        tile_end = tl.cumsum(tiles, 0)
-        if pid_m >= tl.sum(tiles, 0):
+        e, row_start, row_end = expert_tile(offs_ptr, tl.program_id(1), E, E_P2, BLOCK_M)
+        if e >= E:  # a spare M tile past the last expert's rows
             return
-        e = tl.sum((tile_end <= pid_m).to(tl.int32), 0)
-        sel = eidx == e
-        first_tile = tl.sum(tl.where(sel, tile_end - tiles, 0), 0)
-        row_start = tl.sum(tl.where(sel, starts, 0), 0)
-        row_end = tl.sum(tl.where(sel, ends, 0), 0)
-
-        rows = row_start + (pid_m - first_tile) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rows = row_start + tl.arange(0, BLOCK_M)
         rmask = rows < row_end
         if GATHER:  # sorted row r reads token row_index[r] of the unsorted x: no gathered copy of x
             x_rows = tl.load(rowidx_ptr + rows, mask=rmask, other=0).to(tl.int64) * stride_xm
