@@ -19,8 +19,9 @@ from torch import Tensor
 
 from quantbench.backend import Availability, LoadedVariant, RunSpec, VariantInfo, dir_bytes
 from quantbench.errors import ConfigError
-from quantbench.loading import build_synthetic_quantized, device_of, dtype_of, engine_for, load_checkpoint
+from quantbench.loading import build_synthetic_quantized, device_of, dtype_of, load_checkpoint
 from quantbench.moe.engine import experts_nbytes, kernel_paths
+from quantbench.scoring import TransformersEngine
 
 
 def native_here(device: str, activations: str) -> bool:
@@ -57,7 +58,7 @@ class Fp8Backend:
             fields = {"model": got["model"], "tokenizer": got["tokenizer"], "weight_format": layout.weight_format,
                       "disk_bytes": dir_bytes(got["path"]), "extra": got["extra"], "load_note": "", **got["ident"]}
         model = fields.pop("model")
-        engine = engine_for(model, fields.pop("tokenizer"), spec)
+        engine = TransformersEngine.for_spec(model, fields.pop("tokenizer"), spec)
         native = native_here(device_of(spec), activations)
         info = VariantInfo(
             variant="fp8",

@@ -23,7 +23,7 @@ import torch
 from quantbench.backend import Availability, LoadedVariant, RunSpec, VariantInfo, dir_bytes
 from quantbench.checkpoint import experts_tensor_bytes, load_causal_lm, model_identity
 from quantbench.errors import ConfigError, LoadError
-from quantbench.loading import dtype_of
+from quantbench.loading import device_of, dtype_of
 from quantbench.scoring import TransformersEngine
 
 
@@ -111,7 +111,7 @@ class Int4Backend:
 
     def load(self, spec: RunSpec, machine) -> LoadedVariant:
         dtype = dtype_of(spec)
-        device = spec.device or ("cuda:0" if torch.cuda.is_available() else "cpu")
+        device = device_of(spec)
         if spec.shape:
             return self._load_synthetic(spec, dtype, device)
 

@@ -24,8 +24,9 @@ from torch import Tensor
 
 from quantbench.backend import Availability, LoadedVariant, RunSpec, VariantInfo, dir_bytes
 from quantbench.errors import ConfigError
-from quantbench.loading import build_synthetic_quantized, dtype_of, engine_for, load_checkpoint
+from quantbench.loading import build_synthetic_quantized, dtype_of, load_checkpoint
 from quantbench.moe.engine import experts_nbytes, kernel_paths
+from quantbench.scoring import TransformersEngine
 
 
 # -- the backend ----------------------------------------------------------------------------------------------------
@@ -60,7 +61,7 @@ class Nvfp4Backend:
             fields = {"model": got["model"], "tokenizer": got["tokenizer"], "weight_format": layout.weight_format,
                       "disk_bytes": dir_bytes(got["path"]), "extra": got["extra"], "load_note": "", **got["ident"]}
         model = fields.pop("model")
-        engine = engine_for(model, fields.pop("tokenizer"), spec)
+        engine = TransformersEngine.for_spec(model, fields.pop("tokenizer"), spec)
         blackwell = getattr(machine, "gpu_family", "cpu") == "blackwell"
         extra = {**fields.pop("extra"), "nvfp4_mode": mode, "nvfp4_activations": acts,
                  "native_fp4_hardware": blackwell}

@@ -74,26 +74,31 @@ class GraphedDecoder:
     def ensure(self, rows: int, width: int, device: torch.device) -> bool:
         """Capture the graph a [rows, width] batch replays, if it has none yet; False when it will run eagerly.
         The runner calls this before it starts a decision's clock, so no timed decision includes a capture."""
+        return self._graph_for(rows, width, device) is not None
+
+    def _graph_for(self, rows: int, width: int, device: torch.device):
+        """(graph, static input, static output) for this shape's bucket, captured on first use; None: eager."""
         if self.report.disabled or device.type != "cuda":
-            return False
+            return None
         key = bucket(rows, width, self.width_step, self.max_width)
         if key in self._graphs:
-            return True
+            return self._graphs[key]
         if len(self._graphs) >= self.max_graphs or key[0] * key[1] > self.max_tokens:
-            return False  # an unusual shape: not worth a graph's memory
+            return None  # an unusual shape: not worth a graph's memory
         try:
             self._graphs[key] = self._capture(key, device)
         except Exception as exc:  # noqa: BLE001 - any capture failure means: run eagerly, and say why
             self.report.disabled = f"capture of {list(key)} failed: {type(exc).__name__}: {str(exc)[:300]}"
             torch.cuda.synchronize(device)
-            return False
-        return True
+            return None
+        return self._graphs[key]
 
     def __call__(self, ids: Tensor) -> Tensor:
         rows, width = ids.shape
-        if not self.ensure(rows, width, ids.device):
+        entry = self._graph_for(rows, width, ids.device)
+        if entry is None:
             return self._eager(ids)
-        graph, static_ids, static_out = self._graphs[bucket(rows, width, self.width_step, self.max_width)]
+        graph, static_ids, static_out = entry
         static_ids.fill_(self.pad_id)
         static_ids[:rows, :width].copy_(ids)
         graph.replay()

@@ -1,4 +1,4 @@
-"""What the quantized backends share: the device and dtype a RunSpec asks for, the engine they answer through,
+"""What the quantized backends share: the device and dtype a RunSpec asks for,
 loading a quantized checkpoint with quantbench's loader, and synthetic real-shape models with quantized experts.
 
 Backends never import each other; what two of them need lives here.
@@ -16,7 +16,6 @@ from quantbench.backend import RunSpec
 from quantbench.checkpoint import model_identity
 from quantbench.errors import ConfigError
 from quantbench.moe.engine import DenseExperts, install_grouped_moe, kernel_paths
-from quantbench.scoring import TransformersEngine
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -29,10 +28,6 @@ def dtype_of(spec: RunSpec) -> torch.dtype:
     if spec.dtype not in DTYPES:
         raise ConfigError(f"--dtype {spec.dtype!r}: use one of {', '.join(DTYPES)}")
     return DTYPES[spec.dtype]
-
-
-def engine_for(model: Any, tokenizer: Any, spec: RunSpec) -> TransformersEngine:
-    return TransformersEngine.for_spec(model, tokenizer, spec)
 
 
 def load_checkpoint(spec: RunSpec, scheme: str, *, mode: str = "packed", activations: bool = True) -> dict[str, Any]:
