@@ -1,8 +1,9 @@
 """Speed of the INT4 grouped-MoE engine (quantbench.moe), against auto-round's per-expert path and BF16.
 
-    python benchmarks/moe_int4.py cpu [--records 40] [--dtype bfloat16]
+    python benchmarks/moe_int4.py cpu [--records 40] [--dtype bfloat16] [--chunks 24,18]
         The embedded default model's INT4 variant on the CPU: per-decision latency of the fast path and of
-        auto-round's per-expert path, same process, same requests (the built-in suite), printed as a ratio.
+        auto-round's per-expert path, same process, same requests (the built-in suite), printed as a ratio,
+        and BF16 on the same requests (no dequantization: the ceiling of any int4 path).
 
     python benchmarks/moe_int4.py gpu [--layers 48] [--tokens 512] [--out DIR]
         CUDA, at the Qwen3-30B-A3B shape with random weights (RTN int4 in memory, no auto-round needed):
@@ -36,32 +37,60 @@ SHAPE = {"hidden": 2048, "inter": 768, "experts": 128, "top_k": 8, "group": 128}
 
 
 # -- CPU: fast vs per-expert on the fixture --------------------------------------------------------------------
-def bench_cpu(records: int, dtype: str) -> None:
-    from types import SimpleNamespace
-
-    from backends.int4 import Int4Backend
-    from quantbench.backend import RunSpec
-    from quantbench.suite import load_suite
-
-    requests = [r.request for r in load_suite(None).records[:records]]
-    machine = SimpleNamespace(has_gpu=False, gpu_name=None)
-    results = {}
-    for fast in (True, False):
-        loaded = Int4Backend().load(RunSpec(backend="int4", device="cpu", dtype=dtype, fast_moe=fast), machine)
-        engine = loaded.engine
-        prepared = [engine.prepare(r) for r in requests]
-        for p in prepared[:3]:
-            engine.forward(p)  # warm-up
+def _median_ms(engine, requests, rounds: int = 1) -> list[float]:
+    """Median model time per decision over `requests`, once per round (after a 3-decision warm-up)."""
+    prepared = [engine.prepare(r) for r in requests]
+    for p in prepared[:3]:
+        engine.forward(p)
+    medians = []
+    for _ in range(rounds):
         times = []
         for p in prepared:
             t = time.perf_counter()
             engine.forward(p)
             times.append((time.perf_counter() - t) * 1e3)
-        results[fast] = (statistics.median(times), loaded.info.kernel_path, loaded.info.experts_bytes)
-        print(f"{loaded.info.kernel_path:55s} median {results[fast][0]:8.2f} ms/decision "
-              f"(n={len(times)}, experts {loaded.info.experts_bytes / 2**20:.2f} MiB)")
-    print(f"fast path speed-up over the per-expert path: {results[False][0] / results[True][0]:.2f}x "
-          f"({dtype}, {torch.get_num_threads()} threads)")
+        medians.append(statistics.median(times))
+    return medians
+
+
+def bench_cpu(records: int, dtype: str, chunks: list[int] | None = None) -> None:
+    """Fast vs per-expert, and BF16 with no dequantization at all: the most any int4 path could gain. With
+    `chunks` (exponents), the fast path alone, its CPU dequantization chunk switched between alternating rounds
+    in one process (a noisy machine moves separate runs more than the change)."""
+    from types import SimpleNamespace
+
+    from backends.bf16 import Bf16Backend
+    from backends.int4 import Int4Backend
+    from quantbench.backend import RunSpec
+    from quantbench.moe import int4
+    from quantbench.suite import load_suite
+
+    requests = [r.request for r in load_suite(None).records[:records]]
+    machine = SimpleNamespace(has_gpu=False, gpu_name=None)
+    if chunks:
+        loaded = Int4Backend().load(RunSpec(backend="int4", device="cpu", dtype=dtype), machine)
+        by_chunk: dict[int, list[float]] = {c: [] for c in chunks}
+        for _ in range(4):
+            for c in chunks:
+                int4._DEQUANT_CHUNK = 1 << c
+                by_chunk[c] += _median_ms(loaded.engine, requests)
+        for c, medians in by_chunk.items():
+            print(f"dequant chunk 2^{c}: medians per round {' / '.join(f'{m:.2f}' for m in medians)} ms, "
+                  f"mean {statistics.mean(medians):.2f} ms/decision")
+        return
+    results = {}
+    for name, backend, spec in (
+        ("fast", Int4Backend(), RunSpec(backend="int4", device="cpu", dtype=dtype, fast_moe=True)),
+        ("per-expert", Int4Backend(), RunSpec(backend="int4", device="cpu", dtype=dtype, fast_moe=False)),
+        ("bf16", Bf16Backend(), RunSpec(backend="bf16", device="cpu", dtype=dtype)),
+    ):
+        loaded = backend.load(spec, machine)
+        [results[name]] = _median_ms(loaded.engine, requests)
+        print(f"{loaded.info.kernel_path:55s} median {results[name]:8.2f} ms/decision "
+              f"(n={len(requests)}, experts {loaded.info.experts_bytes / 2**20:.2f} MiB)")
+    print(f"fast path speed-up over the per-expert path: {results['per-expert'] / results['fast']:.2f}x; "
+          f"the most any int4 path could reach (BF16, no dequantization): "
+          f"{results['per-expert'] / results['bf16']:.2f}x ({dtype}, {torch.get_num_threads()} threads)")
 
 
 # -- GPU --------------------------------------------------------------------------------------------------------
@@ -363,6 +392,8 @@ def main() -> None:
     cpu = sub.add_parser("cpu")
     cpu.add_argument("--records", type=int, default=40)
     cpu.add_argument("--dtype", default="bfloat16")
+    cpu.add_argument("--chunks", type=lambda v: [int(c) for c in v.split(",")], default=None,
+                     help="e.g. 24,18: compare CPU dequantization chunks of 2^24 and 2^18 elements")
     gpu = sub.add_parser("gpu")
     gpu.add_argument("--layers", type=int, default=48)
     gpu.add_argument("--tokens", type=int, default=512)
@@ -370,7 +401,7 @@ def main() -> None:
     gpu.add_argument("--skip-sweep", action="store_true")
     args = ap.parse_args()
     if args.where == "cpu":
-        bench_cpu(args.records, args.dtype)
+        bench_cpu(args.records, args.dtype, args.chunks)
     else:
         bench_gpu(args.layers, args.tokens, args.out, args.skip_sweep)
 
