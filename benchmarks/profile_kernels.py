@@ -67,6 +67,16 @@ def main() -> None:
         print(f"  registers {k.n_regs}, spills {k.n_spills}, shared {k.metadata.shared} B, {ms * 1e3:.1f} us, "
               f"{w.nbytes() / ms / 1e6:.0f} GB/s of int4 weights")
         print("  PTX instruction counts (static): " + ", ".join(f"{op} {n}" for op, n in mix.items()))
+        ttgir = k.asm.get("ttgir", "")
+        print("  TTGIR op counts: " + ", ".join(f"{op} {ttgir.count(op)}" for op in (
+            "ttg.convert_layout", "ttg.local_alloc", "ttg.local_load", "ttg.local_store", "ttng.warp_group_dot ",
+            "ttng.warp_group_dot_wait", "ttg.async_copy_global_to_local", "ttng.async_tma_copy")))
+        waits = re.findall(r"ttng\.warp_group_dot_wait.*?pendings = (\d+)", ttgir)
+        print(f"  waits for the tensor-core dots: {len(waits)}, pendings {sorted(set(waits))}")
+        for line in ttgir.splitlines():  # the dot operands' layouts: registers (dot_op) or shared memory
+            if "ttng.warp_group_dot " in line:
+                print("  " + line.strip()[:400])
+                break
         if sass:
             print("  SASS: " + ", ".join(f"{op} {len(re.findall(op, sass))}" for op in ("HGMMA", "HMMA", "I2F", "F2F", "BAR")))
 

@@ -156,6 +156,10 @@ def run(spec: RunSpec, out: dict[str, Any]) -> None:
 
     # A remote backend (no model here) is timed by the wall clock: CUDA events would time this GPU, idle.
     _answer_suite(loaded, records, Timer(device if loaded.model is not None else "cpu"), spec, out)
+    fused = getattr(loaded.engine, "fused_ops", None)
+    if fused:  # RMSNorm / rotary ran as quantbench's Triton kernels (quantbench.fused_ops)
+        run["extra"]["fused_ops"] = fused
+        run["kernel_path"] = f"{run['kernel_path']} +fused {fused}"
     graphs = getattr(loaded.engine, "graph_report", None)
     if graphs is not None:  # a GPU run: say whether the timed forwards were graph replays
         run["extra"]["cuda_graph"] = graphs

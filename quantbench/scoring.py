@@ -19,6 +19,7 @@ import torch
 
 from quantbench.cudagraph import GraphedDecoder
 from quantbench.errors import ContextLengthError
+from quantbench.fused_ops import install as install_fused_ops
 from quantbench.prompt import (
     CHOICE_LABELS,
     label_prefix,
@@ -67,6 +68,7 @@ class TransformersEngine:
         truncate: bool = False,
         method: str = "auto",
         cuda_graph: str = "auto",
+        fused_ops: str = "auto",
     ):
         if method not in ("auto", "continuation"):
             raise ValueError(f"method must be 'auto' or 'continuation', not {method!r}")
@@ -78,6 +80,8 @@ class TransformersEngine:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self._add_special = not uses_chat_template(tokenizer)
         self._label_cache: dict[tuple[str, ...], list[int] | None] = {}
+        # what quantbench.fused_ops swapped in (None: transformers' own ops), before any graph is captured
+        self.fused_ops = install_fused_ops(model, fused_ops if self.device.type == "cuda" else "off")
         self.decoder = GraphedDecoder(model.get_decoder(), pad_id=self.pad_id, max_width=self.max_tokens,
                                       mode=cuda_graph if self.device.type == "cuda" else "off")
 
@@ -85,7 +89,7 @@ class TransformersEngine:
     def for_spec(cls, model: Any, tokenizer: Any, spec: Any) -> TransformersEngine:
         """The engine a backend builds for a RunSpec (options, truncation, scoring method, CUDA graphs)."""
         return cls(model, tokenizer, max_options=spec.max_options, max_tokens=spec.max_tokens, truncate=spec.truncate,
-                   method=spec.method, cuda_graph=spec.cuda_graph)
+                   method=spec.method, cuda_graph=spec.cuda_graph, fused_ops=spec.fused_ops)
 
     def warm(self, batch: list[Prepared]) -> None:
         """Make ready what the forward of this batch will replay (its CUDA graph), outside any timing."""

@@ -145,6 +145,13 @@ for sym, group, (e, k, n), counts, layout in cases:
     gate, up = ref.chunk(2, dim=-1)
     ref = silu(gate) * up * scale.double()[:, None]
     worst = max(worst, float((y.double() - ref).norm() / ref.norm()))
+    # rows written back through a permutation (the engine's down projection, in (token, slot) order)
+    dest = torch.randperm(x.shape[0]).to(torch.int32)
+    y = torch.full((x.shape[0], n), float("nan"), dtype=torch.float16)
+    int4_grouped_mm(x, w.qweight, w.scales, w.zeros, offsets, group, cfg, out=y, row_scale=scale, row_dest=dest)
+    ref = torch.empty_like(want)
+    ref[dest.long()] = want * scale.double()[:, None]
+    worst = max(worst, float((y.double() - ref).norm() / ref.norm()))
     unpacked = torch.empty(e, k, n)
     assert torch.equal(triton_dequantize(w.qweight, w.scales, w.zeros, group, 128, unpacked).transpose(1, 2),
                        w.dequantize(torch.float32, use_triton=False))

@@ -24,9 +24,10 @@ stable: the int4, nvfp4 and fp8 formats (quantbench.moe.int4 / nvfp4 / fp8) all 
             # here (then the engine dequantizes and runs torch._grouped_mm / the CPU path)
     Implementations are nn.Modules that keep their tensors as buffers, so `.to(device)`, `model.buffers()` and
     memory figures see them; `DenseExperts` below is the reference implementation (plain weights).
-    Optional, additive: a format may declare `fused_features` (a set of "gather", "swiglu", "row_scale") and then
+    Optional, additive: a format may declare `fused_features` (a set of "gather", "swiglu", "row_scale", "scatter") and then
     accept keyword arguments to grouped_mm: row_index=[S] int32 (x is the *unsorted* [T, in]; row r reads
-    x[row_index[r]]), act="swiglu" (return silu(gate) * up, [S, out/2]), row_scale=[S] (multiply row r). The
+    x[row_index[r]]), act="swiglu" (return silu(gate) * up, [S, out/2]), row_scale=[S] (multiply row r),
+    row_dest=[S] int32 (write row r to row row_dest[r] of the result: a permutation). The
     engine passes them only to formats that declare them, so formats without them need not change.
     Optional: `quantize_input(x_sorted, offsets) -> x_sorted` (W4A4 / W8A8 formats) emulates activation
     quantization before the grouped GEMM; such formats get no fused extras.
@@ -58,6 +59,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from quantbench.errors import ConfigError, UnsupportedError
+from quantbench.moe.align import group_by_expert, triton_available
 
 KERNELS = ("auto", "fused", "grouped_mm")
 CPU_PATH = "cpu-vectorised"
@@ -208,33 +210,49 @@ class GroupedMoE(nn.Module):
     def experts_forward(self, x: Tensor, top_k_index: Tensor, top_k_weights: Tensor) -> Tensor:
         """transformers' grouped_mm_experts_forward, with each projection run by its own format."""
         num_tokens, k = top_k_index.shape
-        expert_ids = top_k_index.reshape(-1)
-        expert_sorted, perm = torch.sort(expert_ids)
-        sample_weights = top_k_weights.reshape(-1)[perm]
-        if x.device.type == "cuda":
-            # histc over ints, not bincount: no host sync, so the layer can be captured in a CUDA graph
-            counts = torch.histc(expert_sorted.int(), bins=self.num_experts, min=0, max=self.num_experts - 1)
+        grouping = None
+        if x.is_cuda and triton_available():  # two small kernels instead of a sort (quantbench.moe.align)
+            grouping = group_by_expert(top_k_index, top_k_weights, self.num_experts)
+            offsets, counts, row_token, sample_weights = grouping.offsets, None, grouping.row_token, grouping.row_scale
         else:
-            counts = torch.bincount(expert_sorted, minlength=self.num_experts)
-        offsets = torch.cumsum(counts, dim=0, dtype=torch.int32)
+            expert_sorted, perm = torch.sort(top_k_index.reshape(-1))
+            sample_weights = top_k_weights.reshape(-1)[perm]
+            if x.device.type == "cuda":
+                # histc over ints, not bincount: no host sync, so the layer can be captured in a CUDA graph
+                counts = torch.histc(expert_sorted.int(), bins=self.num_experts, min=0, max=self.num_experts - 1)
+            else:
+                counts = torch.bincount(expert_sorted, minlength=self.num_experts)
+            offsets = torch.cumsum(counts, dim=0, dtype=torch.int32)
+            row_token = (perm // k).int()
 
         paths: list[str] = []
         # gate_up: gather + grouped GEMM + SwiGLU in one fused kernel where the format has one
-        h = self._fused(self.gate_up, x, offsets, paths, row_index=(perm // k).int(), act="swiglu",
+        h = self._fused(self.gate_up, x, offsets, paths, row_index=row_token, act="swiglu",
                         needs={"gather", "swiglu"}) if self._act_is_silu else None
         if h is None:
-            h = self._project(self.gate_up, x[perm // k], counts, offsets, paths)
+            h = self._project(self.gate_up, x[row_token], counts, offsets, paths)
             gate, up = h.chunk(2, dim=-1)
             h = self.act_fn(gate) * up
-        weighted = self._fused(self.down, h, offsets, paths, row_scale=sample_weights, needs={"row_scale"})
+        # down: the routing weights, and with a grouping the rows written straight back in (token, slot) order
+        scatter = {"row_dest": grouping.row_pair} if grouping is not None else {}
+        weighted = self._fused(self.down, h, offsets, paths, row_scale=sample_weights,
+                               needs={"row_scale", "scatter"} if scatter else {"row_scale"}, **scatter)
+        if weighted is None and scatter:
+            scatter = {}
+            weighted = self._fused(self.down, h, offsets, paths, row_scale=sample_weights, needs={"row_scale"})
         if weighted is None:
             weighted = self._project(self.down, h, counts, offsets, paths) * sample_weights.unsqueeze(-1)
         self.kernel_path = "+".join(sorted(set(paths)))
 
-        inv_perm = torch.empty_like(perm)
-        inv_perm[perm] = torch.arange(perm.numel(), device=perm.device)
+        if not scatter:  # back to (token, slot) order
+            if grouping is not None:
+                weighted = weighted[grouping.pair_row]
+            else:
+                inv_perm = torch.empty_like(perm)
+                inv_perm[perm] = torch.arange(perm.numel(), device=perm.device)
+                weighted = weighted[inv_perm]
         # reshape + sum (not index_add_): deterministic, and the order transformers sums in
-        return weighted[inv_perm].view(num_tokens, k, -1).sum(dim=1).to(x.dtype)
+        return weighted.view(num_tokens, k, -1).sum(dim=1).to(x.dtype)
 
     def _fused(self, w: ExpertWeights, x: Tensor, offsets: Tensor, paths: list[str], *, needs: set[str],
                **features: Any) -> Tensor | None:

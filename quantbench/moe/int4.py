@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from quantbench.errors import LoadError
+from quantbench.moe.align import triton_available
 from quantbench.moe.engine import stored_nbytes
 
 FUSED_KERNEL = "triton-fused-int4"
@@ -81,7 +82,7 @@ class Int4Experts(nn.Module):
     """One projection of all E experts of a layer, int4 + fp16 scales + uint8 zero points, as buffers."""
 
     fused_kernel = FUSED_KERNEL
-    fused_features = frozenset({"gather", "swiglu", "row_scale"})
+    fused_features = frozenset({"gather", "swiglu", "row_scale", "scatter"})
 
     def __init__(self, qweight: Tensor, scales: Tensor, zeros: Tensor, group_size: int, sym: bool, name: str = "",
                  k_block: int = 8):
@@ -148,8 +149,9 @@ class Int4Experts(nn.Module):
         return stored_nbytes(self)
 
     def grouped_mm(self, x_sorted: Tensor, offsets: Tensor, kernel: str, *, row_index: Tensor | None = None,
-                   act: str | None = None, row_scale: Tensor | None = None) -> Tensor | None:
-        """The fused Triton kernel (see the engine's contract for row_index / act / row_scale), or None."""
+                   act: str | None = None, row_scale: Tensor | None = None,
+                   row_dest: Tensor | None = None) -> Tensor | None:
+        """The fused Triton kernel (see the engine's contract for row_index / act / row_scale / row_dest), or None."""
         if not (x_sorted.is_cuda and x_sorted.dtype in (torch.bfloat16, torch.float16) and triton_available()):
             return None
         if not fused_supported(self.in_features, self.group_size, self.k_block) or act not in (None, "swiglu"):
@@ -158,7 +160,7 @@ class Int4Experts(nn.Module):
         if rows // 16 + self.num_experts > 65535:
             return None  # the M tiles live on grid axis 1, which CUDA caps at 65535
         return int4_grouped_mm(x_sorted, self.qweight, self.scales, self.zeros, offsets, self.group_size,
-                               row_index=row_index, swiglu=act == "swiglu", row_scale=row_scale)
+                               row_index=row_index, swiglu=act == "swiglu", row_scale=row_scale, row_dest=row_dest)
 
     def extra_repr(self) -> str:
         return f"{self.format}, experts={self.num_experts}, out={self.out_features}, in={self.in_features}"
@@ -178,15 +180,6 @@ def _zeros_of(module: nn.Module, name: str) -> Tensor:
 
 
 # -- the fused Triton kernel ------------------------------------------------------------------------------------
-@functools.cache
-def triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
-
-
 def fused_supported(k: int, group_size: int, k_block: int = FUSED_K_BLOCK) -> bool:
     """The kernel reads the 128-row block layout; a group never straddles one of its 16-row slices."""
     if k_block != FUSED_K_BLOCK or k % FUSED_K_BLOCK:
@@ -196,8 +189,9 @@ def fused_supported(k: int, group_size: int, k_block: int = FUSED_K_BLOCK) -> bo
 
 # Block sizes measured best on an H200 (benchmarks/moe_int4.py sweep, 2026-11-29) per (N, K, swiglu, rows-per-
 # expert bucket); other shapes use the heuristic below. At the Qwen3-30B-A3B shape, 512 tokens: gate_up + SwiGLU
-# 216 us, down + routing weights 128 us (scaling after the dot, in a second accumulator: 268 + 144 us; the first
-# version, x @ W with 8 redundant word loads: 426 + 235 us).
+# 188 us with gate and up in one K loop (216 us as two loops; benchmarks/int4_lab.py, 2026-11-30), down + routing
+# weights 128 us (scaling after the dot, in a second accumulator: 268 + 144 us; the first version, x @ W with 8
+# redundant word loads: 426 + 235 us).
 _H200_BEST = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "SWAP_AB": True, "EVICT": False}
 TUNED: dict[tuple[int, int, bool, str], dict[str, Any]] = {
     (1536, 2048, True, "mid"): _H200_BEST,
@@ -227,17 +221,35 @@ def _kernel() -> Any:
     import triton.language as tl
 
     @triton.jit
-    def int4_tile(x_ptr, qw_ptr, s_ptr, z_ptr, x_rows, rmask, e, cols, cmask,
+    def dequant_slice(q, j: tl.constexpr, s, c):
+        """Rows of nibble j of the words q, as float32 s * (q - z) (c = (z + 128) s). No int->float conversion:
+        the code sits in the mantissa of 128.0 (0x43000000 | q << 16 is the float 128 + q) and one FMA takes the
+        bias and zero point off exactly: (128 + q) s - (128 + z) s."""
+        v = ((((q >> (4 * j)) & 0xF) << 16) | 0x43000000).to(tl.float32, bitcast=True)
+        return v * s[None, :] - c[None, :]
+
+    @triton.jit
+    def mma(w, x, acc, SWAP_AB: tl.constexpr):
+        if SWAP_AB:  # weights as the MMA's M side (x^T as B): small token tiles still fill the tensor core
+            return tl.dot(tl.trans(w), x, acc)
+        else:
+            return tl.dot(x, w, acc)
+
+    @triton.jit
+    def int4_tile(x_ptr, qw_ptr, s_ptr, z_ptr, x_rows, rmask, e, cols, cmask, HALF,
                   stride_qe, stride_qk, stride_se, stride_sg,
                   K: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  SWAP_AB: tl.constexpr, EVICT: tl.constexpr):
-        """x[rows] @ W[e][:, cols] as float32 [BLOCK_M, BLOCK_N] (or its transpose when SWAP_AB)."""
+                  SWAP_AB: tl.constexpr, EVICT: tl.constexpr, SWIGLU: tl.constexpr):
+        """x[rows] @ W[e][:, cols] as float32 [BLOCK_M, BLOCK_N] (or its transpose when SWAP_AB). SWIGLU:
+        silu(x @ W[:, cols]) * (x @ W[:, HALF + cols]) from one K loop, each x slice feeding both dots: two
+        independent accumulator chains (Triton waits for every tensor-core dot before the next; measured on the
+        H200, one loop for both takes gate_up + SwiGLU from 216 to 188 us)."""
         KB: tl.constexpr = 128  # rows per packed block (FUSED_K_BLOCK)
         SUB: tl.constexpr = 16  # rows per nibble slice
         sub = tl.arange(0, SUB)
         q_ptrs = qw_ptr + e * stride_qe + sub[:, None] * stride_qk + cols[None, :]
         sz_off = e * stride_se + cols
-        if SWAP_AB:  # weights as the MMA's M side (x^T as B): small token tiles still fill the tensor core
+        if SWAP_AB:
             x_ptrs = x_ptr + x_rows[None, :] + sub[:, None]
             xmask = rmask[None, :]
             acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -245,44 +257,47 @@ def _kernel() -> Any:
             x_ptrs = x_ptr + x_rows[:, None] + sub[None, :]
             xmask = rmask[:, None]
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        up = tl.zeros_like(acc)
         for kb in range(0, K, KB):
             # one load of the block's 16 x BLOCK_N words; nibble j holds rows kb + 16j .. kb + 16j + 15
-            if EVICT:  # weights stream through once; keep x (re-read by every column block) in L2
+            # (EVICT: weights stream through once; keep x, re-read by every column block, in L2)
+            if EVICT:
                 q = tl.load(q_ptrs + (kb // 8) * stride_qk, mask=cmask[None, :], other=0, eviction_policy="evict_first")
             else:
                 q = tl.load(q_ptrs + (kb // 8) * stride_qk, mask=cmask[None, :], other=0)
-            # W = s * (q - z) rounded to x's dtype, as dequantize() writes it, straight into one accumulator. No
-            # int->float conversion: the code sits in the mantissa of 128.0 (0x43000000 | q << 16 is the float
-            # 128 + q) and one FMA takes the bias and zero point off exactly: (128 + q) s - (128 + z) s.
+            if SWIGLU:
+                qu = tl.load(q_ptrs + HALF + (kb // 8) * stride_qk, mask=cmask[None, :], other=0)
             for j in tl.static_range(8):
                 if j == 0 or G < KB:  # a group spans whole 16-row slices (fused_supported)
-                    g = (kb + j * SUB) // G
-                    s = tl.load(s_ptr + sz_off + g * stride_sg, mask=cmask, other=0.0).to(tl.float32)
-                    z = tl.load(z_ptr + sz_off + g * stride_sg, mask=cmask, other=0).to(tl.float32)
-                    c = (z + 128.0) * s
+                    g_off = sz_off + ((kb + j * SUB) // G) * stride_sg
+                    s = tl.load(s_ptr + g_off, mask=cmask, other=0.0).to(tl.float32)
+                    c = (tl.load(z_ptr + g_off, mask=cmask, other=0).to(tl.float32) + 128.0) * s
+                    if SWIGLU:
+                        su = tl.load(s_ptr + g_off + HALF, mask=cmask, other=0.0).to(tl.float32)
+                        cu = (tl.load(z_ptr + g_off + HALF, mask=cmask, other=0).to(tl.float32) + 128.0) * su
                 x = tl.load(x_ptrs + kb + j * SUB, mask=xmask, other=0.0)
-                v = ((((q >> (4 * j)) & 0xF) << 16) | 0x43000000).to(tl.float32, bitcast=True)
-                w = (v * s[None, :] - c[None, :]).to(x.dtype)
-                if SWAP_AB:
-                    acc = tl.dot(tl.trans(w), x, acc)
-                else:
-                    acc = tl.dot(x, w, acc)
+                # W = s * (q - z) rounded to x's dtype, as dequantize() writes it, straight into the accumulator
+                acc = mma(dequant_slice(q, j, s, c).to(x.dtype), x, acc, SWAP_AB)
+                if SWIGLU:
+                    up = mma(dequant_slice(qu, j, su, cu).to(x.dtype), x, up, SWAP_AB)
+        if SWIGLU:
+            acc = acc * tl.sigmoid(acc) * up
         return acc
 
     from quantbench.moe.nvfp4 import expert_tile  # the M-tile -> expert mapping every grouped kernel shares
 
     # Triton resolves a jitted callee through the caller's module globals, not through this closure.
-    globals()["int4_tile"] = int4_tile
+    globals().update(dequant_slice=dequant_slice, mma=mma, int4_tile=int4_tile)
     globals()["expert_tile"] = expert_tile
 
     @triton.jit
     def int4_grouped_mm_kernel(
-        x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, offs_ptr, rowidx_ptr, rowscale_ptr,
+        x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, offs_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr,
         N_OUT, HALF,
         stride_xm, stride_qe, stride_qk, stride_se, stride_sg, stride_ym,
         K: tl.constexpr, E: tl.constexpr, E_P2: tl.constexpr, G: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr, EVICT: tl.constexpr,
-        GATHER: tl.constexpr, SWIGLU: tl.constexpr, ROW_SCALE: tl.constexpr,
+        GATHER: tl.constexpr, SWIGLU: tl.constexpr, ROW_SCALE: tl.constexpr, SCATTER: tl.constexpr,
     ):
         # Axis 0 walks N so that programs running side by side share one M tile of x (it stays in L2).
         pid_n = tl.program_id(0)
@@ -298,23 +313,24 @@ def _kernel() -> Any:
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         cmask = cols < N_OUT
         e64 = e.to(tl.int64)
-        out = int4_tile(x_ptr, qw_ptr, s_ptr, z_ptr, x_rows, rmask, e64, cols, cmask, stride_qe, stride_qk,
-                        stride_se, stride_sg, K, G, BLOCK_M, BLOCK_N, SWAP_AB, EVICT)
-        if SWIGLU:  # gate columns c and up columns HALF + c in one program: silu(gate) * up, half the output
-            up = int4_tile(x_ptr, qw_ptr, s_ptr, z_ptr, x_rows, rmask, e64, cols + HALF, cmask, stride_qe,
-                           stride_qk, stride_se, stride_sg, K, G, BLOCK_M, BLOCK_N, SWAP_AB, EVICT)
-            out = out * tl.sigmoid(out) * up
+        # SWIGLU: gate columns c and up columns HALF + c in one program: silu(gate) * up, half the output
+        out = int4_tile(x_ptr, qw_ptr, s_ptr, z_ptr, x_rows, rmask, e64, cols, cmask, HALF, stride_qe, stride_qk,
+                        stride_se, stride_sg, K, G, BLOCK_M, BLOCK_N, SWAP_AB, EVICT, SWIGLU)
         if ROW_SCALE:  # the routing weight of each (token, expert) row
             rs = tl.load(rowscale_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
             if SWAP_AB:
                 out = out * rs[None, :]
             else:
                 out = out * rs[:, None]
+        if SCATTER:  # sorted row r is written to row row_dest[r] of y: results land in the caller's order
+            y_rows = tl.load(rowdest_ptr + rows, mask=rmask, other=0).to(tl.int64)
+        else:
+            y_rows = rows.to(tl.int64)
         if SWAP_AB:
-            y_ptrs = y_ptr + rows[None, :].to(tl.int64) * stride_ym + cols[:, None]
+            y_ptrs = y_ptr + y_rows[None, :] * stride_ym + cols[:, None]
             tl.store(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=rmask[None, :] & cmask[:, None])
         else:
-            y_ptrs = y_ptr + rows[:, None].to(tl.int64) * stride_ym + cols[None, :]
+            y_ptrs = y_ptr + y_rows[:, None] * stride_ym + cols[None, :]
             tl.store(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
 
     return int4_grouped_mm_kernel
@@ -333,11 +349,13 @@ def int4_grouped_mm(
     row_index: Tensor | None = None,
     swiglu: bool = False,
     row_scale: Tensor | None = None,
+    row_dest: Tensor | None = None,
 ) -> Tensor:
     """y[r] = x[r] @ W[e(r)].T for rows sorted by expert (offsets: cumulative row counts, int32); W int4 in the
     128-row block layout. Rows past offsets[-1] are not written. `out` ([S, N], x's dtype) receives the result.
     row_index [S]: read x[row_index[r]] (x unsorted). swiglu: silu(x @ Wg.T) * (x @ Wu.T) for W = [Wg; Wu],
-    [S, N/2]. row_scale [S]: multiply row r of the result by row_scale[r]."""
+    [S, N/2]. row_scale [S]: multiply row r of the result by row_scale[r]. row_dest [S]: write row r of the
+    result to row row_dest[r] of y (a permutation of 0..S-1)."""
     import triton
 
     k = x.shape[1]
@@ -358,10 +376,11 @@ def int4_grouped_mm(
     compiled = _kernel()[grid](
         x, qweight, scales, zeros, y, offsets,
         offsets if row_index is None else row_index, offsets if row_scale is None else row_scale,
-        n_out, n // 2,
+        offsets if row_dest is None else row_dest, n_out, n // 2,
         x.stride(0), qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1), y.stride(0),
         K=k, E=e, E_P2=triton.next_power_of_2(e), G=group_size,
-        GATHER=row_index is not None, SWIGLU=swiglu, ROW_SCALE=row_scale is not None, **cfg,
+        GATHER=row_index is not None, SWIGLU=swiglu, ROW_SCALE=row_scale is not None, SCATTER=row_dest is not None,
+        **cfg,
     )
     int4_grouped_mm.last_compiled = compiled  # registers, spills and assembly, for benchmarks/profile_kernels.py
     return y

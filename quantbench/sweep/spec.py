@@ -38,6 +38,7 @@ CHOICES = {
     "nvfp4_activations": ("on", "off"),
     "method": ("auto", "continuation"),
     "cuda_graph": ("auto", "off"),
+    "fused_ops": ("auto", "off"),
     "dtype": ("bfloat16", "float32", "float16"),
 }
 POSITIVE = {"limit", "timeout_s", "concurrency", "max_tokens", "max_options"}

@@ -1,0 +1,91 @@
+"""Where one 512-token decision spends its GPU time, kernel by kernel, at the Qwen3-30B-A3B shape (random weights).
+
+    python benchmarks/model_profile.py [--layers 8] [--tokens 512]
+
+For BF16 (transformers `grouped_mm` experts) with transformers' RMSNorm / rotary ops and with quantbench's fused
+ones, and for INT4 (quantbench's grouped-MoE engine, with the expert-grouping kernels and with the sort path): the
+CUDA-graph replay time of the decision forward, the kernels of one eager forward (torch.profiler), each with its
+calls and GPU time per layer, and their sum; and how far the outputs move between the paths. Kernel time is what a CUDA-graph replay cannot hide: launch overhead goes,
+the kernels stay.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.moe_int4 import build_model, decision_forward  # noqa: E402
+from quantbench import fused_ops  # noqa: E402
+from quantbench.moe import engine, install_grouped_moe  # noqa: E402
+from quantbench.moe.int4 import rtn_experts  # noqa: E402
+
+
+def graph_ms(model, ids) -> float:
+    from triton.testing import do_bench
+
+    for _ in range(3):
+        decision_forward(model, ids)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        decision_forward(model, ids)
+    ms = do_bench(graph.replay, warmup=50, rep=500)
+    del graph
+    return ms
+
+
+def kernel_table(model, ids, layers: int, label: str, rows: int) -> None:
+    decision_forward(model, ids)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        decision_forward(model, ids)
+        torch.cuda.synchronize()
+    # a kernel's row has self device time; an operator's row only counts its kernels' (not self) time
+    per = {ev.key: (ev.count, ev.self_device_time_total) for ev in prof.key_averages() if ev.self_device_time_total > 0}
+    total = sum(t for _, t in per.values())
+    print(f"--- {label}: {len(per)} kernels, {sum(c for c, _ in per.values()) / layers:.0f} launches and "
+          f"{total / layers:.1f} us of GPU time per layer ({total / 1e3:.2f} ms per forward)")
+    for name, (calls, us) in sorted(per.items(), key=lambda kv: -kv[1][1])[:rows]:
+        print(f"  {us / layers:8.1f} us {calls / layers:5.1f}x  {name[:110]}")
+
+
+def compare(label: str, a: torch.Tensor, b: torch.Tensor) -> None:
+    a, b = a.float(), b.float()
+    print(f"{label}: last-token logits max |diff| {float((a - b).abs().max()):.3g} (of max |logit| "
+          f"{float(a.abs().max()):.3g}), same top token: {bool((a.argmax(-1) == b.argmax(-1)).all())}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=512)
+    ap.add_argument("--rows", type=int, default=30, help="kernels listed per table")
+    args = ap.parse_args()
+    model = build_model(args.layers, "cuda")
+    model.set_experts_implementation("grouped_mm")
+    ids = torch.randint(0, 151936, (1, args.tokens), device="cuda")
+    with torch.inference_mode():
+        plain = decision_forward(model, ids)
+        print(f"BF16 transformers grouped_mm, {args.layers} layers: CUDA graph {graph_ms(model, ids):.2f} ms", flush=True)
+        kernel_table(model, ids, args.layers, "BF16 transformers grouped_mm", args.rows)
+        print(f"fused ops: {fused_ops.install(model)}")
+        compare("BF16 fused ops vs transformers' ops", plain, decision_forward(model, ids))
+        print(f"BF16 + fused ops: CUDA graph {graph_ms(model, ids):.2f} ms", flush=True)
+        kernel_table(model, ids, args.layers, "BF16 transformers grouped_mm + fused ops", args.rows)
+        install_grouped_moe(model, lambda i, ex: (rtn_experts(ex.gate_up_proj.data), rtn_experts(ex.down_proj.data)))
+        torch.cuda.empty_cache()
+        grouped = decision_forward(model, ids)
+        print(f"INT4 grouped-MoE + fused ops: CUDA graph {graph_ms(model, ids):.2f} ms", flush=True)
+        kernel_table(model, ids, args.layers, "INT4 grouped-MoE + fused ops", args.rows)
+        engine.triton_available = lambda: False  # the sort path the engine takes without Triton
+        compare("INT4 sort path vs expert-grouping kernels", grouped, decision_forward(model, ids))
+        print(f"INT4 sort path + fused ops: CUDA graph {graph_ms(model, ids):.2f} ms", flush=True)
+
+
+if __name__ == "__main__":
+    main()

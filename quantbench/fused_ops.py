@@ -1,0 +1,223 @@
+"""RMSNorm and rotary embedding as one Triton kernel each, for every backend's transformers model on a GPU.
+
+Why: transformers writes both as chains of small PyTorch ops. At the Qwen3-30B-A3B shape one decoder layer runs
+four RMSNorms (input, post-attention, q_norm, k_norm) of about 8 kernels each and a rotary embedding of about 14
+(mul, neg, cat, add per tensor): about 140 µs of GPU time per layer that a CUDA graph cannot hide (measured with
+`benchmarks/model_profile.py` on the H200), more than the attention's own GEMMs. One kernel per op does the
+same arithmetic:
+
+- RMSNorm: `weight * (x * rsqrt(mean(x²) + eps)).to(x.dtype)` in float32, rounded where transformers rounds.
+  The sum of squares is reduced in a different order than PyTorch's, so a result can differ in the last bit.
+- rotary: `q * cos + rotate_half(q) * sin` with each product and the sum rounded to q's dtype, as PyTorch's op
+  chain rounds them: bit-identical.
+`benchmarks/fused_ops_check.py` measures both against transformers on a GPU (identical elements, time).
+
+`install(model)` swaps them in only on CUDA and only after a probe on the model's own device and dtypes shows the
+kernel matches the module it replaces (a norm of another form, e.g. `(1 + weight)`, fails the probe and is left
+alone). The run records what was swapped (kernel path `+fused rmsnorm+rope`, extra.fused_ops); `--fused-ops off`
+keeps transformers' ops. Every variant of a comparison runs the same ops, so parity figures are unaffected either way.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+MODES = ("auto", "off")
+_PATCHED = "_quantbench_fused"
+
+
+@functools.cache
+def _kernels() -> tuple[Any, Any]:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def rmsnorm_kernel(x_ptr, w_ptr, y_ptr, R, stride_x, eps, N: tl.constexpr, N_P2: tl.constexpr,
+                       BLOCK_R: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        cols = tl.arange(0, N_P2)
+        mask = (rows < R)[:, None] & (cols < N)[None, :]
+        x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_x + cols[None, :], mask=mask, other=0.0)
+        xf = x.to(tl.float32)
+        rstd = tl.math.rsqrt(tl.sum(xf * xf, axis=1) * (1.0 / N) + eps)
+        normed = (xf * rstd[:, None]).to(x.dtype).to(tl.float32)  # rounded to the input dtype, as transformers
+        w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
+        y = (w[None, :] * normed).to(y_ptr.dtype.element_ty)
+        tl.store(y_ptr + rows[:, None].to(tl.int64) * N + cols[None, :], y, mask=mask)
+
+    @triton.jit
+    def rounded(x, IS_BF16: tl.constexpr, dt: tl.constexpr):
+        """x rounded to the tensor dtype and back to float32. For bfloat16 in integer arithmetic (to nearest,
+        ties to even): measured on the H200, Triton drops a float32 -> bfloat16 -> float32 cast pair here, and the
+        sum is then rounded once instead of after each product as PyTorch does (86% of elements identical)."""
+        if IS_BF16:
+            bits = x.to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+            return bits.to(tl.float32, bitcast=True)
+        else:
+            return x.to(dt).to(tl.float32)
+
+    @triton.jit
+    def rotate(x_ptr, o_ptr, b, t, c1, c2, s1, s2, sx_b, sx_h, sx_t, T, H: tl.constexpr, H_P2: tl.constexpr,
+               HALF: tl.constexpr, IS_BF16: tl.constexpr):
+        h = tl.arange(0, H_P2)[:, None]
+        d = tl.arange(0, HALF)[None, :]
+        mask = h < H
+        src = x_ptr + b * sx_b + h * sx_h + t * sx_t + d
+        x1 = tl.load(src, mask=mask, other=0.0)
+        x2 = tl.load(src + HALF, mask=mask, other=0.0)
+        dt = x1.dtype
+        f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+        # q * cos + rotate_half(q) * sin, rotate_half(q) = cat(-q2, q1); every op rounds to q's dtype
+        o1 = (rounded(f1 * c1, IS_BF16, dt) + rounded(-f2 * s1, IS_BF16, dt)).to(dt)
+        o2 = (rounded(f2 * c2, IS_BF16, dt) + rounded(f1 * s2, IS_BF16, dt)).to(dt)
+        dst = o_ptr + ((b * H + h) * T + t) * (2 * HALF) + d
+        tl.store(dst, o1, mask=mask)
+        tl.store(dst + HALF, o2, mask=mask)
+
+    globals().update(rounded=rounded, rotate=rotate)  # Triton resolves a jitted callee through module globals
+
+    @triton.jit
+    def rope_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, T,
+                    sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sc_b, sc_t, ss_b, ss_t,
+                    HQ: tl.constexpr, HQ_P2: tl.constexpr, HK: tl.constexpr, HK_P2: tl.constexpr, HALF: tl.constexpr,
+                    IS_BF16: tl.constexpr):
+        pid = tl.program_id(0)
+        b, t = pid // T, pid % T
+        d = tl.arange(0, HALF)
+        c1 = tl.load(cos_ptr + b * sc_b + t * sc_t + d).to(tl.float32)
+        c2 = tl.load(cos_ptr + b * sc_b + t * sc_t + HALF + d).to(tl.float32)
+        s1 = tl.load(sin_ptr + b * ss_b + t * ss_t + d).to(tl.float32)
+        s2 = tl.load(sin_ptr + b * ss_b + t * ss_t + HALF + d).to(tl.float32)
+        rotate(q_ptr, qo_ptr, b, t, c1[None, :], c2[None, :], s1[None, :], s2[None, :], sq_b, sq_h, sq_t, T,
+               HQ, HQ_P2, HALF, IS_BF16)
+        rotate(k_ptr, ko_ptr, b, t, c1[None, :], c2[None, :], s1[None, :], s2[None, :], sk_b, sk_h, sk_t, T,
+               HK, HK_P2, HALF, IS_BF16)
+
+    return rmsnorm_kernel, rope_kernel
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """transformers' RMSNorm (`weight * normed.to(x.dtype)`) over the last dimension, one kernel."""
+    import triton
+
+    n = x.shape[-1]
+    x2 = x.reshape(-1, n)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    out = torch.empty(x.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
+    rows = x2.shape[0]
+    n_p2 = triton.next_power_of_2(n)
+    block_r = max(1, min(64, 4096 // n_p2))
+    if rows:
+        _kernels()[0][(triton.cdiv(rows, block_r),)](x2, weight, out, rows, x2.stride(0), float(eps), N=n, N_P2=n_p2,
+                                                     BLOCK_R=block_r, num_warps=4 if n_p2 <= 1024 else 8)
+    return out
+
+
+def apply_rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    """q, k [B, H, T, D] (any strides, last dim contiguous), cos/sin [B, T, D]: rotated q, k (contiguous)."""
+    import triton
+
+    b, hq, t, d = q.shape
+    hk = k.shape[1]
+    qo, ko = torch.empty(b, hq, t, d, dtype=q.dtype, device=q.device), torch.empty(b, hk, t, d, dtype=k.dtype,
+                                                                                   device=k.device)
+    if b * t:
+        _kernels()[1][(b * t,)](q, k, cos, sin, qo, ko, t, q.stride(0), q.stride(1), q.stride(2), k.stride(0),
+                                k.stride(1), k.stride(2), cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
+                                HQ=hq, HQ_P2=triton.next_power_of_2(hq), HK=hk, HK_P2=triton.next_power_of_2(hk),
+                                HALF=d // 2, IS_BF16=q.dtype == torch.bfloat16, num_warps=4)
+    return qo, ko
+
+
+def _rope_fits(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> bool:
+    d = q.shape[-1] if q.dim() == 4 else 0
+    return (q.is_cuda and q.dim() == 4 and k.dim() == 4 and cos.dim() == 3 and sin.shape == cos.shape
+            and q.dtype == k.dtype == cos.dtype == sin.dtype and d % 2 == 0 and (d // 2) & (d // 2 - 1) == 0
+            and k.shape[-1] == d and cos.shape[-1] == d and q.shape[0] == k.shape[0] == cos.shape[0]
+            and q.shape[2] == k.shape[2] == cos.shape[1]
+            and q.stride(-1) == k.stride(-1) == cos.stride(-1) == sin.stride(-1) == 1)
+
+
+def _fused_rope(original):
+    def apply_rotary_pos_emb(q, k, cos, sin, *args, unsqueeze_dim=1, **kwargs):
+        if args or kwargs or unsqueeze_dim != 1 or not _rope_fits(q, k, cos, sin):
+            return original(q, k, cos, sin, *args, unsqueeze_dim=unsqueeze_dim, **kwargs)
+        return apply_rope(q, k, cos, sin)
+
+    setattr(apply_rotary_pos_emb, _PATCHED, original)
+    return apply_rotary_pos_emb
+
+
+def _is_rms_norm(module: nn.Module) -> bool:
+    return (type(module).__name__.endswith("RMSNorm") and isinstance(getattr(module, "weight", None), Tensor)
+            and module.weight.dim() == 1 and isinstance(getattr(module, "variance_epsilon", None), float))
+
+
+def _norm_matches(module: nn.Module, dtype: torch.dtype) -> bool:
+    """The kernel against the module's own forward, on its own weight and device: within one rounding step."""
+    gen = torch.Generator(device=module.weight.device).manual_seed(0)
+    x = torch.randn(37, module.weight.shape[0], generator=gen, device=module.weight.device).to(dtype) * 3
+    want, got = module(x), rms_norm(x, module.weight, module.variance_epsilon)
+    if want.shape != got.shape or want.dtype != got.dtype:
+        return False
+    return bool(torch.allclose(got.float(), want.float(), rtol=2 ** -6, atol=1e-5))
+
+
+def _rope_matches(fn) -> bool:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    # transposed views [B, H, T, D], as attention makes them
+    q = torch.randn(2, 7, 4, 64, generator=gen, device="cuda").to(torch.bfloat16).transpose(1, 2)
+    k = torch.randn(2, 7, 2, 64, generator=gen, device="cuda").to(torch.bfloat16).transpose(1, 2)
+    cos, sin = (torch.randn(2, 7, 64, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(2))
+    want, got = fn(q, k, cos, sin), apply_rope(q, k, cos, sin)
+    return all(torch.equal(w, g) for w, g in zip(want, got, strict=True))
+
+
+def install(model: nn.Module, mode: str = "auto") -> str | None:
+    """Swap in the fused kernels where they match (CUDA only); returns what was swapped, or None."""
+    if mode not in MODES:
+        raise ValueError(f"fused ops mode {mode!r}: use one of {', '.join(MODES)}")
+    params = list(model.parameters())
+    if mode == "off" or not params or params[0].device.type != "cuda":
+        return None
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return None
+    swapped = []
+    dtype = next((p.dtype for p in params if p.is_floating_point()), torch.float32)
+    norms = [m for m in model.modules() if _is_rms_norm(m)]
+    checked: dict[type, bool] = {}
+    for m in norms:
+        if type(m) not in checked:
+            with torch.no_grad():
+                checked[type(m)] = _norm_matches(m, dtype)
+        if checked[type(m)]:
+            m.forward = functools.partial(_norm_forward, m)
+    if any(checked.values()):
+        swapped.append("rmsnorm")
+    modules = {sys.modules[type(m).__module__] for m in model.modules() if type(m).__name__.endswith("Attention")}
+    for mod in modules:
+        fn = getattr(mod, "apply_rotary_pos_emb", None)
+        if fn is None:
+            continue
+        if getattr(fn, _PATCHED, None) is None:
+            with torch.no_grad():
+                if not _rope_matches(fn):
+                    continue
+            mod.apply_rotary_pos_emb = _fused_rope(fn)
+        swapped.append("rope")
+    return "+".join(swapped) or None
+
+
+def _norm_forward(module: nn.Module, hidden_states: Tensor) -> Tensor:
+    if not hidden_states.is_cuda:
+        return type(module).forward(module, hidden_states)
+    return rms_norm(hidden_states, module.weight, module.variance_epsilon)
