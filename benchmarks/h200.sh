@@ -3,12 +3,14 @@
 # agree with its CPU runs) and at the real Qwen3-30B-A3B shape with random weights (speed and memory only), one
 # GPU, no network, everything through quantbench's own CLI.
 #
-#   bash benchmarks/h200.sh OUT_DIR [fixture|shape|throughput|lengths|all]    # then, here:
+#   bash benchmarks/h200.sh OUT_DIR [fixture|shape|throughput|lengths|all|autoround]    # then, here:
 #   quantbench merge OUT_DIR/h200.duckdb && quantbench report --gpu hopper
 #
 # Parts (each fits one 10-minute device call): fixture = the fixture's variants; shape = every backend at the
 # 30B shape, one ~512-token decision at a time; throughput = 8 and 32 decisions of 512 tokens per forward pass;
-# lengths = 128- and 2048-token decisions. Needs quantbench importable (installed, or PYTHONPATH=$PWD) and, for
+# lengths = 128- and 2048-token decisions; autoround (not in all) = a real-shape checkpoint of AUTOROUND_LAYERS
+# (8) layers quantized by `quantbench quantize` (auto-round RTN), run through auto-round's per-expert path and
+# through the fast path. Needs quantbench importable (installed, or PYTHONPATH=$PWD) and, for
 # the fixture, its cache ($QUANTBENCH_CACHE): carried from the machine that built it, or built here (~2 min).
 set -u
 out=${1:?usage: h200.sh OUT_DIR [fixture|shape|throughput|lengths|all]}
@@ -27,6 +29,23 @@ suite() {  # realistic-length decisions: the built-in records padded to N tokens
 }
 shape() { echo --shape qwen3-30b-a3b --suite "$(suite "$1")" --warmup 2 --latency-min-decisions 16 --latency-min-seconds 1; }
 
+if [[ $part == autoround ]]; then  # auto-round's own per-expert path against the fast path, on one checkpoint
+  layers=${AUTOROUND_LAYERS:-8}    # the whole 30B would need ~7 min of quantizing and the disk the others use
+  ckpt=${TMPDIR:-/tmp}/quantbench-autoround
+  rm -rf "$ckpt" && mkdir -p "$ckpt"
+  t=$SECONDS
+  python3 -m quantbench fixture --shape qwen3-30b-a3b --layers "$layers" --out "$ckpt/bf16" 2>&1 | tail -n 2
+  python3 -m quantbench quantize --model "$ckpt/bf16" --scheme int4 --iters 0 --nsamples 16 --seqlen 256 \
+    --out "$ckpt/int4" 2>&1 | tail -n 3
+  echo "    ($((SECONDS - t)) s: real-shape checkpoint of $layers layers + auto-round RTN)"
+  rm -rf "$ckpt/bf16"
+  s512=$(suite 512)
+  for fast in --no-fast-moe --fast-moe; do
+    qb --backend int4 --model "$ckpt/int4" --suite "$s512" --warmup 2 --latency-min-decisions 16 \
+      --latency-min-seconds 1 $fast
+  done
+  rm -rf "$ckpt"
+fi
 if [[ $part == fixture || $part == all ]]; then
   qb --backend bf16 --reference
   qb --backend bf16 --noise-floor

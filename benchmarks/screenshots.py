@@ -1,6 +1,7 @@
 """Screenshots of every dashboard page over a real store (default: the repo's results.duckdb) into docs/screenshots.
 
-    python benchmarks/screenshots.py [--db results.duckdb] [--gpu hopper] [--model 9af210da] [--prefix ""]
+    python benchmarks/screenshots.py [--db results.duckdb] [--gpu hopper] [--model 9af210da] [--since 2026-11-30]
+                                     [--prefix ""]
                                      [--pages which-quant,latency,parity,runs] [--out docs/screenshots]
 
 Drives Debian's chromium through Playwright against `streamlit run dashboard` on 127.0.0.1.
@@ -30,6 +31,7 @@ def main() -> None:
     ap.add_argument("--db", default=str(ROOT / "results.duckdb"))
     ap.add_argument("--gpu", default=None, help="GPU filter for the link (a family or a name)")
     ap.add_argument("--model", default=None, help="model filter for the link (its id or part of it)")
+    ap.add_argument("--since", default=None, help="only runs made on or after this day (the sidebar's 'Runs since')")
     ap.add_argument("--prefix", default="", help="prefix of the file names")
     ap.add_argument("--pages", default=",".join(n for _, n in PAGES), help="which pages, comma-separated")
     ap.add_argument("--out", default=str(ROOT / "docs" / "screenshots"))
@@ -57,7 +59,8 @@ def main() -> None:
             page = browser.new_page(viewport={"width": 1600, "height": 1000})
             page.set_default_timeout(60_000)
             for path, name in [p for p in PAGES if p[1] in args.pages.split(",")]:
-                params = [f"{k}={quote_plus(v)}" for k, v in (("gpu", args.gpu), ("model", args.model)) if v]
+                params = [f"{k}={quote_plus(v)}" for k, v in (("gpu", args.gpu), ("model", args.model),
+                                                                      ("since", args.since)) if v]
                 query = "?" + "&".join(params) if params else ""
                 page.goto(f"{url}/{path}{query}")
                 page.locator('[data-testid="stMain"] h1').first.wait_for(state="visible")

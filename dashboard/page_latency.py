@@ -8,7 +8,7 @@ from dashboard import figures, store_cache, url_state
 st.title("Latency")
 sel = url_state.selection()
 db, mtime = store_cache.current()
-reports = store_cache.reports_for(db, mtime, url_state.rules())
+reports = store_cache.reports_for(db, mtime, url_state.rules(), sel.since)
 mine = [rep for rep in reports if store_cache.report_key(rep) == sel.gpu and rep.model_id == sel.model]
 rows = [row for rep in mine for row in rep.rows if row.ok]
 suite_of = {str(row.run["run_id"]): rep.suite_id for rep in mine for row in rep.rows}

@@ -17,7 +17,7 @@ def dist(options: list, probs: list) -> str:
 st.title("Parity detail")
 sel = url_state.selection()
 db, mtime = store_cache.current()
-reports = store_cache.reports_for(db, mtime, url_state.rules())
+reports = store_cache.reports_for(db, mtime, url_state.rules(), sel.since)
 mine = [rep for rep in reports if store_cache.report_key(rep) == sel.gpu and rep.model_id == sel.model]
 compared = [(rep, row) for rep in mine for row in rep.rows if row.comparison is not None]
 if not compared:

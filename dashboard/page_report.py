@@ -8,7 +8,7 @@ from quantbench.report import SYNTHETIC_NOTE, GpuReport, cells, flat_rows, rende
 st.title("Which quant should I use?")
 sel = url_state.selection()
 db, mtime = store_cache.current()
-runs = store_cache.runs(db, mtime)
+runs = store_cache.runs_since(store_cache.runs(db, mtime), sel.since)
 
 if not (runs["status"] == "ok").any():
     st.warning("Every run in this store failed, so there is nothing to compare yet. The reasons are below (and on "
@@ -19,7 +19,7 @@ if not (runs["status"] == "ok").any():
     st.stop()
 
 rules = url_state.rule_inputs(cpu=sel.family == "cpu")
-reports = store_cache.reports_for(db, mtime, rules)
+reports = store_cache.reports_for(db, mtime, rules, sel.since)
 mine = [r for r in reports if store_cache.report_key(r) == sel.gpu and r.model_id == sel.model]
 if not mine:
     st.info(f"No report for {sel.model} on {sel.gpu_label}: its only runs are noise-floor runs. Run the variants "

@@ -6,7 +6,7 @@ from dashboard import store_cache, url_state
 
 st.title("Runs")
 sel = url_state.selection()
-runs = store_cache.runs(*store_cache.current())
+runs = store_cache.runs_since(store_cache.runs(*store_cache.current()), sel.since)
 
 only_here = st.toggle(f"Only {sel.model} on {sel.gpu_label}", value=False)
 shown = runs[(runs["gpu_id"] == sel.gpu) & (runs["model_id"] == sel.model)] if only_here else runs

@@ -16,7 +16,7 @@ import streamlit as st
 
 from quantbench import parity
 from quantbench.errors import QuantbenchError
-from quantbench.report import GpuReport, Rules, build_report
+from quantbench.report import GpuReport, Rules, build_report, since_filter
 from quantbench.store import Store, default_db
 from quantbench.store.schema import SCHEMA_VERSION
 
@@ -105,14 +105,20 @@ def machine_id(run: dict) -> str:
 
 @st.cache_data(show_spinner="Comparing every variant with BF16…", max_entries=16)
 def reports(db: str, mtime: Stamp, min_agreement: float, vram_budget_gib: float | None,
-            objective: str) -> list[GpuReport]:
+            objective: str, since: str | None = None) -> list[GpuReport]:
     """`quantbench report`'s tables for every GPU and model: the same function, the same rules."""
     rules = Rules(min_agreement=min_agreement, vram_budget_gib=vram_budget_gib, objective=objective)
-    return build_report(Store(db), rules=rules)
+    return build_report(Store(db), rules=rules, since=since)
 
 
-def reports_for(db: str, mtime: Stamp, rules: Rules) -> list[GpuReport]:
-    return reports(db, mtime, rules.min_agreement, rules.vram_budget_gib, rules.objective)
+def reports_for(db: str, mtime: Stamp, rules: Rules, since: str | None = None) -> list[GpuReport]:
+    return reports(db, mtime, rules.min_agreement, rules.vram_budget_gib, rules.objective, since)
+
+
+def runs_since(runs: pd.DataFrame, since: str | None) -> pd.DataFrame:
+    """The runs made at or after `since` (the report's --since, the same cut)."""
+    after = since_filter(since)
+    return runs if after is None else runs[pd.to_datetime(runs["created_at"], utc=True) >= after]
 
 
 @st.cache_data(show_spinner=False, max_entries=16)

@@ -32,6 +32,7 @@ if not status.usable:
 
 runs = store_cache.runs(db, mtime)
 with st.sidebar:
-    st.session_state["_selection"] = url_state.sidebar(runs)
+    since = url_state.since_input(runs)
+    st.session_state["_selection"] = url_state.sidebar(store_cache.runs_since(runs, since), since)
     st.caption(f"{status.n_runs} runs, {status.n_ok} successful; newest {runs['created_at'].max():%Y-%m-%d %H:%M}")
 page.run()

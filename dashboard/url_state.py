@@ -71,7 +71,7 @@ def _pick(want: str | None, options: list[str], labels: dict[str, str]) -> str |
 
 
 def bound_select(label: str, key: str, options: list[str], labels: dict[str, str] | None = None,
-                 help: str | None = None) -> str:
+                 help: str | None = None, default: Any = ALWAYS) -> str:
     labels = labels or {}
     if key not in st.session_state:
         chosen = _memo().get(key)
@@ -80,7 +80,7 @@ def bound_select(label: str, key: str, options: list[str], labels: dict[str, str
     elif st.session_state[key] not in options:  # a wider filter changed: this one's old value is gone
         st.session_state[key] = options[0]
     st.selectbox(label, options, key=key, format_func=lambda o: labels.get(o, o), help=help)
-    return publish(key)
+    return publish(key, default=default)
 
 
 @dataclass(frozen=True)
@@ -89,13 +89,26 @@ class Selection:
     gpu: str  # store_cache.machine_id: the GPU's name, or cpu:HOST
     gpu_label: str
     model: str
+    since: str | None = None  # only runs made on or after this day (YYYY-MM-DD); None: every run
+
+
+ALL_RUNS = "all"
+
+
+def since_input(runs: pd.DataFrame) -> str | None:
+    """'Runs since' one of the days the store has runs from: leaves out runs of an older quantbench."""
+    days = sorted({f"{t:%Y-%m-%d}" for t in pd.to_datetime(runs["created_at"]).dropna()}, reverse=True)
+    day = bound_select("Runs since", "since", [ALL_RUNS, *days], {ALL_RUNS: "all runs"},
+                       help="leave out runs made before this day (UTC), e.g. those of an older quantbench",
+                       default=ALL_RUNS)
+    return None if day == ALL_RUNS else day
 
 
 FAMILY_ORDER = ["blackwell", "hopper", "ada", "ampere", "cpu"]
 
 
-def sidebar(runs: pd.DataFrame) -> Selection:
-    """Family, GPU and model selectors, from the stored runs."""
+def sidebar(runs: pd.DataFrame, since: str | None = None) -> Selection:
+    """Family, GPU and model selectors, from the stored runs (already cut to `since`)."""
     machines = runs[["family", "gpu_id", "gpu_label", "model_id"]].astype(str).drop_duplicates()
     families = sorted(machines["family"].unique(), key=lambda f: (FAMILY_ORDER.index(f) if f in FAMILY_ORDER else 99, f))
     gpu_labels = dict(zip(machines["gpu_id"], machines["gpu_label"], strict=False))
@@ -115,7 +128,7 @@ def sidebar(runs: pd.DataFrame) -> Selection:
     synthetic = set(on_gpu.loc[on_gpu["weights"].astype(str) == "synthetic", "model_id"].astype(str))
     models = sorted(newest, key=lambda m: (m in synthetic, newest.index(m)))
     model = bound_select("Model", "model", models)
-    return Selection(family, gpu, gpu_labels[gpu], model)
+    return Selection(family, gpu, gpu_labels[gpu], model, since)
 
 
 def selection() -> Selection:

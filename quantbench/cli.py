@@ -350,13 +350,14 @@ def report(
     model: Annotated[str | None, typer.Option(help="Only this model id")] = None,
     vram_budget_gib: Annotated[float | None, typer.Option(help="Rule: peak memory must fit this budget (GiB)")] = None,
     min_agreement: Annotated[float | None, typer.Option(help="Rule: minimum agreement with BF16 (0.95 or 95)")] = None,
+    since: Annotated[str | None, typer.Option(help="Only runs made at or after this date / ISO time (UTC)")] = None,
     db: DbOpt = None,
 ) -> None:
     """The "Which quant should I use?" table, one per GPU, from the store."""
     from quantbench.report import cli_report
 
     try:
-        cli_report(str(_db(db)), fmt, gpu, model, vram_budget_gib, min_agreement)
+        cli_report(str(_db(db)), fmt, gpu, model, vram_budget_gib, min_agreement, since=since)
     except QuantbenchError as e:
         _fail(e)
 

@@ -20,6 +20,7 @@ import json
 import math
 import socket
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import pandas as pd
@@ -202,11 +203,27 @@ def throughput_notes(group: list[dict[str, Any]]) -> list[str]:
     return ["Throughput (decisions per second, several decisions in one forward pass): " + "; ".join(parts) + "."]
 
 
+def since_filter(since: str | None) -> datetime | None:
+    """`--since 2026-11-30` (a date or an ISO time; UTC unless it says otherwise) as a timezone-aware time."""
+    if not since:
+        return None
+    try:
+        when = datetime.fromisoformat(since)
+    except ValueError:
+        raise ConfigError(f"--since {since!r}: give a date (2026-11-30) or an ISO time (2026-11-30T08:00)") from None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
 def build_report(store: Store, gpu: str | None = None, model: str | None = None, rules: Rules | None = None, *,
-                 host: str | None = None, cross_gpu_reference: bool = True, seed: int = 0) -> list[GpuReport]:
-    """One GpuReport per (GPU, model, suite) in the store, filtered by `gpu` / `model` / `host`."""
+                 host: str | None = None, since: str | None = None, cross_gpu_reference: bool = True,
+                 seed: int = 0) -> list[GpuReport]:
+    """One GpuReport per (GPU, model, suite) in the store, filtered by `gpu` / `model` / `host` / `since` (runs
+    made at or after that time: leaves out runs of an older quantbench whose kernel paths differ)."""
     rules = rules or Rules()
     runs = _load_runs(store)
+    after = since_filter(since)
+    if after is not None:
+        runs = [r for r in runs if r.get("created_at") is not None and pd.Timestamp(r["created_at"]) >= after]
     if gpu:
         runs = [r for r in runs if matches_gpu(r, gpu)]
     if host:
@@ -566,7 +583,7 @@ def report_for_this_machine(store: Store, machine_gpu_name_or_family: str, host:
 
 def cli_report(db: str | None = None, fmt: str = "markdown", gpu: str | None = None, model: str | None = None,
                vram_budget_gib: float | None = None, min_agreement: float | None = None,
-               host: str | None = None) -> str:
+               host: str | None = None, since: str | None = None) -> str:
     """`quantbench report`: prints the report (plain text, so it pastes into a model card) and returns it."""
     if min_agreement is not None and 1.0 < min_agreement <= 100.0:
         min_agreement /= 100.0  # --min-agreement 95 means 95%
@@ -575,10 +592,11 @@ def cli_report(db: str | None = None, fmt: str = "markdown", gpu: str | None = N
     if fmt not in FORMATS:
         raise ConfigError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
     store = Store(db)
-    reports = build_report(store, gpu=gpu, model=model, rules=rules, host=host)
+    reports = build_report(store, gpu=gpu, model=model, rules=rules, host=host, since=since)
     if not reports:
         have = sorted({f"{parity.gpu_label(r)}: {r.get('model_id')}" for r in _load_runs(store)})
-        asked = " ".join(f"--{k} {v}" for k, v in (("gpu", gpu), ("model", model), ("host", host)) if v)
+        asked = " ".join(f"--{k} {v}" for k, v in (("gpu", gpu), ("model", model), ("host", host), ("since", since))
+                         if v)
         raise ConfigError(f"no runs match {asked or 'the filters'} in {store.path}; the store has: "
                           + ("; ".join(have) or "no runs (run `quantbench demo`)"))
     text = render(reports, fmt, rules)

@@ -224,3 +224,21 @@ def test_a_writer_is_not_blocked_by_the_open_dashboard_and_its_run_shows(own_sto
     assert time.monotonic() - t0 < 5
     at.run()
     assert len(at.dataframe[0].value) == n + 1
+
+
+def test_runs_since_a_day_comes_from_the_link_and_cuts_runs_as_the_report_does(store):
+    import pandas as pd
+
+    from dashboard.store_cache import runs_since
+
+    at = app(gpu="NVIDIA H200", since="2026-11-29")
+    assert not at.exception
+    assert at.selectbox(key="since").value == "2026-11-29" and at.query_params["since"] == "2026-11-29"
+    assert at.selectbox(key="since").options == ["all runs", "2026-11-29"]  # the days the store has runs from
+    [rep] = build_report(store, gpu="NVIDIA H200", model=ds.MODEL, since="2026-11-29")
+    assert_table_is_the_report(at, rep)
+    at.selectbox(key="since").set_value("all").run()
+    assert "since" not in at.query_params
+    runs = pd.DataFrame({"created_at": pd.to_datetime(["2026-11-29T23:59Z", "2026-11-30T00:00Z"])})
+    assert runs_since(runs, "2026-11-30")["created_at"].tolist() == [runs["created_at"][1]]
+    assert runs_since(runs, None) is runs

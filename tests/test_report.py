@@ -355,3 +355,15 @@ def test_a_floor_identical_to_the_reference_is_called_out(tmp_path):
     assert c.floor.tv.max == 0 and c.verdict.label == "indistinguishable"
     assert any("answered exactly as the reference" in n for n in c.notes)
     assert "Note: the noise-floor run answered exactly" in report.render(report.build_report(lab.store))
+
+
+def test_since_leaves_out_older_runs_and_a_bad_date_names_the_flag(cpu_lab):
+    lab, ids = cpu_lab
+    [everything] = report.build_report(lab.store)
+    newest = max(r["created_at"] for r in report._load_runs(lab.store))
+    later = (newest + dt.timedelta(minutes=1)).isoformat()
+    assert report.build_report(lab.store, since=later) == []
+    [same] = report.build_report(lab.store, since=(T0 - dt.timedelta(days=1)).date().isoformat())
+    assert [r.label for r in same.rows] == [r.label for r in everything.rows]
+    with pytest.raises(ConfigError, match="--since 'last week'"):
+        report.build_report(lab.store, since="last week")
