@@ -1,5 +1,10 @@
 """BF16: the reference. A transformers checkpoint in bfloat16 (float32 only when asked), experts implementation
-selectable — a second, equally valid kernel (eager vs grouped_mm) is what gives parity its noise floor."""
+selectable — a second, equally valid kernel (eager vs grouped_mm) is what gives parity its noise floor.
+
+`--experts-impl quantbench` runs the same BF16 expert weights (not copied) through quantbench's grouped-MoE engine
+instead of transformers' experts forward: the same `torch._grouped_mm`, with the routed pairs grouped by two small
+kernels instead of a sort and gathers (quantbench.moe.align), which at 32 decisions of 512 tokens is most of
+transformers' expert time (docs/BENCHMARKS.md)."""
 
 from __future__ import annotations
 
@@ -11,11 +16,26 @@ from quantbench.backend import Availability, LoadedVariant, RunSpec, VariantInfo
 from quantbench.checkpoint import experts_tensor_bytes, load_causal_lm, model_identity
 from quantbench.errors import ConfigError
 from quantbench.loading import dtype_of
+from quantbench.moe import experts_nbytes
 from quantbench.scoring import TransformersEngine
+
+QUANTBENCH_IMPL = "quantbench"
 
 
 def set_experts_implementation(model, name: str) -> str:
-    """Switch the MoE experts kernel through transformers' own registry; returns the name that runs."""
+    """Switch the MoE experts kernel through transformers' own registry (or, for "quantbench", swap every MoE
+    block for quantbench's grouped-MoE engine over the same weights); returns what runs, for the kernel path."""
+    if name == QUANTBENCH_IMPL:
+        from quantbench.moe import DenseExperts, install_grouped_moe
+
+        def same_weights(_layer, experts):
+            if not hasattr(experts, "gate_up_proj"):
+                raise ConfigError("--experts-impl quantbench needs transformers' fused experts (gate_up_proj / "
+                                  f"down_proj); this model has {type(experts).__name__}")
+            return DenseExperts(experts.gate_up_proj.detach()), DenseExperts(experts.down_proj.detach())
+
+        return f"quantbench grouped-moe {install_grouped_moe(model, same_weights)}".replace(
+            "dequant+grouped_mm", "torch._grouped_mm")
     if not hasattr(model, "set_experts_implementation"):
         raise ConfigError(f"--experts-impl {name}: this transformers model has no selectable experts implementation")
     try:
@@ -27,11 +47,11 @@ def set_experts_implementation(model, name: str) -> str:
 
 class Bf16Backend:
     name = "bf16"
-    summary = "BF16 transformers checkpoint (the reference); experts kernel grouped_mm or eager"
+    summary = "BF16 transformers checkpoint (the reference); experts kernel grouped_mm, eager or quantbench's engine"
 
     def availability(self, machine) -> Availability:
         where = machine.gpu_name if machine.has_gpu else "CPU"
-        return Availability(True, None, f"runs on {where}; experts grouped_mm | eager")
+        return Availability(True, None, f"runs on {where}; experts grouped_mm | eager | quantbench")
 
     def load(self, spec: RunSpec, machine) -> LoadedVariant:
         dtype = dtype_of(spec)
@@ -39,7 +59,7 @@ class Bf16Backend:
             from quantbench.fixture import build_synthetic, synthetic_id
 
             model, tokenizer = build_synthetic(spec.shape, layers=spec.layers, device=spec.device, dtype=dtype,
-                                               seed=spec.seed, experts_impl=spec.experts_impl)
+                                               seed=spec.seed)
             ident = {"model_id": synthetic_id(spec.shape, spec.layers, spec.seed),
                      "model_path": None, "model_hash": f"seed:{spec.seed}", "weights": "synthetic"}
             note, disk = "built in memory from the seed; load time is not a disk load", None
@@ -61,13 +81,14 @@ class Bf16Backend:
         engine = TransformersEngine.for_spec(model, tokenizer, spec)
         if impl == "eager":
             engine.decoder.disable("experts=eager loops over the hit experts with a host sync (nonzero): not capturable")
+        label = impl if impl.startswith("quantbench ") else f"transformers experts={impl}"
         info = VariantInfo(
             variant="bf16" if dtype == torch.bfloat16 else spec.dtype,
             weight_format=spec.dtype,
-            kernel_path=f"transformers experts={impl}" + ("" if dtype == torch.bfloat16 else f", {spec.dtype} compute"),
+            kernel_path=label + ("" if dtype == torch.bfloat16 else f", {spec.dtype} compute"),
             compute_dtype=spec.dtype,
             disk_bytes=disk,
-            experts_bytes=experts_tensor_bytes(model),
+            experts_bytes=experts_nbytes(model) if impl.startswith("quantbench ") else experts_tensor_bytes(model),
             load_note=note,
             **ident,
         )

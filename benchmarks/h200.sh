@@ -56,6 +56,7 @@ fi
 if [[ $part == shape || $part == all ]]; then
   s512=$(shape 512)
   qb --backend bf16 $s512
+  qb --backend bf16 --experts-impl quantbench $s512
   qb --backend bf16 --experts-impl eager $s512
   qb --backend int4 $s512
   qb --backend nvfp4 --nvfp4 packed $s512
@@ -66,6 +67,7 @@ if [[ $part == throughput || $part == all ]]; then
   s512=$(shape 512)
   for n in 8 32; do
     qb --backend bf16 $s512 --concurrency $n
+    qb --backend bf16 --experts-impl quantbench $s512 --concurrency $n
     qb --backend int4 $s512 --concurrency $n
   done
 fi

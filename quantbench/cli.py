@@ -99,7 +99,7 @@ def run(
     db: DbOpt = None,
     device: Annotated[str | None, typer.Option(help="torch device (default cuda:0 when there is a GPU)")] = None,
     dtype: Annotated[str, typer.Option(help="bfloat16 | float32 | float16 (compute dtype)")] = "bfloat16",
-    experts_impl: Annotated[str, typer.Option(help="BF16 experts kernel: grouped_mm | eager | batched_mm")] = "grouped_mm",
+    experts_impl: Annotated[str, typer.Option(help="BF16 experts kernel: grouped_mm | eager | batched_mm (transformers') | quantbench (quantbench's grouped-MoE engine, same weights)")] = "grouped_mm",
     fast_moe: Annotated[bool, typer.Option(help="quantbench's grouped-MoE engine (--no-fast-moe: the library's own path)")] = True,
     nvfp4: Annotated[str, typer.Option(help="NVFP4 weights: packed | unpacked")] = "packed",
     nvfp4_activations: Annotated[str, typer.Option(help="NVFP4 activation fake-quant: on | off")] = "on",

@@ -78,3 +78,21 @@ def test_experts_bytes_are_measured_from_the_stored_tensors():
     install_grouped_moe(model, dense_weights)
     # 2 layers x 8 experts x (gate_up 128x128 + down 128x64) bf16 values
     assert experts_nbytes(model) == 2 * 8 * (128 * 128 + 128 * 64) * 2
+
+
+def test_bf16_experts_impl_quantbench_runs_the_same_weights_through_the_engine_and_names_it():
+    from backends.bf16 import set_experts_implementation
+
+    reference = tiny_model(seed=5)
+    reference.set_experts_implementation("grouped_mm")
+    model = copy.deepcopy(reference)
+    expert_weight = model.model.layers[0].mlp.experts.gate_up_proj
+    assert set_experts_implementation(model, "quantbench") == "quantbench grouped-moe cpu-vectorised"
+    assert model.model.layers[0].mlp.gate_up.weight.data_ptr() == expert_weight.data_ptr()  # not copied
+    assert experts_nbytes(model) == sum(p.numel() * p.element_size() for n, p in reference.named_parameters()
+                                        if ".experts." in n)
+    ids = torch.randint(0, 600, (2, 30))
+    with torch.inference_mode():
+        torch.testing.assert_close(model(ids).logits, reference(ids).logits, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ConfigError, match="not available"):
+        set_experts_implementation(tiny_model(seed=5), "fastest")
