@@ -170,12 +170,13 @@ def _norm_matches(module: nn.Module, dtype: torch.dtype) -> bool:
     return bool(torch.allclose(got.float(), want.float(), rtol=2 ** -6, atol=1e-5))
 
 
-def _rope_matches(fn) -> bool:
-    gen = torch.Generator(device="cuda").manual_seed(0)
+def _rope_matches(fn, device: torch.device) -> bool:
+    """The kernel against transformers' function on random bf16 inputs: every element identical."""
+    gen = torch.Generator(device=device).manual_seed(0)
     # transposed views [B, H, T, D], as attention makes them
-    q = torch.randn(2, 7, 4, 64, generator=gen, device="cuda").to(torch.bfloat16).transpose(1, 2)
-    k = torch.randn(2, 7, 2, 64, generator=gen, device="cuda").to(torch.bfloat16).transpose(1, 2)
-    cos, sin = (torch.randn(2, 7, 64, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(2))
+    q = torch.randn(2, 7, 4, 64, generator=gen, device=device).to(torch.bfloat16).transpose(1, 2)
+    k = torch.randn(2, 7, 2, 64, generator=gen, device=device).to(torch.bfloat16).transpose(1, 2)
+    cos, sin = (torch.randn(2, 7, 64, generator=gen, device=device).to(torch.bfloat16) for _ in range(2))
     want, got = fn(q, k, cos, sin), apply_rope(q, k, cos, sin)
     return all(torch.equal(w, g) for w, g in zip(want, got, strict=True))
 
@@ -203,6 +204,8 @@ def install(model: nn.Module, mode: str = "auto") -> str | None:
             m.forward = functools.partial(_norm_forward, m)
     if any(checked.values()):
         swapped.append("rmsnorm")
+    # Attention calls the modeling module's global apply_rotary_pos_emb: it is swapped there, for the whole process
+    # (a run is one process); the wrapper still hands CPU tensors and unusual shapes to the original.
     modules = {sys.modules[type(m).__module__] for m in model.modules() if type(m).__name__.endswith("Attention")}
     for mod in modules:
         fn = getattr(mod, "apply_rotary_pos_emb", None)
@@ -210,7 +213,7 @@ def install(model: nn.Module, mode: str = "auto") -> str | None:
             continue
         if getattr(fn, _PATCHED, None) is None:
             with torch.no_grad():
-                if not _rope_matches(fn):
+                if not _rope_matches(fn, params[0].device):
                     continue
             mod.apply_rotary_pos_emb = _fused_rope(fn)
         swapped.append("rope")
