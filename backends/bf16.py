@@ -3,8 +3,8 @@ selectable — a second, equally valid kernel (eager vs grouped_mm) is what give
 
 `--experts-impl quantbench` runs the same BF16 expert weights (not copied) through quantbench's grouped-MoE engine
 instead of transformers' experts forward: the same `torch._grouped_mm`, with the routed pairs grouped by two small
-kernels instead of a sort and gathers (quantbench.moe.align), which at 32 decisions of 512 tokens is most of
-transformers' expert time (docs/BENCHMARKS.md)."""
+kernels instead of transformers' sort, gathers and copies, which took over half the GPU time of a forward of 32
+decisions of 512 tokens on the H200 (docs/BENCHMARKS.md)."""
 
 from __future__ import annotations
 
