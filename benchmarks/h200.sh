@@ -3,17 +3,19 @@
 # agree with its CPU runs) and at the real Qwen3-30B-A3B shape with random weights (speed and memory only), one
 # GPU, no network, everything through quantbench's own CLI.
 #
-#   bash benchmarks/h200.sh OUT_DIR [fixture|shape|throughput|lengths|all|autoround]    # then, here:
+#   bash benchmarks/h200.sh OUT_DIR [fixture|shape|throughput|throughput-more|lengths|all|autoround]  # then here:
 #   quantbench merge OUT_DIR/h200.duckdb && quantbench report --gpu hopper
 #
 # Parts (each fits one 10-minute device call): fixture = the fixture's variants; shape = every backend at the
-# 30B shape, one ~512-token decision at a time; throughput = 8 and 32 decisions of 512 tokens per forward pass;
+# 30B shape, one ~512-token decision at a time; throughput = 8 and 32 decisions of 512 tokens per forward pass
+# (BF16 and INT4; throughput-more: NVFP4, FP8 and the eager noise-floor kernel);
 # lengths = 128- and 2048-token decisions; autoround (not in all) = a real-shape checkpoint of AUTOROUND_LAYERS
 # (8) layers quantized by `quantbench quantize` (auto-round RTN), run through auto-round's per-expert path and
-# through the fast path. Needs quantbench importable (installed, or PYTHONPATH=$PWD) and, for
-# the fixture, its cache ($QUANTBENCH_CACHE): carried from the machine that built it, or built here (~2 min).
+# through the fast path, one and 8 decisions per forward pass. Needs quantbench importable (installed, or
+# PYTHONPATH=$PWD) and, for the fixture, its cache ($QUANTBENCH_CACHE): carried from the machine that built it, or
+# built here (~2 min).
 set -u
-out=${1:?usage: h200.sh OUT_DIR [fixture|shape|throughput|lengths|all]}
+out=${1:?usage: h200.sh OUT_DIR [fixture|shape|throughput|throughput-more|lengths|all|autoround]}
 part=${2:-all}
 mkdir -p "$out"
 db="$out/h200.duckdb"
@@ -41,8 +43,10 @@ if [[ $part == autoround ]]; then  # auto-round's own per-expert path against th
   rm -rf "$ckpt/bf16"
   s512=$(suite 512)
   for fast in --no-fast-moe --fast-moe; do
-    qb --backend int4 --model "$ckpt/int4" --suite "$s512" --warmup 2 --latency-min-decisions 16 \
-      --latency-min-seconds 1 $fast
+    for n in 1 8; do
+      qb --backend int4 --model "$ckpt/int4" --suite "$s512" --warmup 2 --latency-min-decisions 16 \
+        --latency-min-seconds 1 --concurrency $n $fast
+    done
   done
   rm -rf "$ckpt"
 fi
@@ -69,6 +73,15 @@ if [[ $part == throughput || $part == all ]]; then
     qb --backend bf16 $s512 --concurrency $n
     qb --backend bf16 --experts-impl quantbench $s512 --concurrency $n
     qb --backend int4 $s512 --concurrency $n
+  done
+fi
+if [[ $part == throughput-more || $part == all ]]; then  # the other backends at 8 and 32 decisions per pass
+  s512=$(shape 512)
+  for n in 8 32; do
+    qb --backend nvfp4 --nvfp4 packed $s512 --concurrency $n
+    qb --backend nvfp4 --nvfp4 unpacked $s512 --concurrency $n
+    qb --backend fp8 $s512 --concurrency $n
+    qb --backend bf16 --experts-impl eager $s512 --concurrency $n
   done
 fi
 if [[ $part == lengths || $part == all ]]; then
