@@ -11,9 +11,10 @@
 # (BF16 and INT4; throughput-more: NVFP4, FP8 and the eager noise-floor kernel);
 # lengths = 128- and 2048-token decisions; autoround (not in all) = a real-shape checkpoint of AUTOROUND_LAYERS
 # (8) layers quantized by `quantbench quantize` (auto-round RTN), run through auto-round's per-expert path and
-# through the fast path, one and 8 decisions per forward pass. Needs quantbench importable (installed, or
-# PYTHONPATH=$PWD) and, for the fixture, its cache ($QUANTBENCH_CACHE): carried from the machine that built it, or
-# built here (~2 min).
+# through the fast path, one and 8 decisions per forward pass, beside BF16 on the same weights (QB_GPU=cpu runs
+# this part on a CPU machine: there the per-expert loop is auto-round's torch kernel). Needs quantbench importable
+# (installed, or PYTHONPATH=$PWD) and, for the fixture, its cache ($QUANTBENCH_CACHE): carried from the machine
+# that built it, or built here (~2 min).
 set -u
 out=${1:?usage: h200.sh OUT_DIR [fixture|shape|throughput|throughput-more|lengths|all|autoround]}
 part=${2:-all}
@@ -22,7 +23,7 @@ db="$out/h200.duckdb"
 here=$(cd "$(dirname "$0")" && pwd)
 qb() {
   local t=$SECONDS
-  timeout 300 python3 -m quantbench run --gpu hopper --db "$db" "$@" 2>&1 | grep -E "│|Error|error" | tail -n 3
+  timeout 300 python3 -m quantbench run --gpu "${QB_GPU:-hopper}" --db "$db" "$@" 2>&1 | grep -E "│|Error|error" | tail -n 3
   echo "    ($((SECONDS - t)) s: $*)"
 }
 suite() {  # realistic-length decisions: the built-in records padded to N tokens (deterministic)
@@ -40,8 +41,9 @@ if [[ $part == autoround ]]; then  # auto-round's own per-expert path against th
   python3 -m quantbench quantize --model "$ckpt/bf16" --scheme int4 --iters 0 --nsamples 16 --seqlen 256 \
     --out "$ckpt/int4" 2>&1 | tail -n 3
   echo "    ($((SECONDS - t)) s: real-shape checkpoint of $layers layers + auto-round RTN)"
-  rm -rf "$ckpt/bf16"
   s512=$(suite 512)
+  qb --backend bf16 --model "$ckpt/bf16" --suite "$s512" --warmup 2 --latency-min-decisions 16 --latency-min-seconds 1
+  rm -rf "$ckpt/bf16"
   for fast in --no-fast-moe --fast-moe; do
     for n in 1 8; do
       qb --backend int4 --model "$ckpt/int4" --suite "$s512" --warmup 2 --latency-min-decisions 16 \

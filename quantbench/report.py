@@ -195,11 +195,20 @@ def throughput_notes(group: list[dict[str, Any]]) -> list[str]:
     latest: dict[tuple, dict[str, Any]] = {}
     for run in group:
         if run.get("status") == "ok" and _batch(run) > 1 and _num(run.get("decisions_per_s")):
-            latest[(str(run.get("variant")), _batch(run))] = run  # oldest first: the newest run stays
+            # oldest first: the newest run of each variant, kernel and batch size stays
+            latest[(str(run.get("variant")), str(run.get("kernel_path")), _batch(run))] = run
     if not latest:
         return []
-    parts = [f"{r.get('variant')} at batch {_batch(r)}: {_num(r.get('decisions_per_s')):.1f}/s"
-             for r in sorted(latest.values(), key=lambda r: (str(r.get("variant")), _batch(r)))]
+    kernels: dict[str, set[str]] = {}
+    for variant, kernel, _ in latest:
+        kernels.setdefault(variant, set()).add(kernel)
+
+    def label(r: dict[str, Any]) -> str:  # the kernel only where one variant ran under several
+        v = str(r.get("variant"))
+        return f"{v} ({r.get('kernel_path')})" if len(kernels[v]) > 1 else v
+
+    parts = [f"{label(r)} at batch {_batch(r)}: {_num(r.get('decisions_per_s')):.1f}/s"
+             for r in sorted(latest.values(), key=lambda r: (label(r), _batch(r)))]
     return ["Throughput (decisions per second, several decisions in one forward pass): " + "; ".join(parts) + "."]
 
 

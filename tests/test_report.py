@@ -271,6 +271,11 @@ def test_a_batched_run_never_replaces_the_batch_1_row_and_is_reported_as_decisio
     # 10 timed decisions whose forward passes took 40 + 0.1 i ms for 8 each: 10 / (404.5 / 8 / 1000) per second
     assert any("bf16 at batch 8: 197.8/s" in note for note in rep.notes)
     assert "197.8/s" in report.render([rep], "markdown")
+    # the same variant under a second kernel at the same batch size is a second figure, named by its kernel:
+    # 10 / (204.5 / 8 / 1000) per second
+    lab.run(ms=20, batch=8, kernel_path="quantbench grouped-moe", **kw)
+    [note] = [n for n in report.build_report(lab.store)[0].notes if n.startswith("Throughput")]
+    assert "bf16 (quantbench grouped-moe) at batch 8: 391.2/s" in note and "/s; bf16 (" in note
 
 
 def test_one_table_per_gpu_with_a_summary_and_gpu_filters(cpu_lab):
