@@ -78,17 +78,18 @@ class Bf16Backend:
             ident.pop("source_model_hash", None)
             note, disk = "", dir_bytes(path)
         impl = set_experts_implementation(model, spec.experts_impl)
+        ours = spec.experts_impl == QUANTBENCH_IMPL  # quantbench's engine runs the experts, not transformers
         engine = TransformersEngine.for_spec(model, tokenizer, spec)
         if impl == "eager":
             engine.decoder.disable("experts=eager loops over the hit experts with a host sync (nonzero): not capturable")
-        label = impl if impl.startswith("quantbench ") else f"transformers experts={impl}"
+        label = impl if ours else f"transformers experts={impl}"
         info = VariantInfo(
             variant="bf16" if dtype == torch.bfloat16 else spec.dtype,
             weight_format=spec.dtype,
             kernel_path=label + ("" if dtype == torch.bfloat16 else f", {spec.dtype} compute"),
             compute_dtype=spec.dtype,
             disk_bytes=disk,
-            experts_bytes=experts_nbytes(model) if impl.startswith("quantbench ") else experts_tensor_bytes(model),
+            experts_bytes=experts_nbytes(model) if ours else experts_tensor_bytes(model),
             load_note=note,
             **ident,
         )

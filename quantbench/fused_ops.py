@@ -36,31 +36,34 @@ def _kernels() -> tuple[Any, Any]:
     import triton
     import triton.language as tl
 
+    from quantbench.moe.nvfp4 import round_bf16  # float32 -> nearest bfloat16, in integer arithmetic
+
+    @triton.jit
+    def rounded(x, IS_BF16: tl.constexpr, dt: tl.constexpr):
+        """x rounded to the tensor dtype and back to float32. For bfloat16 in integer arithmetic (round_bf16):
+        measured on the H200, Triton drops a float32 -> bfloat16 -> float32 cast pair in the rotary kernel, and
+        the sum is then rounded once instead of after each product as PyTorch does (86% of elements identical)."""
+        if IS_BF16:
+            return round_bf16(x)
+        else:
+            return x.to(dt).to(tl.float32)
+
+    # Triton resolves a jitted callee through the caller's module globals
+    globals().update(round_bf16=round_bf16, rounded=rounded)
+
     @triton.jit
     def rmsnorm_kernel(x_ptr, w_ptr, y_ptr, R, stride_x, eps, N: tl.constexpr, N_P2: tl.constexpr,
-                       BLOCK_R: tl.constexpr):
+                       BLOCK_R: tl.constexpr, IS_BF16: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         cols = tl.arange(0, N_P2)
         mask = (rows < R)[:, None] & (cols < N)[None, :]
         x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_x + cols[None, :], mask=mask, other=0.0)
         xf = x.to(tl.float32)
         rstd = tl.math.rsqrt(tl.sum(xf * xf, axis=1) * (1.0 / N) + eps)
-        normed = (xf * rstd[:, None]).to(x.dtype).to(tl.float32)  # rounded to the input dtype, as transformers
+        normed = rounded(xf * rstd[:, None], IS_BF16, x.dtype)  # rounded to the input dtype, as transformers
         w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
         y = (w[None, :] * normed).to(y_ptr.dtype.element_ty)
         tl.store(y_ptr + rows[:, None].to(tl.int64) * N + cols[None, :], y, mask=mask)
-
-    @triton.jit
-    def rounded(x, IS_BF16: tl.constexpr, dt: tl.constexpr):
-        """x rounded to the tensor dtype and back to float32. For bfloat16 in integer arithmetic (to nearest,
-        ties to even): measured on the H200, Triton drops a float32 -> bfloat16 -> float32 cast pair here, and the
-        sum is then rounded once instead of after each product as PyTorch does (86% of elements identical)."""
-        if IS_BF16:
-            bits = x.to(tl.uint32, bitcast=True)
-            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-            return bits.to(tl.float32, bitcast=True)
-        else:
-            return x.to(dt).to(tl.float32)
 
     @triton.jit
     def rotate(x_ptr, o_ptr, b, t, c1, c2, s1, s2, sx_b, sx_h, sx_t, T, H: tl.constexpr, H_P2: tl.constexpr,
@@ -80,7 +83,7 @@ def _kernels() -> tuple[Any, Any]:
         tl.store(dst, o1, mask=mask)
         tl.store(dst + HALF, o2, mask=mask)
 
-    globals().update(rounded=rounded, rotate=rotate)  # Triton resolves a jitted callee through module globals
+    globals()["rotate"] = rotate
 
     @triton.jit
     def rope_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, T,
@@ -116,7 +119,8 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     block_r = max(1, min(64, 4096 // n_p2))
     if rows:
         _kernels()[0][(triton.cdiv(rows, block_r),)](x2, weight, out, rows, x2.stride(0), float(eps), N=n, N_P2=n_p2,
-                                                     BLOCK_R=block_r, num_warps=4 if n_p2 <= 1024 else 8)
+                                                     BLOCK_R=block_r, IS_BF16=x.dtype == torch.bfloat16,
+                                                     num_warps=4 if n_p2 <= 1024 else 8)
     return out
 
 

@@ -234,13 +234,13 @@ class GroupedMoE(nn.Module):
             gate, up = h.chunk(2, dim=-1)
             h = self.act_fn(gate) * up
         # down: the routing weights, and with a grouping the rows written straight back in (token, slot) order
-        scatter = {"row_dest": grouping.row_pair} if grouping is not None else {}
+        scatter = {}
+        if grouping is not None and "scatter" in getattr(self.down, "fused_features", ()):
+            scatter = {"row_dest": grouping.row_pair}
         weighted = self._fused(self.down, h, offsets, paths, row_scale=sample_weights,
                                needs={"row_scale", "scatter"} if scatter else {"row_scale"}, **scatter)
-        if weighted is None and scatter:
-            scatter = {}
-            weighted = self._fused(self.down, h, offsets, paths, row_scale=sample_weights, needs={"row_scale"})
         if weighted is None:
+            scatter = {}
             weighted = self._project(self.down, h, counts, offsets, paths) * sample_weights.unsqueeze(-1)
         self.kernel_path = "+".join(sorted(set(paths)))
 
