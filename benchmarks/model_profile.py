@@ -64,11 +64,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=512)
+    ap.add_argument("--batch", type=int, default=1, help="decisions per forward (32: the throughput goal's batch)")
     ap.add_argument("--rows", type=int, default=30, help="kernels listed per table")
     args = ap.parse_args()
     model = build_model(args.layers, "cuda")
     model.set_experts_implementation("grouped_mm")
-    ids = torch.randint(0, 151936, (1, args.tokens), device="cuda")
+    ids = torch.randint(0, 151936, (args.batch, args.tokens), device="cuda")
     with torch.inference_mode():
         plain = decision_forward(model, ids)
         print(f"BF16 transformers grouped_mm, {args.layers} layers: CUDA graph {graph_ms(model, ids):.2f} ms", flush=True)

@@ -157,6 +157,28 @@ def kernels() -> dict:
         native = fp8.fp8_grouped_mm(xq, fmt.weight, fmt.scale, offsets, input_scale=fmt.input_scale)
         check(f"{name} fused E4M3-operand (native) vs dequant+fp32", rel(native, ref), 1e-2)
         sizes[name] = fmt.nbytes()
+    # the engine's fused steps on the native path (gather + SwiGLU, routing weights + scatter), in the configurations
+    # the engine picks at ~32 rows per expert and in the large-batch ones, against the unfused reference
+    if DEV != "cpu":  # the tuned tiles need the real shape's K
+        tokens = s // 8
+        x = torch.randn(tokens, H, device=DEV, dtype=torch.bfloat16)
+        row_index = torch.randint(0, tokens, (s,), device=DEV, dtype=torch.int32)
+        g, u = ref_grouped(f_gu.quantize_input(x[row_index], offsets), f_gu.dequantize(torch.bfloat16), experts).chunk(2, -1)
+        ref_h = torch.nn.functional.silu(g) * u
+        h = torch.randn(s, INTER, device=DEV, dtype=torch.bfloat16)
+        rs, dest = torch.rand(s, device=DEV).bfloat16(), torch.randperm(s, device=DEV).int()
+        ref_y = torch.empty(s, H, device=DEV)
+        ref_y[dest.long()] = ref_grouped(f_dn.quantize_input(h, offsets), f_dn.dequantize(torch.bfloat16), experts) * rs.float()[:, None]
+        for bucket in ("mid", "large"):
+            cfg_gu, cfg_dn = fp8.TUNED[(2 * INTER, H, bucket)], fp8.TUNED[(H, INTER, bucket)]
+            poison()
+            got = fp8.fp8_grouped_mm(x, f_gu.weight, f_gu.scale, offsets, input_scale=f_gu.input_scale, config=cfg_gu,
+                                     row_index=row_index, swiglu=True)
+            check(f"fp8 gate_up gather+SwiGLU native, {bucket} config, vs unfused dequant+fp32", rel(got, ref_h), 1e-2)
+            poison()
+            got = fp8.fp8_grouped_mm(h, f_dn.weight, f_dn.scale, offsets, input_scale=f_dn.input_scale, config=cfg_dn,
+                                     row_scale=rs, row_dest=dest)
+            check(f"fp8 down routing weights+scatter native, {bucket} config, vs unfused dequant+fp32", rel(got, ref_y), 1e-2)
 
     w, sc = fp8.quantize(torch.randn(1, 4096, 2048, device=DEV) * 0.02)
     lin = fp8.Fp8Linear(w[0], sc[0, :1], torch.tensor(3.0 / 448, device=DEV), None)

@@ -25,6 +25,7 @@ from quantbench.checkpoint import tensor_bytes
 from quantbench.errors import LoadError, UnsupportedError
 from quantbench.machine import detect
 from quantbench.memory import MemoryTracker
+from quantbench.moe.engine import kernel_paths, kernel_paths_ran
 from quantbench.suite import load_suite
 
 # The parent pipes stderr to keep a tail for failed rows; it asks for live progress when it has a terminal.
@@ -155,7 +156,12 @@ def run(spec: RunSpec, out: dict[str, Any]) -> None:
         run["model_tensor_bytes"] = tensor_bytes(loaded.model)
 
     # A remote backend (no model here) is timed by the wall clock: CUDA events would time this GPU, idle.
+    planned = kernel_paths(loaded.model) if loaded.model is not None else ""
     _answer_suite(loaded, records, Timer(device if loaded.model is not None else "cpu"), spec, out)
+    ran = kernel_paths_ran(loaded.model) if loaded.model is not None else ""
+    if planned and ran and ran != planned and planned in run["kernel_path"]:  # what ran, not only what was planned
+        run["kernel_path"] = run["kernel_path"].replace(planned, ran)
+        run["extra"]["kernel_paths"] = {"planned": planned, "ran": ran}
     fused = getattr(loaded.engine, "fused_ops", None)
     if fused:  # RMSNorm / rotary ran as quantbench's Triton kernels (quantbench.fused_ops)
         run["extra"]["fused_ops"] = fused

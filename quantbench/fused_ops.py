@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import warnings
 from typing import Any
 
 import torch
@@ -125,16 +126,18 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 
 
 def apply_rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-    """q, k [B, H, T, D] (any strides, last dim contiguous), cos/sin [B, T, D]: rotated q, k (contiguous)."""
+    """q, k [B, H, T, D] (any strides, last dim contiguous), cos/sin [B or 1, T, D]: rotated q, k (contiguous)."""
     import triton
 
     b, hq, t, d = q.shape
     hk = k.shape[1]
     qo, ko = torch.empty(b, hq, t, d, dtype=q.dtype, device=q.device), torch.empty(b, hk, t, d, dtype=k.dtype,
                                                                                    device=k.device)
+    # cos / sin of one row of positions ([1, T, D], no position_ids given) serve every sequence: batch stride 0
+    sc_b, ss_b = (0, 0) if cos.shape[0] == 1 else (cos.stride(0), sin.stride(0))
     if b * t:
         _kernels()[1][(b * t,)](q, k, cos, sin, qo, ko, t, q.stride(0), q.stride(1), q.stride(2), k.stride(0),
-                                k.stride(1), k.stride(2), cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
+                                k.stride(1), k.stride(2), sc_b, cos.stride(1), ss_b, sin.stride(1),
                                 HQ=hq, HQ_P2=triton.next_power_of_2(hq), HK=hk, HK_P2=triton.next_power_of_2(hk),
                                 HALF=d // 2, IS_BF16=q.dtype == torch.bfloat16, num_warps=4)
     return qo, ko
@@ -144,7 +147,7 @@ def _rope_fits(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> bool:
     d = q.shape[-1] if q.dim() == 4 else 0
     return (q.is_cuda and q.dim() == 4 and k.dim() == 4 and cos.dim() == 3 and sin.shape == cos.shape
             and q.dtype == k.dtype == cos.dtype == sin.dtype and d % 2 == 0 and (d // 2) & (d // 2 - 1) == 0
-            and k.shape[-1] == d and cos.shape[-1] == d and q.shape[0] == k.shape[0] == cos.shape[0]
+            and k.shape[-1] == d and cos.shape[-1] == d and q.shape[0] == k.shape[0] and cos.shape[0] in (1, q.shape[0])
             and q.shape[2] == k.shape[2] == cos.shape[1]
             and q.stride(-1) == k.stride(-1) == cos.stride(-1) == sin.stride(-1) == 1)
 
@@ -185,6 +188,18 @@ def _rope_matches(fn, device: torch.device) -> bool:
     return all(torch.equal(w, g) for w, g in zip(want, got, strict=True))
 
 
+def _probe(op: str, check, *args) -> bool:
+    """A probe whose kernel fails to compile or run (an unfamiliar GPU, a Triton without it) keeps the original
+    op, says why, and lets the run go on: what was swapped is recorded on the run (extra.fused_ops)."""
+    try:
+        with torch.no_grad():
+            return check(*args)
+    except Exception as exc:  # noqa: BLE001 - any failure of an optional kernel means: keep the original
+        warnings.warn(f"fused {op} kernel failed its probe ({type(exc).__name__}: {str(exc)[:200]}); "
+                      "keeping transformers' op", RuntimeWarning, stacklevel=3)
+        return False
+
+
 def install(model: nn.Module, mode: str = "auto") -> str | None:
     """Swap in the fused kernels where they match (CUDA only); returns what was swapped, or None."""
     if mode not in MODES:
@@ -202,8 +217,7 @@ def install(model: nn.Module, mode: str = "auto") -> str | None:
     checked: dict[type, bool] = {}
     for m in norms:
         if type(m) not in checked:
-            with torch.no_grad():
-                checked[type(m)] = _norm_matches(m, dtype)
+            checked[type(m)] = _probe("rmsnorm", _norm_matches, m, dtype)
         if checked[type(m)]:
             m.forward = functools.partial(_norm_forward, m)
     if any(checked.values()):
@@ -216,9 +230,8 @@ def install(model: nn.Module, mode: str = "auto") -> str | None:
         if fn is None:
             continue
         if getattr(fn, _PATCHED, None) is None:
-            with torch.no_grad():
-                if not _rope_matches(fn, params[0].device):
-                    continue
+            if not _probe("rope", _rope_matches, fn, params[0].device):
+                continue
             mod.apply_rotary_pos_emb = _fused_rope(fn)
         swapped.append("rope")
     return "+".join(swapped) or None

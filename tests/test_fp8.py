@@ -99,6 +99,40 @@ print("ok")
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
 
 
+@pytest.mark.skipif(triton is None, reason="triton is not installed")
+def test_fused_steps_match_the_unfused_reference_in_both_orientations_under_the_interpreter():
+    """The engine's fused steps in the FP8 kernel: the token gather + SwiGLU of gate_up, the routing weights + the
+    scatter back to (token, slot) order of down, with the weights on the MMA's M side (SWAP_AB) and without."""
+    code = """
+import torch
+from quantbench.moe import fp8
+from quantbench.moe.nvfp4 import expert_of_rows
+torch.manual_seed(3)
+fmt = fp8.Fp8Experts.from_weights(torch.randn(5, 48, 64), input_scale=torch.tensor([0.01]))
+counts = torch.tensor([3, 0, 17, 1, 9])
+offsets = torch.cumsum(counts, 0, dtype=torch.int32)
+s, t = int(counts.sum()), 11
+w = fmt.dequantize(torch.bfloat16).float()[expert_of_rows(offsets, s)]
+x, h = torch.randn(t, 64).bfloat16(), torch.randn(s, 64).bfloat16()
+row_index, rs, dest = torch.randint(0, t, (s,), dtype=torch.int32), torch.rand(s).bfloat16(), torch.randperm(s).int()
+g, u = torch.einsum("sk,snk->sn", x.float()[row_index.long()], w).chunk(2, -1)
+want_h = torch.nn.functional.silu(g) * u
+want_y = torch.empty(s, 48)
+want_y[dest.long()] = torch.einsum("sk,snk->sn", h.float(), w) * rs.float()[:, None]
+for swap in (False, True):
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "SWAP_AB": swap}
+    got_h = fp8.fp8_grouped_mm(x, fmt.weight, fmt.scale, offsets, config=cfg, row_index=row_index, swiglu=True)
+    got_y = fp8.fp8_grouped_mm(h, fmt.weight, fmt.scale, offsets, config=cfg, row_scale=rs, row_dest=dest)
+    for got, want in ((got_h, want_h), (got_y, want_y)):
+        err = ((got.float() - want).norm() / want.norm()).item()
+        assert got.shape == want.shape and err < 6e-3, (swap, err)
+print("ok")
+"""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+
+
 def test_modelopt_fp8_export_loads_exactly_and_dequantizes_as_modelopt_does():
     from modelopt.torch.quantization.qtensor.fp8_tensor import FP8QTensor
 

@@ -96,3 +96,16 @@ def test_bf16_experts_impl_quantbench_runs_the_same_weights_through_the_engine_a
         torch.testing.assert_close(model(ids).logits, reference(ids).logits, rtol=1e-5, atol=1e-5)
     with pytest.raises(ConfigError, match="not available"):
         set_experts_implementation(tiny_model(seed=5), "fastest")
+
+
+def test_the_paths_a_forward_took_are_what_a_run_records():
+    """A run records the kernel paths its forwards took (a large batch may take another than the one planned)."""
+    from quantbench.moe.engine import DenseExperts, GroupedMoE, kernel_paths, kernel_paths_ran
+
+    torch.manual_seed(0)
+    moe = GroupedMoE(torch.nn.Linear(16, 4, bias=False), DenseExperts(torch.randn(4, 16, 16)),
+                     DenseExperts(torch.randn(4, 16, 8)), top_k=2, norm_topk_prob=True)
+    model = torch.nn.Sequential(moe)
+    assert kernel_paths(model) == "cpu-vectorised" and kernel_paths_ran(model) == ""
+    model(torch.randn(5, 16))
+    assert kernel_paths_ran(model) == "cpu-vectorised"

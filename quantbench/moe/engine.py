@@ -30,7 +30,8 @@ stable: the int4, nvfp4 and fp8 formats (quantbench.moe.int4 / nvfp4 / fp8) all 
     row_dest=[S] int32 (write row r to row row_dest[r] of the result: a permutation). The
     engine passes them only to formats that declare them, so formats without them need not change.
     Optional: `quantize_input(x_sorted, offsets) -> x_sorted` (W4A4 / W8A8 formats) emulates activation
-    quantization before the grouped GEMM; such formats get no fused extras.
+    quantization before the grouped GEMM; such formats get fused extras only where
+    `quantizes_input_in_kernel(device)` says their kernel rounds its own inputs (FP8 on FP8 tensor cores).
 
     class GroupedMoE(nn.Module):     # replaces one MoE block (`layer.mlp`)
         GroupedMoE(gate, gate_up, down, *, top_k, norm_topk_prob, act="silu", kernel="auto")
@@ -42,6 +43,7 @@ stable: the int4, nvfp4 and fp8 formats (quantbench.moe.int4 / nvfp4 / fp8) all 
         # make_weights(layer_index, experts_module) -> (gate_up, down); swaps every MoE block, returns the path
     def moe_blocks(model) -> list[MoEBlockRef]       # the blocks install_grouped_moe would swap
     def experts_nbytes(model) -> int                 # bytes of every GroupedMoE's expert tensors
+    def kernel_paths_ran(model) -> str               # every path the forwards so far took
 
 `kernel`: "auto" (fused where the format has a kernel for this device, else dequantize + grouped GEMM),
 "fused" (fail if there is none), "grouped_mm" (always dequantize + grouped GEMM).
@@ -185,6 +187,7 @@ class GroupedMoE(nn.Module):
             self._act_is_silu = False
         self.act_fn = act
         self.kernel_path = self.planned_path(_device_of(gate_up))
+        self.paths_ran: set[str] = set()  # every path a forward took (a large batch may take another)
 
     def planned_path(self, device: torch.device) -> str:
         """The path forward() takes on `device` (before anything has run)."""
@@ -243,6 +246,7 @@ class GroupedMoE(nn.Module):
             scatter = {}
             weighted = self._project(self.down, h, counts, offsets, paths) * sample_weights.unsqueeze(-1)
         self.kernel_path = "+".join(sorted(set(paths)))
+        self.paths_ran.update(paths)
 
         if not scatter:  # back to (token, slot) order
             if grouping is not None:
@@ -259,7 +263,8 @@ class GroupedMoE(nn.Module):
         """The format's fused kernel with extra fused steps, when it declares them and runs here."""
         if self._path_for(w, x.device) != w.fused_kernel or not needs <= set(getattr(w, "fused_features", ())):
             return None
-        if getattr(w, "quantize_input", None) is not None:  # its inputs must be quantized first: see _project
+        in_kernel = getattr(w, "quantizes_input_in_kernel", lambda d: False)(x.device)
+        if getattr(w, "quantize_input", None) is not None and not in_kernel:  # quantized first: see _project
             return None
         y = w.grouped_mm(x, offsets, self.kernel, **features)
         if y is not None:
@@ -384,3 +389,10 @@ def experts_nbytes(model: nn.Module) -> int:
 def kernel_paths(model: nn.Module) -> str:
     """What the GroupedMoE layers ran last (or will run), joined when they differ."""
     return "+".join(sorted({m.kernel_path for m in model.modules() if isinstance(m, GroupedMoE)}))
+
+
+def kernel_paths_ran(model: nn.Module) -> str:
+    """Every path the GroupedMoE layers took in the forwards so far ("" before any): a format may hand a batch
+    large enough to be compute-bound to dequantize + grouped GEMM instead of its fused kernel."""
+    ran = set().union(*(m.paths_ran for m in model.modules() if isinstance(m, GroupedMoE)))
+    return "+".join(sorted(ran))

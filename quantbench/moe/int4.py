@@ -159,6 +159,8 @@ class Int4Experts(nn.Module):
         rows = x_sorted.shape[0] if row_index is None else row_index.shape[0]
         if rows // 16 + self.num_experts > 65535:
             return None  # the M tiles live on grid axis 1, which CUDA caps at 65535
+        if kernel == "auto" and rows >= DEQUANT_FROM_ROWS.get((self.out_features, self.in_features), 1 << 62) * self.num_experts:
+            return None  # compute-bound: one dequantized copy + a CUTLASS grouped GEMM wins (TUNED's comment)
         return int4_grouped_mm(x_sorted, self.qweight, self.scales, self.zeros, offsets, self.group_size,
                                row_index=row_index, swiglu=act == "swiglu", row_scale=row_scale, row_dest=row_dest)
 
@@ -192,11 +194,17 @@ def fused_supported(k: int, group_size: int, k_block: int = FUSED_K_BLOCK) -> bo
 # 188 us with gate and up in one K loop (216 us as two loops; benchmarks/int4_lab.py, 2026-11-30), down + routing
 # weights 128 us (scaling after the dot, in a second accumulator: 268 + 144 us; the first version, x @ W with 8
 # redundant word loads: 426 + 235 us).
+# At 16,384 tokens ("large", ~1,024 rows per expert; benchmarks/kernel_sweep.py, 2026-11-30) the down projection
+# runs best in the plain orientation with 128 x 128 tiles (1,597 us against 2,272 with the mid configuration), and
+# gate_up + SwiGLU is faster as dequantize + torch._grouped_mm (2,390 us) than fused (2,918 us at best): from
+# DEQUANT_FROM_ROWS[(N, K)] rows per expert the format declines its fused kernel and the engine dequantizes.
 _H200_BEST = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "SWAP_AB": True, "EVICT": False}
 TUNED: dict[tuple[int, int, bool, str], dict[str, Any]] = {
     (1536, 2048, True, "mid"): _H200_BEST,
     (2048, 768, False, "mid"): dict(_H200_BEST, num_stages=2),
+    (2048, 768, False, "large"): dict(_H200_BEST, BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2, SWAP_AB=False),
 }
+DEQUANT_FROM_ROWS: dict[tuple[int, int], int] = {(1536, 2048): 512}
 
 
 def rows_bucket(rows: int, experts: int) -> str:

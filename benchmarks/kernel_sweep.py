@@ -1,0 +1,135 @@
+"""Block sizes and MMA kinds of the fused int4 and FP8 grouped-MoE kernels, against dequantize + torch._grouped_mm
+and BF16 torch._grouped_mm, on the H200 at the Qwen3-30B-A3B shape: which path and configuration the engine should
+pick per rows-per-expert bucket (TUNED in quantbench.moe.int4, pick_config in quantbench.moe.fp8).
+
+    python3 benchmarks/kernel_sweep.py --tokens 512,4096,16384 [--formats int4,fp8] [--top 5] [--fine]
+
+Each projection as the engine calls it: gate_up with the token gather and SwiGLU fused, down with the routing
+weights and the scatter back to (token, slot) order. Times are triton do_bench medians; "rel diff" is the largest
+difference from the format's default configuration, over the largest output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from quantbench.moe import fp8  # noqa: E402
+from quantbench.moe.engine import _grouped_matmul  # noqa: E402
+from quantbench.moe.int4 import int4_grouped_mm, rtn_experts  # noqa: E402
+
+E, H, INTER, TOP_K = 128, 2048, 768, 8
+
+
+def grid(fmt: str, fine: bool = False) -> list[dict]:
+    """Weights on the MMA's M side (SWAP_AB, Hopper wgmma) and the plain orientation (tokens as M: mma.sync below
+    64 rows), over tile sizes, warps and pipeline stages; the ones that spill or overflow shared memory just lose.
+    fine (FP8): deeper pipelines and K tiles of 256 around the configurations that won at ~32 rows per expert."""
+    if fine and fmt == "fp8":
+        out = [dict(BLOCK_M=32, BLOCK_N=bn, num_warps=w, num_stages=st, SWAP_AB=True, BLOCK_K=bk)
+               for bk in (128, 256) for st in (3, 5) for bn, w in ((64, 4), (128, 4), (128, 8))]
+        return out + [dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=st, SWAP_AB=swap, BLOCK_K=bk)
+                      for bk in (128, 256) for st in (3, 5) for swap in (True, False)]
+    out = []
+    for swap in (True, False):
+        for bm in (16, 32, 64, 128):
+            for bn, warps in ((64, 4), (128, 4), (128, 8)):
+                if bm * bn > 128 * 128 or (bm == 128 and warps == 4) or (swap and bm == 128 and bn == 128):
+                    continue
+                for stages in (3, 4) if bm <= 32 else (2, 3):
+                    cfg = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, SWAP_AB=swap)
+                    if fmt == "fp8":
+                        cfg["BLOCK_K"] = 128
+                    out.append(cfg)
+    return out
+
+
+def sweep(fmt: str, tokens: int, top: int, fine: bool = False) -> None:
+    torch.manual_seed(0)
+    rows = tokens * TOP_K
+    ids = torch.rand(tokens, E, device="cuda").topk(TOP_K, dim=-1).indices.flatten()
+    order = torch.sort(ids).indices
+    row_index = (order // TOP_K).int()
+    row_dest = torch.empty(rows, device="cuda", dtype=torch.int32)
+    row_dest[order] = torch.arange(rows, device="cuda", dtype=torch.int32)
+    offsets = torch.cumsum(torch.bincount(ids, minlength=E), 0).to(torch.int32)
+    x = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16)
+    h = torch.randn(rows, INTER, device="cuda", dtype=torch.bfloat16)
+    scale = torch.rand(rows, device="cuda", dtype=torch.bfloat16)
+    w_gu = torch.randn(E, 2 * INTER, H, device="cuda", dtype=torch.bfloat16) * 0.02
+    w_dn = torch.randn(E, H, INTER, device="cuda", dtype=torch.bfloat16) * 0.02
+    if fmt == "int4":
+        gu, dn = rtn_experts(w_gu), rtn_experts(w_dn)
+
+        def call_gu(cfg):
+            return int4_grouped_mm(x, gu.qweight, gu.scales, gu.zeros, offsets, 128, cfg, row_index=row_index,
+                                   swiglu=True)
+
+        def call_dn(cfg):
+            return int4_grouped_mm(h, dn.qweight, dn.scales, dn.zeros, offsets, 128, cfg, row_scale=scale,
+                                   row_dest=row_dest)
+    else:
+        in_gu, in_dn = (x.abs().amax().float() / 448).reshape(1), (h.abs().amax().float() / 448).reshape(1)
+        gu, dn = (fp8.Fp8Experts.from_weights(w, input_scale=s) for w, s in ((w_gu, in_gu), (w_dn, in_dn)))
+
+        def call_gu(cfg):
+            return fp8.fp8_grouped_mm(x, gu.weight, gu.scale, offsets, input_scale=gu.input_scale, config=cfg,
+                                      row_index=row_index, swiglu=True)
+
+        def call_dn(cfg):
+            return fp8.fp8_grouped_mm(h, dn.weight, dn.scale, offsets, input_scale=dn.input_scale, config=cfg,
+                                      row_scale=scale, row_dest=row_dest)
+    del w_gu, w_dn
+
+    def dequant_gate_up():
+        g, u = _grouped_matmul(x[row_index], gu.dequantize(torch.bfloat16).transpose(-2, -1), offsets).chunk(2, -1)
+        return torch.nn.functional.silu(g) * u
+
+    def dequant_down():  # row r goes to row row_dest[r]
+        y = _grouped_matmul(h, dn.dequantize(torch.bfloat16).transpose(-2, -1), offsets) * scale[:, None]
+        return y.index_select(0, torch.argsort(row_dest))
+
+    print(f"# {fmt}, {tokens} tokens, {rows / E:.0f} rows per expert", flush=True)
+    measure(f"{fmt} {tokens:6d} gate_up ", call_gu, dequant_gate_up, gu, x[row_index], offsets, top, fine)
+    measure(f"{fmt} {tokens:6d} down    ", call_dn, dequant_down, dn, h, offsets, top, fine)
+
+
+def measure(label: str, call, dequant, w, x_sorted, offsets, top: int, fine: bool) -> None:
+    from triton.testing import do_bench
+
+    ref = call(None).float()
+    results = []
+    for cfg in grid(label.split()[0], fine):
+        try:
+            err = float((call(cfg).float() - ref).abs().max() / ref.abs().max())
+            results.append((do_bench(lambda c=cfg: call(c), warmup=10, rep=50) * 1e3, err, cfg))
+        except Exception as exc:  # a configuration that does not compile or fit is reported, the rest still run
+            print(f"  {label} {cfg}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+    for us, err, cfg in sorted(results, key=lambda r: r[0])[:top]:
+        print(f"{label} fused {us:8.1f} us  rel diff {err:.1e}  {cfg}", flush=True)
+    print(f"{label} fused {do_bench(lambda: call(None), warmup=10, rep=50) * 1e3:8.1f} us  (default configuration)")
+    print(f"{label} dequantize + grouped_mm {do_bench(dequant, warmup=10, rep=50) * 1e3:8.1f} us", flush=True)
+    wb = w.dequantize(torch.bfloat16).transpose(-2, -1)
+    bf16 = do_bench(lambda: _grouped_matmul(x_sorted, wb, offsets), warmup=10, rep=50) * 1e3
+    print(f"{label} bf16 grouped_mm, weights already bf16 {bf16:8.1f} us", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=lambda v: [int(t) for t in v.split(",")], default=[512])
+    ap.add_argument("--formats", type=lambda v: v.split(","), default=["int4", "fp8"])
+    ap.add_argument("--top", type=int, default=5)
+    ap.add_argument("--fine", action="store_true", help="FP8: the finer grid around the mid-bucket winners")
+    args = ap.parse_args()
+    for tokens in args.tokens:
+        for fmt in args.formats:
+            sweep(fmt, tokens, args.top, args.fine)
+
+
+if __name__ == "__main__":
+    main()
