@@ -1,8 +1,8 @@
-"""Block sizes and MMA kinds of the fused int4 and FP8 grouped-MoE kernels, against dequantize + torch._grouped_mm
+"""Block sizes and MMA kinds of the fused int4, FP8 and NVFP4 grouped-MoE kernels, against dequantize + torch._grouped_mm
 and BF16 torch._grouped_mm, on the H200 at the Qwen3-30B-A3B shape: which path and configuration the engine should
-pick per rows-per-expert bucket (TUNED in quantbench.moe.int4, pick_config in quantbench.moe.fp8).
+pick per rows-per-expert bucket (TUNED in quantbench.moe.int4 and .fp8, pick_config in .nvfp4).
 
-    python3 benchmarks/kernel_sweep.py --tokens 512,4096,16384 [--formats int4,fp8] [--top 5] [--fine]
+    python3 benchmarks/kernel_sweep.py --tokens 512,4096,16384 [--formats int4,fp8,nvfp4] [--top 5] [--fine]
 
 Each projection as the engine calls it: gate_up with the token gather and SwiGLU fused, down with the routing
 weights and the scatter back to (token, slot) order. Times are triton do_bench medians; "rel diff" is the largest
@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from quantbench.moe import fp8  # noqa: E402
+from quantbench.moe import fp8, nvfp4  # noqa: E402
 from quantbench.moe.engine import _grouped_matmul  # noqa: E402
 from quantbench.moe.int4 import int4_grouped_mm, rtn_experts  # noqa: E402
 
@@ -30,6 +30,11 @@ def grid(fmt: str, fine: bool = False) -> list[dict]:
     """Weights on the MMA's M side (SWAP_AB, Hopper wgmma) and the plain orientation (tokens as M: mma.sync below
     64 rows), over tile sizes, warps and pipeline stages; the ones that spill or overflow shared memory just lose.
     fine (FP8): deeper pipelines and K tiles of 256 around the configurations that won at ~32 rows per expert."""
+    if fmt == "nvfp4":  # a few tiles: the earlier kernel's best (plain M64 N128, 8 warps) and the weights-as-M ones
+        return [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st, SWAP_AB=swap, BLOCK_K=128)
+                for swap, bm, bn, w, st in ((False, 64, 128, 8, 3), (False, 64, 64, 4, 3), (False, 128, 128, 8, 3),
+                                            (True, 64, 64, 4, 3), (True, 32, 64, 4, 3), (True, 64, 64, 4, 2),
+                                            (True, 64, 128, 8, 3))]
     if fine and fmt == "fp8":
         out = [dict(BLOCK_M=32, BLOCK_N=bn, num_warps=w, num_stages=st, SWAP_AB=True, BLOCK_K=bk)
                for bk in (128, 256) for st in (3, 5) for bn, w in ((64, 4), (128, 4), (128, 8))]
@@ -73,6 +78,16 @@ def sweep(fmt: str, tokens: int, top: int, fine: bool = False) -> None:
         def call_dn(cfg):
             return int4_grouped_mm(h, dn.qweight, dn.scales, dn.zeros, offsets, 128, cfg, row_scale=scale,
                                    row_dest=row_dest)
+    elif fmt == "nvfp4":  # W4A16 here: the kernel alone (the W4A4 activation rounding is a separate kernel)
+        gu, dn = nvfp4.Nvfp4Experts.from_weights(w_gu), nvfp4.Nvfp4Experts.from_weights(w_dn)
+
+        def call_gu(cfg):
+            return nvfp4.nvfp4_grouped_mm(x, gu.packed, gu.block_scale, gu.global_scale, offsets, cfg,
+                                          row_index=row_index, swiglu=True)
+
+        def call_dn(cfg):
+            return nvfp4.nvfp4_grouped_mm(h, dn.packed, dn.block_scale, dn.global_scale, offsets, cfg,
+                                          row_scale=scale, row_dest=row_dest)
     else:
         in_gu, in_dn = (x.abs().amax().float() / 448).reshape(1), (h.abs().amax().float() / 448).reshape(1)
         gu, dn = (fp8.Fp8Experts.from_weights(w, input_scale=s) for w, s in ((w_gu, in_gu), (w_dn, in_dn)))

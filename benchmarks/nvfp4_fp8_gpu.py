@@ -180,6 +180,23 @@ def kernels() -> dict:
                                      row_scale=rs, row_dest=dest)
             check(f"fp8 down routing weights+scatter native, {bucket} config, vs unfused dequant+fp32", rel(got, ref_y), 1e-2)
 
+    if DEV != "cpu":  # the same fused steps in the NVFP4 kernel (weights only: x as given), both orientations
+        g, u = ref_grouped(x[row_index], gu.dequantize(torch.bfloat16), experts).chunk(2, -1)
+        ref_h = torch.nn.functional.silu(g) * u
+        ref_y = torch.empty(s, H, device=DEV)
+        ref_y[dest.long()] = ref_grouped(h, dn.dequantize(torch.bfloat16), experts) * rs.float()[:, None]
+        for swap in (False, True):
+            cfg = nvfp4.pick_config(s, E, 2 * INTER, H) if not swap else dict(
+                BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3, SWAP_AB=True)
+            poison()
+            got = nvfp4.nvfp4_grouped_mm(x, gu.packed, gu.block_scale, gu.global_scale, offsets, cfg,
+                                         row_index=row_index, swiglu=True)
+            check(f"nvfp4 gate_up gather+SwiGLU, SWAP_AB={swap}, vs unfused dequant+fp32", rel(got, ref_h), 5e-3)
+            poison()
+            got = nvfp4.nvfp4_grouped_mm(h, dn.packed, dn.block_scale, dn.global_scale, offsets, cfg,
+                                         row_scale=rs, row_dest=dest)
+            check(f"nvfp4 down routing weights+scatter, SWAP_AB={swap}, vs unfused dequant+fp32", rel(got, ref_y), 5e-3)
+
     w, sc = fp8.quantize(torch.randn(1, 4096, 2048, device=DEV) * 0.02)
     lin = fp8.Fp8Linear(w[0], sc[0, :1], torch.tensor(3.0 / 448, device=DEV), None)
     x = torch.randn(TOKENS, 2048, device=DEV, dtype=torch.bfloat16)

@@ -93,6 +93,7 @@ def build_synthetic_quantized(spec: RunSpec, make: Any, dtype: torch.dtype) -> t
         moe.gate_up = make(moe.gate_up.weight, moe.gate_up.amax)
         moe.down = make(moe.down.weight, moe.down.amax)
         moe.kernel_path = moe.planned_path(torch.device(device))
+        moe.paths_ran.clear()  # the calibration forward ran the BF16 observers, not this format
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
     return model, tokenizer, kernel_paths(model)

@@ -31,7 +31,9 @@ stable: the int4, nvfp4 and fp8 formats (quantbench.moe.int4 / nvfp4 / fp8) all 
     engine passes them only to formats that declare them, so formats without them need not change.
     Optional: `quantize_input(x_sorted, offsets) -> x_sorted` (W4A4 / W8A8 formats) emulates activation
     quantization before the grouped GEMM; such formats get fused extras only where
-    `quantizes_input_in_kernel(device)` says their kernel rounds its own inputs (FP8 on FP8 tensor cores).
+    `quantizes_input_in_kernel(device)` says their kernel rounds its own inputs (FP8 on FP8 tensor cores), or
+    where `input_quant_rowwise` says a row's quantization depends on that row alone (then the engine quantizes
+    the unsorted tokens once and the kernel gathers the quantized rows: NVFP4 with one input scale).
 
     class GroupedMoE(nn.Module):     # replaces one MoE block (`layer.mlp`)
         GroupedMoE(gate, gate_up, down, *, top_k, norm_topk_prob, act="silu", kernel="auto")
@@ -263,9 +265,11 @@ class GroupedMoE(nn.Module):
         """The format's fused kernel with extra fused steps, when it declares them and runs here."""
         if self._path_for(w, x.device) != w.fused_kernel or not needs <= set(getattr(w, "fused_features", ())):
             return None
-        in_kernel = getattr(w, "quantizes_input_in_kernel", lambda d: False)(x.device)
-        if getattr(w, "quantize_input", None) is not None and not in_kernel:  # quantized first: see _project
-            return None
+        quantize_input = getattr(w, "quantize_input", None)
+        if quantize_input is not None and not getattr(w, "quantizes_input_in_kernel", lambda d: False)(x.device):
+            if not getattr(w, "input_quant_rowwise", False):
+                return None  # rows must be quantized by their expert's scale: _project, after the sort
+            x = quantize_input(x, offsets)  # one scale for all rows: the tokens, before the kernel gathers them
         y = w.grouped_mm(x, offsets, self.kernel, **features)
         if y is not None:
             paths.append(w.fused_kernel)

@@ -30,7 +30,7 @@ from quantbench.moe.nvfp4 import expert_of_rows, interpreting, triton
 if triton is not None:
     import triton.language as tl
 
-    from quantbench.moe.nvfp4 import expert_tile, round_bf16
+    from quantbench.moe.nvfp4 import column_vector, expert_tile, fused_epilogue, mma_nt, round_bf16
 
 E4M3_MAX = 448.0
 FUSED_KERNEL = "triton-fused-fp8"
@@ -199,16 +199,6 @@ class Fp8Linear(nn.Module):
 if triton is not None:
 
     @triton.jit
-    def fp8_mma(w, x, acc, SWAP_AB: tl.constexpr):
-        """acc += x @ w.T, or its transpose with SWAP_AB: the weights then take the MMA's M side (64 rows for
-        Hopper's wgmma), so a tile of 16..64 tokens still runs on the FP8 tensor cores (on sm_90 Triton lowers an
-        FP8 dot whose M side is under 64 to fp16 mma.sync, upcasting both operands)."""
-        if SWAP_AB:
-            return tl.dot(w, tl.trans(x), acc)
-        else:
-            return tl.dot(x, tl.trans(w), acc)
-
-    @triton.jit
     def fp8_weights(w, s, FP8_DOT: tl.constexpr, DOT_F32: tl.constexpr, dtype: tl.constexpr):
         """A [BLOCK_N, BLOCK_K] weight tile as the dot takes it: E4M3 as stored (its scale applied after the dot),
         or dequantized to x's dtype (float32 under the interpreter, whose bf16 dot is wrong)."""
@@ -228,22 +218,6 @@ if triton is not None:
             return x.to(tl.float32)
         else:
             return x
-
-    @triton.jit
-    def column_vector(v, SWAP_AB: tl.constexpr):
-        """A per-output-column vector broadcast against the accumulator."""
-        if SWAP_AB:
-            return v[:, None]
-        else:
-            return v[None, :]
-
-    @triton.jit
-    def row_vector(v, SWAP_AB: tl.constexpr):
-        """A per-row (token) vector broadcast against the accumulator."""
-        if SWAP_AB:
-            return v[None, :]
-        else:
-            return v[:, None]
 
     @triton.jit
     def fp8_grouped_mm_kernel(
@@ -291,32 +265,18 @@ if triton is not None:
             x = tl.load(x_ptrs + kb, mask=rmask[:, None], other=0.0)
             xd = fp8_activations(x, in_scale, FP8_DOT, DOT_F32)
             w = tl.load(w_ptrs + kb, mask=cmask[:, None], other=0.0)
-            acc = fp8_mma(fp8_weights(w, s, FP8_DOT, DOT_F32, x.dtype), xd, acc, SWAP_AB)
+            acc = mma_nt(fp8_weights(w, s, FP8_DOT, DOT_F32, x.dtype), xd, acc, SWAP_AB)
             if SWIGLU:
                 wu = tl.load(w_ptrs + HALF * stride_wn + kb, mask=cmask[:, None], other=0.0)
-                up = fp8_mma(fp8_weights(wu, su, FP8_DOT, DOT_F32, x.dtype), xd, up, SWAP_AB)
+                up = mma_nt(fp8_weights(wu, su, FP8_DOT, DOT_F32, x.dtype), xd, up, SWAP_AB)
         if FP8_DOT:  # the scales of both operands, per output column
             acc = acc * column_vector(in_scale * s, SWAP_AB)
             up = up * column_vector(in_scale * su, SWAP_AB)
         if DOT_F32:
             acc = round_bf16(acc)
             up = round_bf16(up)
-        if SWIGLU:
-            out = acc * tl.sigmoid(acc) * up
-        else:
-            out = acc
-        if ROW_SCALE:  # the routing weight of each (token, expert) row
-            out = out * row_vector(tl.load(rowscale_ptr + rows, mask=rmask, other=0.0).to(tl.float32), SWAP_AB)
-        if SCATTER:  # sorted row r is written to row row_dest[r] of y
-            y_rows = tl.load(rowdest_ptr + rows, mask=rmask, other=0).to(tl.int64)
-        else:
-            y_rows = rows.to(tl.int64)
-        if SWAP_AB:
-            tl.store(y_ptr + y_rows[None, :] * stride_ym + cols[:, None], out.to(y_ptr.dtype.element_ty),
-                     mask=rmask[None, :] & cmask[:, None])
-        else:
-            tl.store(y_ptr + y_rows[:, None] * stride_ym + cols[None, :], out.to(y_ptr.dtype.element_ty),
-                     mask=rmask[:, None] & cmask[None, :])
+        fused_epilogue(acc, up, y_ptr, rows, rmask, cols, cmask, rowscale_ptr, rowdest_ptr, stride_ym,
+                       SWAP_AB, SWIGLU, ROW_SCALE, SCATTER, y_ptr.dtype.element_ty == tl.bfloat16)
 
 
 # Measured best on an H200 (benchmarks/kernel_sweep.py, 2026-11-30) at the Qwen3-30B-A3B shape, per (N, K, rows-

@@ -153,6 +153,7 @@ class Nvfp4Experts(nn.Module):
     """One projection of all E experts of a layer in packed NVFP4, as buffers (see the module docstring)."""
 
     fused_kernel = FUSED_KERNEL
+    fused_features = frozenset({"gather", "swiglu", "row_scale", "scatter"})
 
     def __init__(self, packed: Tensor, block_scale: Tensor, global_scale: Tensor, input_scale: Tensor | None = None,
                  *, activations: bool = True, name: str = ""):
@@ -201,10 +202,23 @@ class Nvfp4Experts(nn.Module):
             return x_sorted
         return quantize_input_rows(x_sorted, offsets, self.input_scale)
 
-    def grouped_mm(self, x_sorted: Tensor, offsets: Tensor, kernel: str) -> Tensor | None:
+    @property
+    def input_quant_rowwise(self) -> bool:
+        """Each row's activation quantization depends on that row alone (one input scale for every expert), so
+        the engine may quantize the tokens before they are gathered and routed (8x fewer rows at top-8)."""
+        return not self.activations or self.input_scale.numel() == 1
+
+    def grouped_mm(self, x_sorted: Tensor, offsets: Tensor, kernel: str, *, row_index: Tensor | None = None,
+                   act: str | None = None, row_scale: Tensor | None = None,
+                   row_dest: Tensor | None = None) -> Tensor | None:
+        """The fused kernel, with the engine's fused steps (row_index / act / row_scale / row_dest, see its
+        contract) when asked; x already quantized where this format quantizes activations."""
         if not (x_sorted.is_cuda and x_sorted.dtype in (torch.bfloat16, torch.float16) and triton_available()):
             return None
-        return nvfp4_grouped_mm(x_sorted, self.packed, self.block_scale, self.global_scale, offsets)
+        if act not in (None, "swiglu"):
+            return None
+        return nvfp4_grouped_mm(x_sorted, self.packed, self.block_scale, self.global_scale, offsets,
+                                row_index=row_index, swiglu=act == "swiglu", row_scale=row_scale, row_dest=row_dest)
 
     def unpacked(self, dtype: torch.dtype) -> Nvfp4UnpackedExperts:
         """The same weights dequantized once (what `--nvfp4 unpacked` keeps: BF16-sized)."""
@@ -281,9 +295,13 @@ def pick_config(rows: int, experts: int, n: int, k: int) -> dict[str, int]:
     """Block sizes. Measured on an H200 at the Qwen3-30B-A3B layer shape (512 tokens top-8, about 32 rows per
     expert; benchmarks/nvfp4_fp8_gpu.py, 2026-11-29): M64 N128 K128, 8 warps, 3 stages: gate_up 0.288 ms, down
     0.156 ms, against 0.385 / 0.210 ms for M32 N64 K128 with 4 warps. BLOCK_K is a multiple of the 16-element
-    scale block and divides K."""
+    scale block and divides K. With the fused steps (2026-11-30, `benchmarks/kernel_sweep.py --formats nvfp4`,
+    512 tokens): gate_up + gather + SwiGLU 300.6 us with the weights on the wgmma M side (SWAP_AB, M64 N64, 4 warps,
+    2 stages) against 354.2 us for the tile above; down + routing weights + scatter 158.8 / 159.5 us, no better.)"""
     block_k = 128 if k % 128 == 0 else 64 if k % 64 == 0 else 32 if k % 32 == 0 else 16
-    return {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": block_k, "num_warps": 8, "num_stages": 3}
+    if (n, k) == (1536, 2048) and rows / max(1, experts) <= 48:  # gate_up, gather + SwiGLU: 300.6 against 354.2 us
+        return {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 2, "SWAP_AB": True}
+    return {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": block_k, "num_warps": 8, "num_stages": 3, "SWAP_AB": False}
 
 
 def fused_act_quant_ok(x: Tensor) -> bool:
@@ -341,6 +359,66 @@ if triton is not None:
         return e, row_start, row_end
 
     @triton.jit
+    def mma_nt(w, x, acc, SWAP_AB: tl.constexpr):
+        """acc += x @ w.T for a weight tile w [BLOCK_N, BLOCK_K] and a token tile x [BLOCK_M, BLOCK_K], or its
+        transpose with SWAP_AB: the weights then take the MMA's M side (64 rows for Hopper's wgmma), so a tile of
+        16..64 tokens still runs on wgmma (Triton lowers a dot whose M side is under 64 to mma.sync on sm_90, and
+        an FP8 one to fp16 mma.sync, upcasting both operands). Shared by the nvfp4 and fp8 grouped kernels."""
+        if SWAP_AB:
+            return tl.dot(w, tl.trans(x), acc)
+        else:
+            return tl.dot(x, tl.trans(w), acc)
+
+    @triton.jit
+    def column_vector(v, SWAP_AB: tl.constexpr):
+        """A per-output-column vector broadcast against the accumulator ([BLOCK_N, BLOCK_M] with SWAP_AB)."""
+        if SWAP_AB:
+            return v[:, None]
+        else:
+            return v[None, :]
+
+    @triton.jit
+    def row_vector(v, SWAP_AB: tl.constexpr):
+        """A per-row (token) vector broadcast against the accumulator."""
+        if SWAP_AB:
+            return v[None, :]
+        else:
+            return v[:, None]
+
+    @triton.jit
+    def fused_epilogue(acc, up, y_ptr, rows, rmask, cols, cmask, rowscale_ptr, rowdest_ptr, stride_ym,
+                       SWAP_AB: tl.constexpr, SWIGLU: tl.constexpr, ROW_SCALE: tl.constexpr, SCATTER: tl.constexpr,
+                       ROUND_BF16: tl.constexpr):
+        """The engine's fused steps after the K loop (quantbench.moe.engine's contract): silu(gate) * up, the
+        routing weight of each row, and the store, to row row_dest[r] of y with SCATTER. ROUND_BF16 (a bf16
+        model): every intermediate rounded to bfloat16 where the unfused path rounds (the GEMM outputs, silu, the
+        product), so that a W4A4 / W8A8 format's next activation rounding sees the values the unfused path and
+        ModelOpt's fake-quant forward see (rounding once in float32 moved a W4A4 layer's output by 2.4e-2 on the
+        H200, FP4's coarse steps amplifying the last bit)."""
+        if ROUND_BF16:
+            acc = round_bf16(acc)
+        if SWIGLU:
+            if ROUND_BF16:
+                u = round_bf16(up)
+                out = round_bf16(round_bf16(acc * tl.sigmoid(acc)) * u)
+            else:
+                out = acc * tl.sigmoid(acc) * up
+        else:
+            out = acc
+        if ROW_SCALE:
+            out = out * row_vector(tl.load(rowscale_ptr + rows, mask=rmask, other=0.0).to(tl.float32), SWAP_AB)
+        if SCATTER:
+            y_rows = tl.load(rowdest_ptr + rows, mask=rmask, other=0).to(tl.int64)
+        else:
+            y_rows = rows.to(tl.int64)
+        if SWAP_AB:
+            tl.store(y_ptr + y_rows[None, :] * stride_ym + cols[:, None], out.to(y_ptr.dtype.element_ty),
+                     mask=rmask[None, :] & cmask[:, None])
+        else:
+            tl.store(y_ptr + y_rows[:, None] * stride_ym + cols[None, :], out.to(y_ptr.dtype.element_ty),
+                     mask=rmask[:, None] & cmask[None, :])
+
+    @triton.jit
     def e2m1_round(a):
         """|x| / scale -> the nearest E2M1 magnitude (ModelOpt's fp4_round_magnitude, ties to even)."""
         return tl.where(a <= 0.25, 0.0, tl.where(a < 0.75, 0.5, tl.where(a <= 1.25, 1.0, tl.where(
@@ -383,62 +461,115 @@ if triton is not None:
         return bits.to(tl.float16, bitcast=True).to(tl.float32)
 
     @triton.jit
+    def nvfp4_weights(p_ptrs, b_ptrs, gs, cmask, dtype: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      DOT_F32: tl.constexpr):
+        """One [BLOCK_N, BLOCK_K] weight tile decoded in registers: E2M1 codes times their E4M3 block scale times
+        the global scale (gs already times 2^14, which undoes decode_e2m1_f32's bit trick; a power of two, so
+        block_scale · global_scale rounds as in dequantize), in the dot's dtype."""
+        p = tl.load(p_ptrs, mask=cmask[:, None], other=0)
+        s = tl.load(b_ptrs, mask=cmask[:, None], other=0.0).to(tl.float32) * gs[:, None]
+        # interleave the low (even k) and high (odd k) nibbles back into K order; decoding them into two
+        # half-K dots against x's even and odd columns instead was 3-4x slower on an H200
+        v = decode_e2m1_f32(tl.reshape(tl.join(p & 0xF, p >> 4), (BLOCK_N, BLOCK_K)))
+        w = tl.reshape(tl.reshape(v, (BLOCK_N, BLOCK_K // 16, 16)) * s[:, :, None], (BLOCK_N, BLOCK_K))
+        if DOT_F32:  # the Triton interpreter: its bf16 dot is wrong and its casts truncate
+            return round_bf16(w)
+        else:
+            return w.to(dtype)
+
+    @triton.jit
     def nvfp4_grouped_mm_kernel(
-        x_ptr, p_ptr, bs_ptr, gs_ptr, y_ptr, offs_ptr,
-        N,
+        x_ptr, p_ptr, bs_ptr, gs_ptr, y_ptr, offs_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr,
+        N_OUT, HALF,
         stride_xm, stride_pe, stride_pn, stride_be, stride_bn, stride_ge, stride_ym,
         K: tl.constexpr, E: tl.constexpr, E_P2: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr,
+        SWAP_AB: tl.constexpr, GATHER: tl.constexpr, SWIGLU: tl.constexpr, ROW_SCALE: tl.constexpr,
+        SCATTER: tl.constexpr,
     ):
-        # Axis 0 walks N so that programs running side by side share one M tile of x (it stays in L2).
+        # the same grid and fused steps as the int4 and fp8 kernels: axis 0 walks N (programs side by side share
+        # one M tile of x in L2), axis 1 the M tiles
         pid_n = tl.program_id(0)
         e, row_start, row_end = expert_tile(offs_ptr, tl.program_id(1), E, E_P2, BLOCK_M)
         if e >= E:
             return
         rows = row_start + tl.arange(0, BLOCK_M)
         rmask = rows < row_end
+        if GATHER:  # sorted row r reads token row_index[r] of the unsorted x
+            x_rows = tl.load(rowidx_ptr + rows, mask=rmask, other=0).to(tl.int64) * stride_xm
+        else:
+            x_rows = rows.to(tl.int64) * stride_xm
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        cmask = cols < N
+        cmask = cols < N_OUT
         ks = tl.arange(0, BLOCK_K)
         kb = tl.arange(0, BLOCK_K // 2)
         ksc = tl.arange(0, BLOCK_K // 16)
         e64 = e.to(tl.int64)
-        x_ptrs = x_ptr + rows[:, None].to(tl.int64) * stride_xm + ks[None, :]
+        x_ptrs = x_ptr + x_rows[:, None] + ks[None, :]
         p_ptrs = p_ptr + e64 * stride_pe + cols[:, None].to(tl.int64) * stride_pn + kb[None, :]
         b_ptrs = bs_ptr + e64 * stride_be + cols[:, None].to(tl.int64) * stride_bn + ksc[None, :]
-        # 2^14 undoes the bit trick below; a power of two, so block_scale · global_scale rounds as in dequantize
         gs = tl.load(gs_ptr + e64 * stride_ge + cols, mask=cmask, other=0.0) * 16384.0
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for _ in range(0, K, BLOCK_K):
-            x = tl.load(x_ptrs, mask=rmask[:, None], other=0.0)
-            p = tl.load(p_ptrs, mask=cmask[:, None], other=0)
-            s = tl.load(b_ptrs, mask=cmask[:, None], other=0.0).to(tl.float32) * gs[:, None]
-            # interleave the low (even k) and high (odd k) nibbles back into K order; decoding them into two
-            # half-K dots against x's even and odd columns instead was 3-4x slower on an H200
-            v = decode_e2m1_f32(tl.reshape(tl.join(p & 0xF, p >> 4), (BLOCK_N, BLOCK_K)))
-            w = tl.reshape(tl.reshape(v, (BLOCK_N, BLOCK_K // 16, 16)) * s[:, :, None], (BLOCK_N, BLOCK_K))
-            if DOT_F32:  # the Triton interpreter: its bf16 dot is wrong and its casts truncate
-                acc += tl.dot(x.to(tl.float32), tl.trans(round_bf16(w)))
+        if SWIGLU:  # gate rows c and up rows HALF + c in one K loop, each x tile loaded once
+            gsu = tl.load(gs_ptr + e64 * stride_ge + HALF + cols, mask=cmask, other=0.0) * 16384.0
+        else:
+            gsu = gs
+        if SWAP_AB:
+            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        up = tl.zeros_like(acc)
+        for kk in range(0, K, BLOCK_K):
+            x = tl.load(x_ptrs + kk, mask=rmask[:, None], other=0.0)
+            if DOT_F32:
+                xd = x.to(tl.float32)
             else:
-                acc += tl.dot(x, tl.trans(w.to(x.dtype)))
-            x_ptrs += BLOCK_K
-            p_ptrs += BLOCK_K // 2
-            b_ptrs += BLOCK_K // 16
+                xd = x
+            w = nvfp4_weights(p_ptrs + kk // 2, b_ptrs + kk // 16, gs, cmask, x.dtype, BLOCK_N, BLOCK_K, DOT_F32)
+            acc = mma_nt(w, xd, acc, SWAP_AB)
+            if SWIGLU:
+                wu = nvfp4_weights(p_ptrs + HALF * stride_pn + kk // 2, b_ptrs + HALF * stride_bn + kk // 16, gsu,
+                                   cmask, x.dtype, BLOCK_N, BLOCK_K, DOT_F32)
+                up = mma_nt(wu, xd, up, SWAP_AB)
         if DOT_F32:
             acc = round_bf16(acc)
-        y_ptrs = y_ptr + rows[:, None].to(tl.int64) * stride_ym + cols[None, :]
-        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
+            up = round_bf16(up)
+        fused_epilogue(acc, up, y_ptr, rows, rmask, cols, cmask, rowscale_ptr, rowdest_ptr, stride_ym,
+                       SWAP_AB, SWIGLU, ROW_SCALE, SCATTER, y_ptr.dtype.element_ty == tl.bfloat16)
 
 
 def nvfp4_grouped_mm(x: Tensor, packed: Tensor, block_scale: Tensor, global_scale: Tensor, offsets: Tensor,
-                     config: dict[str, int] | None = None) -> Tensor:
-    """y[r] = x[r] @ W[e(r)].T for rows sorted by expert (offsets: cumulative row counts, int32), W packed NVFP4."""
-    s_rows, k = x.shape
+                     config: dict[str, int] | None = None, *, row_index: Tensor | None = None, swiglu: bool = False,
+                     row_scale: Tensor | None = None, row_dest: Tensor | None = None) -> Tensor:
+    """y[r] = x[r] @ W[e(r)].T for rows sorted by expert (offsets: cumulative row counts, int32), W packed NVFP4.
+    row_index / swiglu / row_scale / row_dest: the engine's fused steps, as `int4_grouped_mm` takes them."""
+    k = x.shape[1]
+    s_rows = x.shape[0] if row_index is None else row_index.shape[0]
     e, n, _ = packed.shape
+    n_out = n // 2 if swiglu else n
     x = x.contiguous()
-    y = torch.empty(s_rows, n, dtype=x.dtype, device=x.device)
+    y = torch.empty(s_rows, n_out, dtype=x.dtype, device=x.device)
     if s_rows == 0:
         return y
+    cfg = dict(config or pick_config(s_rows, e, n, k))
+    cfg.setdefault("SWAP_AB", False)
+    if k % cfg["BLOCK_K"]:
+        raise ValueError(f"nvfp4_grouped_mm: K={k} is not a multiple of BLOCK_K={cfg['BLOCK_K']}")
+    interpret = interpreting()
+    if interpret:
+        cfg.pop("num_warps", None), cfg.pop("num_stages", None)
+    # enough M tiles for any split of the rows: each expert wastes at most one partial tile
+    grid = (triton.cdiv(n_out, cfg["BLOCK_N"]), triton.cdiv(s_rows, cfg["BLOCK_M"]) + e)
+    nvfp4_grouped_mm_kernel[grid](
+        x, packed, block_scale, global_scale, y, offsets,
+        offsets if row_index is None else row_index, offsets if row_scale is None else row_scale,
+        offsets if row_dest is None else row_dest, n_out, n // 2,
+        x.stride(0), packed.stride(0), packed.stride(1), block_scale.stride(0), block_scale.stride(1),
+        global_scale.stride(0), y.stride(0),
+        K=k, E=e, E_P2=triton.next_power_of_2(e), DOT_F32=interpret,
+        GATHER=row_index is not None, SWIGLU=swiglu, ROW_SCALE=row_scale is not None, SCATTER=row_dest is not None,
+        **cfg,
+    )
+    return y
     cfg = dict(config or pick_config(s_rows, e, n, k))
     if k % cfg["BLOCK_K"]:
         raise ValueError(f"nvfp4_grouped_mm: K={k} is not a multiple of BLOCK_K={cfg['BLOCK_K']}")
