@@ -1,0 +1,103 @@
+"""Compile the grouped-MoE kernels for Hopper (sm_90) on a machine without a GPU, and say what Triton made of them:
+the MMA kind (3 = wgmma, 2 = mma.sync), the tensor-core instructions, how many waits follow them and how many
+MMAs each wait lets stay in flight, the asynchronous copies (pipelined loads), registers, spills and shared memory.
+
+    python3 benchmarks/compile_sm90.py [--tokens 512]
+
+Needs the `triton` wheel (its ptxas and cuobjdump are in it), no GPU and no driver. Each kernel is compiled as the
+engine launches it at the Qwen3-30B-A3B shape: its configuration from the format's pick_config at --tokens, pointers
+and strides specialised as 16-byte aligned (as the JIT does at launch; without that, no load is vectorised or
+pipelined and every figure here would be wrong). Register counts come from this ptxas and can differ by some
+from the CUDA toolkit's on the H200 (159 there, 165 here for the int4 gate_up kernel). This is how the FP8 kernel's
+old tile was found to lower its E4M3 dots to fp16 mma.sync (below 64 rows on the MMA's M side).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from quantbench.moe import fp8, int4, nvfp4  # noqa: E402
+
+E, H, INTER, TOP_K = 128, 2048, 768, 8
+FEATURES = {  # the projections as the engine calls them
+    "gate_up": dict(GATHER=True, SWIGLU=True, ROW_SCALE=False, SCATTER=False),
+    "down": dict(GATHER=False, SWIGLU=False, ROW_SCALE=True, SCATTER=True),
+}
+SHAPES = {"gate_up": (2 * INTER, H), "down": (H, INTER)}  # (N, K)
+
+
+def compile_sm90(fn, pointer_types: dict[str, str], constexprs: dict, num_warps: int, num_stages: int) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+            continue
+        signature[name] = pointer_types.get(name, "i32")
+        if name in pointer_types or name.startswith("stride"):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, num_stages=num_stages))
+    ttgir, ptx = k.asm["ttgir"], k.asm["ptx"]
+    waits = [int(w) for w in re.findall(r"warp_group_dot_wait.*pendings = (\d+)", ttgir)]
+    out = dict(mma="+".join(sorted(set(re.findall(r"versionMajor = (\d)", ttgir)))) or "-",
+               wgmma=ptx.count("wgmma.mma_async"), mma_sync=ptx.count("mma.sync"), waits=len(waits),
+               in_flight=max(waits, default=0), async_copies=ttgir.count("async_copy_global_to_local"),
+               shared_kb=k.metadata.shared / 1024)
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.TemporaryDirectory() as d:
+        cubin = os.path.join(d, "k.cubin")
+        Path(cubin).write_bytes(k.asm["cubin"])
+        usage = subprocess.run([tool, "--dump-resource-usage", cubin], capture_output=True, text=True).stdout
+    regs, stack = re.search(r"REG:(\d+)", usage), re.search(r"STACK:(\d+)", usage)
+    out.update(registers=int(regs.group(1)) if regs else None, spill_bytes=int(stack.group(1)) if stack else None)
+    return out
+
+
+def kernels(tokens: int):
+    """(format, projection, launch options, kernel, pointer types, constexprs) for each kernel the engine runs."""
+    rows = tokens * TOP_K
+    common = dict(rowidx_ptr="*i32", rowscale_ptr="*bf16", rowdest_ptr="*i32", offs_ptr="*i32")
+    for proj, (n, k) in SHAPES.items():
+        cfg = {"SWAP_AB": False, "EVICT": False, **int4.pick_config(rows, E, n, k, 128, proj == "gate_up")}
+        yield ("int4", proj, cfg, int4._kernel(),
+               dict(x_ptr="*bf16", qw_ptr="*i32", s_ptr="*fp16", z_ptr="*u8", y_ptr="*bf16", **common),
+               dict(K=k, G=128, **FEATURES[proj], E=E, E_P2=E))
+        cfg = {"SWAP_AB": False, **fp8.pick_config(rows, E, n, k)}
+        yield ("fp8", proj, cfg, fp8.fp8_grouped_mm_kernel,
+               dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", in_ptr="*fp32", y_ptr="*bf16", **common),
+               dict(K=k, FP8_DOT=True, DOT_F32=False, **FEATURES[proj], E=E, E_P2=E))
+        cfg = {"SWAP_AB": False, **nvfp4.pick_config(rows, E, n, k)}
+        yield ("nvfp4", proj, cfg, nvfp4.nvfp4_grouped_mm_kernel,
+               dict(x_ptr="*bf16", p_ptr="*u8", bs_ptr="*fp8e4nv", gs_ptr="*fp32", y_ptr="*bf16", **common),
+               dict(K=k, DOT_F32=False, **FEATURES[proj], E=E, E_P2=E))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, default=512, help="tokens of the decision (top-8 of 128 experts)")
+    args = ap.parse_args()
+    print(f"{'kernel':16s} {'mma':>3s} {'wgmma':>5s} {'sync':>4s} {'waits':>5s} {'flight':>6s} {'async':>5s} "
+          f"{'regs':>4s} {'spill':>5s} {'smem KB':>7s}  configuration at {args.tokens} tokens")
+    for fmt, proj, cfg, fn, types, consts in kernels(args.tokens):
+        cfg = dict(cfg)
+        warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
+        r = compile_sm90(fn, types, {**consts, **cfg}, warps, stages)
+        print(f"{fmt + ' ' + proj:16s} {r['mma']:>3s} {r['wgmma']:5d} {r['mma_sync']:4d} {r['waits']:5d} "
+              f"{r['in_flight']:6d} {r['async_copies']:5d} {r['registers'] or 0:4d} {r['spill_bytes'] or 0:5d} "
+              f"{r['shared_kb']:7.1f}  {cfg} warps {warps} stages {stages}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
