@@ -110,18 +110,29 @@ def speed_memory(rep: GpuReport, flat: pd.DataFrame) -> go.Figure:
 
 
 def latency_box(lat: pd.DataFrame, order: list[str], kind: str = "box") -> go.Figure:
-    """Per-decision model latency, one box (or violin) per variant."""
+    """Per-decision model latency, one horizontal box (or violin) per variant: the labels (variant, kernel path,
+    suite) read along the rows instead of squeezing the plot. A log axis when the slowest decision is over 20x the
+    fastest median (the eager noise-floor kernel beside the fast paths, or one far outlier), so every box stays
+    visible."""
     fig = go.Figure()
-    for label in order:
+    medians = []
+    for label in reversed(order):  # plotly stacks the first trace at the bottom
         grp = lat[lat["variant"] == label]
         fmt = str(grp["weight_format"].iloc[0]) if len(grp) else ""
-        common = {"y": grp["model_ms"], "name": label, "marker_color": colour(fmt), "showlegend": False}
+        if len(grp):
+            medians.append(float(grp["model_ms"].median()))
+        common = {"x": grp["model_ms"], "name": label, "marker_color": colour(fmt), "showlegend": False,
+                  "orientation": "h"}
         if kind == "violin":
             fig.add_trace(go.Violin(**common, box_visible=True, meanline_visible=False, points="outliers"))
         else:
             fig.add_trace(go.Box(**common, boxpoints="outliers"))
-    fig.update_layout(**LAYOUT, title="Model time per decision")
-    fig.update_yaxes(title="ms per decision", rangemode="tozero")
+    top = float(lat.loc[lat["variant"].isin(order), "model_ms"].max()) if medians else 0.0
+    log = bool(medians) and min(medians) > 0 and top / min(medians) > 20  # a far outlier squeezes boxes too
+    fig.update_layout(**{**LAYOUT, "height": max(260, 90 + 34 * len(order))}, title="Model time per decision")
+    fig.update_xaxes(title="ms per decision" + (" (log scale)" if log else ""), type="log" if log else "linear",
+                     rangemode="normal" if log else "tozero")
+    fig.update_yaxes(automargin=True)
     return fig
 
 

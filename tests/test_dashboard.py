@@ -242,3 +242,21 @@ def test_runs_since_a_day_comes_from_the_link_and_cuts_runs_as_the_report_does(s
     runs = pd.DataFrame({"created_at": pd.to_datetime(["2026-11-29T23:59Z", "2026-11-30T00:00Z"])})
     assert runs_since(runs, "2026-11-30")["created_at"].tolist() == [runs["created_at"][1]]
     assert runs_since(runs, None) is runs
+
+
+def test_latency_boxes_lie_along_rows_and_go_log_when_the_times_span_over_20x():
+    import pandas as pd
+
+    from dashboard import figures
+
+    names = ["int4 · suite-512", "bf16 (transformers experts=eager +fused rmsnorm+rope) · suite-512"]
+    lat = pd.DataFrame({"variant": [names[0]] * 3 + [names[1]] * 3, "model_ms": [19.0, 19.2, 19.3, 390, 393, 456],
+                        "weight_format": ["int4"] * 3 + ["bfloat16"] * 3})
+    fig = figures.latency_box(lat, names)
+    assert [t.orientation for t in fig.data] == ["h", "h"]
+    assert [t.name for t in fig.data] == names[::-1]  # the first variant on the top row
+    assert fig.layout.xaxis.type == "log"
+    close = figures.latency_box(lat[lat["variant"] == names[0]], names[:1], "violin")
+    assert close.layout.xaxis.type == "linear" and close.data[0].type == "violin"
+    outlier = pd.concat([lat[lat["variant"] == names[0]], lat.iloc[[0]].assign(model_ms=900.0)])
+    assert figures.latency_box(outlier, names[:1]).layout.xaxis.type == "log"  # one slow decision squeezes the box
