@@ -72,6 +72,27 @@ def test_regrouped_experts_compute_what_autorounds_own_kernel_computes(sym):
         torch.testing.assert_close(want[:, :128] @ w_dn[e].T, mlp.down_proj(want[:, :128]), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("e,n,k,g,k_block", [(8, 512, 256, 128, 128), (3, 48, 256, 32, 128), (4, 64, 96, 32, 8),
+                                               (2, 32, 256, 40, 128)])
+def test_cpu_dequantize_is_bit_identical_to_the_formula_in_every_layout(e, n, k, g, k_block):
+    """(q - z) * s in float32, rounded once: slice by slice (dequantize_slices), or by the whole-block fallback
+    where a group does not hold whole 16-row slices (g = 40), asymmetric zero points, any subset of experts."""
+    from quantbench.moe.int4 import Int4Experts
+
+    torch.manual_seed(e + k)
+    q = torch.randint(0, 16, (e, k, n))
+    groups = -(-k // g)
+    scales = (torch.randn(e, groups, n) * 0.01).half()
+    zeros = torch.randint(0, 16, (e, groups, n), dtype=torch.uint8)
+    fmt = Int4Experts(pack_k(q, k_block), scales, zeros, g, False, "t", k_block)
+    z = zeros.float().repeat_interleave(g, dim=1)[:, :k]
+    s = scales.float().repeat_interleave(g, dim=1)[:, :k]
+    for dtype in (torch.bfloat16, torch.float32):
+        want = ((q.float() - z) * s).to(dtype).transpose(-2, -1)
+        assert torch.equal(fmt.dequantize(dtype), want)
+        assert torch.equal(fmt.dequantize(dtype, torch.tensor([e - 1, 0])), want[[e - 1, 0]])
+
+
 def test_zero_points_are_read_from_qzeros_not_assumed():
     layer = quant_linear(128, 64, 128, sym=False, seed=0)
     zeros = unpack_cols(layer.qzeros) + 1
