@@ -570,20 +570,3 @@ def nvfp4_grouped_mm(x: Tensor, packed: Tensor, block_scale: Tensor, global_scal
         **cfg,
     )
     return y
-    cfg = dict(config or pick_config(s_rows, e, n, k))
-    if k % cfg["BLOCK_K"]:
-        raise ValueError(f"nvfp4_grouped_mm: K={k} is not a multiple of BLOCK_K={cfg['BLOCK_K']}")
-    block_m, block_n = cfg["BLOCK_M"], cfg["BLOCK_N"]
-    interpret = interpreting()
-    if interpret:
-        cfg.pop("num_warps", None), cfg.pop("num_stages", None)
-    # enough M tiles for any split of the rows: each expert wastes at most one partial tile
-    grid = (triton.cdiv(n, block_n), triton.cdiv(s_rows, block_m) + e)
-    nvfp4_grouped_mm_kernel[grid](
-        x, packed, block_scale, global_scale, y, offsets,
-        n,
-        x.stride(0), packed.stride(0), packed.stride(1), block_scale.stride(0), block_scale.stride(1),
-        global_scale.stride(0), y.stride(0),
-        K=k, E=e, E_P2=triton.next_power_of_2(e), DOT_F32=interpret, **cfg,
-    )
-    return y
