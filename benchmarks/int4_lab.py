@@ -36,9 +36,9 @@ def lab_kernel():
     import triton
     import triton.language as tl
 
-    from quantbench.moe.nvfp4 import expert_tile
+    from quantbench.moe.nvfp4 import expert_tile, tile_rows
 
-    globals()["expert_tile"] = expert_tile
+    globals().update(expert_tile=expert_tile, tile_rows=tile_rows)
 
     @triton.jit
     def kdot_tile(x_ptr, qw_ptr, s_ptr, z_ptr, x_rows, rmask, e64, cols, cmask, stride_qe, stride_qk, stride_se,
@@ -119,12 +119,7 @@ def lab_kernel():
         e, row_start, row_end = expert_tile(offs_ptr, tl.program_id(1), E, E_P2, BLOCK_M)
         if e >= E:
             return
-        rows = row_start + tl.arange(0, BLOCK_M)
-        rmask = rows < row_end
-        if GATHER:
-            x_rows = tl.load(rowidx_ptr + rows, mask=rmask, other=0).to(tl.int64) * stride_xm
-        else:
-            x_rows = rows.to(tl.int64) * stride_xm
+        rows, rmask, x_rows = tile_rows(rowidx_ptr, row_start, row_end, stride_xm, BLOCK_M, GATHER)
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         cmask = cols < N_OUT
         e64 = e.to(tl.int64)

@@ -30,7 +30,7 @@ from quantbench.moe.nvfp4 import expert_of_rows, interpreting, triton
 if triton is not None:
     import triton.language as tl
 
-    from quantbench.moe.nvfp4 import column_vector, expert_tile, fused_epilogue, mma_nt, round_bf16
+    from quantbench.moe.nvfp4 import column_vector, expert_tile, fused_epilogue, mma_nt, round_bf16, tile_rows
 
 E4M3_MAX = 448.0
 FUSED_KERNEL = "triton-fused-fp8"
@@ -234,12 +234,7 @@ if triton is not None:
         e, row_start, row_end = expert_tile(offs_ptr, tl.program_id(1), E, E_P2, BLOCK_M)
         if e >= E:
             return
-        rows = row_start + tl.arange(0, BLOCK_M)
-        rmask = rows < row_end
-        if GATHER:  # sorted row r reads token row_index[r] of the unsorted x
-            x_rows = tl.load(rowidx_ptr + rows, mask=rmask, other=0).to(tl.int64) * stride_xm
-        else:
-            x_rows = rows.to(tl.int64) * stride_xm
+        rows, rmask, x_rows = tile_rows(rowidx_ptr, row_start, row_end, stride_xm, BLOCK_M, GATHER)
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         cmask = cols < N_OUT
         ks = tl.arange(0, BLOCK_K)

@@ -324,11 +324,11 @@ def _kernel() -> Any:
             acc = acc * tl.sigmoid(acc) * up
         return acc
 
-    from quantbench.moe.nvfp4 import expert_tile  # the M-tile -> expert mapping every grouped kernel shares
+    from quantbench.moe.nvfp4 import expert_tile, tile_rows  # the M-tile helpers every grouped kernel shares
 
     # Triton resolves a jitted callee through the caller's module globals, not through this closure.
     globals().update(dequant_slice=dequant_slice, mma=mma, int4_tile=int4_tile)
-    globals()["expert_tile"] = expert_tile
+    globals().update(expert_tile=expert_tile, tile_rows=tile_rows)
 
     @triton.jit
     def int4_grouped_mm_kernel(
@@ -344,12 +344,7 @@ def _kernel() -> Any:
         e, row_start, row_end = expert_tile(offs_ptr, tl.program_id(1), E, E_P2, BLOCK_M)
         if e >= E:  # a spare M tile past the last expert's rows
             return
-        rows = row_start + tl.arange(0, BLOCK_M)
-        rmask = rows < row_end
-        if GATHER:  # sorted row r reads token row_index[r] of the unsorted x: no gathered copy of x
-            x_rows = tl.load(rowidx_ptr + rows, mask=rmask, other=0).to(tl.int64) * stride_xm
-        else:
-            x_rows = rows.to(tl.int64) * stride_xm
+        rows, rmask, x_rows = tile_rows(rowidx_ptr, row_start, row_end, stride_xm, BLOCK_M, GATHER)
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         cmask = cols < N_OUT
         e64 = e.to(tl.int64)

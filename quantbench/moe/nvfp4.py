@@ -419,6 +419,19 @@ if triton is not None:
                      mask=rmask[:, None] & cmask[None, :])
 
     @triton.jit
+    def tile_rows(rowidx_ptr, row_start, row_end, stride_xm, BLOCK_M: tl.constexpr, GATHER: tl.constexpr):
+        """An M tile's sorted rows (from expert_tile), which of them are real, and where each reads x: with GATHER
+        sorted row r reads token row_index[r] of the unsorted x (no gathered copy of x), else row r. Shared by the
+        int4, fp8 and nvfp4 grouped kernels."""
+        rows = row_start + tl.arange(0, BLOCK_M)
+        rmask = rows < row_end
+        if GATHER:
+            x_rows = tl.load(rowidx_ptr + rows, mask=rmask, other=0).to(tl.int64) * stride_xm
+        else:
+            x_rows = rows.to(tl.int64) * stride_xm
+        return rows, rmask, x_rows
+
+    @triton.jit
     def e2m1_round(a):
         """|x| / scale -> the nearest E2M1 magnitude (ModelOpt's fp4_round_magnitude, ties to even)."""
         return tl.where(a <= 0.25, 0.0, tl.where(a < 0.75, 0.5, tl.where(a <= 1.25, 1.0, tl.where(
@@ -493,12 +506,7 @@ if triton is not None:
         e, row_start, row_end = expert_tile(offs_ptr, tl.program_id(1), E, E_P2, BLOCK_M)
         if e >= E:
             return
-        rows = row_start + tl.arange(0, BLOCK_M)
-        rmask = rows < row_end
-        if GATHER:  # sorted row r reads token row_index[r] of the unsorted x
-            x_rows = tl.load(rowidx_ptr + rows, mask=rmask, other=0).to(tl.int64) * stride_xm
-        else:
-            x_rows = rows.to(tl.int64) * stride_xm
+        rows, rmask, x_rows = tile_rows(rowidx_ptr, row_start, row_end, stride_xm, BLOCK_M, GATHER)
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         cmask = cols < N_OUT
         ks = tl.arange(0, BLOCK_K)
