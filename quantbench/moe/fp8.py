@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from quantbench.errors import LoadError
 from quantbench.moe import nvfp4
 from quantbench.moe.engine import stored_nbytes
-from quantbench.moe.nvfp4 import expert_of_rows, interpreting, triton
+from quantbench.moe.nvfp4 import expert_of_rows, launch_grouped, triton
 
 if triton is not None:
     import triton.language as tl
@@ -307,32 +307,12 @@ def fp8_grouped_mm(x: Tensor, weight: Tensor, scale: Tensor, offsets: Tensor, *,
     """y[r] = x[r] @ W[e(r)].T for rows sorted by expert, W FP8 with per-row scales. With `input_scale` ([E]),
     x is quantized to E4M3 in the kernel and the dot runs in FP8 (needs compute capability >= 8.9).
     row_index / swiglu / row_scale / row_dest: the engine's fused steps, as `int4_grouped_mm` takes them."""
-    k = x.shape[1]
-    s_rows = x.shape[0] if row_index is None else row_index.shape[0]
-    e, n, _ = weight.shape
-    n_out = n // 2 if swiglu else n
-    x = x.contiguous()
-    y = torch.empty(s_rows, n_out, dtype=x.dtype, device=x.device)
-    if s_rows == 0:
-        return y
+    e, n, k = weight.shape
     fp8_dot = input_scale is not None
-    cfg = dict(config or pick_config(s_rows, e, n, k, fp8_dot))
-    cfg.setdefault("SWAP_AB", False)
-    if k % cfg["BLOCK_K"]:
-        raise ValueError(f"fp8_grouped_mm: K={k} is not a multiple of BLOCK_K={cfg['BLOCK_K']}")
-    interpret = interpreting()
-    if interpret:
-        cfg.pop("num_warps", None), cfg.pop("num_stages", None)
     if fp8_dot and input_scale.numel() == 1:
         input_scale = input_scale.reshape(1).expand(e).contiguous()
-    grid = (triton.cdiv(n_out, cfg["BLOCK_N"]), triton.cdiv(s_rows, cfg["BLOCK_M"]) + e)
-    fp8_grouped_mm_kernel[grid](
-        x, weight, scale, input_scale if fp8_dot else scale, y, offsets,
-        offsets if row_index is None else row_index, offsets if row_scale is None else row_scale,
-        offsets if row_dest is None else row_dest, n_out, n // 2,
-        x.stride(0), weight.stride(0), weight.stride(1), scale.stride(0), y.stride(0),
-        K=k, E=e, E_P2=triton.next_power_of_2(e), FP8_DOT=fp8_dot, DOT_F32=interpret,
-        GATHER=row_index is not None, SWIGLU=swiglu, ROW_SCALE=row_scale is not None, SCATTER=row_dest is not None,
-        **cfg,
-    )
-    return y
+    return launch_grouped(
+        fp8_grouped_mm_kernel, "fp8_grouped_mm", x, (weight, scale, input_scale if fp8_dot else scale),
+        (weight.stride(0), weight.stride(1), scale.stride(0)), offsets, n,
+        lambda rows: pick_config(rows, e, n, k, fp8_dot), config,
+        row_index=row_index, swiglu=swiglu, row_scale=row_scale, row_dest=row_dest, FP8_DOT=fp8_dot)

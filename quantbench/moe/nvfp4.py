@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -545,36 +547,50 @@ if triton is not None:
                        SWAP_AB, SWIGLU, ROW_SCALE, SCATTER, y_ptr.dtype.element_ty == tl.bfloat16)
 
 
-def nvfp4_grouped_mm(x: Tensor, packed: Tensor, block_scale: Tensor, global_scale: Tensor, offsets: Tensor,
-                     config: dict[str, int] | None = None, *, row_index: Tensor | None = None, swiglu: bool = False,
-                     row_scale: Tensor | None = None, row_dest: Tensor | None = None) -> Tensor:
-    """y[r] = x[r] @ W[e(r)].T for rows sorted by expert (offsets: cumulative row counts, int32), W packed NVFP4.
-    row_index / swiglu / row_scale / row_dest: the engine's fused steps, as `int4_grouped_mm` takes them."""
+def launch_grouped(kernel: Any, name: str, x: Tensor, weights: tuple[Tensor, ...], weight_strides: tuple[int, ...],
+                   offsets: Tensor, n: int, pick: Callable[[int], dict], config: dict | None, *,
+                   row_index: Tensor | None, swiglu: bool, row_scale: Tensor | None, row_dest: Tensor | None,
+                   **constexprs: Any) -> Tensor:
+    """The host side the nvfp4 and fp8 grouped kernels share: the output, the configuration (`pick(rows)` unless
+    given), the grid and the engine's fused steps (row_index / swiglu / row_scale / row_dest, as
+    `int4_grouped_mm` takes them). A kernel takes x, its weight tensors, y, offsets, row index, row scale, row
+    destination, N_OUT, HALF, x's row stride, its weight strides, y's row stride, then the constexprs."""
     k = x.shape[1]
     s_rows = x.shape[0] if row_index is None else row_index.shape[0]
-    e, n, _ = packed.shape
+    e = weights[0].shape[0]
     n_out = n // 2 if swiglu else n
     x = x.contiguous()
     y = torch.empty(s_rows, n_out, dtype=x.dtype, device=x.device)
     if s_rows == 0:
         return y
-    cfg = dict(config or pick_config(s_rows, e, n, k))
+    cfg = dict(config or pick(s_rows))
     cfg.setdefault("SWAP_AB", False)
     if k % cfg["BLOCK_K"]:
-        raise ValueError(f"nvfp4_grouped_mm: K={k} is not a multiple of BLOCK_K={cfg['BLOCK_K']}")
+        raise ValueError(f"{name}: K={k} is not a multiple of BLOCK_K={cfg['BLOCK_K']}")
     interpret = interpreting()
     if interpret:
         cfg.pop("num_warps", None), cfg.pop("num_stages", None)
     # enough M tiles for any split of the rows: each expert wastes at most one partial tile
     grid = (triton.cdiv(n_out, cfg["BLOCK_N"]), triton.cdiv(s_rows, cfg["BLOCK_M"]) + e)
-    nvfp4_grouped_mm_kernel[grid](
-        x, packed, block_scale, global_scale, y, offsets,
+    kernel[grid](
+        x, *weights, y, offsets,
         offsets if row_index is None else row_index, offsets if row_scale is None else row_scale,
-        offsets if row_dest is None else row_dest, n_out, n // 2,
-        x.stride(0), packed.stride(0), packed.stride(1), block_scale.stride(0), block_scale.stride(1),
-        global_scale.stride(0), y.stride(0),
+        offsets if row_dest is None else row_dest, n_out, n // 2, x.stride(0), *weight_strides, y.stride(0),
         K=k, E=e, E_P2=triton.next_power_of_2(e), DOT_F32=interpret,
         GATHER=row_index is not None, SWIGLU=swiglu, ROW_SCALE=row_scale is not None, SCATTER=row_dest is not None,
-        **cfg,
+        **constexprs, **cfg,
     )
     return y
+
+
+def nvfp4_grouped_mm(x: Tensor, packed: Tensor, block_scale: Tensor, global_scale: Tensor, offsets: Tensor,
+                     config: dict[str, int] | None = None, *, row_index: Tensor | None = None, swiglu: bool = False,
+                     row_scale: Tensor | None = None, row_dest: Tensor | None = None) -> Tensor:
+    """y[r] = x[r] @ W[e(r)].T for rows sorted by expert (offsets: cumulative row counts, int32), W packed NVFP4.
+    row_index / swiglu / row_scale / row_dest: the engine's fused steps, as `int4_grouped_mm` takes them."""
+    e, n, _ = packed.shape
+    return launch_grouped(
+        nvfp4_grouped_mm_kernel, "nvfp4_grouped_mm", x, (packed, block_scale, global_scale),
+        (packed.stride(0), packed.stride(1), block_scale.stride(0), block_scale.stride(1), global_scale.stride(0)),
+        offsets, n, lambda rows: pick_config(rows, e, n, x.shape[1]), config,
+        row_index=row_index, swiglu=swiglu, row_scale=row_scale, row_dest=row_dest)
