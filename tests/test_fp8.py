@@ -4,9 +4,6 @@ format and its Triton kernel (CPU interpreter), ModelOpt and compressed-tensors 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,7 +14,8 @@ from safetensors.torch import load_file
 from quantbench.errors import LoadError
 from quantbench.moe import fp8
 from quantbench.moe.nvfp4 import expert_of_rows, triton
-from tests.test_nvfp4 import IDS, ROOT, logits, modelopt_variants, rewrite
+from tests.interpreted import run_interpreted
+from tests.test_nvfp4 import IDS, logits, modelopt_variants, rewrite
 
 
 def test_quantize_matches_modelopts_fp8qtensor_and_dequantize_is_weight_times_scale():
@@ -94,43 +92,23 @@ for per_channel in (False, True):
     assert err < 4e-3, err
 print("ok")
 """
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
-    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+    run_interpreted(code)
 
 
 @pytest.mark.skipif(triton is None, reason="triton is not installed")
 def test_fused_steps_match_the_unfused_reference_in_both_orientations_under_the_interpreter():
     """The engine's fused steps in the FP8 kernel: the token gather + SwiGLU of gate_up, the routing weights + the
     scatter back to (token, slot) order of down, with the weights on the MMA's M side (SWAP_AB) and without."""
-    code = """
+    run_interpreted("""
 import torch
 from quantbench.moe import fp8
-from quantbench.moe.nvfp4 import expert_of_rows
+from tests.interpreted import check_fused_steps
 torch.manual_seed(3)
 fmt = fp8.Fp8Experts.from_weights(torch.randn(5, 48, 64), input_scale=torch.tensor([0.01]))
-counts = torch.tensor([3, 0, 17, 1, 9])
-offsets = torch.cumsum(counts, 0, dtype=torch.int32)
-s, t = int(counts.sum()), 11
-w = fmt.dequantize(torch.bfloat16).float()[expert_of_rows(offsets, s)]
-x, h = torch.randn(t, 64).bfloat16(), torch.randn(s, 64).bfloat16()
-row_index, rs, dest = torch.randint(0, t, (s,), dtype=torch.int32), torch.rand(s).bfloat16(), torch.randperm(s).int()
-g, u = torch.einsum("sk,snk->sn", x.float()[row_index.long()], w).chunk(2, -1)
-want_h = torch.nn.functional.silu(g) * u
-want_y = torch.empty(s, 48)
-want_y[dest.long()] = torch.einsum("sk,snk->sn", h.float(), w) * rs.float()[:, None]
-for swap in (False, True):
-    cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "SWAP_AB": swap}
-    got_h = fp8.fp8_grouped_mm(x, fmt.weight, fmt.scale, offsets, config=cfg, row_index=row_index, swiglu=True)
-    got_y = fp8.fp8_grouped_mm(h, fmt.weight, fmt.scale, offsets, config=cfg, row_scale=rs, row_dest=dest)
-    for got, want in ((got_h, want_h), (got_y, want_y)):
-        err = ((got.float() - want).norm() / want.norm()).item()
-        assert got.shape == want.shape and err < 6e-3, (swap, err)
+check_fused_steps(lambda x, offsets, cfg, **steps: fp8.fp8_grouped_mm(x, fmt.weight, fmt.scale, offsets, config=cfg,
+                                                                      **steps), fmt)
 print("ok")
-"""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
-    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+""")
 
 
 def test_modelopt_fp8_export_loads_exactly_and_dequantizes_as_modelopt_does():

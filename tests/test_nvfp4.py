@@ -7,7 +7,6 @@ from __future__ import annotations
 import atexit
 import functools
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from quantbench.errors import LoadError
 from quantbench.moe import nvfp4 as nv
+from tests.interpreted import run_interpreted
 from tests.tiny import save_tiny
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -184,44 +184,23 @@ per_expert = nv.fake_quantize_activations(xa, scales[nv.expert_of_rows(offs, 30)
 assert torch.equal(nv.fake_quantize_activations_fused(xa, scales, offs), per_expert)
 print("ok", err)
 """
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
-    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+    run_interpreted(code)
 
 
 @pytest.mark.skipif(nv.triton is None, reason="triton is not installed")
 def test_fused_steps_match_the_unfused_reference_in_both_orientations_under_the_interpreter():
     """The engine's fused steps in the NVFP4 kernel: token gather + SwiGLU for gate_up, routing weights + scatter
     back to (token, slot) order for down, with the weights on the MMA's M side (SWAP_AB) and without."""
-    code = """
+    run_interpreted("""
 import torch
 from quantbench.moe import nvfp4 as nv
+from tests.interpreted import check_fused_steps
 torch.manual_seed(2)
 fmt = nv.Nvfp4Experts.from_weights(torch.randn(5, 48, 64))
-counts = torch.tensor([3, 0, 17, 1, 9])
-offsets = torch.cumsum(counts, 0, dtype=torch.int32)
-s, t = int(counts.sum()), 11
-w = fmt.dequantize(torch.bfloat16).float()[nv.expert_of_rows(offsets, s)]
-x, h = torch.randn(t, 64).bfloat16(), torch.randn(s, 64).bfloat16()
-row_index, rs, dest = torch.randint(0, t, (s,), dtype=torch.int32), torch.rand(s).bfloat16(), torch.randperm(s).int()
-g, u = torch.einsum("sk,snk->sn", x.float()[row_index.long()], w).chunk(2, -1)
-want_h = torch.nn.functional.silu(g) * u
-want_y = torch.empty(s, 48)
-want_y[dest.long()] = torch.einsum("sk,snk->sn", h.float(), w) * rs.float()[:, None]
-for swap in (False, True):
-    cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "SWAP_AB": swap}
-    got_h = nv.nvfp4_grouped_mm(x, fmt.packed, fmt.block_scale, fmt.global_scale, offsets, cfg, row_index=row_index,
-                                swiglu=True)
-    got_y = nv.nvfp4_grouped_mm(h, fmt.packed, fmt.block_scale, fmt.global_scale, offsets, cfg, row_scale=rs,
-                                row_dest=dest)
-    for got, want in ((got_h, want_h), (got_y, want_y)):
-        err = ((got.float() - want).norm() / want.norm()).item()
-        assert got.shape == want.shape and err < 6e-3, (swap, err)
+check_fused_steps(lambda x, offsets, cfg, **steps: nv.nvfp4_grouped_mm(x, fmt.packed, fmt.block_scale, fmt.global_scale,
+                                                                       offsets, cfg, **steps), fmt)
 print("ok")
-"""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
-    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+""")
 
 
 def test_one_input_scale_lets_the_engine_quantize_tokens_before_the_gather():
