@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from quantbench.errors import LoadError
 from quantbench.moe import nvfp4
 from quantbench.moe.engine import stored_nbytes
+from quantbench.moe.int4 import rows_bucket
 from quantbench.moe.nvfp4 import expert_of_rows, launch_grouped, triton
 
 if triton is not None:
@@ -290,8 +291,7 @@ TUNED: dict[tuple[int, int, str], dict] = {
 
 def pick_config(rows: int, experts: int, n: int, k: int, fp8_dot: bool = True) -> dict:
     per_expert = rows / max(1, experts)
-    bucket = "small" if per_expert <= 12 else "mid" if per_expert <= 48 else "large"
-    tuned = TUNED.get((n, k, bucket))
+    tuned = TUNED.get((n, k, rows_bucket(rows, experts)))  # the int4 kernel's buckets
     if fp8_dot and tuned and k % tuned["BLOCK_K"] == 0:
         return dict(tuned)
     block_m = 16 if per_expert <= 16 else 32 if per_expert <= 48 else 64
