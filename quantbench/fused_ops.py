@@ -80,7 +80,7 @@ def _kernels() -> tuple[Any, Any]:
         # q * cos + rotate_half(q) * sin, rotate_half(q) = cat(-q2, q1); every op rounds to q's dtype
         o1 = (rounded(f1 * c1, IS_BF16, dt) + rounded(-f2 * s1, IS_BF16, dt)).to(dt)
         o2 = (rounded(f2 * c2, IS_BF16, dt) + rounded(f1 * s2, IS_BF16, dt)).to(dt)
-        dst = o_ptr + ((b * H + h) * T + t) * (2 * HALF) + d
+        dst = o_ptr + ((b * T + t) * H + h) * (2 * HALF) + d  # [B, T, H, D] in memory (see apply_rope)
         tl.store(dst, o1, mask=mask)
         tl.store(dst + HALF, o2, mask=mask)
 
@@ -126,13 +126,15 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 
 
 def apply_rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-    """q, k [B, H, T, D] (any strides, last dim contiguous), cos/sin [B or 1, T, D]: rotated q, k (contiguous)."""
+    """q, k [B, H, T, D] (any strides, last dim contiguous), cos/sin [B or 1, T, D]: rotated q, k, as [B, H, T, D]
+    views of [B, T, H, D] memory: the layout q_proj's output has and attention's output keeps, so that the
+    `transpose(1, 2).contiguous()` after scaled_dot_product_attention copies nothing."""
     import triton
 
     b, hq, t, d = q.shape
     hk = k.shape[1]
-    qo, ko = torch.empty(b, hq, t, d, dtype=q.dtype, device=q.device), torch.empty(b, hk, t, d, dtype=k.dtype,
-                                                                                   device=k.device)
+    qo = torch.empty(b, t, hq, d, dtype=q.dtype, device=q.device).transpose(1, 2)
+    ko = torch.empty(b, t, hk, d, dtype=k.dtype, device=k.device).transpose(1, 2)
     # cos / sin of one row of positions ([1, T, D], no position_ids given) serve every sequence: batch stride 0
     sc_b, ss_b = (0, 0) if cos.shape[0] == 1 else (cos.stride(0), sin.stride(0))
     if b * t:

@@ -37,6 +37,7 @@ for dtype in (torch.float32, torch.bfloat16):
     for cos, sin in ((cos, sin), (cos[:1], sin[:1])):
         for want, got in zip(mq.apply_rotary_pos_emb(q, k, cos, sin), apply_rope(q, k, cos, sin)):
             assert got.shape == want.shape and got.dtype == want.dtype
+            assert got.transpose(1, 2).is_contiguous()  # [B, T, H, D] memory, as q_proj wrote it
             if dtype == torch.float32:
                 assert torch.equal(got, want)
             else:
