@@ -75,9 +75,15 @@ def kernels(tokens: int):
                dict(x_ptr="*bf16", qw_ptr="*i32", s_ptr="*fp16", z_ptr="*u8", y_ptr="*bf16", **common),
                dict(K=k, G=128, **FEATURES[proj], E=E, E_P2=E))
         cfg = {"SWAP_AB": False, **fp8.pick_config(rows, E, n, k)}
-        yield ("fp8", proj, cfg, fp8.fp8_grouped_mm_kernel,
-               dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", in_ptr="*fp32", y_ptr="*bf16", **common),
-               dict(K=k, FP8_DOT=True, DOT_F32=False, **FEATURES[proj], E=E, E_P2=E))
+        fp8_types = dict(w_ptr="*fp8e4nv", s_ptr="*fp32", in_ptr="*fp32", codes_ptr="*fp32", **common)
+        yield ("fp8", proj, cfg, fp8.fp8_grouped_mm_kernel, dict(x_ptr="*bf16", y_ptr="*bf16", **fp8_types),
+               dict(K=k, FP8_DOT=True, DOT_F32=False, **FEATURES[proj], E=E, E_P2=E, X_CODES=False,
+                    OUT_CODES=False, ROUND_BF16=True))
+        # E4M3 codes between the projections: gate_up reads the tokens' codes and writes h's, down reads them
+        yield ("fp8 codes", proj, cfg, fp8.fp8_grouped_mm_kernel,
+               dict(x_ptr="*fp8e4nv", y_ptr="*fp8e4nv" if proj == "gate_up" else "*bf16", **fp8_types),
+               dict(K=k, FP8_DOT=True, DOT_F32=False, **FEATURES[proj], E=E, E_P2=E, X_CODES=True,
+                    OUT_CODES=proj == "gate_up", ROUND_BF16=True))
         cfg = {"SWAP_AB": False, **nvfp4.pick_config(rows, E, n, k)}
         yield ("nvfp4", proj, cfg, nvfp4.nvfp4_grouped_mm_kernel,
                dict(x_ptr="*bf16", p_ptr="*u8", bs_ptr="*fp8e4nv", gs_ptr="*fp32", y_ptr="*bf16", **common),
@@ -88,13 +94,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=512, help="tokens of the decision (top-8 of 128 experts)")
     args = ap.parse_args()
-    print(f"{'kernel':16s} {'mma':>3s} {'wgmma':>5s} {'sync':>4s} {'waits':>5s} {'flight':>6s} {'async':>5s} "
+    print(f"{'kernel':18s} {'mma':>3s} {'wgmma':>5s} {'sync':>4s} {'waits':>5s} {'flight':>6s} {'async':>5s} "
           f"{'regs':>4s} {'spill':>5s} {'smem KB':>7s}  configuration at {args.tokens} tokens")
     for fmt, proj, cfg, fn, types, consts in kernels(args.tokens):
         cfg = dict(cfg)
         warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
         r = compile_sm90(fn, types, {**consts, **cfg}, warps, stages)
-        print(f"{fmt + ' ' + proj:16s} {r['mma']:>3s} {r['wgmma']:5d} {r['mma_sync']:4d} {r['waits']:5d} "
+        print(f"{fmt + ' ' + proj:18s} {r['mma']:>3s} {r['wgmma']:5d} {r['mma_sync']:4d} {r['waits']:5d} "
               f"{r['in_flight']:6d} {r['async_copies']:5d} {r['registers'] or 0:4d} {r['spill_bytes'] or 0:5d} "
               f"{r['shared_kb']:7.1f}  {cfg} warps {warps} stages {stages}", flush=True)
 

@@ -2,11 +2,13 @@
 and BF16 torch._grouped_mm, on the H200 at the Qwen3-30B-A3B shape: which path and configuration the engine should
 pick per rows-per-expert bucket (TUNED in quantbench.moe.int4 and .fp8, pick_config in .nvfp4).
 
-    python3 benchmarks/kernel_sweep.py --tokens 512,4096,16384 [--formats int4,fp8,nvfp4] [--top 5] [--fine]
+    python3 benchmarks/kernel_sweep.py --tokens 512,4096,16384 [--formats int4,fp8,nvfp4,fp8codes] [--top 5] [--fine | --near]
 
 Each projection as the engine calls it: gate_up with the token gather and SwiGLU fused, down with the routing
 weights and the scatter back to (token, slot) order. Times are triton do_bench medians; "rel diff" is the largest
-difference from the format's default configuration, over the largest output.
+difference from the format's default configuration, over the largest output. `fp8codes`: the FP8 kernels with
+E4M3 codes between them (the tokens rounded once by `fp8_codes`, timed with gate_up; gate_up writing h as codes;
+down reading them), as the engine runs FP8 with one input scale.
 """
 
 from __future__ import annotations
@@ -26,15 +28,23 @@ from quantbench.moe.int4 import int4_grouped_mm, rtn_experts  # noqa: E402
 E, H, INTER, TOP_K = 128, 2048, 768, 8
 
 
-def grid(fmt: str, fine: bool = False) -> list[dict]:
+def grid(fmt: str, fine: bool | str = False) -> list[dict]:
     """Weights on the MMA's M side (SWAP_AB, Hopper wgmma) and the plain orientation (tokens as M: mma.sync below
     64 rows), over tile sizes, warps and pipeline stages; the ones that spill or overflow shared memory just lose.
-    fine (FP8): deeper pipelines and K tiles of 256 around the configurations that won at ~32 rows per expert."""
+    fine (FP8): deeper pipelines and K tiles of 256 around the configurations that won at ~32 rows per expert;
+    "near": the tuned tiles of both buckets with their neighbours."""
     if fmt == "nvfp4":  # a few tiles: the earlier kernel's best (plain M64 N128, 8 warps) and the weights-as-M ones
         return [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st, SWAP_AB=swap, BLOCK_K=128)
                 for swap, bm, bn, w, st in ((False, 64, 128, 8, 3), (False, 64, 64, 4, 3), (False, 128, 128, 8, 3),
                                             (True, 64, 64, 4, 3), (True, 32, 64, 4, 3), (True, 64, 64, 4, 2),
                                             (True, 64, 128, 8, 3))]
+    if fine == "near" and fmt == "fp8":  # the tuned tiles of both buckets and their neighbours (stages, K, N)
+        out = [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st, SWAP_AB=swap, BLOCK_K=bk)
+               for swap, bm, bn, w in ((True, 32, 64, 4), (True, 32, 128, 4), (True, 64, 128, 8),
+                                       (False, 128, 128, 8), (False, 128, 256, 8), (False, 64, 256, 8))
+               for st in (3, 4) for bk in (128,)]
+        return out + [dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=st, SWAP_AB=False, BLOCK_K=256)
+                      for st in (2, 3)]
     if fine and fmt == "fp8":
         out = [dict(BLOCK_M=32, BLOCK_N=bn, num_warps=w, num_stages=st, SWAP_AB=True, BLOCK_K=bk)
                for bk in (128, 256) for st in (3, 5) for bn, w in ((64, 4), (128, 4), (128, 8))]
@@ -54,7 +64,9 @@ def grid(fmt: str, fine: bool = False) -> list[dict]:
     return out
 
 
-def sweep(fmt: str, tokens: int, top: int, fine: bool = False) -> None:
+def sweep(fmt: str, tokens: int, top: int, fine: bool | str = False) -> None:
+    codes = fmt == "fp8codes"
+    fmt = "fp8" if codes else fmt
     torch.manual_seed(0)
     rows = tokens * TOP_K
     ids = torch.rand(tokens, E, device="cuda").topk(TOP_K, dim=-1).indices.flatten()
@@ -92,12 +104,15 @@ def sweep(fmt: str, tokens: int, top: int, fine: bool = False) -> None:
         in_gu, in_dn = (x.abs().amax().float() / 448).reshape(1), (h.abs().amax().float() / 448).reshape(1)
         gu, dn = (fp8.Fp8Experts.from_weights(w, input_scale=s) for w, s in ((w_gu, in_gu), (w_dn, in_dn)))
 
+        h_in = fp8.fp8_codes(h, in_dn) if codes else h
+
         def call_gu(cfg):
-            return fp8.fp8_grouped_mm(x, gu.weight, gu.scale, offsets, input_scale=gu.input_scale, config=cfg,
-                                      row_index=row_index, swiglu=True)
+            x_in = fp8.fp8_codes(x, in_gu) if codes else x
+            return fp8.fp8_grouped_mm(x_in, gu.weight, gu.scale, offsets, input_scale=gu.input_scale, config=cfg,
+                                      row_index=row_index, swiglu=True, out_scale=in_dn if codes else None)
 
         def call_dn(cfg):
-            return fp8.fp8_grouped_mm(h, dn.weight, dn.scale, offsets, input_scale=dn.input_scale, config=cfg,
+            return fp8.fp8_grouped_mm(h_in, dn.weight, dn.scale, offsets, input_scale=dn.input_scale, config=cfg,
                                       row_scale=scale, row_dest=row_dest)
     del w_gu, w_dn
 
@@ -109,17 +124,18 @@ def sweep(fmt: str, tokens: int, top: int, fine: bool = False) -> None:
         y = _grouped_matmul(h, dn.dequantize(torch.bfloat16).transpose(-2, -1), offsets) * scale[:, None]
         return y.index_select(0, torch.argsort(row_dest))
 
-    print(f"# {fmt}, {tokens} tokens, {rows / E:.0f} rows per expert", flush=True)
-    measure(f"{fmt} {tokens:6d} gate_up ", call_gu, dequant_gate_up, gu, x[row_index], offsets, top, fine)
-    measure(f"{fmt} {tokens:6d} down    ", call_dn, dequant_down, dn, h, offsets, top, fine)
+    name = "fp8codes" if codes else fmt
+    print(f"# {name}, {tokens} tokens, {rows / E:.0f} rows per expert", flush=True)
+    measure(fmt, f"{name} {tokens:6d} gate_up ", call_gu, dequant_gate_up, gu, x[row_index], offsets, top, fine)
+    measure(fmt, f"{name} {tokens:6d} down    ", call_dn, dequant_down, dn, h, offsets, top, fine)
 
 
-def measure(label: str, call, dequant, w, x_sorted, offsets, top: int, fine: bool) -> None:
+def measure(fmt: str, label: str, call, dequant, w, x_sorted, offsets, top: int, fine: bool | str) -> None:
     from triton.testing import do_bench
 
     ref = call(None).float()
     results = []
-    for cfg in grid(label.split()[0], fine):
+    for cfg in grid(fmt, fine):
         try:
             err = float((call(cfg).float() - ref).abs().max() / ref.abs().max())
             results.append((do_bench(lambda c=cfg: call(c), warmup=10, rep=50) * 1e3, err, cfg))
@@ -140,10 +156,11 @@ def main() -> None:
     ap.add_argument("--formats", type=lambda v: v.split(","), default=["int4", "fp8"])
     ap.add_argument("--top", type=int, default=5)
     ap.add_argument("--fine", action="store_true", help="FP8: the finer grid around the mid-bucket winners")
+    ap.add_argument("--near", action="store_true", help="FP8: only the tuned tiles of both buckets and neighbours")
     args = ap.parse_args()
     for tokens in args.tokens:
         for fmt in args.formats:
-            sweep(fmt, tokens, args.top, args.fine)
+            sweep(fmt, tokens, args.top, "near" if args.near else args.fine)
 
 
 if __name__ == "__main__":

@@ -116,6 +116,11 @@ def main() -> None:
                 compare("INT4 sort path vs expert-grouping kernels", grouped, decision_forward(model, ids))
                 print(f"INT4 sort path + fused ops: CUDA graph {graph_ms(model, ids):.2f} ms", flush=True)
                 engine.triton_available = triton_available
+            if fmt == "fp8":  # h handed to down as bf16 (each kernel rounding its own input) instead of E4M3 codes
+                codes_scale, engine.GroupedMoE._codes_scale = engine.GroupedMoE._codes_scale, lambda self, x: None
+                compare("FP8 bf16 h vs E4M3 codes between the projections", grouped, decision_forward(model, ids))
+                print(f"FP8 without codes between the projections: CUDA graph {graph_ms(model, ids):.2f} ms", flush=True)
+                engine.GroupedMoE._codes_scale = codes_scale
             del model, grouped
             torch.cuda.empty_cache()
 

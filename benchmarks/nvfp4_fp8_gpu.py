@@ -179,6 +179,19 @@ def kernels() -> dict:
             got = fp8.fp8_grouped_mm(h, f_dn.weight, f_dn.scale, offsets, input_scale=f_dn.input_scale, config=cfg_dn,
                                      row_scale=rs, row_dest=dest)
             check(f"fp8 down routing weights+scatter native, {bucket} config, vs unfused dequant+fp32", rel(got, ref_y), 1e-2)
+            # E4M3 codes between the projections (one input scale each): the same bits as bf16 h, in both kernels
+            h_bf16 = fp8.fp8_grouped_mm(x, f_gu.weight, f_gu.scale, offsets, input_scale=f_gu.input_scale,
+                                        config=cfg_gu, row_index=row_index, swiglu=True)
+            h_codes = fp8.fp8_grouped_mm(fp8.fp8_codes(x, f_gu.input_scale[:1]), f_gu.weight, f_gu.scale, offsets,
+                                         input_scale=f_gu.input_scale, config=cfg_gu, row_index=row_index, swiglu=True,
+                                         out_scale=f_dn.input_scale[:1])
+            same = torch.equal(h_codes.view(torch.uint8), fp8.fp8_codes(h_bf16, f_dn.input_scale[:1]).view(torch.uint8))
+            check(f"fp8 gate_up E4M3 codes in and out, {bucket} config, vs codes of its bf16 output (mismatches)",
+                  0.0 if same else 1.0, 0.5)
+            y_bf16, y_codes = (fp8.fp8_grouped_mm(v, f_dn.weight, f_dn.scale, offsets, input_scale=f_dn.input_scale,
+                                                  config=cfg_dn, row_scale=rs, row_dest=dest) for v in (h_bf16, h_codes))
+            check(f"fp8 down from E4M3 codes vs from bf16 h, {bucket} config (max |diff|)",
+                  float((y_bf16.float() - y_codes.float()).abs().max()), 1e-30)
 
     if DEV != "cpu":  # the same fused steps in the NVFP4 kernel (weights only: x as given), both orientations
         g, u = ref_grouped(x[row_index], gu.dequantize(torch.bfloat16), experts).chunk(2, -1)

@@ -111,6 +111,45 @@ print("ok")
 """)
 
 
+@pytest.mark.skipif(triton is None, reason="triton is not installed")
+def test_e4m3_codes_between_the_projections_change_no_bit_under_the_interpreter():
+    """FP8 with one input scale: tokens rounded to E4M3 once before the kernel (fp8_codes), gate_up writing h as the
+    down kernel's codes, down reading them: the same bits as each kernel rounding its bf16 input itself (both
+    orientations, both fused-step sets). The E4M3 casts here are the interpreter's, the same in both paths."""
+    run_interpreted("""
+import torch
+from quantbench.moe import fp8
+torch.manual_seed(5)
+gu = fp8.Fp8Experts.from_weights(torch.randn(5, 64, 64), input_scale=torch.tensor([0.02]))
+dn = fp8.Fp8Experts.from_weights(torch.randn(5, 48, 32), input_scale=torch.tensor([0.05]))
+counts = torch.tensor([3, 0, 17, 1, 9])
+offsets = torch.cumsum(counts, 0, dtype=torch.int32)
+s, t = int(counts.sum()), 11
+x = (torch.randn(t, 64) * 3).bfloat16()
+row_index, rs, dest = torch.randint(0, t, (s,), dtype=torch.int32), torch.rand(s).bfloat16(), torch.randperm(s).int()
+for swap in (False, True):
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "SWAP_AB": swap}
+    mm = lambda f, v, **kw: fp8.fp8_grouped_mm(v, f.weight, f.scale, offsets, input_scale=f.input_scale, config=cfg, **kw)
+    h = mm(gu, x, row_index=row_index, swiglu=True)
+    h_codes = mm(gu, fp8.fp8_codes(x, gu.input_scale), row_index=row_index, swiglu=True, out_scale=dn.input_scale)
+    assert h_codes.dtype == torch.float8_e4m3fn and h.dtype == torch.bfloat16
+    assert torch.equal(h_codes.view(torch.uint8), fp8.fp8_codes(h, dn.input_scale).view(torch.uint8)), swap
+    y = mm(dn, h, row_scale=rs, row_dest=dest)
+    y_codes = mm(dn, h_codes, row_scale=rs, row_dest=dest)
+    assert y_codes.dtype == torch.bfloat16 and torch.equal(y, y_codes), swap
+    assert float(y.float().abs().max()) > 0
+print("ok")
+""")
+
+
+def test_one_input_scale_is_what_lets_inputs_come_as_codes():
+    one = fp8.Fp8Experts.from_weights(torch.randn(3, 8, 32), input_scale=torch.tensor([0.1, 0.1, 0.1]))
+    per_expert = fp8.Fp8Experts.from_weights(torch.randn(3, 8, 32), input_scale=torch.tensor([0.1, 0.2, 0.1]))
+    assert one._one_input_scale and not per_expert._one_input_scale
+    assert one.codes_scale(torch.device("cpu")) is None  # no native kernel on the CPU: the engine never asks
+    assert "codes" in one.fused_features
+
+
 def test_modelopt_fp8_export_loads_exactly_and_dequantizes_as_modelopt_does():
     from modelopt.torch.quantization.qtensor.fp8_tensor import FP8QTensor
 

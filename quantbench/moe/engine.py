@@ -64,6 +64,7 @@ from torch import Tensor, nn
 
 from quantbench.errors import ConfigError, UnsupportedError
 from quantbench.moe.align import group_by_expert, triton_available
+from quantbench.moe.routing import route_fits, route_topk, sum_slots
 
 KERNELS = ("auto", "fused", "grouped_mm")
 CPU_PATH = "cpu-vectorised"
@@ -124,6 +125,8 @@ def route(hidden: Tensor, gate_weight: Tensor, top_k: int, norm_topk_prob: bool,
     """transformers' Qwen3MoeTopKRouter, op for op (so the same tokens pick the same experts with the same
     weights): logits in the hidden dtype, softmax in float32, top-k, optional renormalisation, cast back."""
     logits = F.linear(hidden, gate_weight, gate_bias)
+    if logits.is_cuda and triton_available() and route_fits(logits, top_k):  # the same, in one kernel
+        return route_topk(logits, top_k, norm_topk_prob)
     probs = torch.softmax(logits, dtype=torch.float, dim=-1)
     top_value, top_index = torch.topk(probs, top_k, dim=-1)
     if norm_topk_prob:
@@ -231,9 +234,12 @@ class GroupedMoE(nn.Module):
             row_token = (perm // k).int()
 
         paths: list[str] = []
-        # gate_up: gather + grouped GEMM + SwiGLU in one fused kernel where the format has one
+        # gate_up: gather + grouped GEMM + SwiGLU in one fused kernel where the format has one; h as the down
+        # kernel's E4M3 codes where both take them (FP8 with one input scale: half the bytes, rounded once)
+        codes = self._codes_scale(x)
         h = self._fused(self.gate_up, x, offsets, paths, row_index=row_token, act="swiglu",
-                        needs={"gather", "swiglu"}) if self._act_is_silu else None
+                        needs={"gather", "swiglu"} | ({"codes"} if codes is not None else set()),
+                        **({"out_scale": codes} if codes is not None else {})) if self._act_is_silu else None
         if h is None:
             h = self._project(self.gate_up, x[row_token], counts, offsets, paths)
             gate, up = h.chunk(2, dim=-1)
@@ -245,6 +251,8 @@ class GroupedMoE(nn.Module):
         weighted = self._fused(self.down, h, offsets, paths, row_scale=sample_weights,
                                needs={"row_scale", "scatter"} if scatter else {"row_scale"}, **scatter)
         if weighted is None:
+            if h.dtype == torch.float8_e4m3fn:  # unreachable while _codes_scale checks what _fused does
+                raise UnsupportedError(f"format {self.down.format}: its fused kernel declined E4M3 codes")
             scatter = {}
             weighted = self._project(self.down, h, counts, offsets, paths) * sample_weights.unsqueeze(-1)
         self.kernel_path = "+".join(sorted(set(paths)))
@@ -258,7 +266,20 @@ class GroupedMoE(nn.Module):
                 inv_perm[perm] = torch.arange(perm.numel(), device=perm.device)
                 weighted = weighted[inv_perm]
         # reshape + sum (not index_add_): deterministic, and the order transformers sums in
+        if weighted.is_cuda and triton_available():  # one pass over weighted (quantbench.moe.routing)
+            return sum_slots(weighted.view(num_tokens, k, -1)).to(x.dtype)
         return weighted.view(num_tokens, k, -1).sum(dim=1).to(x.dtype)
+
+    def _codes_scale(self, x: Tensor) -> Tensor | None:
+        """The down projection's one input scale when gate_up can hand it h as E4M3 codes (both fused, both
+        taking codes, a bf16 model), else None."""
+        d, g = self.down, self.gate_up
+        if (x.dtype != torch.bfloat16 or not self._act_is_silu
+                or not {"codes", "row_scale"} <= set(getattr(d, "fused_features", ()))
+                or "codes" not in getattr(g, "fused_features", ())
+                or self._path_for(d, x.device) != d.fused_kernel or self._path_for(g, x.device) != g.fused_kernel):
+            return None
+        return d.codes_scale(x.device)
 
     def _fused(self, w: ExpertWeights, x: Tensor, offsets: Tensor, paths: list[str], *, needs: set[str],
                **features: Any) -> Tensor | None:

@@ -75,7 +75,8 @@ def native_fp8(device: torch.device | str) -> bool:
 class Fp8Experts(nn.Module):
     """One projection of all E experts of a layer in FP8 E4M3 with per-row scales, as buffers."""
 
-    fused_features = frozenset({"gather", "swiglu", "row_scale", "scatter"})  # native path only (grouped_mm)
+    # native path only (grouped_mm); "codes": E4M3 codes in and out (see codes_scale)
+    fused_features = frozenset({"gather", "swiglu", "row_scale", "scatter", "codes"})
 
     def __init__(self, weight: Tensor, scale: Tensor, input_scale: Tensor | None = None, *,
                  activations: str = "static", name: str = ""):
@@ -95,6 +96,10 @@ class Fp8Experts(nn.Module):
         self.num_experts, self.out_features, self.in_features = e, n, k
         self.activations = activations
         self.format = "fp8"
+        # one input scale for every expert (ModelOpt calibrates one per expert; synthetic models share one): inputs
+        # can then be rounded to E4M3 once, before the kernel, and the previous projection can write them so
+        s = self.input_scale
+        self._one_input_scale = s is not None and bool((s == s[0]).all())
 
     @property
     def fused_kernel(self) -> str:
@@ -124,6 +129,11 @@ class Fp8Experts(nn.Module):
         """The native kernel rounds x to E4M3 with the static input scale itself (see quantize_input)."""
         return self._native(device)
 
+    def codes_scale(self, device: torch.device) -> Tensor | None:
+        """The one input scale ([1]) with which this projection's native kernel takes E4M3 codes (`out_scale` of
+        the previous projection's kernel), or None: per-expert scales, or no native kernel here."""
+        return self.input_scale[:1] if self._one_input_scale and self._native(device) else None
+
     def quantize_input(self, x_sorted: Tensor, offsets: Tensor) -> Tensor:
         """The A8 of W8A8, as ModelOpt's fake-quant applies it (the native kernel re-reads the same E4M3 codes)."""
         if self.activations == "none":
@@ -136,19 +146,28 @@ class Fp8Experts(nn.Module):
         return fake_quantize_activations(x_sorted, s)
 
     def grouped_mm(self, x_sorted: Tensor, offsets: Tensor, kernel: str, *, row_index: Tensor | None = None,
-                   act: str | None = None, row_scale: Tensor | None = None,
-                   row_dest: Tensor | None = None) -> Tensor | None:
+                   act: str | None = None, row_scale: Tensor | None = None, row_dest: Tensor | None = None,
+                   out_scale: Tensor | None = None) -> Tensor | None:
         """The fused kernel; the engine's fused steps (row_index / act / row_scale / row_dest, see its contract)
         only on the native path, where the kernel quantizes its own inputs (the engine asks
-        quantizes_input_in_kernel before passing them)."""
-        if not (x_sorted.is_cuda and x_sorted.dtype in (torch.bfloat16, torch.float16) and nvfp4.triton_available()):
+        quantizes_input_in_kernel before passing them). With one input scale (codes_scale) x may come as E4M3
+        codes, and tokens to gather are rounded once here rather than in every N tile of the kernel; out_scale:
+        the output as E4M3 codes for the next projection (its codes_scale)."""
+        codes = x_sorted.dtype == torch.float8_e4m3fn
+        if not (x_sorted.is_cuda and (x_sorted.dtype in (torch.bfloat16, torch.float16) or codes)
+                and nvfp4.triton_available()):
             return None
         native = self._native(x_sorted.device)
         extras = row_index is not None or act is not None or row_scale is not None or row_dest is not None
-        if (extras and not native) or act not in (None, "swiglu"):
+        one_scale = self.codes_scale(x_sorted.device)
+        if ((extras or out_scale is not None) and not native) or act not in (None, "swiglu") or (
+                codes and one_scale is None) or (out_scale is not None and x_sorted.dtype == torch.float16):
             return None
+        if row_index is not None and one_scale is not None and x_sorted.dtype == torch.bfloat16:
+            x_sorted = fp8_codes(x_sorted, one_scale)
         return fp8_grouped_mm(x_sorted, self.weight, self.scale, offsets, input_scale=self.input_scale if native else None,
-                              row_index=row_index, swiglu=act == "swiglu", row_scale=row_scale, row_dest=row_dest)
+                              row_index=row_index, swiglu=act == "swiglu", row_scale=row_scale, row_dest=row_dest,
+                              out_scale=out_scale)
 
     def extra_repr(self) -> str:
         return f"fp8 e4m3, activations={self.activations}, experts={self.num_experts}, out={self.out_features}, in={self.in_features}"
@@ -221,14 +240,26 @@ if triton is not None:
             return x
 
     @triton.jit
+    def fp8_codes_kernel(x_ptr, in_ptr, y_ptr, R, stride_xm, K: tl.constexpr, BLOCK_R: tl.constexpr,
+                         BLOCK_C: tl.constexpr):
+        """x -> its E4M3 codes with the one input scale, by the grouped kernel's own expression (same bits)."""
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        mask = (rows < R)[:, None] & (cols < K)[None, :]
+        x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xm + cols[None, :], mask=mask, other=0.0)
+        tl.store(y_ptr + rows[:, None].to(tl.int64) * K + cols[None, :],
+                 fp8_activations(x, tl.load(in_ptr), True, False), mask=mask)
+
+    @triton.jit
     def fp8_grouped_mm_kernel(
-        x_ptr, w_ptr, s_ptr, in_ptr, y_ptr, offs_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr,
+        x_ptr, w_ptr, s_ptr, in_ptr, codes_ptr, y_ptr, offs_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr,
         N_OUT, HALF,
         stride_xm, stride_we, stride_wn, stride_se, stride_ym,
         K: tl.constexpr, E: tl.constexpr, E_P2: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         FP8_DOT: tl.constexpr, DOT_F32: tl.constexpr, SWAP_AB: tl.constexpr,
         GATHER: tl.constexpr, SWIGLU: tl.constexpr, ROW_SCALE: tl.constexpr, SCATTER: tl.constexpr,
+        X_CODES: tl.constexpr, OUT_CODES: tl.constexpr, ROUND_BF16: tl.constexpr,
     ):
         # the same grid and fused steps as the int4 kernel (quantbench.moe.int4): axis 0 walks N, axis 1 M tiles
         pid_n = tl.program_id(0)
@@ -259,7 +290,10 @@ if triton is not None:
         for kb in range(0, K, BLOCK_K):
             # SWIGLU: gate rows c and up rows HALF + c in one K loop, each x tile loaded (and rounded) once
             x = tl.load(x_ptrs + kb, mask=rmask[:, None], other=0.0)
-            xd = fp8_activations(x, in_scale, FP8_DOT, DOT_F32)
+            if X_CODES:  # already E4M3, rounded with in_scale (fp8_codes or the previous kernel's OUT_CODES)
+                xd = x
+            else:
+                xd = fp8_activations(x, in_scale, FP8_DOT, DOT_F32)
             w = tl.load(w_ptrs + kb, mask=cmask[:, None], other=0.0)
             acc = mma_nt(fp8_weights(w, s, FP8_DOT, DOT_F32, x.dtype), xd, acc, SWAP_AB)
             if SWIGLU:
@@ -271,8 +305,9 @@ if triton is not None:
         if DOT_F32:
             acc = round_bf16(acc)
             up = round_bf16(up)
+        codes_scale = tl.load(codes_ptr) if OUT_CODES else 1.0
         fused_epilogue(acc, up, y_ptr, rows, rmask, cols, cmask, rowscale_ptr, rowdest_ptr, stride_ym,
-                       SWAP_AB, SWIGLU, ROW_SCALE, SCATTER, y_ptr.dtype.element_ty == tl.bfloat16)
+                       SWAP_AB, SWIGLU, ROW_SCALE, SCATTER, ROUND_BF16, codes_scale, OUT_CODES)
 
 
 # Measured best on an H200 (benchmarks/kernel_sweep.py, 2026-11-30) at the Qwen3-30B-A3B shape, per (N, K, rows-
@@ -301,18 +336,41 @@ def pick_config(rows: int, experts: int, n: int, k: int, fp8_dot: bool = True) -
             "SWAP_AB": fp8_dot}
 
 
+def fp8_codes(x: Tensor, input_scale: Tensor) -> Tensor:
+    """x [R, K] (bf16) -> float8_e4m3fn codes with one input scale, bit for bit what the grouped kernel computes
+    from x in its K loop: rows the kernel would round once per N tile (and per routed slot, gathering) are
+    rounded once here."""
+    r, k = x.shape
+    y = torch.empty(r, k, dtype=torch.float8_e4m3fn, device=x.device)
+    if r:
+        grid = (triton.cdiv(r, 16), triton.cdiv(k, 256))
+        fp8_codes_kernel[grid](x, input_scale, y, r, x.stride(0), K=k, BLOCK_R=16, BLOCK_C=256)
+    return y
+
+
 def fp8_grouped_mm(x: Tensor, weight: Tensor, scale: Tensor, offsets: Tensor, *, input_scale: Tensor | None = None,
                    config: dict[str, int] | None = None, row_index: Tensor | None = None, swiglu: bool = False,
-                   row_scale: Tensor | None = None, row_dest: Tensor | None = None) -> Tensor:
+                   row_scale: Tensor | None = None, row_dest: Tensor | None = None,
+                   out_scale: Tensor | None = None) -> Tensor:
     """y[r] = x[r] @ W[e(r)].T for rows sorted by expert, W FP8 with per-row scales. With `input_scale` ([E]),
-    x is quantized to E4M3 in the kernel and the dot runs in FP8 (needs compute capability >= 8.9).
-    row_index / swiglu / row_scale / row_dest: the engine's fused steps, as `int4_grouped_mm` takes them."""
+    x is quantized to E4M3 in the kernel and the dot runs in FP8 (needs compute capability >= 8.9); x may then
+    also come as float8_e4m3fn codes already rounded with that scale (`fp8_codes`, or a previous call's
+    `out_scale`), from a bfloat16 model. out_scale ([1]): y as E4M3 codes with that scale (the next projection's
+    input scale) instead of bfloat16. row_index / swiglu / row_scale / row_dest: the engine's fused steps, as
+    `int4_grouped_mm` takes them."""
     e, n, k = weight.shape
     fp8_dot = input_scale is not None
+    x_codes = x.dtype == torch.float8_e4m3fn
+    if (x_codes or out_scale is not None) and not (fp8_dot and x.dtype in (torch.bfloat16, torch.float8_e4m3fn)):
+        raise ValueError("fp8_grouped_mm: E4M3 codes in or out need input_scale and a bfloat16 model")
     if fp8_dot and input_scale.numel() == 1:
         input_scale = input_scale.reshape(1).expand(e).contiguous()
     return launch_grouped(
-        fp8_grouped_mm_kernel, "fp8_grouped_mm", x, (weight, scale, input_scale if fp8_dot else scale),
+        fp8_grouped_mm_kernel, "fp8_grouped_mm", x,
+        (weight, scale, input_scale if fp8_dot else scale, scale if out_scale is None else out_scale),
         (weight.stride(0), weight.stride(1), scale.stride(0)), offsets, n,
         lambda rows: pick_config(rows, e, n, k, fp8_dot), config,
-        row_index=row_index, swiglu=swiglu, row_scale=row_scale, row_dest=row_dest, FP8_DOT=fp8_dot)
+        row_index=row_index, swiglu=swiglu, row_scale=row_scale, row_dest=row_dest,
+        out_dtype=torch.float8_e4m3fn if out_scale is not None else torch.bfloat16 if x_codes else x.dtype,
+        FP8_DOT=fp8_dot, X_CODES=x_codes, OUT_CODES=out_scale is not None,
+        ROUND_BF16=x.dtype in (torch.bfloat16, torch.float8_e4m3fn))

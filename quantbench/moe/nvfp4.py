@@ -390,13 +390,14 @@ if triton is not None:
     @triton.jit
     def fused_epilogue(acc, up, y_ptr, rows, rmask, cols, cmask, rowscale_ptr, rowdest_ptr, stride_ym,
                        SWAP_AB: tl.constexpr, SWIGLU: tl.constexpr, ROW_SCALE: tl.constexpr, SCATTER: tl.constexpr,
-                       ROUND_BF16: tl.constexpr):
+                       ROUND_BF16: tl.constexpr, codes_scale=1.0, OUT_CODES: tl.constexpr = False):
         """The engine's fused steps after the K loop (quantbench.moe.engine's contract): silu(gate) * up, the
         routing weight of each row, and the store, to row row_dest[r] of y with SCATTER. ROUND_BF16 (a bf16
         model): every intermediate rounded to bfloat16 where the unfused path rounds (the GEMM outputs, silu, the
         product), so that a W4A4 / W8A8 format's next activation rounding sees the values the unfused path and
         ModelOpt's fake-quant forward see (rounding once in float32 moved a W4A4 layer's output by 2.4e-2 on the
-        H200, FP4's coarse steps amplifying the last bit)."""
+        H200, FP4's coarse steps amplifying the last bit). OUT_CODES: y holds E4M3 codes of the (rounded) output
+        with `codes_scale`, as the next FP8 projection's kernel would round its input (quantbench.moe.fp8)."""
         if ROUND_BF16:
             acc = round_bf16(acc)
         if SWIGLU:
@@ -409,6 +410,8 @@ if triton is not None:
             out = acc
         if ROW_SCALE:
             out = out * row_vector(tl.load(rowscale_ptr + rows, mask=rmask, other=0.0).to(tl.float32), SWAP_AB)
+        if OUT_CODES:
+            out = tl.minimum(tl.maximum(out / codes_scale, -448.0), 448.0)
         if SCATTER:
             y_rows = tl.load(rowdest_ptr + rows, mask=rmask, other=0).to(tl.int64)
         else:
@@ -550,7 +553,7 @@ if triton is not None:
 def launch_grouped(kernel: Any, name: str, x: Tensor, weights: tuple[Tensor, ...], weight_strides: tuple[int, ...],
                    offsets: Tensor, n: int, pick: Callable[[int], dict], config: dict | None, *,
                    row_index: Tensor | None, swiglu: bool, row_scale: Tensor | None, row_dest: Tensor | None,
-                   **constexprs: Any) -> Tensor:
+                   out_dtype: torch.dtype | None = None, **constexprs: Any) -> Tensor:
     """The host side the nvfp4 and fp8 grouped kernels share: the output, the configuration (`pick(rows)` unless
     given), the grid and the engine's fused steps (row_index / swiglu / row_scale / row_dest, as
     `int4_grouped_mm` takes them). A kernel takes x, its weight tensors, y, offsets, row index, row scale, row
@@ -560,7 +563,7 @@ def launch_grouped(kernel: Any, name: str, x: Tensor, weights: tuple[Tensor, ...
     e = weights[0].shape[0]
     n_out = n // 2 if swiglu else n
     x = x.contiguous()
-    y = torch.empty(s_rows, n_out, dtype=x.dtype, device=x.device)
+    y = torch.empty(s_rows, n_out, dtype=out_dtype or x.dtype, device=x.device)
     if s_rows == 0:
         return y
     cfg = dict(config or pick(s_rows))
