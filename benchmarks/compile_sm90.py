@@ -80,6 +80,7 @@ def kernels(tokens: int):
                dict(K=k, FP8_DOT=True, DOT_F32=False, **FEATURES[proj], E=E, E_P2=E, X_CODES=False,
                     OUT_CODES=False, ROUND_BF16=True))
         # E4M3 codes between the projections: gate_up reads the tokens' codes and writes h's, down reads them
+        cfg = {"SWAP_AB": False, **fp8.pick_config(rows, E, n, k, codes=True)}
         yield ("fp8 codes", proj, cfg, fp8.fp8_grouped_mm_kernel,
                dict(x_ptr="*fp8e4nv", y_ptr="*fp8e4nv" if proj == "gate_up" else "*bf16", **fp8_types),
                dict(K=k, FP8_DOT=True, DOT_F32=False, **FEATURES[proj], E=E, E_P2=E, X_CODES=True,
