@@ -1,4 +1,5 @@
-"""RMSNorm and rotary embedding as one Triton kernel each, for every backend's transformers model on a GPU.
+"""RMSNorm and rotary embedding as one Triton kernel each, and q/k/v projections as one GEMM, for every backend's
+transformers model on a GPU.
 
 Why: transformers writes both as chains of small PyTorch ops. At the Qwen3-30B-A3B shape one decoder layer runs
 four RMSNorms (input, post-attention, q_norm, k_norm) of about 8 kernels each and a rotary embedding of about 14
@@ -12,9 +13,13 @@ same arithmetic:
   chain rounds them: bit-identical.
 `benchmarks/fused_ops_check.py` measures both against transformers on a GPU (identical elements, time).
 
+q_proj, k_proj and v_proj are three cuBLAS GEMMs per layer; at the 30B shape k and v (N=512) run far below the
+GPU's rate (q 16.8 µs, k and v 12.9 µs together, `benchmarks/model_profile.py`). `fuse_qkv` makes them one GEMM
+over one weight of which the three Parameters are views (see `_FusedQKV`).
+
 `install(model)` swaps them in only on CUDA and only after a probe on the model's own device and dtypes shows the
 kernel matches the module it replaces (a norm of another form, e.g. `(1 + weight)`, fails the probe and is left
-alone). The run records what was swapped (kernel path `+fused rmsnorm+rope`, extra.fused_ops); `--fused-ops off`
+alone). The run records what was swapped (kernel path `+fused rmsnorm+rope+qkv`, extra.fused_ops); `--fused-ops off`
 keeps transformers' ops. Every variant of a comparison runs the same ops, so parity figures are unaffected either way.
 """
 
@@ -27,6 +32,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 MODES = ("auto", "off")
 _PATCHED = "_quantbench_fused"
@@ -53,12 +59,16 @@ def _kernels() -> tuple[Any, Any]:
     globals().update(round_bf16=round_bf16, rounded=rounded)
 
     @triton.jit
-    def rmsnorm_kernel(x_ptr, w_ptr, y_ptr, R, stride_x, eps, N: tl.constexpr, N_P2: tl.constexpr,
-                       BLOCK_R: tl.constexpr, IS_BF16: tl.constexpr):
+    def rmsnorm_kernel(x_ptr, w_ptr, y_ptr, R, stride_o, stride_h, eps, H: tl.constexpr, N: tl.constexpr,
+                       N_P2: tl.constexpr, BLOCK_R: tl.constexpr, IS_BF16: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         cols = tl.arange(0, N_P2)
         mask = (rows < R)[:, None] & (cols < N)[None, :]
-        x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_x + cols[None, :], mask=mask, other=0.0)
+        if H == 1:  # evenly spaced rows
+            src = rows.to(tl.int64) * stride_o
+        else:  # row r is head r % H of token r // H: q's slice of the fused q/k/v output, read where it lies
+            src = (rows // H).to(tl.int64) * stride_o + (rows % H).to(tl.int64) * stride_h
+        x = tl.load(x_ptr + src[:, None] + cols[None, :], mask=mask, other=0.0)
         xf = x.to(tl.float32)
         rstd = tl.math.rsqrt(tl.sum(xf * xf, axis=1) * (1.0 / N) + eps)
         normed = rounded(xf * rstd[:, None], IS_BF16, x.dtype)  # rounded to the input dtype, as transformers
@@ -106,22 +116,37 @@ def _kernels() -> tuple[Any, Any]:
     return rmsnorm_kernel, rope_kernel
 
 
+def _rows(x: Tensor) -> tuple[Tensor, int, int, int]:
+    """x [..., H, N] as the kernel's rows, without a copy wherever the leading dims merge: (x as [outer, H, N],
+    heads per outer row, outer stride, head stride). q_proj's slice of the fused output, viewed [B, T, H, D], has a
+    row stride of (H + 2·Hkv)·D, so `reshape(-1, N)` would copy it. Evenly spaced rows are passed as H = 1: the
+    kernel then indexes as before (H is a constexpr: measured on the H200, a runtime division cost 9% of a q_norm)."""
+    x3 = x.reshape(-1, x.shape[-2] if x.dim() > 1 else 1, x.shape[-1])
+    if x3.stride(-1) != 1:
+        x3 = x3.contiguous()
+    outer, h, _ = x3.shape
+    if h == 1:
+        return x3, 1, x3.stride(0), 0
+    if outer == 1 or x3.stride(0) == h * x3.stride(1):
+        return x3, 1, x3.stride(1), 0
+    return x3, h, x3.stride(0), x3.stride(1)
+
+
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """transformers' RMSNorm (`weight * normed.to(x.dtype)`) over the last dimension, one kernel."""
     import triton
 
     n = x.shape[-1]
-    x2 = x.reshape(-1, n)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
     out = torch.empty(x.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
-    rows = x2.shape[0]
+    if not x.numel():
+        return out
+    x3, h, stride_o, stride_h = _rows(x)
+    rows = x3.shape[0] * x3.shape[1]
     n_p2 = triton.next_power_of_2(n)
     block_r = max(1, min(64, 4096 // n_p2))
-    if rows:
-        _kernels()[0][(triton.cdiv(rows, block_r),)](x2, weight, out, rows, x2.stride(0), float(eps), N=n, N_P2=n_p2,
-                                                     BLOCK_R=block_r, IS_BF16=x.dtype == torch.bfloat16,
-                                                     num_warps=4 if n_p2 <= 1024 else 8)
+    _kernels()[0][(triton.cdiv(rows, block_r),)](x3, weight, out, rows, stride_o, stride_h, float(eps), H=h, N=n,
+                                                 N_P2=n_p2, BLOCK_R=block_r, IS_BF16=x.dtype == torch.bfloat16,
+                                                 num_warps=4 if n_p2 <= 1024 else 8)
     return out
 
 
@@ -202,6 +227,158 @@ def _probe(op: str, check, *args) -> bool:
         return False
 
 
+_QKV = "_quantbench_qkv"  # set on each of the three projections: the _FusedQKV they run
+_QKV_TOL = 2 * torch.finfo(torch.bfloat16).eps  # of the output's largest magnitude: two bf16 ulps (2^-6)
+
+
+def _version(x: Tensor) -> int | None:
+    # inference tensors keep no version counter: the same object is then taken as unchanged
+    return None if x.is_inference() else x._version
+
+
+def _adjacent(parts: list[Tensor]) -> Tensor | None:
+    """The parts as one tensor along dim 0 (a view), while they still lie back to back in one storage as fuse_qkv
+    left them; None once something replaced them (`.to()`, `load_state_dict(assign=True)`): each then runs alone."""
+    first = parts[0]
+    end, storage = first.data_ptr(), first.untyped_storage().data_ptr()
+    for p in parts:
+        if (p.dtype != first.dtype or not p.is_contiguous() or p.data_ptr() != end
+                or p.untyped_storage().data_ptr() != storage):
+            return None
+        end += p.numel() * p.element_size()
+    return first.as_strided((sum(p.shape[0] for p in parts), *first.shape[1:]), first.stride(),
+                            first.storage_offset())
+
+
+class _FusedQKV:
+    """q_proj's call runs one GEMM for q, k and v and keeps the k and v columns; k_proj / v_proj hand them out when
+    called next on the same, unchanged input tensor (as attention calls them). Any other call computes its own
+    projection, so another order, another input (cross-attention) or an input changed in place stays correct."""
+
+    def __init__(self, q: nn.Linear, k: nn.Linear, v: nn.Linear):
+        self.projs = (q, k, v)
+        self.sizes = [m.out_features for m in self.projs]
+        self.x: Tensor | None = None
+        self.version: int | None = None
+        self.kept: dict[str, Tensor] = {}
+        self.ptrs: list[int] = []
+        self.joined: tuple[Tensor, Tensor | None] | None = None
+
+    def _fused(self) -> tuple[Tensor, Tensor | None] | None:
+        """The fused weight and bias, or None to run three GEMMs. Validated once and then only by data pointers
+        (the full check costs more host time than the GEMM it saves, and eager runs are launch-bound): while the
+        views are held, no other tensor can take their addresses, so a pointer change means something replaced
+        the weights (`.to()`, `load_state_dict(assign=True)`), and the old storage is let go here."""
+        params = [m._parameters.get(name) for name in ("weight", "bias") for m in self.projs]
+        if torch.is_grad_enabled() and params[0].requires_grad:
+            return None  # autograd through the fused view would not reach k's and v's Parameters
+        ptrs = [0 if p is None else p.data_ptr() for p in params]
+        if ptrs != self.ptrs:
+            self.ptrs, self.joined = ptrs, None
+            with torch.inference_mode(False):  # a view made in inference mode is not for use outside it
+                w, biases = _adjacent(params[:3]), params[3:]
+                b = None if any(t is None for t in biases) else _adjacent(biases)
+                if w is not None and (b is not None or all(t is None for t in biases)):
+                    self.joined = (w, b)
+        return self.joined
+
+    def q_forward(self, x: Tensor) -> Tensor:
+        fused = self._fused()
+        if fused is None:
+            self.x, self.kept = None, {}
+            return F.linear(x, self.projs[0].weight, self.projs[0].bias)
+        q, k, v = F.linear(x, *fused).split(self.sizes, dim=-1)
+        self.x, self.version, self.kept = x, _version(x), {"k": k, "v": v}
+        return q
+
+    def take(self, name: str, x: Tensor) -> Tensor:
+        out = self.kept.pop(name, None)
+        if out is None or x is not self.x or _version(x) != self.version:
+            m = self.projs[1 if name == "k" else 2]
+            out = F.linear(x, m.weight, m.bias)
+        if not self.kept:
+            self.x = None  # both handed out: hold no tensor past this layer
+        return out
+
+
+def _qkv_of(attention: nn.Module) -> tuple[Any, Any, Any]:
+    return tuple(getattr(attention, name, None) for name in ("q_proj", "k_proj", "v_proj"))
+
+
+def _fusable(q: Any, k: Any, v: Any) -> bool:
+    """Plain nn.Linear (quantized subclasses have their own forward), one dtype and device, one input, biases all or
+    none, and no instance forward of someone else's (accelerate's hooks put theirs there)."""
+    projs = (q, k, v)
+    if any(type(m) is not nn.Linear or "forward" in vars(m) for m in projs):
+        return False
+    w = q.weight
+    tensors = [m.weight for m in projs] + [m.bias for m in projs if m.bias is not None]
+    return (all(t.dtype == w.dtype and t.device == w.device for t in tensors)
+            and k.in_features == v.in_features == q.in_features
+            and sum(m.bias is None for m in projs) in (0, 3))
+
+
+def fuse_qkv(attention: nn.Module) -> bool:
+    """Make the module's q_proj, k_proj, v_proj one GEMM where they qualify (_fusable): their weights (and biases)
+    become views of one concatenated tensor, so memory is not doubled and state_dict keeps its names and shapes.
+    True when fused (now or before)."""
+    projs = _qkv_of(attention)
+    state = getattr(projs[0], _QKV, None)
+    if isinstance(state, _FusedQKV) and state.projs == projs:
+        return True
+    if not _fusable(*projs):
+        return False
+    # install may run under inference_mode (benchmarks/model_profile.py): the Parameters stay ordinary tensors
+    with torch.inference_mode(False), torch.no_grad():
+        for name in ("weight", "bias"):
+            parts = [getattr(m, name) for m in projs]
+            if parts[0] is None:
+                continue
+            joined = torch.cat([p.detach() for p in parts])
+            for m, p, view in zip(projs, parts, joined.split([p.shape[0] for p in parts]), strict=True):
+                param = nn.Parameter(view, requires_grad=p.requires_grad)
+                param.__dict__.update(p.__dict__)
+                setattr(m, name, param)
+    state = _FusedQKV(*projs)
+    q, k, v = projs
+    q.forward = state.q_forward
+    k.forward = functools.partial(state.take, "k")
+    v.forward = functools.partial(state.take, "v")
+    for m in projs:
+        setattr(m, _QKV, state)
+    return True
+
+
+def unfuse_qkv(attention: nn.Module) -> None:
+    """Back to three GEMMs (the weights stay views of the one tensor: the same values, the same memory)."""
+    for m in _qkv_of(attention):
+        if isinstance(getattr(m, _QKV, None), _FusedQKV):
+            del m.forward
+            delattr(m, _QKV)
+
+
+def _qkv_matches(attention: nn.Module) -> bool:
+    """The fused projections against three separate GEMMs on the module's own weights. cuBLAS picks a kernel per
+    shape, so the fused GEMM may round some elements differently: accepted within _QKV_TOL of the output's largest
+    magnitude (a wrong slice or weight is off by about the magnitude itself); beyond it the probe fails, saying so."""
+    projs = _qkv_of(attention)
+    w = projs[0].weight
+    gen = torch.Generator(device=w.device).manual_seed(0)
+    x = torch.randn(2, 19, w.shape[1], generator=gen, device=w.device).to(w.dtype)
+    got = [m(x) for m in projs]
+    if got[1].untyped_storage().data_ptr() != got[0].untyped_storage().data_ptr():
+        raise RuntimeError("k_proj did not take its columns of the fused GEMM")
+    for name, g, m in zip("qkv", got, projs, strict=True):
+        want = F.linear(x, m.weight, m.bias)
+        if g.shape != want.shape or g.dtype != want.dtype:
+            raise RuntimeError(f"fused {name}_proj gives {g.dtype} {list(g.shape)}, not {want.dtype} {list(want.shape)}")
+        err, scale = float((g.float() - want.float()).abs().max()), float(want.float().abs().max())
+        if not err <= _QKV_TOL * scale:
+            raise RuntimeError(f"fused {name}_proj differs from its own GEMM by {err:.3g} (max |value| {scale:.3g}, "
+                               f"tolerance {_QKV_TOL:.3g} of it)")
+    return True
+
+
 def install(model: nn.Module, mode: str = "auto") -> str | None:
     """Swap in the fused kernels where they match (CUDA only); returns what was swapped, or None."""
     if mode not in MODES:
@@ -236,7 +413,22 @@ def install(model: nn.Module, mode: str = "auto") -> str | None:
                 continue
             mod.apply_rotary_pos_emb = _fused_rope(fn)
         swapped.append("rope")
+    if _install_qkv(model):
+        swapped.append("qkv")
     return "+".join(swapped) or None
+
+
+def _install_qkv(model: nn.Module) -> bool:
+    """fuse_qkv on every attention whose class passes the probe (probed once per class, as the norms are)."""
+    fused: dict[type, bool] = {}
+    for m in model.modules():
+        if fused.get(type(m)) is False or not fuse_qkv(m):
+            continue
+        if type(m) not in fused:
+            fused[type(m)] = _probe("qkv", _qkv_matches, m)
+            if not fused[type(m)]:
+                unfuse_qkv(m)
+    return any(fused.values())
 
 
 def _norm_forward(module: nn.Module, hidden_states: Tensor) -> Tensor:

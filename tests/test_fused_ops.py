@@ -29,6 +29,17 @@ for n, shape in ((256, (3, 5, 256)), (64, (2, 9, 4, 64)), (48, (7, 48))):
         tol = 1e-5 if dtype == torch.float32 else 2 ** -6
         assert torch.allclose(got.float(), want.float(), rtol=tol, atol=tol), (n, dtype, (got - want).abs().max())
 
+# q's and k's slices of the fused q/k/v output ([B, T, H, D] views, rows 6 heads apart) are read in place: the same
+# bits as their contiguous copies
+for dtype in (torch.float32, torch.bfloat16):
+    norm = mq.Qwen3MoeRMSNorm(64, eps=1e-6).to(dtype)
+    norm.weight.data = (1 + 0.2 * torch.randn(64)).to(dtype)
+    qkv = (torch.randn(2, 9, 6 * 64) * 3).to(dtype)
+    for x in (qkv[..., :4 * 64].view(2, 9, 4, 64), qkv[..., 4 * 64:5 * 64].view(2, 9, 1, 64)):
+        got = rms_norm(x, norm.weight, norm.variance_epsilon)
+        assert got.is_contiguous() and torch.equal(got, rms_norm(x.contiguous(), norm.weight, norm.variance_epsilon))
+        assert torch.equal(got, rms_norm(x.clone().reshape(-1, 64), norm.weight, 1e-6).view(x.shape))
+
 for dtype in (torch.float32, torch.bfloat16):
     q = torch.randn(2, 7, 4, 64).to(dtype).transpose(1, 2)  # [B, H, T, D] views, as attention makes them
     k = torch.randn(2, 7, 2, 64).to(dtype).transpose(1, 2)
@@ -78,8 +89,27 @@ def test_install_leaves_a_cpu_model_alone_and_rejects_an_unknown_mode():
     norm = model.model.norm
     assert fused_ops.install(model) is None  # the CPU keeps transformers' ops
     assert "forward" not in vars(norm)
+    assert "forward" not in vars(model.model.layers[0].self_attn.q_proj)
     with pytest.raises(ValueError, match="fused ops mode"):
         fused_ops.install(model, "fast")
+
+
+def test_rms_norm_reads_a_strided_slice_of_the_fused_projection_without_a_copy():
+    from quantbench.fused_ops import _rows
+
+    qkv = torch.randn(2, 9, (32 + 2 * 4) * 128)
+    for h, x in ((32, qkv[..., :32 * 128].view(2, 9, 32, 128)), (4, qkv[..., 32 * 128:36 * 128].view(2, 9, 4, 128))):
+        rows, heads, stride_o, stride_h = _rows(x)
+        assert rows.data_ptr() == x.data_ptr() and rows.shape == (18, h, 128)
+        assert (heads, stride_o, stride_h) == (h, 40 * 128, 128)
+    # evenly spaced rows keep the flat indexing (H = 1)
+    x = torch.randn(3, 7, 256)
+    assert _rows(x)[0].data_ptr() == x.data_ptr() and _rows(x)[1:] == (1, 256, 0)
+    assert _rows(x[1])[1:] == (1, 256, 0) and _rows(x[:, 0])[1:] == (1, 7 * 256, 0)
+    assert _rows(torch.randn(2, 5, 4, 64))[1:] == (1, 64, 0)
+    t = x.transpose(0, 1)  # [7, 3, 256]: rows 7·256 apart within a token, 256 between tokens: read in place
+    assert _rows(t)[0].data_ptr() == x.data_ptr() and _rows(t)[1:] == (3, 256, 7 * 256)
+    assert _rows(x[..., ::2])[0].is_contiguous()  # a strided last dim is copied first
 
 
 def test_run_spec_and_sweep_accept_fused_ops_and_refuse_other_values():
