@@ -51,7 +51,7 @@ class RunSpec:
     truncate: bool = False
     method: str = "auto"  # auto | continuation
     cuda_graph: str = "auto"  # auto: replay the decision forward from CUDA graphs where it can be | off
-    fused_ops: str = "auto"  # auto: RMSNorm and rotary as one Triton kernel each on a GPU (quantbench.fused_ops) | off
+    fused_ops: str = "auto"  # auto: RMSNorm and rotary as one Triton kernel each, q/k/v as one GEMM, on a GPU (quantbench.fused_ops) | off
     warmup: int = 3
     latency_min_decisions: int = 20
     latency_min_seconds: float = 2.0

@@ -116,7 +116,7 @@ def run(
     truncate: Annotated[bool, typer.Option(help="Cut over-long states to fit (recorded per answer) instead of failing")] = False,
     method: Annotated[str, typer.Option(help="auto (label logits when possible) | continuation")] = "auto",
     cuda_graph: Annotated[str, typer.Option(help="GPU: auto (replay the decision forward from CUDA graphs where it can be) | off")] = "auto",
-    fused_ops: Annotated[str, typer.Option(help="GPU: auto (RMSNorm and rotary as one Triton kernel each, where they match transformers') | off")] = "auto",
+    fused_ops: Annotated[str, typer.Option(help="GPU: auto (RMSNorm and rotary as one Triton kernel each, q/k/v as one GEMM, each where its probe matches transformers') | off")] = "auto",
     warmup: Annotated[int, typer.Option(help="Untimed warm-up decisions")] = 3,
     latency_min_decisions: Annotated[int, typer.Option(help="Latency phase: at least this many timed decisions")] = 20,
     latency_min_seconds: Annotated[float, typer.Option(help="Latency phase: and at least this many seconds")] = 2.0,
@@ -132,7 +132,7 @@ def run(
     if cuda_graph not in ("auto", "off"):
         _fail(QuantbenchError(f"--cuda-graph {cuda_graph!r}: use auto (graphs where the forward allows) or off"))
     if fused_ops not in ("auto", "off"):
-        _fail(QuantbenchError(f"--fused-ops {fused_ops!r}: use auto (fused RMSNorm and rotary on a GPU) or off"))
+        _fail(QuantbenchError(f"--fused-ops {fused_ops!r}: use auto (fused RMSNorm, rotary and q/k/v projections on a GPU) or off"))
     try:
         spec = _spec(backend=backend, model=model, suite=suite, gpu=gpu, device=device, dtype=dtype,
                      experts_impl=experts_impl, fast_moe=fast_moe, nvfp4_mode=nvfp4, nvfp4_activations=nvfp4_activations,
