@@ -90,8 +90,8 @@ class MemoryTracker:
             torch.cuda.init()
             # cuBLAS's workspace (32 MiB on Hopper) comes from PyTorch's allocator with the first GEMM and stays:
             # taken here, it is not counted as weights when a load's probe (fused_ops) runs the first GEMM
-            a = torch.ones(16, 16, device=self.device, dtype=torch.bfloat16)
-            torch.nn.functional.linear(a, a, a[0])
+            a = torch.ones(16, 16, device=self.device)
+            torch.nn.functional.linear(a, a, a[0])  # addmm with a bias: cuBLASLt's workspace too
             torch.mm(a, a)
             del a
             torch.cuda.synchronize(self.device)
