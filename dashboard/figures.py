@@ -35,6 +35,23 @@ def pareto(points: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
     return points.loc[keep]
 
 
+def point_labels(variants: pd.Series) -> pd.Series:
+    """Short labels for the points: a variant's name without the kernel path in its brackets (the hover keeps the
+    whole name); where one variant ran with several paths, the words that tell its runs apart. Whole names put
+    side by side at one agreement overlap into an unreadable line."""
+    base = variants.str.split(" (", n=1, regex=False).str[0]
+    inner = variants.map(lambda v: v.split(" (", 1)[1].removesuffix(")") if " (" in v else "")
+    out = base.copy()
+    for name, grp in inner.groupby(base):
+        if len(grp) < 2:
+            continue
+        shared = set.intersection(*(set(v.split()) for v in grp))
+        for i, v in grp.items():
+            own = [w for w in v.split() if w not in shared]
+            out[i] = f"{name} · {' '.join(own)}" if own else name
+    return out
+
+
 def _bubble(gib: pd.Series) -> pd.Series:
     """Marker diameter in px; area proportional to memory."""
     top = max(float(gib.max()), 1e-9)
@@ -70,17 +87,21 @@ def tradeoff(rep: GpuReport, flat: pd.DataFrame, rules: Rules) -> go.Figure:
         fig.add_trace(go.Scatter(x=front["p50_ms"], y=front["y"], mode="lines", name="Pareto frontier",
                                  line={"color": "#333333", "dash": "dash", "width": 1.5, "shape": "hv"},
                                  hoverinfo="skip"))
+    labels = point_labels(pts["variant"])
+    # neighbours along x alternate above and below their points, so labels at one agreement do not run together
+    above = pts["p50_ms"].rank(method="first").astype(int) % 2 == 1
     for fmt, grp in pts.groupby("weight_format", sort=True):
         fig.add_trace(go.Scatter(
             x=grp["p50_ms"], y=grp["y"], mode="markers+text", name=str(fmt),
-            text=[("⭐ " if r else "") + v for v, r in zip(grp["variant"], grp["recommended"], strict=True)],
-            textposition="top center", cliponaxis=False,
+            text=[("⭐ " if r else "") + v for v, r in zip(labels.loc[grp.index], grp["recommended"], strict=True)],
+            textposition=["top center" if a else "bottom center" for a in above.loc[grp.index]], cliponaxis=False,
             marker={"size": _bubble(pts["gib"]).loc[grp.index], "color": colour(str(fmt)), "opacity": 0.75,
                     "line": {"width": [3 if r else 1 for r in grp["recommended"]], "color": "#222222"}},
             error_y={"type": "data", "symmetric": False, "array": grp["hi"], "arrayminus": grp["lo"],
                      "color": "#888888", "thickness": 1},
             customdata=grp[["gib", "agreement_lo", "agreement_hi"]].astype(float).fillna(1.0).to_numpy(),
-            hovertemplate=("%{text}<br>p50 %{x:.1f} ms<br>agreement %{y:.1f}% "
+            hovertext=list(grp["variant"]),
+            hovertemplate=("%{hovertext}<br>p50 %{x:.1f} ms<br>agreement %{y:.1f}% "
                            "(95% CI %{customdata[1]:.1%}–%{customdata[2]:.1%})<br>"
                            f"weights in {mem} %{{customdata[0]:.1f}} GiB<extra>%{{fullData.name}}</extra>"),
         ))
@@ -99,12 +120,19 @@ def speed_memory(rep: GpuReport, flat: pd.DataFrame) -> go.Figure:
     mem = "memory" if rep.cpu else "VRAM"
     pts = flat[(flat["status"] == "ok") & flat["p50_ms"].notna() & flat["weights_memory_bytes"].notna()]
     fig = go.Figure()
+    labels = point_labels(pts["variant"])
+    above = pts["p50_ms"].rank(method="first").astype(int) % 2 == 1  # as in tradeoff: neighbours alternate
     for fmt, grp in pts.groupby("weight_format", sort=True):
         fig.add_trace(go.Scatter(x=grp["p50_ms"], y=grp["weights_memory_bytes"].astype(float) / GIB,
-                                 mode="markers+text", name=str(fmt), text=grp["variant"], textposition="top center",
+                                 mode="markers+text", name=str(fmt), text=labels.loc[grp.index],
+                                 hovertext=list(grp["variant"]),
+                                 textposition=["top center" if a else "bottom center" for a in above.loc[grp.index]],
                                  marker={"size": 18, "color": colour(str(fmt))}))
     fig.update_layout(**LAYOUT, title=f"Latency vs weights in {mem} (speed and memory only)")
-    fig.update_xaxes(title="latency p50 per decision (ms)", rangemode="tozero")
+    # one slow kernel (the eager noise floor) beside the fast paths would press them into one corner: log axis
+    wide = len(pts) > 1 and float(pts["p50_ms"].max()) > 20 * float(pts["p50_ms"].min())
+    fig.update_xaxes(title="latency p50 per decision (ms)" + (" (log scale)" if wide else ""),
+                     type="log" if wide else "linear", rangemode="tozero")
     fig.update_yaxes(title=f"weights in {mem} (GiB)", rangemode="tozero")
     return fig
 

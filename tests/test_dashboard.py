@@ -260,3 +260,18 @@ def test_latency_boxes_lie_along_rows_and_go_log_when_the_times_span_over_20x():
     assert close.layout.xaxis.type == "linear" and close.data[0].type == "violin"
     outlier = pd.concat([lat[lat["variant"] == names[0]], lat.iloc[[0]].assign(model_ms=900.0)])
     assert figures.latency_box(outlier, names[:1]).layout.xaxis.type == "log"  # one slow decision squeezes the box
+
+
+def test_point_labels_keep_only_the_words_that_tell_a_variants_runs_apart():
+    import pandas as pd
+
+    from dashboard.figures import point_labels
+
+    v = pd.Series(["bf16 (transformers experts=grouped_mm +fused rmsnorm+rope +cuda-graph)",
+                   "bf16 (transformers experts=eager +fused rmsnorm+rope)", "fp8",
+                   "int4 (quantbench grouped-moe triton-fused-int4 +fused rmsnorm+rope +cuda-graph)",
+                   "int4 (quantbench grouped-moe triton-fused-int4 +fused rmsnorm+rope+qkv +cuda-graph)",
+                   "nvfp4 (only one run)"], index=[4, 2, 9, 7, 1, 3])
+    assert point_labels(v).to_dict() == {
+        4: "bf16 · experts=grouped_mm +cuda-graph", 2: "bf16 · experts=eager", 9: "fp8",
+        7: "int4 · rmsnorm+rope", 1: "int4 · rmsnorm+rope+qkv", 3: "nvfp4"}
