@@ -109,3 +109,30 @@ def test_the_paths_a_forward_took_are_what_a_run_records():
     assert kernel_paths(model) == "cpu-vectorised" and kernel_paths_ran(model) == ""
     model(torch.randn(5, 16))
     assert kernel_paths_ran(model) == "cpu-vectorised"
+
+
+def test_h_goes_to_down_as_e4m3_codes_only_when_both_fp8_kernels_take_them(monkeypatch):
+    """The choice made before gate_up runs (the kernels themselves run on a GPU; tests/test_fp8.py checks them
+    under the interpreter): codes only for a bf16 model, both projections on their native fused FP8 kernels, and
+    one input scale for every expert of down."""
+    from quantbench.moe import fp8
+
+    monkeypatch.setattr(fp8.Fp8Experts, "_native", lambda self, device: True)
+    one, per_expert = torch.tensor([0.02]), torch.tensor([0.02, 0.03, 0.02, 0.02])
+
+    def moe(down_scale, gate_up=None):
+        g = gate_up or fp8.Fp8Experts.from_weights(torch.randn(4, 16, 32), input_scale=torch.tensor([0.05]))
+        m = GroupedMoE(nn.Linear(32, 4, bias=False), g, fp8.Fp8Experts.from_weights(torch.randn(4, 32, 8),
+                       input_scale=down_scale), top_k=2, norm_topk_prob=True)
+        m._path_for = lambda w, device: w.fused_kernel  # as on a GPU with Triton
+        return m
+
+    x = torch.randn(5, 32).bfloat16()
+    assert torch.equal(moe(one)._codes_scale(x), one)
+    assert moe(one)._codes_scale(x.float()) is None  # codes round as a bf16 model does: bf16 models only
+    assert moe(per_expert)._codes_scale(x) is None  # each expert's rows would need their own scale
+    dense_gate_up = DenseExperts(torch.randn(4, 16, 32))
+    assert moe(one, gate_up=dense_gate_up)._codes_scale(x) is None  # gate_up cannot write codes
+    cpu = moe(one)
+    del cpu._path_for  # the CPU's own path: no fused kernel, no codes
+    assert cpu._codes_scale(x) is None
