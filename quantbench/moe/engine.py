@@ -34,6 +34,9 @@ stable: the int4, nvfp4 and fp8 formats (quantbench.moe.int4 / nvfp4 / fp8) all 
     `quantizes_input_in_kernel(device)` says their kernel rounds its own inputs (FP8 on FP8 tensor cores), or
     where `input_quant_rowwise` says a row's quantization depends on that row alone (then the engine quantizes
     the unsorted tokens once and the kernel gathers the quantized rows: NVFP4 with one input scale).
+    Optional: "codes" in `fused_features` with `codes_scale(device) -> Tensor [1] | None` (FP8 W8A8): where down
+    returns its one input scale and gate_up takes "codes" too, gate_up gets out_scale=that scale and returns h as
+    float8_e4m3fn codes, which down's grouped_mm then takes as x (a bf16 model only; the same bits as bf16 h).
 
     class GroupedMoE(nn.Module):     # replaces one MoE block (`layer.mlp`)
         GroupedMoE(gate, gate_up, down, *, top_k, norm_topk_prob, act="silu", kernel="auto")
