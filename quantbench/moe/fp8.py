@@ -31,7 +31,16 @@ from quantbench.moe.nvfp4 import expert_of_rows, launch_grouped, triton
 if triton is not None:
     import triton.language as tl
 
-    from quantbench.moe.nvfp4 import column_vector, expert_tile, fused_epilogue, mma_nt, round_bf16, tile_rows
+    from quantbench.moe.nvfp4 import (
+        accumulator,
+        column_vector,
+        e4m3_codes,
+        expert_tile,
+        fused_epilogue,
+        mma_nt,
+        round_bf16,
+        tile_rows,
+    )
 
 E4M3_MAX = 448.0
 FUSED_KERNEL = "triton-fused-fp8"
@@ -233,7 +242,7 @@ if triton is not None:
     def fp8_activations(x, in_scale, FP8_DOT: tl.constexpr, DOT_F32: tl.constexpr):
         """W8A8 on the FP8 tensor cores: x rounded to E4M3 with the static input scale (saturating)."""
         if FP8_DOT:
-            return tl.minimum(tl.maximum(x.to(tl.float32) / in_scale, -448.0), 448.0).to(tl.float8e4nv)
+            return e4m3_codes(x.to(tl.float32), in_scale)
         elif DOT_F32:
             return x.to(tl.float32)
         else:
@@ -282,10 +291,7 @@ if triton is not None:
             in_scale = tl.load(in_ptr + e)
         else:
             in_scale = 1.0
-        if SWAP_AB:
-            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        else:
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc = accumulator(BLOCK_M, BLOCK_N, SWAP_AB)
         up = tl.zeros_like(acc)
         for kb in range(0, K, BLOCK_K):
             # SWIGLU: gate rows c and up rows HALF + c in one K loop, each x tile loaded (and rounded) once

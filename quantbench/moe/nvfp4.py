@@ -372,6 +372,20 @@ if triton is not None:
             return tl.dot(x, tl.trans(w), acc)
 
     @triton.jit
+    def accumulator(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr):
+        """A float32 accumulator for mma_nt: [BLOCK_N, BLOCK_M] with SWAP_AB, else [BLOCK_M, BLOCK_N]."""
+        if SWAP_AB:
+            return tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        else:
+            return tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+
+    @triton.jit
+    def e4m3_codes(v, scale):
+        """float32 v -> E4M3 codes with `scale`, saturating at ±448: how an FP8 kernel rounds its input, and how
+        an epilogue writes codes for the next one (one expression, so both give the same bits)."""
+        return tl.minimum(tl.maximum(v / scale, -448.0), 448.0).to(tl.float8e4nv)
+
+    @triton.jit
     def column_vector(v, SWAP_AB: tl.constexpr):
         """A per-output-column vector broadcast against the accumulator ([BLOCK_N, BLOCK_M] with SWAP_AB)."""
         if SWAP_AB:
@@ -411,7 +425,7 @@ if triton is not None:
         if ROW_SCALE:
             out = out * row_vector(tl.load(rowscale_ptr + rows, mask=rmask, other=0.0).to(tl.float32), SWAP_AB)
         if OUT_CODES:
-            out = tl.minimum(tl.maximum(out / codes_scale, -448.0), 448.0)
+            out = e4m3_codes(out, codes_scale)
         if SCATTER:
             y_rows = tl.load(rowdest_ptr + rows, mask=rmask, other=0).to(tl.int64)
         else:
@@ -526,10 +540,7 @@ if triton is not None:
             gsu = tl.load(gs_ptr + e64 * stride_ge + HALF + cols, mask=cmask, other=0.0) * 16384.0
         else:
             gsu = gs
-        if SWAP_AB:
-            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        else:
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc = accumulator(BLOCK_M, BLOCK_N, SWAP_AB)
         up = tl.zeros_like(acc)
         for kk in range(0, K, BLOCK_K):
             x = tl.load(x_ptrs + kk, mask=rmask[:, None], other=0.0)
