@@ -318,16 +318,8 @@ def _fusable(q: Any, k: Any, v: Any) -> bool:
             and sum(m.bias is None for m in projs) in (0, 3))
 
 
-def fuse_qkv(attention: nn.Module) -> bool:
-    """Make the module's q_proj, k_proj, v_proj one GEMM where they qualify (_fusable): their weights (and biases)
-    become views of one concatenated tensor, so memory is not doubled and state_dict keeps its names and shapes.
-    True when fused (now or before)."""
-    projs = _qkv_of(attention)
-    state = getattr(projs[0], _QKV, None)
-    if isinstance(state, _FusedQKV) and state.projs == projs:
-        return True
-    if not _fusable(*projs):
-        return False
+def _join_parameters(projs: tuple[nn.Linear, ...]) -> None:
+    """Each projection's weight (and bias) replaced by a view of one concatenated tensor."""
     # install may run under inference_mode (benchmarks/model_profile.py): the Parameters stay ordinary tensors
     with torch.inference_mode(False), torch.no_grad():
         for name in ("weight", "bias"):
@@ -339,6 +331,24 @@ def fuse_qkv(attention: nn.Module) -> bool:
                 param = nn.Parameter(view, requires_grad=p.requires_grad)
                 param.__dict__.update(p.__dict__)
                 setattr(m, name, param)
+
+
+def fuse_qkv(attention: nn.Module) -> bool:
+    """Make the module's q_proj, k_proj, v_proj one GEMM where they qualify (_fusable): their weights (and biases)
+    become views of one concatenated tensor, so memory is not doubled and state_dict keeps its names and shapes.
+    True when fused (now or before)."""
+    projs = _qkv_of(attention)
+    state = getattr(projs[0], _QKV, None)
+    if isinstance(state, _FusedQKV) and state.projs == projs:
+        return True
+    if not _fusable(*projs):
+        return False
+    _join_parameters(projs)
+    if projs[0].weight.is_cuda:
+        # the three weights' freed blocks cannot hold the joined one: released here (nothing refers to them once
+        # _join_parameters returns), layer by layer, or the allocator keeps them all on top of the weights (a BF16
+        # run at the 30B shape peaked 0.9 GiB higher with the fusion, about 48 x 20 MiB)
+        torch.cuda.empty_cache()
     state = _FusedQKV(*projs)
     q, k, v = projs
     q.forward = state.q_forward
@@ -424,11 +434,6 @@ def _install_qkv(model: nn.Module) -> bool:
     for m in model.modules():
         if fused.get(type(m)) is False or not fuse_qkv(m):
             continue
-        if m.q_proj.weight.is_cuda:
-            # the three weights' freed blocks cannot hold the joined one: release them layer by layer, or the
-            # allocator keeps them all on top of the weights (a BF16 run at the 30B shape peaked 0.9 GiB higher
-            # with the fusion, about 48 x 20 MiB)
-            torch.cuda.empty_cache()
         if type(m) not in fused:
             fused[type(m)] = _probe("qkv", _qkv_matches, m)
             if not fused[type(m)]:
