@@ -52,6 +52,12 @@ def point_labels(variants: pd.Series) -> pd.Series:
     return out
 
 
+def label_positions(x: pd.Series) -> pd.Series:
+    """Neighbours along x alternate their labels above and below the points, so labels at one height do not run
+    together."""
+    return (x.rank(method="first").astype(int) % 2).map({1: "top center", 0: "bottom center"})
+
+
 def _bubble(gib: pd.Series) -> pd.Series:
     """Marker diameter in px; area proportional to memory."""
     top = max(float(gib.max()), 1e-9)
@@ -87,14 +93,12 @@ def tradeoff(rep: GpuReport, flat: pd.DataFrame, rules: Rules) -> go.Figure:
         fig.add_trace(go.Scatter(x=front["p50_ms"], y=front["y"], mode="lines", name="Pareto frontier",
                                  line={"color": "#333333", "dash": "dash", "width": 1.5, "shape": "hv"},
                                  hoverinfo="skip"))
-    labels = point_labels(pts["variant"])
-    # neighbours along x alternate above and below their points, so labels at one agreement do not run together
-    above = pts["p50_ms"].rank(method="first").astype(int) % 2 == 1
+    labels, positions = point_labels(pts["variant"]), label_positions(pts["p50_ms"])
     for fmt, grp in pts.groupby("weight_format", sort=True):
         fig.add_trace(go.Scatter(
             x=grp["p50_ms"], y=grp["y"], mode="markers+text", name=str(fmt),
             text=[("⭐ " if r else "") + v for v, r in zip(labels.loc[grp.index], grp["recommended"], strict=True)],
-            textposition=["top center" if a else "bottom center" for a in above.loc[grp.index]], cliponaxis=False,
+            textposition=list(positions.loc[grp.index]), cliponaxis=False,
             marker={"size": _bubble(pts["gib"]).loc[grp.index], "color": colour(str(fmt)), "opacity": 0.75,
                     "line": {"width": [3 if r else 1 for r in grp["recommended"]], "color": "#222222"}},
             error_y={"type": "data", "symmetric": False, "array": grp["hi"], "arrayminus": grp["lo"],
@@ -120,13 +124,12 @@ def speed_memory(rep: GpuReport, flat: pd.DataFrame) -> go.Figure:
     mem = "memory" if rep.cpu else "VRAM"
     pts = flat[(flat["status"] == "ok") & flat["p50_ms"].notna() & flat["weights_memory_bytes"].notna()]
     fig = go.Figure()
-    labels = point_labels(pts["variant"])
-    above = pts["p50_ms"].rank(method="first").astype(int) % 2 == 1  # as in tradeoff: neighbours alternate
+    labels, positions = point_labels(pts["variant"]), label_positions(pts["p50_ms"])
     for fmt, grp in pts.groupby("weight_format", sort=True):
         fig.add_trace(go.Scatter(x=grp["p50_ms"], y=grp["weights_memory_bytes"].astype(float) / GIB,
                                  mode="markers+text", name=str(fmt), text=labels.loc[grp.index],
                                  hovertext=list(grp["variant"]),
-                                 textposition=["top center" if a else "bottom center" for a in above.loc[grp.index]],
+                                 textposition=list(positions.loc[grp.index]),
                                  marker={"size": 18, "color": colour(str(fmt))}))
     fig.update_layout(**LAYOUT, title=f"Latency vs weights in {mem} (speed and memory only)")
     # one slow kernel (the eager noise floor) beside the fast paths would press them into one corner: log axis
