@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from quantbench.moe import fp8, int4, nvfp4  # noqa: E402
+from quantbench.moe import fp8, int4, int4_wgmma, nvfp4  # noqa: E402
 
 E, H, INTER, TOP_K = 128, 2048, 768, 8
 FEATURES = {  # the projections as the engine calls them
@@ -39,6 +39,9 @@ def compile_sm90(fn, pointer_types: dict[str, str], constexprs: dict, num_warps:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    if getattr(fn, "is_gluon", lambda: False)():  # Gluon kernels take num_warps as a constexpr of their own
+        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
+        constexprs = dict(constexprs, num_warps=num_warps)
     signature, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in constexprs:
@@ -74,6 +77,11 @@ def kernels(tokens: int):
         yield ("int4", proj, cfg, int4._kernel(),
                dict(x_ptr="*bf16", qw_ptr="*i32", s_ptr="*fp16", z_ptr="*u8", y_ptr="*bf16", **common),
                dict(K=k, G=128, **FEATURES[proj], E=E, E_P2=E))
+        # the Gluon kernel with the tile an sm_90 GPU gets (pick_config with such a device)
+        cfg = dict(int4.WGMMA_TILES[int4.rows_bucket(rows, E)], num_warps=4, num_stages=1)
+        yield ("int4 wgmma", proj, cfg, int4_wgmma._kernel(),
+               dict(x_ptr="*bf16", qw_ptr="*i32", s_ptr="*fp16", z_ptr="*u8", y_ptr="*bf16", **common),
+               dict(K=k, G=128, **FEATURES[proj], E=E, E_P2=E))
         cfg = {"SWAP_AB": False, **fp8.pick_config(rows, E, n, k)}
         fp8_types = dict(w_ptr="*fp8e4nv", s_ptr="*fp32", in_ptr="*fp32", codes_ptr="*fp32", **common)
         yield ("fp8", proj, cfg, fp8.fp8_grouped_mm_kernel, dict(x_ptr="*bf16", y_ptr="*bf16", **fp8_types),
@@ -95,13 +103,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=512, help="tokens of the decision (top-8 of 128 experts)")
     args = ap.parse_args()
-    print(f"{'kernel':18s} {'mma':>3s} {'wgmma':>5s} {'sync':>4s} {'waits':>5s} {'flight':>6s} {'async':>5s} "
+    print(f"{'kernel':20s} {'mma':>3s} {'wgmma':>5s} {'sync':>4s} {'waits':>5s} {'flight':>6s} {'async':>5s} "
           f"{'regs':>4s} {'spill':>5s} {'smem KB':>7s}  configuration at {args.tokens} tokens")
     for fmt, proj, cfg, fn, types, consts in kernels(args.tokens):
         cfg = dict(cfg)
         warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
         r = compile_sm90(fn, types, {**consts, **cfg}, warps, stages)
-        print(f"{fmt + ' ' + proj:18s} {r['mma']:>3s} {r['wgmma']:5d} {r['mma_sync']:4d} {r['waits']:5d} "
+        print(f"{fmt + ' ' + proj:20s} {r['mma']:>3s} {r['wgmma']:5d} {r['mma_sync']:4d} {r['waits']:5d} "
               f"{r['in_flight']:6d} {r['async_copies']:5d} {r['registers'] or 0:4d} {r['spill_bytes'] or 0:5d} "
               f"{r['shared_kb']:7.1f}  {cfg} warps {warps} stages {stages}", flush=True)
 

@@ -296,7 +296,7 @@ class GroupedMoE(nn.Module):
             x = quantize_input(x, offsets)  # one scale for all rows: the tokens, before the kernel gathers them
         y = w.grouped_mm(x, offsets, self.kernel, **features)
         if y is not None:
-            paths.append(w.fused_kernel)
+            paths.append(getattr(w, "ran_kernel", None) or w.fused_kernel)  # a format may have several kernels
         return y
 
     def _project(self, w: ExpertWeights, x: Tensor, counts: Tensor, offsets: Tensor, paths: list[str]) -> Tensor:
@@ -310,7 +310,7 @@ class GroupedMoE(nn.Module):
         if path == w.fused_kernel:
             y = w.grouped_mm(x, offsets, self.kernel)
             if y is not None:
-                paths.append(path)
+                paths.append(getattr(w, "ran_kernel", None) or path)
                 return y
             if self.kernel == "fused":
                 raise UnsupportedError(f"format {w.format}: its fused kernel declined these inputs ({x.dtype}, {x.device})")

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from quantbench.errors import LoadError
+from quantbench.moe import int4_wgmma
 from quantbench.moe.align import triton_available
 from quantbench.moe.engine import stored_nbytes
 
@@ -103,6 +104,7 @@ class Int4Experts(nn.Module):
         self.num_experts, self.in_features, self.out_features = e, k8 * 8, n
         self.group_size, self.sym, self.k_block = group_size, sym, k_block
         self.format = f"int4-g{group_size}-{'sym' if sym else 'asym'}"
+        self.ran_kernel: str | None = None  # the kernel the last grouped_mm ran (int4_wgmma or this file's)
 
     # -- building from a loaded auto-round checkpoint ------------------------------------------------------------
     @classmethod
@@ -163,7 +165,10 @@ class Int4Experts(nn.Module):
             return None  # the M tiles live on grid axis 1, which CUDA caps at 65535
         if kernel == "auto" and rows >= DEQUANT_FROM_ROWS.get((self.out_features, self.in_features), 1 << 62) * self.num_experts:
             return None  # compute-bound: one dequantized copy + a CUTLASS grouped GEMM wins (TUNED's comment)
-        return int4_grouped_mm(x_sorted, self.qweight, self.scales, self.zeros, offsets, self.group_size,
+        config = pick_config(rows, self.num_experts, self.out_features, self.in_features, self.group_size,
+                             act == "swiglu", x_sorted.device)
+        self.ran_kernel = int4_wgmma.KERNEL if config.get("KERNEL") == "gluon" else FUSED_KERNEL  # recorded per run
+        return int4_grouped_mm(x_sorted, self.qweight, self.scales, self.zeros, offsets, self.group_size, config,
                                row_index=row_index, swiglu=act == "swiglu", row_scale=row_scale, row_dest=row_dest)
 
     def extra_repr(self) -> str:
@@ -237,6 +242,18 @@ TUNED: dict[tuple[int, int, bool, str], dict[str, Any]] = {
     (2048, 768, False, "large"): dict(_H200_BEST, BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2, SWAP_AB=False),
 }
 DEQUANT_FROM_ROWS: dict[tuple[int, int], int] = {(1536, 2048): 512}
+# The Gluon kernel's tiles per rows-per-expert bucket (BLOCK_N weight rows, gate and up stacked for SwiGLU, x
+# BLOCK_M tokens), measured on an H200 at the Qwen3-30B-A3B shape (benchmarks/int4_wgmma_gpu.py, 2026-11-30):
+# - small (128 tokens): 16-token tiles, gate_up 100.5 / down 62.0 us against the Triton kernel's 156.3 / 110.4;
+# - mid (512 tokens): the kernel alone is fastest with 32-token tiles on random routing (167.7 / 92.3 us against
+#   175.5 / 101.6 with 64), but the whole model was faster with 64 (15.4 against 16.4 ms per decision): its
+#   routing is uneven, and a 32-token tile unpacks an expert's weights once per tile;
+# - large (4,096 and 16,384 tokens): 64-token tiles, 1.1-1.3x the Triton kernel's best.
+WGMMA_TILES: dict[str, dict[str, Any]] = {
+    "small": dict(BLOCK_M=16, BLOCK_N=64),
+    "mid": dict(BLOCK_M=64, BLOCK_N=64),
+    "large": dict(BLOCK_M=64, BLOCK_N=64),
+}
 
 
 def rows_bucket(rows: int, experts: int) -> str:
@@ -244,11 +261,15 @@ def rows_bucket(rows: int, experts: int) -> str:
     return "small" if per_expert <= 12 else "mid" if per_expert <= 48 else "large"
 
 
-def pick_config(rows: int, experts: int, n: int, k: int, group_size: int, swiglu: bool = False) -> dict[str, Any]:
+def pick_config(rows: int, experts: int, n: int, k: int, group_size: int, swiglu: bool = False,
+                device: torch.device | None = None) -> dict[str, Any]:
     """Block sizes for `rows` sorted rows over `experts` experts (a batch-1 decision of 512 tokens at top-8 of
     128 experts gives each expert about 32 rows: the "mid" bucket). The weights take the tensor core's M side
-    (SWAP_AB): a token tile of 16..64 rows is then a legal, full MMA N."""
+    (SWAP_AB): a token tile of 16..64 rows is then a legal, full MMA N. On an sm_90 `device` it is the Gluon
+    kernel's tile (int4_wgmma; faster than this file's Triton kernel in every bucket measured)."""
     bucket = rows_bucket(rows, experts)
+    if device is not None and int4_wgmma.available(device, group_size, k):
+        return dict(WGMMA_TILES[bucket], KERNEL="gluon")
     tuned = TUNED.get((n, k, swiglu, bucket))
     if tuned:
         return dict(tuned)
@@ -403,7 +424,15 @@ def int4_grouped_mm(
     y = torch.empty(s_rows, n_out, dtype=x.dtype, device=x.device) if out is None else out
     if s_rows == 0:
         return y
-    cfg = dict(config or pick_config(s_rows, e, n, k, group_size, swiglu))
+    cfg = dict(config or pick_config(s_rows, e, n, k, group_size, swiglu, x.device))
+    if cfg.pop("KERNEL", "triton") == "gluon":
+        if not int4_wgmma.available(x.device, group_size, k):
+            raise ValueError(f"int4 kernel: the Gluon wgmma kernel needs an sm_90 GPU and 128-row groups ({x.device}, "
+                             f"group size {group_size}); pass a Triton configuration or none")
+        int4_grouped_mm.last_compiled = int4_wgmma.launch(
+            x, qweight, scales, zeros, y, offsets, group_size, cfg, row_index=row_index, swiglu=swiglu,
+            row_scale=row_scale, row_dest=row_dest)
+        return y
     cfg.setdefault("SWAP_AB", False)
     cfg.setdefault("EVICT", False)
     # enough M tiles for any split of the rows: each expert wastes at most one partial tile

@@ -1,0 +1,281 @@
+"""The INT4 grouped GEMM for Hopper (sm_90), written in Gluon: asynchronous MMAs on exact 16-bit codes.
+
+Why a second kernel: `int4.py`'s Triton kernel unpacks each 16-row slice of int4 words in registers and hands it
+to a wgmma as its A operand. Triton 3.6 makes a wgmma asynchronous only when a register operand is defined
+outside the loop, so it waits for every one of them (`warp_group_dot_wait {pendings = 0}` after each of the 256
+dots of a gate_up program: `benchmarks/compile_sm90.py`). Gluon (Triton's lower-level language, same compiler)
+lets the kernel say when to wait: each slice's MMA is issued asynchronously and the kernel waits only for the
+slice before, keeping that slice's registers alive until then.
+
+Arithmetic: per 128-row block (one quantization group, or a part of one) the MMAs add up (q − z)·x, with q − z
+exact in bf16 / fp16 (|q − z| < 16), into a float32 partial sum; the block's scale multiplies that sum, in
+float32, into the accumulator. Unpacking is then three instructions for two weights (a shift, an OR into the
+mantissa of 128 or 1024, a packed subtraction of 128 + z or 1024 + z) instead of an FMA and a rounding per
+weight. The weights are never rounded to 16 bits, so the result is closer to a float64 reference than
+dequantize + matmul's (relative error 1.66e-3 against 2.90e-3, bf16, H200) and not bit-identical to it.
+
+Layout read: the 128-row block layout of `int4.py` (word r of a block holds rows r, 16 + r, …, 112 + r in nibbles
+0..7), groups of 128 rows (available()), as stored; nothing is repacked. The weights are the MMA's M side (64 rows
+per warpgroup; with SwiGLU a program's 64 rows are 32 gate columns then the same 32 up columns, one accumulator
+instead of two) and the tokens its N side (a tile of 16..64 rows). Same inputs, outputs and fused steps as
+`int4.int4_grouped_mm` (token gather, SwiGLU, routing weights, scatter).
+
+Per block a program loads its 16 × BLOCK_N words straight into the registers of the wgmma A operand's layout (each
+thread holds the words of the rows and columns it feeds: the pair of words of its k pair is recombined with one
+prmt, no shuffle), one block ahead; the tokens' 128 columns go to shared memory by cp.async, one block ahead, in
+three buffers (the one being written was last read two blocks before, whose MMAs every warp has retired by the
+barrier before the copy).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from torch import Tensor
+
+KERNEL = "gluon-wgmma-int4"
+K_BLOCK = 128  # the packed block (int4.FUSED_K_BLOCK)
+
+
+def available(device: torch.device, group_size: int, k: int) -> bool:
+    """On an sm_90 GPU, with Gluon importable, for groups of 128 rows (the only size checked on a GPU; the kernel
+    takes any multiple of 128) and K a whole number of them."""
+    if device.type != "cuda" or group_size != K_BLOCK or k % K_BLOCK:
+        return False
+    if torch.cuda.get_device_capability(device) != (9, 0):
+        return False
+    try:
+        from triton.experimental import gluon  # noqa: F401
+        from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# word_halves: $2, $3 = words r, r+1 of a k pair -> $0 = their low 16 bits (word r's low), $1 = their high 16 bits
+WORD_HALVES_ASM = "prmt.b32 $0, $2, $3, 0x5410; prmt.b32 $1, $2, $3, 0x7632;"
+
+
+def pair_asm(j: int, fp16: bool) -> str:
+    """PTX for slice j of a k pair: nibble j of words r and r+1 (from word_halves' a for j < 4, b after) into the
+    two 16-bit halves, OR-ed with the exponent of 128 (bf16) / 1024 (fp16), minus (128 + z) / (1024 + z)."""
+    src, shift = ("$1", "$2")[j // 4], 4 * (j % 4)
+    magic, sub = ("0x64006400", "sub.rn.f16x2") if fp16 else ("0x43004300", "sub.rn.bf16x2")
+    move = f"shr.b32 t, {src}, {shift}; " if shift else f"mov.b32 t, {src}; "
+    return "{ .reg .b32 t; " + move + f"lop3.b32 t, t, 0x000F000F, {magic}, 0xEA; {sub} $0, t, $3; }}"
+
+
+@functools.cache
+def _kernel() -> Any:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.runtime.jit import constexpr_function
+
+    pair_asm_c = constexpr_function(pair_asm)  # called at compile time, with constexpr arguments
+    word_halves_asm = gl.constexpr(WORD_HALVES_ASM)
+    # Gluon resolves names (annotations, callees, builtins) through the module's globals, not this closure.
+    globals().update(gl=gl, cp=cp, fence_async_shared=fence_async_shared, warpgroup_mma=warpgroup_mma,
+                     warpgroup_mma_wait=warpgroup_mma_wait, pair_asm_c=pair_asm_c,
+                     word_halves_asm=word_halves_asm)
+
+    @gluon.jit
+    def _add(a, b):
+        return a + b
+
+    @gluon.jit
+    def expert_tile(offs_ptr, pid_m, E: gl.constexpr, E_P2: gl.constexpr, BLOCK_M: gl.constexpr,
+                    num_warps: gl.constexpr):
+        """(expert, first row, end of its rows) of M tile pid_m, as nvfp4.expert_tile; e == E past the last."""
+        layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+        eidx = gl.arange(0, E_P2, layout=layout)
+        emask = eidx < E
+        ends = gl.load(offs_ptr + eidx, mask=emask, other=0)
+        starts = gl.load(offs_ptr + eidx - 1, mask=emask & (eidx > 0), other=0)
+        tiles = gl.where(emask, (ends - starts + BLOCK_M - 1) // BLOCK_M, 0)
+        tile_end = gl.associative_scan(tiles, 0, _add)
+        e = gl.sum((tile_end <= pid_m).to(gl.int32), 0)
+        sel = eidx == e
+        first_tile = gl.sum(gl.where(sel, tile_end - tiles, 0), 0)
+        row_start = gl.sum(gl.where(sel, starts, 0), 0) + (pid_m - first_tile) * BLOCK_M
+        row_end = gl.sum(gl.where(sel, ends, 0), 0)
+        return e, row_start, row_end
+
+    globals().update(_add=_add, expert_tile=expert_tile)
+
+    @gluon.jit
+    def word_halves(q):
+        """Words (r, r+1) of each thread's k pair -> (a, b) in their places: a holds the low 16 bits of both
+        (nibbles 0-3: slices 0-3), b the high 16 bits (slices 4-7), word r's in the low half (prmt)."""
+        return gl.inline_asm_elementwise(word_halves_asm, "=r,=r,r,r", [q], dtype=gl.int32, is_pure=True, pack=2)
+
+    @gluon.jit
+    def slice_codes(ab, zz, j: gl.constexpr, dtype: gl.constexpr):
+        """Slice j's k pair as two 16-bit floats q − z, exact (|q − z| < 16): the nibbles OR-ed into the
+        mantissa of 128 (bf16) or 1024 (fp16), then (128 + z) or (1024 + z) subtracted, two at a time."""
+        if dtype == gl.float16:
+            return gl.inline_asm_elementwise(pair_asm_c(j, True), "=r,r,r,r", [ab, zz], dtype=gl.float16,
+                                             is_pure=True, pack=2)
+        else:
+            return gl.inline_asm_elementwise(pair_asm_c(j, False), "=r,r,r,r", [ab, zz], dtype=gl.bfloat16,
+                                             is_pure=True, pack=2)
+
+    @gluon.jit
+    def copy_tokens(x_smem, buf, x_ptrs, rmask_x, kb, K: gl.constexpr):
+        """cp.async of the tokens' columns kb .. kb + 127 into buffer `buf` (two 64-column halves)."""
+        ok = rmask_x & (kb < K)
+        cp.async_copy_global_to_shared(x_smem.index(2 * buf), x_ptrs + kb, mask=ok)
+        cp.async_copy_global_to_shared(x_smem.index(2 * buf + 1), x_ptrs + kb + 64, mask=ok)
+        cp.commit_group()
+
+    globals().update(word_halves=word_halves, slice_codes=slice_codes, copy_tokens=copy_tokens)
+
+    @gluon.jit
+    def int4_wgmma_kernel(
+        x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, offs_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr,
+        N_OUT, HALF,
+        stride_xm, stride_qe, stride_qk, stride_se, stride_sg, stride_ym,
+        K: gl.constexpr, E: gl.constexpr, E_P2: gl.constexpr, G: gl.constexpr,
+        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+        GATHER: gl.constexpr, SWIGLU: gl.constexpr, ROW_SCALE: gl.constexpr, SCATTER: gl.constexpr,
+        num_warps: gl.constexpr,
+    ):
+        KB: gl.constexpr = 128
+        SUB: gl.constexpr = 16
+        NBUF: gl.constexpr = 3  # token buffers (two, with the loop unrolled by two blocks: measured no faster)
+        # SWIGLU: the MMA's BLOCK_N rows are OUT_N gate columns then the same OUT_N up columns (one accumulator:
+        # half the registers of two, so more programs fit on an SM)
+        OUT_N: gl.constexpr = BLOCK_N // 2 if SWIGLU else BLOCK_N
+        dtype: gl.constexpr = x_ptr.dtype.element_ty
+        ZERO_BIAS: gl.constexpr = 1024.0 if dtype == gl.float16 else 128.0  # the magic of slice_codes
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                      instr_shape=[16, BLOCK_M, 16])
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+        x_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])  # 16 B per thread
+        x_shared: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        out_layout: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, num_warps], [0, 1])  # columns contiguous
+
+        pid_n = gl.program_id(0)
+        e, row_start, row_end = expert_tile(offs_ptr, gl.program_id(1), E, E_P2, BLOCK_M, num_warps)
+        if e >= E:  # a spare M tile past the last expert's rows
+            return
+        e64 = e.to(gl.int64)
+
+        # the tokens: row pointers (gathered when GATHER) for cp.async, zero-filled past the tile's rows
+        xr = row_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_layout))
+        rmask_x = (xr < row_end)[:, None]
+        if GATHER:
+            x_rows = gl.load(rowidx_ptr + xr, mask=xr < row_end, other=0).to(gl.int64) * stride_xm
+        else:
+            x_rows = xr.to(gl.int64) * stride_xm
+        x_ptrs = x_ptr + x_rows[:, None] + gl.arange(0, 64, layout=gl.SliceLayout(0, x_layout))[None, :]
+        x_smem = gl.allocate_shared_memory(dtype, [2 * NBUF, BLOCK_M, 64], x_shared)
+
+        # the weights: each thread loads the words of the A operand elements it holds
+        rows_a = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, a_layout))
+        out_cols = pid_n * OUT_N + rows_a % OUT_N
+        w_cols = out_cols + (rows_a >= OUT_N).to(gl.int32) * HALF if SWIGLU else out_cols
+        cmask = out_cols < N_OUT
+        sub = gl.arange(0, SUB, layout=gl.SliceLayout(0, a_layout))
+        q_ptrs = qw_ptr + e64 * stride_qe + sub[None, :] * stride_qk + w_cols[:, None]
+        qmask = cmask[:, None]
+        sz = e64 * stride_se + w_cols
+
+        # per K block: the MMAs add up (q − z)·x, exact 16-bit weights, into `part`; then acc += s · part
+        # (the group's scale in float32: G is a multiple of the 128-row block)
+        s_cols = pid_n * OUT_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma)) % OUT_N
+        s_off = e64 * stride_se + s_cols + ((gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma)) >= OUT_N)
+                                            .to(gl.int32) * HALF if SWIGLU else 0)
+        s_mask = s_cols < N_OUT
+        acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
+        part = acc
+        copy_tokens(x_smem, 0, x_ptrs, rmask_x, 0, K)
+        q = gl.load(q_ptrs, mask=qmask, other=0)
+        zz = (gl.load(z_ptr + sz, mask=cmask, other=0).to(gl.float32) + ZERO_BIAS).to(dtype)
+        s = gl.load(s_ptr + s_off, mask=s_mask, other=0.0).to(gl.float32)
+        w_prev = gl.zeros([BLOCK_N, SUB], dtype, layout=a_layout)  # the A operand of the MMA in flight
+
+        for i in range(K // KB):
+            kb = i * KB
+            buf = i % NBUF
+            # block i's tokens have landed and are visible to the tensor cores, and every warp is past the wait
+            # that retired block i-1's MMAs
+            cp.wait_group(0)
+            fence_async_shared()
+            gl.thread_barrier()
+            # block i+1: tokens by cp.async into the buffer block i-2 read; words and zero points into registers
+            copy_tokens(x_smem, (i + 1) % NBUF, x_ptrs, rmask_x, kb + KB, K)
+            q_next = gl.load(q_ptrs + ((kb + KB) // 8) * stride_qk, mask=qmask & (kb + KB < K), other=0)
+            g_next = (kb + KB) // G
+            gmask = cmask & (kb + KB < K) & ((kb + KB) % G == 0)
+            zz_next = (gl.load(z_ptr + sz + g_next * stride_sg, mask=gmask, other=0).to(gl.float32)
+                       + ZERO_BIAS).to(dtype)
+            ab = word_halves(q)
+            for j in gl.static_range(8):
+                xs = x_smem.index(2 * buf + j // 4).slice((j % 4) * SUB, SUB, dim=1).permute((1, 0))
+                w = slice_codes(ab, zz[:, None], j, dtype)
+                part = warpgroup_mma(w, xs, part, use_acc=j > 0, is_async=True)
+                # wait for the slice before only: its MMA is retired, its registers free; this one runs on
+                part, _ = warpgroup_mma_wait(num_outstanding=1, deps=(part, w_prev))
+                w_prev = w
+            part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
+            acc = acc + part * s[:, None]
+            q = q_next
+            if (kb + KB) % G == 0:
+                zz = zz_next
+                s = gl.load(s_ptr + s_off + g_next * stride_sg, mask=s_mask & (kb + KB < K), other=0.0).to(gl.float32)
+        cp.wait_group(0)
+
+        orows = row_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, out_layout))
+        ormask = orows < row_end
+        ocols = pid_n * OUT_N + gl.arange(0, OUT_N, layout=gl.SliceLayout(1, out_layout))
+        if SWIGLU:  # gate rows and up rows meet through shared memory: silu(gate) * up
+            acc_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N, BLOCK_M],
+                                                 gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0, 1]))
+            acc_smem.store(acc)
+            gl.thread_barrier()
+            gate = acc_smem.slice(0, OUT_N, dim=0).load(out_layout)
+            up = acc_smem.slice(OUT_N, OUT_N, dim=0).load(out_layout)
+            out = gate * (1 / (1 + gl.exp(-gate))) * up  # tl.sigmoid's expression, as int4.py's kernel
+        else:
+            out = gl.convert_layout(acc, out_layout)
+        if ROW_SCALE:  # the routing weight of each (token, expert) row
+            out = out * gl.load(rowscale_ptr + orows, mask=ormask, other=0.0).to(gl.float32)[None, :]
+        if SCATTER:  # sorted row r goes to row row_dest[r] of y
+            y_rows = gl.load(rowdest_ptr + orows, mask=ormask, other=0).to(gl.int64)
+        else:
+            y_rows = orows.to(gl.int64)
+        y_ptrs = y_ptr + y_rows[None, :] * stride_ym + ocols[:, None]
+        gl.store(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=ormask[None, :] & (ocols < N_OUT)[:, None])
+
+    return int4_wgmma_kernel
+
+
+def launch(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, y: Tensor, offsets: Tensor, group_size: int,
+           config: dict[str, Any], *, row_index: Tensor | None, swiglu: bool, row_scale: Tensor | None,
+           row_dest: Tensor | None) -> Any:
+    """Run the kernel over y's rows (int4.int4_grouped_mm checks the arguments and calls this)."""
+    import triton
+
+    e, _, n = qweight.shape
+    s_rows = y.shape[0]
+    n_out = n // 2 if swiglu else n
+    block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
+    grid = (triton.cdiv(n_out, block_n // 2 if swiglu else block_n), triton.cdiv(s_rows, block_m) + e)
+    return _kernel()[grid](
+        x, qweight, scales, zeros, y, offsets,
+        offsets if row_index is None else row_index, offsets if row_scale is None else row_scale,
+        offsets if row_dest is None else row_dest, n_out, n // 2,
+        x.stride(0), qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1), y.stride(0),
+        K=x.shape[1], E=e, E_P2=triton.next_power_of_2(e), G=group_size, BLOCK_M=block_m, BLOCK_N=block_n,
+        GATHER=row_index is not None, SWIGLU=swiglu, ROW_SCALE=row_scale is not None, SCATTER=row_dest is not None,
+        num_warps=config.get("num_warps", 4),  # one warpgroup: a 128-row tile is two MMAs per slice
+        **({"maxnreg": config["maxnreg"]} if "maxnreg" in config else {}),
+    )
