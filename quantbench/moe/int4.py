@@ -243,16 +243,18 @@ TUNED: dict[tuple[int, int, bool, str], dict[str, Any]] = {
 }
 DEQUANT_FROM_ROWS: dict[tuple[int, int], int] = {(1536, 2048): 512}
 # The Gluon kernel's tiles per rows-per-expert bucket (BLOCK_N weight rows, gate and up stacked for SwiGLU, x
-# BLOCK_M tokens), measured on an H200 at the Qwen3-30B-A3B shape (benchmarks/int4_wgmma_gpu.py, 2026-11-30):
+# BLOCK_M tokens; always one warpgroup), measured on an H200 at the Qwen3-30B-A3B shape (benchmarks/
+# int4_wgmma_gpu.py and `quantbench run`, 2026-11-30):
 # - small (128 tokens): 16-token tiles, gate_up 100.5 / down 62.0 us against the Triton kernel's 156.3 / 110.4;
-# - mid (512 tokens): the kernel alone is fastest with 32-token tiles on random routing (167.7 / 92.3 us against
-#   175.5 / 101.6 with 64), but the whole model was faster with 64 (15.4 against 16.4 ms per decision): its
-#   routing is uneven, and a 32-token tile unpacks an expert's weights once per tile;
-# - large (4,096 and 16,384 tokens): 64-token tiles, 1.1-1.3x the Triton kernel's best.
+# - mid (512 tokens): alone on random routing the kernel is fastest with 64 x 128 tiles (160.1 / 87.8 us; 32 x 64:
+#   167.7 / 92.3; 64 x 64: 175.5 / 101.6), and so is the whole model, whose routing is uneven (14.8 ms per
+#   decision; 64 x 64: 15.4; 32 x 64: 16.4, where a 32-token tile unpacks an expert's weights once per tile).
+#   The 128-row tile takes 255 registers (two programs per SM) and spills 32 bytes in gate_up, and still wins;
+# - large (batch 8 and 32): 64 x 128 too (78.8 / 305.3 ms per forward pass against 84.4 / 313.0 with 64 x 64).
 WGMMA_TILES: dict[str, dict[str, Any]] = {
     "small": dict(BLOCK_M=16, BLOCK_N=64),
-    "mid": dict(BLOCK_M=64, BLOCK_N=64),
-    "large": dict(BLOCK_M=64, BLOCK_N=64),
+    "mid": dict(BLOCK_M=64, BLOCK_N=128),
+    "large": dict(BLOCK_M=64, BLOCK_N=128),
 }
 
 
