@@ -1,6 +1,7 @@
 """INT4 W4A16 (AutoRound, `auto_round:auto_gptq` packing): any `quant_method: auto-round` checkpoint, loaded by
 transformers + auto-round, then by default run through quantbench's grouped-MoE engine (one grouped GEMM per
-projection per layer, int4 kept packed; a fused Triton kernel on CUDA). `fast_moe=False` keeps auto-round's own
+projection per layer, int4 kept packed; on CUDA a fused kernel: Gluon wgmma on Hopper for 128-row groups, Triton
+elsewhere). `fast_moe=False` keeps auto-round's own
 per-expert QuantLinear loop, for comparison. Dense int4 linears (if a checkpoint has them) keep auto-round's
 kernels either way.
 
@@ -95,7 +96,7 @@ def per_expert_kernel(model: torch.nn.Module) -> str:
 
 class Int4Backend:
     name = "int4"
-    summary = "INT4 W4A16 AutoRound checkpoint; quantbench grouped-MoE engine (fused Triton on CUDA)"
+    summary = "INT4 W4A16 AutoRound checkpoint; quantbench grouped-MoE engine (fused Gluon / Triton kernels on CUDA)"
 
     def availability(self, machine) -> Availability:
         try:
@@ -105,7 +106,8 @@ class Int4Backend:
         if machine.has_gpu:
             from quantbench.moe.int4 import triton_available
 
-            path = "triton-fused-int4" if triton_available() else "dequant+grouped_mm (no triton)"
+            path = "fused int4 kernels (gluon-wgmma on sm_90, triton elsewhere)" if triton_available() \
+                else "dequant+grouped_mm (no triton)"
             return Availability(True, "native", f"{machine.gpu_name}: grouped-MoE {path}; --no-fast-moe: per-expert")
         return Availability(True, "native", "CPU: grouped-MoE cpu-vectorised; --no-fast-moe: per-expert")
 

@@ -14,7 +14,9 @@ stable: the int4, nvfp4 and fp8 formats (quantbench.moe.int4 / nvfp4 / fp8) all 
     class ExpertWeights(Protocol):   # one projection (gate_up or down) of all E experts of one layer
         num_experts: int; out_features: int; in_features: int
         format: str                  # "int4-g128-sym", "nvfp4", "fp8", "bf16", ...
-        fused_kernel: str | None     # name of the fused path grouped_mm() runs ("triton-fused-int4"), or None
+        fused_kernel: str | None     # name of the fused path grouped_mm() runs ("triton-fused-int4"), or None;
+                                     # optional `ran_kernel`: the kernel the last grouped_mm call ran, where a
+                                     # format has several (int4: "gluon-wgmma-int4" on sm_90): recorded instead
         def dequantize(self, dtype, experts: Tensor | None = None) -> Tensor
             # [E or len(experts), out, in] in `dtype` (may be a transposed view)
         def nbytes(self) -> int      # bytes of the stored tensors, measured from the tensors
