@@ -7,7 +7,8 @@
 
     python benchmarks/moe_int4.py gpu [--layers 48] [--tokens 512] [--out DIR]
         CUDA, at the Qwen3-30B-A3B shape with random weights (RTN int4 in memory, no auto-round needed):
-        1. the fused Triton kernel against a float64 reference of the same int4 weights, on fresh random inputs,
+        1. the fused kernel (Gluon on sm_90 where no configuration is given, else Triton) against a float64
+           reference of the same int4 weights, on fresh random inputs,
            with poisoned outputs, for both projections and several routings;
         2. a sweep of block sizes per projection;
         3. one MoE layer: fused int4 vs dequantize+grouped_mm vs BF16 grouped_mm (eager and CUDA graph);

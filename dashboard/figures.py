@@ -119,19 +119,36 @@ def tradeoff(rep: GpuReport, flat: pd.DataFrame, rules: Rules) -> go.Figure:
     return fig
 
 
+CROWDED = 6  # more points than this on a speed/memory chart: numbers on the points, the names in the legend
+
+
 def speed_memory(rep: GpuReport, flat: pd.DataFrame) -> go.Figure:
-    """For runs without quality figures (synthetic weights, no reference): latency against memory only."""
+    """For runs without quality figures (synthetic weights, no reference): latency against memory only. Up to
+    CROWDED points carry their labels; more (every kernel path of a real-shape sweep) would write the labels over
+    each other, so the points carry numbers, fastest first, and the legend says which is which."""
     mem = "memory" if rep.cpu else "VRAM"
     pts = flat[(flat["status"] == "ok") & flat["p50_ms"].notna() & flat["weights_memory_bytes"].notna()]
+    pts = pts.sort_values("p50_ms", kind="stable")
     fig = go.Figure()
     labels, positions = point_labels(pts["variant"]), label_positions(pts["p50_ms"])
-    for fmt, grp in pts.groupby("weight_format", sort=True):
-        fig.add_trace(go.Scatter(x=grp["p50_ms"], y=grp["weights_memory_bytes"].astype(float) / GIB,
-                                 mode="markers+text", name=str(fmt), text=labels.loc[grp.index],
-                                 hovertext=list(grp["variant"]),
-                                 textposition=list(positions.loc[grp.index]),
-                                 marker={"size": 18, "color": colour(str(fmt))}))
+    crowded = len(pts) > CROWDED
+    if crowded:
+        for i, (idx, row) in enumerate(pts.iterrows(), start=1):
+            fmt = str(row["weight_format"])
+            fig.add_trace(go.Scatter(x=[row["p50_ms"]], y=[float(row["weights_memory_bytes"]) / GIB],
+                                     mode="markers+text", name=f"{i} · {labels[idx]}", text=[str(i)],
+                                     hovertext=[row["variant"]], textposition=positions[idx], legendgroup=fmt,
+                                     marker={"size": 18, "color": colour(fmt)}))
+    else:
+        for fmt, grp in pts.groupby("weight_format", sort=True):
+            fig.add_trace(go.Scatter(x=grp["p50_ms"], y=grp["weights_memory_bytes"].astype(float) / GIB,
+                                     mode="markers+text", name=str(fmt), text=labels.loc[grp.index],
+                                     hovertext=list(grp["variant"]), textposition=list(positions.loc[grp.index]),
+                                     marker={"size": 18, "color": colour(str(fmt))}))
     fig.update_layout(**LAYOUT, title=f"Latency vs weights in {mem} (speed and memory only)")
+    if crowded:  # one legend row per point: let the legend stand beside the plot
+        fig.update_layout(legend={"orientation": "v", "x": 1.02, "y": 1, "xanchor": "left", "yanchor": "top"},
+                          height=max(420, 60 + 22 * len(pts)))
     # one slow kernel (the eager noise floor) beside the fast paths would press them into one corner: log axis
     wide = len(pts) > 1 and float(pts["p50_ms"].max()) > 20 * float(pts["p50_ms"].min())
     fig.update_xaxes(title="latency p50 per decision (ms)" + (" (log scale)" if wide else ""),

@@ -275,3 +275,26 @@ def test_point_labels_keep_only_the_words_that_tell_a_variants_runs_apart():
     assert point_labels(v).to_dict() == {
         4: "bf16 · experts=grouped_mm +cuda-graph", 2: "bf16 · experts=eager", 9: "fp8",
         7: "int4 · rmsnorm+rope", 1: "int4 · rmsnorm+rope+qkv", 3: "nvfp4"}
+
+
+def test_a_crowded_speed_memory_chart_numbers_its_points_and_names_them_in_the_legend():
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from dashboard import figures
+
+    def flat(n: int) -> pd.DataFrame:
+        return pd.DataFrame({"status": "ok", "p50_ms": [30.0 - i for i in range(n)],
+                             "weights_memory_bytes": [float(2**30 * (10 + i)) for i in range(n)],
+                             "variant": [f"int4 (quantbench grouped-moe path{i} +cuda-graph)" for i in range(n)],
+                             "weight_format": "int4 w4a16"})
+
+    rep = SimpleNamespace(cpu=False)
+    few = figures.speed_memory(rep, flat(figures.CROWDED))
+    assert len(few.data) == 1 and list(few.data[0].text)[0].startswith("int4 · path")  # labels on the points
+    many = figures.speed_memory(rep, flat(figures.CROWDED + 2))
+    assert [t.text[0] for t in many.data] == [str(i) for i in range(1, figures.CROWDED + 3)]
+    assert [t.x[0] for t in many.data] == sorted(t.x[0] for t in many.data)  # numbered fastest first
+    assert many.data[0].name == f"1 · int4 · path{figures.CROWDED + 1}"
+    assert many.data[0].hovertext[0] == f"int4 (quantbench grouped-moe path{figures.CROWDED + 1} +cuda-graph)"

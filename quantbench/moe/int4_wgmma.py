@@ -44,7 +44,12 @@ def available(device: torch.device, group_size: int, k: int) -> bool:
     takes any multiple of 128) and K a whole number of them."""
     if device.type != "cuda" or group_size != K_BLOCK or k % K_BLOCK:
         return False
-    if torch.cuda.get_device_capability(device) != (9, 0):
+    return _gluon_sm90(torch.cuda.get_device_capability(device))
+
+
+@functools.cache
+def _gluon_sm90(capability: tuple[int, int]) -> bool:
+    if capability != (9, 0):
         return False
     try:
         from triton.experimental import gluon  # noqa: F401
@@ -93,7 +98,8 @@ def _kernel() -> Any:
     @gluon.jit
     def expert_tile(offs_ptr, pid_m, E: gl.constexpr, E_P2: gl.constexpr, BLOCK_M: gl.constexpr,
                     num_warps: gl.constexpr):
-        """(expert, first row, end of its rows) of M tile pid_m, as nvfp4.expert_tile; e == E past the last."""
+        """(expert, first row, end of its rows) of M tile pid_m; e == E past the last. nvfp4.expert_tile's lines
+        with a layout: a Gluon kernel cannot call a Triton function."""
         layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
         eidx = gl.arange(0, E_P2, layout=layout)
         emask = eidx < E
