@@ -58,6 +58,29 @@ def label_positions(x: pd.Series) -> pd.Series:
     return (x.rank(method="first").astype(int) % 2).map({1: "top center", 0: "bottom center"})
 
 
+CROWDED = 6  # more points than this on a chart: numbers on the points, the names in the legend
+
+
+def point_traces(pts: pd.DataFrame) -> list[tuple[str, str, pd.Index, list[str]]]:
+    """(legend name, format, rows, point texts) per trace. Up to CROWDED points: one trace per format, each point
+    with its label. More (every kernel path of a day's runs) would write the labels over each other: one trace
+    per point, numbered fastest first, its label in the legend."""
+    labels = point_labels(pts["variant"])
+    if len(pts) <= CROWDED:
+        return [(str(fmt), str(fmt), grp.index, list(labels.loc[grp.index]))
+                for fmt, grp in pts.groupby("weight_format", sort=True)]
+    order = pts.sort_values("p50_ms", kind="stable").index
+    return [(f"{i} · {labels[idx]}", str(pts.at[idx, "weight_format"]), pd.Index([idx]), [str(i)])
+            for i, idx in enumerate(order, start=1)]
+
+
+def _legend_beside(fig: go.Figure, traces: int) -> None:
+    """One legend row per point: the legend stands beside the plot."""
+    if traces > CROWDED:
+        fig.update_layout(legend={"orientation": "v", "x": 1.02, "y": 1, "xanchor": "left", "yanchor": "top"},
+                          height=max(440, 60 + 22 * traces))
+
+
 def _bubble(gib: pd.Series) -> pd.Series:
     """Marker diameter in px; area proportional to memory."""
     top = max(float(gib.max()), 1e-9)
@@ -93,13 +116,15 @@ def tradeoff(rep: GpuReport, flat: pd.DataFrame, rules: Rules) -> go.Figure:
         fig.add_trace(go.Scatter(x=front["p50_ms"], y=front["y"], mode="lines", name="Pareto frontier",
                                  line={"color": "#333333", "dash": "dash", "width": 1.5, "shape": "hv"},
                                  hoverinfo="skip"))
-    labels, positions = point_labels(pts["variant"]), label_positions(pts["p50_ms"])
-    for fmt, grp in pts.groupby("weight_format", sort=True):
+    positions = label_positions(pts["p50_ms"])
+    traces = point_traces(pts)
+    for name, fmt, rows, texts in traces:
+        grp = pts.loc[rows]
         fig.add_trace(go.Scatter(
-            x=grp["p50_ms"], y=grp["y"], mode="markers+text", name=str(fmt),
-            text=[("⭐ " if r else "") + v for v, r in zip(labels.loc[grp.index], grp["recommended"], strict=True)],
-            textposition=list(positions.loc[grp.index]), cliponaxis=False,
-            marker={"size": _bubble(pts["gib"]).loc[grp.index], "color": colour(str(fmt)), "opacity": 0.75,
+            x=grp["p50_ms"], y=grp["y"], mode="markers+text", name=name, legendgroup=fmt,
+            text=[("⭐ " if r else "") + t for t, r in zip(texts, grp["recommended"], strict=True)],
+            textposition=list(positions.loc[rows]), cliponaxis=False,
+            marker={"size": _bubble(pts["gib"]).loc[rows], "color": colour(fmt), "opacity": 0.75,
                     "line": {"width": [3 if r else 1 for r in grp["recommended"]], "color": "#222222"}},
             error_y={"type": "data", "symmetric": False, "array": grp["hi"], "arrayminus": grp["lo"],
                      "color": "#888888", "thickness": 1},
@@ -107,48 +132,33 @@ def tradeoff(rep: GpuReport, flat: pd.DataFrame, rules: Rules) -> go.Figure:
             hovertext=list(grp["variant"]),
             hovertemplate=("%{hovertext}<br>p50 %{x:.1f} ms<br>agreement %{y:.1f}% "
                            "(95% CI %{customdata[1]:.1%}–%{customdata[2]:.1%})<br>"
-                           f"weights in {mem} %{{customdata[0]:.1f}} GiB<extra>%{{fullData.name}}</extra>"),
+                           f"weights in {mem} %{{customdata[0]:.1f}} GiB<extra>{fmt}</extra>"),
         ))
     lows = [100 * rules.min_agreement] + list(pts["y"] - pts["lo"])
     if rep.floor is not None:
         lows.append(100 * rep.floor.agreement.lo)
     fig.update_layout(**LAYOUT, title=f"Latency vs agreement with BF16 (bubble area = weights in {mem})",
-                      legend_title_text="format")
+                      legend_title_text="format" if len(traces) <= CROWDED else "")
+    _legend_beside(fig, len(traces))
     fig.update_xaxes(title="latency p50 per decision (ms)", rangemode="tozero")
     fig.update_yaxes(title="agrees with BF16 (%)", range=[max(0.0, min(lows) - 2), 101.5])
     return fig
 
 
-CROWDED = 6  # more points than this on a speed/memory chart: numbers on the points, the names in the legend
-
-
 def speed_memory(rep: GpuReport, flat: pd.DataFrame) -> go.Figure:
-    """For runs without quality figures (synthetic weights, no reference): latency against memory only. Up to
-    CROWDED points carry their labels; more (every kernel path of a real-shape sweep) would write the labels over
-    each other, so the points carry numbers, fastest first, and the legend says which is which."""
+    """For runs without quality figures (synthetic weights, no reference): latency against memory only."""
     mem = "memory" if rep.cpu else "VRAM"
     pts = flat[(flat["status"] == "ok") & flat["p50_ms"].notna() & flat["weights_memory_bytes"].notna()]
-    pts = pts.sort_values("p50_ms", kind="stable")
     fig = go.Figure()
-    labels, positions = point_labels(pts["variant"]), label_positions(pts["p50_ms"])
-    crowded = len(pts) > CROWDED
-    if crowded:
-        for i, (idx, row) in enumerate(pts.iterrows(), start=1):
-            fmt = str(row["weight_format"])
-            fig.add_trace(go.Scatter(x=[row["p50_ms"]], y=[float(row["weights_memory_bytes"]) / GIB],
-                                     mode="markers+text", name=f"{i} · {labels[idx]}", text=[str(i)],
-                                     hovertext=[row["variant"]], textposition=positions[idx], legendgroup=fmt,
-                                     marker={"size": 18, "color": colour(fmt)}))
-    else:
-        for fmt, grp in pts.groupby("weight_format", sort=True):
-            fig.add_trace(go.Scatter(x=grp["p50_ms"], y=grp["weights_memory_bytes"].astype(float) / GIB,
-                                     mode="markers+text", name=str(fmt), text=labels.loc[grp.index],
-                                     hovertext=list(grp["variant"]), textposition=list(positions.loc[grp.index]),
-                                     marker={"size": 18, "color": colour(str(fmt))}))
+    positions = label_positions(pts["p50_ms"])
+    traces = point_traces(pts)
+    for name, fmt, rows, texts in traces:
+        fig.add_trace(go.Scatter(x=pts.loc[rows, "p50_ms"], y=pts.loc[rows, "weights_memory_bytes"].astype(float) / GIB,
+                                 mode="markers+text", name=name, legendgroup=fmt, text=texts,
+                                 hovertext=list(pts.loc[rows, "variant"]), textposition=list(positions.loc[rows]),
+                                 marker={"size": 18, "color": colour(fmt)}))
     fig.update_layout(**LAYOUT, title=f"Latency vs weights in {mem} (speed and memory only)")
-    if crowded:  # one legend row per point: let the legend stand beside the plot
-        fig.update_layout(legend={"orientation": "v", "x": 1.02, "y": 1, "xanchor": "left", "yanchor": "top"},
-                          height=max(420, 60 + 22 * len(pts)))
+    _legend_beside(fig, len(traces))
     # one slow kernel (the eager noise floor) beside the fast paths would press them into one corner: log axis
     wide = len(pts) > 1 and float(pts["p50_ms"].max()) > 20 * float(pts["p50_ms"].min())
     fig.update_xaxes(title="latency p50 per decision (ms)" + (" (log scale)" if wide else ""),
