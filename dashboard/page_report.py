@@ -44,6 +44,13 @@ for rep in mine:
     df = report_table.report_frame(rep)
     st.dataframe(report_table.styled(rep, df), hide_index=True, width="stretch", column_config=report_table.column_config(rep),
                  column_order=report_table.column_order(df), key=f"table-{store_cache.report_key(rep)}-{rep.suite_hash}")
+    if rep.throughput:  # batched runs: decisions/s beside the per-decision table, one row each
+        st.caption("Throughput: decisions per second with several decisions in one forward pass (the table above "
+                   "is one decision at a time).")
+        st.dataframe([{"Variant": t["variant"], "Decisions per pass": t["batch"], "Decisions/s": t["decisions_per_s"]}
+                      for t in rep.throughput], hide_index=True, width="stretch",
+                     column_config={"Decisions/s": st.column_config.NumberColumn(format="%.1f")},
+                     key=f"throughput-{store_cache.report_key(rep)}-{rep.suite_hash}")
     for note in rep.notes:
         st.caption(note)
     flat = flat_rows([rep])

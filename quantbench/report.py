@@ -109,6 +109,7 @@ class GpuReport:
     rule: str  # the rule that picked the recommendation, or why there is none
     reference_accuracy: float | None = None  # unweighted mean over benchmarks, on gold
     notes: list[str] = field(default_factory=list)
+    throughput: list[dict[str, Any]] = field(default_factory=list)  # batched runs: report.throughput()
 
 
 def _num(v: Any) -> float | None:
@@ -189,26 +190,33 @@ def _batch(run: dict[str, Any]) -> int:
     return _int(run.get("batch")) or 1
 
 
-def throughput_notes(group: list[dict[str, Any]]) -> list[str]:
-    """Batched runs (several decisions per forward pass) as decisions/s per variant and batch size: the table
-    itself is per-decision latency at batch 1, so they never replace its rows."""
+def throughput(group: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Batched runs (several decisions per forward pass) as decisions/s per variant and batch size, newest run of
+    each variant, kernel and batch: the table itself is per-decision latency at batch 1, so they never replace its
+    rows. The kernel is named only where one variant ran under several."""
     latest: dict[tuple, dict[str, Any]] = {}
     for run in group:
         if run.get("status") == "ok" and _batch(run) > 1 and _num(run.get("decisions_per_s")):
             # oldest first: the newest run of each variant, kernel and batch size stays
             latest[(str(run.get("variant")), str(run.get("kernel_path")), _batch(run))] = run
-    if not latest:
-        return []
     kernels: dict[str, set[str]] = {}
     for variant, kernel, _ in latest:
         kernels.setdefault(variant, set()).add(kernel)
 
-    def label(r: dict[str, Any]) -> str:  # the kernel only where one variant ran under several
+    def label(r: dict[str, Any]) -> str:
         v = str(r.get("variant"))
         return f"{v} ({r.get('kernel_path')})" if len(kernels[v]) > 1 else v
 
-    parts = [f"{label(r)} at batch {_batch(r)}: {_num(r.get('decisions_per_s')):.1f}/s"
-             for r in sorted(latest.values(), key=lambda r: (label(r), _batch(r)))]
+    rows = [{"variant": label(r), "batch": _batch(r), "decisions_per_s": _num(r.get("decisions_per_s")),
+             "run_id": str(r.get("run_id"))} for r in latest.values()]
+    return sorted(rows, key=lambda t: (t["variant"], t["batch"]))
+
+
+def throughput_notes(rows: list[dict[str, Any]]) -> list[str]:
+    """throughput()'s rows as the one note `quantbench report` prints under a table."""
+    if not rows:
+        return []
+    parts = [f"{t['variant']} at batch {t['batch']}: {t['decisions_per_s']:.1f}/s" for t in rows]
     return ["Throughput (decisions per second, several decisions in one forward pass): " + "; ".join(parts) + "."]
 
 
@@ -272,7 +280,7 @@ def _build_one(store, group, rows_runs, rules, answers_of, cross_gpu_reference, 
     refs = [r for r in ok_runs if r.get("backend") == "bf16" and (r.get("role") or "candidate") != "noise_floor"
             and _batch(r) == 1]
     reference = max(refs, key=parity.reference_rank, default=None)
-    notes: list[str] = throughput_notes(group)
+    notes: list[str] = []
     if reference is None and cross_gpu_reference and ok_runs and not synthetic:
         reference = parity.find_reference(store, ok_runs[-1], any_gpu=True)
         if reference is not None:
@@ -297,7 +305,7 @@ def _build_one(store, group, rows_runs, rules, answers_of, cross_gpu_reference, 
         suite_id=next((r.get("suite_id") for r in group if r.get("suite_id")), None),
         suite_hash=next((r.get("suite_hash") for r in group if r.get("suite_hash")), None),
         rows=rows, reference=reference, floor=floor, recommended=None, rule="", reference_accuracy=ref_acc,
-        notes=notes,
+        notes=notes, throughput=throughput(group),
     )
     _recommend(report, rules, synthetic)
     return report
@@ -460,7 +468,7 @@ def _markdown_one(report: GpuReport) -> str:
     else:
         lines.append(f"**Recommendation:** {report.rule}.")
     lines.append("")
-    notes = list(report.notes)
+    notes = throughput_notes(report.throughput) + list(report.notes)
     ref = report.reference
     if ref is not None and any(r.comparison is not None for r in report.rows):
         n = max(r.comparison.agreement.n for r in report.rows if r.comparison is not None)
@@ -557,7 +565,8 @@ def to_json(reports: list[GpuReport], rules: Rules | None = None) -> dict[str, A
             "noise_floor": None if f is None else parity._clean({
                 "run_id": str(f.run["run_id"]), "kernel_path": f.run.get("kernel_path"),
                 "agreement": asdict(f.agreement), "tv": asdict(f.tv)}),
-            "recommended": rep.recommended.label if rep.recommended else None, "rule": rep.rule, "notes": rep.notes,
+            "recommended": rep.recommended.label if rep.recommended else None, "rule": rep.rule,
+            "notes": throughput_notes(rep.throughput) + rep.notes, "throughput": rep.throughput,
             "rows": [r for r in records if r["gpu"] == rep.gpu and r["model_id"] == rep.model_id
                      and r["suite_hash"] == rep.suite_hash],
         })

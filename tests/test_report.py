@@ -269,12 +269,13 @@ def test_a_batched_run_never_replaces_the_batch_1_row_and_is_reported_as_decisio
     [row] = rep.rows
     assert row.p50 == pytest.approx(10.45)  # the batch-1 run's median, not the batch time
     # 10 timed decisions whose forward passes took 40 + 0.1 i ms for 8 each: 10 / (404.5 / 8 / 1000) per second
-    assert any("bf16 at batch 8: 197.8/s" in note for note in rep.notes)
-    assert "197.8/s" in report.render([rep], "markdown")
+    [t] = rep.throughput
+    assert (t["variant"], t["batch"], round(t["decisions_per_s"], 1)) == ("bf16", 8, 197.8)
+    assert "bf16 at batch 8: 197.8/s" in report.render([rep], "markdown")
     # the same variant under a second kernel at the same batch size is a second figure, named by its kernel:
     # 10 / (204.5 / 8 / 1000) per second
     lab.run(ms=20, batch=8, kernel_path="quantbench grouped-moe", **kw)
-    [note] = [n for n in report.build_report(lab.store)[0].notes if n.startswith("Throughput")]
+    [note] = report.throughput_notes(report.build_report(lab.store)[0].throughput)
     assert "bf16 (quantbench grouped-moe) at batch 8: 391.2/s" in note and "/s; bf16 (" in note
 
 
@@ -372,3 +373,21 @@ def test_since_leaves_out_older_runs_and_a_bad_date_names_the_flag(cpu_lab):
     assert [r.label for r in same.rows] == [r.label for r in everything.rows]
     with pytest.raises(ConfigError, match="--since 'last week'"):
         report.build_report(lab.store, since="last week")
+
+
+def test_throughput_keeps_the_newest_batched_run_and_names_the_kernel_only_where_it_differs():
+    from quantbench.report import throughput, throughput_notes
+
+    def run(rid, variant, kernel, batch, per_s, status="ok"):
+        return {"run_id": rid, "variant": variant, "kernel_path": kernel, "batch": batch, "decisions_per_s": per_s,
+                "status": status}
+
+    group = [run("r1", "fp8", "k", 32, 150.0), run("r2", "int4", "a", 8, 100.0), run("r3", "int4", "b", 8, 120.0),
+             run("r4", "fp8", "k", 1, 80.0), run("r5", "fp8", "k", 32, 157.7), run("r6", "bf16", "k", 8, 99.0, "failed")]
+    rows = throughput(group)
+    assert [(t["variant"], t["batch"], t["decisions_per_s"], t["run_id"]) for t in rows] == [
+        ("fp8", 32, 157.7, "r5"), ("int4 (a)", 8, 100.0, "r2"), ("int4 (b)", 8, 120.0, "r3")]
+    assert throughput_notes(rows) == ["Throughput (decisions per second, several decisions in one forward pass): "
+                                      "fp8 at batch 32: 157.7/s; int4 (a) at batch 8: 100.0/s; int4 (b) at batch 8: "
+                                      "120.0/s."]
+    assert throughput([run("r4", "fp8", "k", 1, 80.0)]) == [] and throughput_notes([]) == []
