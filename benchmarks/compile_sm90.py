@@ -81,7 +81,7 @@ def kernels(tokens: int):
         cfg = dict(int4.WGMMA_TILES[int4.rows_bucket(rows, E)], num_warps=4, num_stages=1)
         yield ("int4 wgmma", proj, cfg, int4_wgmma._kernel(),
                dict(x_ptr="*bf16", qw_ptr="*i32", s_ptr="*fp16", z_ptr="*u8", y_ptr="*bf16", **common),
-               dict(K=k, G=128, **FEATURES[proj], E=E, E_P2=E))
+               dict(K=k, **FEATURES[proj], E=E, E_P2=E))
         cfg = {"SWAP_AB": False, **fp8.pick_config(rows, E, n, k)}
         fp8_types = dict(w_ptr="*fp8e4nv", s_ptr="*fp32", in_ptr="*fp32", codes_ptr="*fp32", **common)
         yield ("fp8", proj, cfg, fp8.fp8_grouped_mm_kernel, dict(x_ptr="*bf16", y_ptr="*bf16", **fp8_types),

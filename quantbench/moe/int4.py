@@ -432,7 +432,7 @@ def int4_grouped_mm(
             raise ValueError(f"int4 kernel: the Gluon wgmma kernel needs an sm_90 GPU and 128-row groups ({x.device}, "
                              f"group size {group_size}); pass a Triton configuration or none")
         int4_grouped_mm.last_compiled = int4_wgmma.launch(
-            x, qweight, scales, zeros, y, offsets, group_size, cfg, row_index=row_index, swiglu=swiglu,
+            x, qweight, scales, zeros, y, offsets, cfg, row_index=row_index, swiglu=swiglu,
             row_scale=row_scale, row_dest=row_dest)
         return y
     cfg.setdefault("SWAP_AB", False)

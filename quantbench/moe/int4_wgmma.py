@@ -7,7 +7,7 @@ dots of a gate_up program: `benchmarks/compile_sm90.py`). Gluon (Triton's lower-
 lets the kernel say when to wait: each slice's MMA is issued asynchronously and the kernel waits only for the
 slice before, keeping that slice's registers alive until then.
 
-Arithmetic: per 128-row block (one quantization group, or a part of one) the MMAs add up (q − z)·x, with q − z
+Arithmetic: per 128-row block (one quantization group: available()) the MMAs add up (q − z)·x, with q − z
 exact in bf16 / fp16 (|q − z| < 16), into a float32 partial sum; the block's scale multiplies that sum, in
 float32, into the accumulator. Unpacking is then three instructions for two weights (a shift, an OR into the
 mantissa of 128 or 1024, a packed subtraction of 128 + z or 1024 + z) instead of an FMA and a rounding per
@@ -40,8 +40,8 @@ K_BLOCK = 128  # the packed block (int4.FUSED_K_BLOCK)
 
 
 def available(device: torch.device, group_size: int, k: int) -> bool:
-    """On an sm_90 GPU, with Gluon importable, for groups of 128 rows (the only size checked on a GPU; the kernel
-    takes any multiple of 128) and K a whole number of them."""
+    """On an sm_90 GPU, with Gluon importable, for groups of 128 rows (one per packed block: the kernel reads one
+    scale and zero point per block; the size checked on a GPU) and K a whole number of them."""
     if device.type != "cuda" or group_size != K_BLOCK or k % K_BLOCK:
         return False
     return _gluon_sm90(torch.cuda.get_device_capability(device))
@@ -141,19 +141,32 @@ def _kernel() -> Any:
         cp.async_copy_global_to_shared(x_smem.index(2 * buf + 1), x_ptrs + kb + 64, mask=ok)
         cp.commit_group()
 
-    globals().update(word_halves=word_halves, slice_codes=slice_codes, copy_tokens=copy_tokens)
+    @gluon.jit
+    def weight_columns(pid_n, BLOCK_N: gl.constexpr, OUT_N: gl.constexpr, HALF, SWIGLU: gl.constexpr,
+                       layout: gl.constexpr):
+        """The MMA's BLOCK_N weight rows as (output column, offset to the stored weights' column): with SWIGLU,
+        OUT_N gate columns then the same OUT_N up columns, HALF further on."""
+        rows = gl.arange(0, BLOCK_N, layout=layout)
+        out_cols = pid_n * OUT_N + rows % OUT_N
+        if SWIGLU:
+            return out_cols, (rows >= OUT_N).to(gl.int32) * HALF
+        else:
+            return out_cols, 0
+
+    globals().update(word_halves=word_halves, slice_codes=slice_codes, copy_tokens=copy_tokens,
+                     weight_columns=weight_columns)
 
     @gluon.jit
     def int4_wgmma_kernel(
         x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, offs_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr,
         N_OUT, HALF,
         stride_xm, stride_qe, stride_qk, stride_se, stride_sg, stride_ym,
-        K: gl.constexpr, E: gl.constexpr, E_P2: gl.constexpr, G: gl.constexpr,
+        K: gl.constexpr, E: gl.constexpr, E_P2: gl.constexpr,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
         GATHER: gl.constexpr, SWIGLU: gl.constexpr, ROW_SCALE: gl.constexpr, SCATTER: gl.constexpr,
         num_warps: gl.constexpr,
     ):
-        KB: gl.constexpr = 128
+        KB: gl.constexpr = 128  # rows per packed block, and per quantization group (available())
         SUB: gl.constexpr = 16
         NBUF: gl.constexpr = 3  # token buffers (two, with the loop unrolled by two blocks: measured no faster)
         # SWIGLU: the MMA's BLOCK_N rows are OUT_N gate columns then the same OUT_N up columns (one accumulator:
@@ -185,20 +198,18 @@ def _kernel() -> Any:
         x_smem = gl.allocate_shared_memory(dtype, [2 * NBUF, BLOCK_M, 64], x_shared)
 
         # the weights: each thread loads the words of the A operand elements it holds
-        rows_a = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, a_layout))
-        out_cols = pid_n * OUT_N + rows_a % OUT_N
-        w_cols = out_cols + (rows_a >= OUT_N).to(gl.int32) * HALF if SWIGLU else out_cols
+        out_cols, up_cols = weight_columns(pid_n, BLOCK_N, OUT_N, HALF, SWIGLU, gl.SliceLayout(1, a_layout))
+        w_cols = out_cols + up_cols
         cmask = out_cols < N_OUT
         sub = gl.arange(0, SUB, layout=gl.SliceLayout(0, a_layout))
         q_ptrs = qw_ptr + e64 * stride_qe + sub[None, :] * stride_qk + w_cols[:, None]
         qmask = cmask[:, None]
         sz = e64 * stride_se + w_cols
 
-        # per K block: the MMAs add up (q − z)·x, exact 16-bit weights, into `part`; then acc += s · part
-        # (the group's scale in float32: G is a multiple of the 128-row block)
-        s_cols = pid_n * OUT_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma)) % OUT_N
-        s_off = e64 * stride_se + s_cols + ((gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma)) >= OUT_N)
-                                            .to(gl.int32) * HALF if SWIGLU else 0)
+        # per K block (one group): the MMAs add up (q − z)·x, exact 16-bit weights, into `part`; then
+        # acc += s · part, the group's scale in float32 (loaded in the accumulator's row layout)
+        s_cols, s_up = weight_columns(pid_n, BLOCK_N, OUT_N, HALF, SWIGLU, gl.SliceLayout(1, mma))
+        s_off = e64 * stride_se + s_cols + s_up
         s_mask = s_cols < N_OUT
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
         part = acc
@@ -218,10 +229,9 @@ def _kernel() -> Any:
             gl.thread_barrier()
             # block i+1: tokens by cp.async into the buffer block i-2 read; words and zero points into registers
             copy_tokens(x_smem, (i + 1) % NBUF, x_ptrs, rmask_x, kb + KB, K)
-            q_next = gl.load(q_ptrs + ((kb + KB) // 8) * stride_qk, mask=qmask & (kb + KB < K), other=0)
-            g_next = (kb + KB) // G
-            gmask = cmask & (kb + KB < K) & ((kb + KB) % G == 0)
-            zz_next = (gl.load(z_ptr + sz + g_next * stride_sg, mask=gmask, other=0).to(gl.float32)
+            more = kb + KB < K
+            q_next = gl.load(q_ptrs + ((kb + KB) // 8) * stride_qk, mask=qmask & more, other=0)
+            zz_next = (gl.load(z_ptr + sz + (i + 1) * stride_sg, mask=cmask & more, other=0).to(gl.float32)
                        + ZERO_BIAS).to(dtype)
             ab = word_halves(q)
             for j in gl.static_range(8):
@@ -234,9 +244,8 @@ def _kernel() -> Any:
             part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
             acc = acc + part * s[:, None]
             q = q_next
-            if (kb + KB) % G == 0:
-                zz = zz_next
-                s = gl.load(s_ptr + s_off + g_next * stride_sg, mask=s_mask & (kb + KB < K), other=0.0).to(gl.float32)
+            zz = zz_next
+            s = gl.load(s_ptr + s_off + (i + 1) * stride_sg, mask=s_mask & more, other=0.0).to(gl.float32)
         cp.wait_group(0)
 
         orows = row_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, out_layout))
@@ -264,10 +273,11 @@ def _kernel() -> Any:
     return int4_wgmma_kernel
 
 
-def launch(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, y: Tensor, offsets: Tensor, group_size: int,
+def launch(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, y: Tensor, offsets: Tensor,
            config: dict[str, Any], *, row_index: Tensor | None, swiglu: bool, row_scale: Tensor | None,
            row_dest: Tensor | None) -> Any:
-    """Run the kernel over y's rows (int4.int4_grouped_mm checks the arguments and calls this)."""
+    """Run the kernel over y's rows (int4.int4_grouped_mm checks the arguments, available() included, and calls
+    this)."""
     import triton
 
     e, _, n = qweight.shape
@@ -280,7 +290,7 @@ def launch(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, y: Tensor,
         offsets if row_index is None else row_index, offsets if row_scale is None else row_scale,
         offsets if row_dest is None else row_dest, n_out, n // 2,
         x.stride(0), qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1), y.stride(0),
-        K=x.shape[1], E=e, E_P2=triton.next_power_of_2(e), G=group_size, BLOCK_M=block_m, BLOCK_N=block_n,
+        K=x.shape[1], E=e, E_P2=triton.next_power_of_2(e), BLOCK_M=block_m, BLOCK_N=block_n,
         GATHER=row_index is not None, SWIGLU=swiglu, ROW_SCALE=row_scale is not None, SCATTER=row_dest is not None,
         num_warps=config.get("num_warps", 4),  # one warpgroup: a 128-row tile is two MMAs per slice
         **({"maxnreg": config["maxnreg"]} if "maxnreg" in config else {}),
