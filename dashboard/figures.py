@@ -75,9 +75,11 @@ def point_traces(pts: pd.DataFrame) -> list[tuple[str, str, pd.Index, list[str]]
 
 
 def _legend_beside(fig: go.Figure, traces: int) -> None:
-    """One legend row per point: the legend stands beside the plot."""
+    """One legend row per point (point_traces past CROWDED): the legend stands beside the plot, untitled (its
+    rows are points, not formats)."""
     if traces > CROWDED:
-        fig.update_layout(legend={"orientation": "v", "x": 1.02, "y": 1, "xanchor": "left", "yanchor": "top"},
+        fig.update_layout(legend={"orientation": "v", "x": 1.02, "y": 1, "xanchor": "left", "yanchor": "top",
+                                  "title": {"text": ""}},
                           height=max(440, 60 + 22 * traces))
 
 
@@ -138,7 +140,7 @@ def tradeoff(rep: GpuReport, flat: pd.DataFrame, rules: Rules) -> go.Figure:
     if rep.floor is not None:
         lows.append(100 * rep.floor.agreement.lo)
     fig.update_layout(**LAYOUT, title=f"Latency vs agreement with BF16 (bubble area = weights in {mem})",
-                      legend_title_text="format" if len(traces) <= CROWDED else "")
+                      legend_title_text="format")
     _legend_beside(fig, len(traces))
     fig.update_xaxes(title="latency p50 per decision (ms)", rangemode="tozero")
     fig.update_yaxes(title="agrees with BF16 (%)", range=[max(0.0, min(lows) - 2), 101.5])

@@ -158,6 +158,11 @@ def _grouped_matmul(x: Tensor, w_t: Tensor, offsets: Tensor) -> Tensor:
     return out
 
 
+def _kernel_ran(w: ExpertWeights) -> str:
+    """The fused kernel w's last grouped_mm ran: its `ran_kernel` where a format has several, else fused_kernel."""
+    return getattr(w, "ran_kernel", None) or w.fused_kernel
+
+
 class GroupedMoE(nn.Module):
     """One MoE block: the router stays the block's own (BF16) module; experts run as grouped GEMMs."""
 
@@ -298,7 +303,7 @@ class GroupedMoE(nn.Module):
             x = quantize_input(x, offsets)  # one scale for all rows: the tokens, before the kernel gathers them
         y = w.grouped_mm(x, offsets, self.kernel, **features)
         if y is not None:
-            paths.append(getattr(w, "ran_kernel", None) or w.fused_kernel)  # a format may have several kernels
+            paths.append(_kernel_ran(w))
         return y
 
     def _project(self, w: ExpertWeights, x: Tensor, counts: Tensor, offsets: Tensor, paths: list[str]) -> Tensor:
@@ -312,7 +317,7 @@ class GroupedMoE(nn.Module):
         if path == w.fused_kernel:
             y = w.grouped_mm(x, offsets, self.kernel)
             if y is not None:
-                paths.append(getattr(w, "ran_kernel", None) or path)
+                paths.append(_kernel_ran(w))
                 return y
             if self.kernel == "fused":
                 raise UnsupportedError(f"format {w.format}: its fused kernel declined these inputs ({x.dtype}, {x.device})")
