@@ -34,7 +34,8 @@ FEATURES = {  # the projections as the engine calls them
 SHAPES = {"gate_up": (2 * INTER, H), "down": (H, INTER)}  # (N, K)
 
 
-def compile_sm90(fn, pointer_types: dict[str, str], constexprs: dict, num_warps: int, num_stages: int) -> dict:
+def compile_sm90(fn, pointer_types: dict[str, str], constexprs: dict, num_warps: int, num_stages: int,
+                 ints_by_16: tuple[str, ...] = ()) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -48,7 +49,9 @@ def compile_sm90(fn, pointer_types: dict[str, str], constexprs: dict, num_warps:
             signature[name] = "constexpr"
             continue
         signature[name] = pointer_types.get(name, "i32")
-        if name in pointer_types or name.startswith("stride"):
+        # the JIT specialises pointers and integers that are multiples of 16 (strides here; ints_by_16: the
+        # other integer arguments that are at this shape)
+        if name in pointer_types or name.startswith("stride") or name in ints_by_16:
             attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, num_stages=num_stages))
@@ -69,34 +72,35 @@ def compile_sm90(fn, pointer_types: dict[str, str], constexprs: dict, num_warps:
 
 
 def kernels(tokens: int):
-    """(format, projection, launch options, kernel, pointer types, constexprs) for each kernel the engine runs."""
+    """(format, projection, launch options, kernel, pointer types, constexprs, integer arguments that are
+    multiples of 16) for each kernel the engine runs."""
     rows = tokens * TOP_K
     common = dict(rowidx_ptr="*i32", rowscale_ptr="*bf16", rowdest_ptr="*i32", offs_ptr="*i32")
     for proj, (n, k) in SHAPES.items():
         cfg = {"SWAP_AB": False, "EVICT": False, **int4.pick_config(rows, E, n, k, 128, proj == "gate_up")}
         yield ("int4", proj, cfg, int4._kernel(),
                dict(x_ptr="*bf16", qw_ptr="*i32", s_ptr="*fp16", z_ptr="*u8", y_ptr="*bf16", **common),
-               dict(K=k, G=128, **FEATURES[proj], E=E, E_P2=E))
+               dict(K=k, G=128, **FEATURES[proj], E=E, E_P2=E), ())
         # the Gluon kernel with the tile an sm_90 GPU gets (pick_config with such a device)
         cfg = dict(int4.WGMMA_TILES[int4.rows_bucket(rows, E)], num_warps=4, num_stages=1)
         yield ("int4 wgmma", proj, cfg, int4_wgmma._kernel(),
                dict(x_ptr="*bf16", qw_ptr="*i32", s_ptr="*fp16", z_ptr="*u8", y_ptr="*bf16", **common),
-               dict(K=k, **FEATURES[proj], E=E, E_P2=E))
+               dict(K=k, **FEATURES[proj], E=E, E_P2=E), ("N_OUT", "HALF"))
         cfg = {"SWAP_AB": False, **fp8.pick_config(rows, E, n, k)}
         fp8_types = dict(w_ptr="*fp8e4nv", s_ptr="*fp32", in_ptr="*fp32", codes_ptr="*fp32", **common)
         yield ("fp8", proj, cfg, fp8.fp8_grouped_mm_kernel, dict(x_ptr="*bf16", y_ptr="*bf16", **fp8_types),
                dict(K=k, FP8_DOT=True, DOT_F32=False, **FEATURES[proj], E=E, E_P2=E, X_CODES=False,
-                    OUT_CODES=False, ROUND_BF16=True))
+                    OUT_CODES=False, ROUND_BF16=True), ())
         # E4M3 codes between the projections: gate_up reads the tokens' codes and writes h's, down reads them
         cfg = {"SWAP_AB": False, **fp8.pick_config(rows, E, n, k, codes=True)}
         yield ("fp8 codes", proj, cfg, fp8.fp8_grouped_mm_kernel,
                dict(x_ptr="*fp8e4nv", y_ptr="*fp8e4nv" if proj == "gate_up" else "*bf16", **fp8_types),
                dict(K=k, FP8_DOT=True, DOT_F32=False, **FEATURES[proj], E=E, E_P2=E, X_CODES=True,
-                    OUT_CODES=proj == "gate_up", ROUND_BF16=True))
+                    OUT_CODES=proj == "gate_up", ROUND_BF16=True), ())
         cfg = {"SWAP_AB": False, **nvfp4.pick_config(rows, E, n, k)}
         yield ("nvfp4", proj, cfg, nvfp4.nvfp4_grouped_mm_kernel,
                dict(x_ptr="*bf16", p_ptr="*u8", bs_ptr="*fp8e4nv", gs_ptr="*fp32", y_ptr="*bf16", **common),
-               dict(K=k, DOT_F32=False, **FEATURES[proj], E=E, E_P2=E))
+               dict(K=k, DOT_F32=False, **FEATURES[proj], E=E, E_P2=E), ())
 
 
 def main() -> None:
@@ -105,10 +109,10 @@ def main() -> None:
     args = ap.parse_args()
     print(f"{'kernel':20s} {'mma':>3s} {'wgmma':>5s} {'sync':>4s} {'waits':>5s} {'flight':>6s} {'async':>5s} "
           f"{'regs':>4s} {'spill':>5s} {'smem KB':>7s}  configuration at {args.tokens} tokens")
-    for fmt, proj, cfg, fn, types, consts in kernels(args.tokens):
+    for fmt, proj, cfg, fn, types, consts, ints_by_16 in kernels(args.tokens):
         cfg = dict(cfg)
         warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
-        r = compile_sm90(fn, types, {**consts, **cfg}, warps, stages)
+        r = compile_sm90(fn, types, {**consts, **cfg}, warps, stages, ints_by_16)
         print(f"{fmt + ' ' + proj:20s} {r['mma']:>3s} {r['wgmma']:5d} {r['mma_sync']:4d} {r['waits']:5d} "
               f"{r['in_flight']:6d} {r['async_copies']:5d} {r['registers'] or 0:4d} {r['spill_bytes'] or 0:5d} "
               f"{r['shared_kb']:7.1f}  {cfg} warps {warps} stages {stages}", flush=True)

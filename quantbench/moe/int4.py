@@ -243,18 +243,18 @@ TUNED: dict[tuple[int, int, bool, str], dict[str, Any]] = {
 }
 DEQUANT_FROM_ROWS: dict[tuple[int, int], int] = {(1536, 2048): 512}
 # The Gluon kernel's tiles per rows-per-expert bucket (BLOCK_N weight rows, gate and up stacked for SwiGLU, x
-# BLOCK_M tokens; always one warpgroup), measured on an H200 at the Qwen3-30B-A3B shape (benchmarks/
-# int4_wgmma_gpu.py and `quantbench run`, 2026-11-30):
-# - small (128 tokens): 16-token tiles, gate_up 100.5 / down 62.0 us against the Triton kernel's 156.3 / 110.4;
-# - mid (512 tokens): alone on random routing the kernel is fastest with 64 x 128 tiles (160.1 / 87.8 us; 32 x 64:
-#   167.7 / 92.3; 64 x 64: 175.5 / 101.6), and so is the whole model, whose routing is uneven (14.8 ms per
-#   decision; 64 x 64: 15.4; 32 x 64: 16.4, where a 32-token tile unpacks an expert's weights once per tile).
-#   The 128-row tile takes 255 registers (two programs per SM) and spills 32 bytes in gate_up, and still wins;
-# - large (batch 8 and 32): 64 x 128 too (78.8 / 305.3 ms per forward pass against 84.4 / 313.0 with 64 x 64).
+# BLOCK_M tokens; one warpgroup; AHEAD blocks of tokens and words copied ahead), measured on an H200 at the
+# Qwen3-30B-A3B shape (.dev sweeps recorded in docs/BENCHMARKS.md, 2026-11-30, fifth session):
+# - small (128 tokens): 16 x 128, gate_up 76.6 / down 47.6 us (16 x 64: 84.9 / 51.8; Triton: 155.9 / 110.5);
+#   the model's 128-token decision 8.1 ms;
+# - mid (512 tokens): on uniform random routing 32 x 128 is fastest alone (129.5 / 70.1 us; 64 x 128: 126.8 /
+#   79.8), but inside the model, whose routing sends most tokens to a few experts, 64 x 128 wins (8 layers:
+#   2.478 ms against 2.490; the 48-layer decision 13.6 ms against 14.4);
+# - large (batch 8 and 32): 64 x 128, as measured with the kernel before staging (session 6).
 WGMMA_TILES: dict[str, dict[str, Any]] = {
-    "small": dict(BLOCK_M=16, BLOCK_N=64),
-    "mid": dict(BLOCK_M=64, BLOCK_N=128),
-    "large": dict(BLOCK_M=64, BLOCK_N=128),
+    "small": dict(BLOCK_M=16, BLOCK_N=128, AHEAD=2),
+    "mid": dict(BLOCK_M=64, BLOCK_N=128, AHEAD=2),
+    "large": dict(BLOCK_M=64, BLOCK_N=128, AHEAD=2),
 }
 
 

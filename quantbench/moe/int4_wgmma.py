@@ -20,11 +20,14 @@ per warpgroup; with SwiGLU a program's 64 rows are 32 gate columns then the same
 instead of two) and the tokens its N side (a tile of 16..64 rows). Same inputs, outputs and fused steps as
 `int4.int4_grouped_mm` (token gather, SwiGLU, routing weights, scatter).
 
-Per block a program loads its 16 × BLOCK_N words straight into the registers of the wgmma A operand's layout (each
-thread holds the words of the rows and columns it feeds: the pair of words of its k pair is recombined with one
-prmt, no shuffle), one block ahead; the tokens' 128 columns go to shared memory by cp.async, one block ahead, in
-three buffers (the one being written was last read two blocks before, whose MMAs every warp has retired by the
-barrier before the copy).
+Memory: per block (128 rows of K) a program copies the tokens' 128 columns and its 16 × BLOCK_N int4 words into
+shared memory by cp.async, AHEAD blocks before it computes them (one commit group per block, AHEAD + 1 stages);
+every group's scales and zero points go to shared memory once, at the start. Each thread then reads the words of
+the A operand elements it holds (the pair of words of its k pair recombined with one prmt, no shuffle); the
+words' rows are XOR-swizzled so that those reads are free of bank conflicts. Before (session 6 of the H200 work)
+the words went from global memory straight into registers one block ahead: 255 registers and a spill at the
+64 × 128 tile, and one block of latency cover; staged, 234 registers, no spill, and 1.25x faster (docs/
+BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -134,11 +137,13 @@ def _kernel() -> Any:
                                              is_pure=True, pack=2)
 
     @gluon.jit
-    def copy_tokens(x_smem, buf, x_ptrs, rmask_x, kb, K: gl.constexpr):
-        """cp.async of the tokens' columns kb .. kb + 127 into buffer `buf` (two 64-column halves)."""
-        ok = rmask_x & (kb < K)
-        cp.async_copy_global_to_shared(x_smem.index(2 * buf), x_ptrs + kb, mask=ok)
-        cp.async_copy_global_to_shared(x_smem.index(2 * buf + 1), x_ptrs + kb + 64, mask=ok)
+    def copy_block(x_lo, x_hi, w_smem, stage, x_ptrs, rmask_x, w_ptrs, wmask, kb, stride_qk, K: gl.constexpr):
+        """cp.async of block kb's tokens (columns kb .. kb + 127, two 64-column halves) and int4 words (16 rows)
+        into `stage`, as one commit group; past K an empty group, so that every block has one."""
+        ok = kb < K
+        cp.async_copy_global_to_shared(x_lo.index(stage), x_ptrs + kb, mask=rmask_x & ok)
+        cp.async_copy_global_to_shared(x_hi.index(stage), x_ptrs + kb + 64, mask=rmask_x & ok)
+        cp.async_copy_global_to_shared(w_smem.index(stage), w_ptrs + (kb // 8) * stride_qk, mask=wmask & ok)
         cp.commit_group()
 
     @gluon.jit
@@ -153,7 +158,7 @@ def _kernel() -> Any:
         else:
             return out_cols, 0
 
-    globals().update(word_halves=word_halves, slice_codes=slice_codes, copy_tokens=copy_tokens,
+    globals().update(word_halves=word_halves, slice_codes=slice_codes, copy_block=copy_block,
                      weight_columns=weight_columns)
 
     @gluon.jit
@@ -162,13 +167,16 @@ def _kernel() -> Any:
         N_OUT, HALF,
         stride_xm, stride_qe, stride_qk, stride_se, stride_sg, stride_ym,
         K: gl.constexpr, E: gl.constexpr, E_P2: gl.constexpr,
-        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, AHEAD: gl.constexpr,
         GATHER: gl.constexpr, SWIGLU: gl.constexpr, ROW_SCALE: gl.constexpr, SCATTER: gl.constexpr,
         num_warps: gl.constexpr,
     ):
         KB: gl.constexpr = 128  # rows per packed block, and per quantization group (available())
         SUB: gl.constexpr = 16
-        NBUF: gl.constexpr = 3  # token buffers (two, with the loop unrolled by two blocks: measured no faster)
+        # AHEAD blocks in flight while one is computed; a stage is rewritten one block after its MMAs retired
+        STAGES: gl.constexpr = AHEAD + 1
+        GROUPS: gl.constexpr = K // KB
+        GROUPS_P2: gl.constexpr = 1 << (GROUPS - 1).bit_length()
         # SWIGLU: the MMA's BLOCK_N rows are OUT_N gate columns then the same OUT_N up columns (one accumulator:
         # half the registers of two, so more programs fit on an SM)
         OUT_N: gl.constexpr = BLOCK_N // 2 if SWIGLU else BLOCK_N
@@ -179,6 +187,14 @@ def _kernel() -> Any:
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
         x_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])  # 16 B per thread
         x_shared: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        # the words: 16 B per thread from global; in shared memory each 4-word chunk of a row XOR-ed by the row,
+        # so that the A operand's reads (8 columns x 4 k rows per warp) hit 32 different banks
+        W_TN: gl.constexpr = 32 if BLOCK_N >= 128 else BLOCK_N // 4
+        w_layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 // W_TN, W_TN], [num_warps, 1], [1, 0])
+        w_shared: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
+        g_layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, num_warps], [1, 0])
+        g_shared: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+        g_row: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
         out_layout: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, num_warps], [0, 1])  # columns contiguous
 
         pid_n = gl.program_id(0)
@@ -195,57 +211,61 @@ def _kernel() -> Any:
         else:
             x_rows = xr.to(gl.int64) * stride_xm
         x_ptrs = x_ptr + x_rows[:, None] + gl.arange(0, 64, layout=gl.SliceLayout(0, x_layout))[None, :]
-        x_smem = gl.allocate_shared_memory(dtype, [2 * NBUF, BLOCK_M, 64], x_shared)
+        # three allocations: the barrier pass cannot tell stages of one apart, and would put a barrier between
+        # copies into the same one
+        x_lo = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, 64], x_shared)  # columns 0..63 of a block
+        x_hi = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, 64], x_shared)  # 64..127
 
-        # the weights: each thread loads the words of the A operand elements it holds
-        out_cols, up_cols = weight_columns(pid_n, BLOCK_N, OUT_N, HALF, SWIGLU, gl.SliceLayout(1, a_layout))
-        w_cols = out_cols + up_cols
-        cmask = out_cols < N_OUT
-        sub = gl.arange(0, SUB, layout=gl.SliceLayout(0, a_layout))
-        q_ptrs = qw_ptr + e64 * stride_qe + sub[None, :] * stride_qk + w_cols[:, None]
-        qmask = cmask[:, None]
-        sz = e64 * stride_se + w_cols
+        # the weights: a block's 16 rows of words of the program's BLOCK_N columns
+        wc, w_up = weight_columns(pid_n, BLOCK_N, OUT_N, HALF, SWIGLU, gl.SliceLayout(0, w_layout))
+        w_rows = gl.arange(0, SUB, layout=gl.SliceLayout(1, w_layout))
+        w_ptrs = qw_ptr + e64 * stride_qe + w_rows[:, None] * stride_qk + (wc + w_up)[None, :]
+        wmask = (wc < N_OUT)[None, :]
+        w_smem = gl.allocate_shared_memory(gl.int32, [STAGES, SUB, BLOCK_N], w_shared)
+
+        # every group's scales and zero points, once, into shared memory (read per block in the MMA's row layout;
+        # stored as one 2-D tensor, read through a 1-D view of the same plain row-major bytes)
+        gc, g_up = weight_columns(pid_n, BLOCK_N, OUT_N, HALF, SWIGLU, gl.SliceLayout(0, g_layout))
+        g = gl.arange(0, GROUPS_P2, layout=gl.SliceLayout(1, g_layout))
+        g_off = e64 * stride_se + g[:, None] * stride_sg + (gc + g_up)[None, :]
+        g_mask = (g < GROUPS)[:, None] & (gc < N_OUT)[None, :]
+        s_all = gl.load(s_ptr + g_off, mask=g_mask, other=0.0).to(gl.float32)
+        z_all = (gl.load(z_ptr + g_off, mask=g_mask, other=0).to(gl.float32) + ZERO_BIAS).to(dtype)
+        s_smem = gl.allocate_shared_memory(gl.float32, [GROUPS_P2, BLOCK_N], g_shared, s_all)._reinterpret(
+            gl.float32, [GROUPS_P2, BLOCK_N], g_row)
+        z_smem = gl.allocate_shared_memory(dtype, [GROUPS_P2, BLOCK_N], g_shared, z_all)._reinterpret(
+            dtype, [GROUPS_P2, BLOCK_N], g_row)
 
         # per K block (one group): the MMAs add up (q − z)·x, exact 16-bit weights, into `part`; then
-        # acc += s · part, the group's scale in float32 (loaded in the accumulator's row layout)
-        s_cols, s_up = weight_columns(pid_n, BLOCK_N, OUT_N, HALF, SWIGLU, gl.SliceLayout(1, mma))
-        s_off = e64 * stride_se + s_cols + s_up
-        s_mask = s_cols < N_OUT
+        # acc += s · part, the group's scale in float32
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
         part = acc
-        copy_tokens(x_smem, 0, x_ptrs, rmask_x, 0, K)
-        q = gl.load(q_ptrs, mask=qmask, other=0)
-        zz = (gl.load(z_ptr + sz, mask=cmask, other=0).to(gl.float32) + ZERO_BIAS).to(dtype)
-        s = gl.load(s_ptr + s_off, mask=s_mask, other=0.0).to(gl.float32)
+        for d in gl.static_range(AHEAD):
+            copy_block(x_lo, x_hi, w_smem, d, x_ptrs, rmask_x, w_ptrs, wmask, d * KB, stride_qk, K)
         w_prev = gl.zeros([BLOCK_N, SUB], dtype, layout=a_layout)  # the A operand of the MMA in flight
 
-        for i in range(K // KB):
-            kb = i * KB
-            buf = i % NBUF
-            # block i's tokens have landed and are visible to the tensor cores, and every warp is past the wait
-            # that retired block i-1's MMAs
-            cp.wait_group(0)
+        for i in range(GROUPS):
+            stage = i % STAGES
+            # block i has landed; fenced for the tensor cores. No explicit barrier: the compiler's barrier pass,
+            # which cannot tell stages apart, puts one after this wait (the copies below rewrite memory that
+            # block i-1's loads and MMAs read: every warp is past its wait that retired them) and one before the
+            # words' loads (they read what other threads' copies wrote); one more here would be a third.
+            cp.wait_group(AHEAD - 1)
             fence_async_shared()
-            gl.thread_barrier()
-            # block i+1: tokens by cp.async into the buffer block i-2 read; words and zero points into registers
-            copy_tokens(x_smem, (i + 1) % NBUF, x_ptrs, rmask_x, kb + KB, K)
-            more = kb + KB < K
-            q_next = gl.load(q_ptrs + ((kb + KB) // 8) * stride_qk, mask=qmask & more, other=0)
-            zz_next = (gl.load(z_ptr + sz + (i + 1) * stride_sg, mask=cmask & more, other=0).to(gl.float32)
-                       + ZERO_BIAS).to(dtype)
-            ab = word_halves(q)
+            copy_block(x_lo, x_hi, w_smem, (i + AHEAD) % STAGES, x_ptrs, rmask_x, w_ptrs, wmask, (i + AHEAD) * KB,
+                       stride_qk, K)
+            ab = word_halves(w_smem.index(stage).permute((1, 0)).load(a_layout))
+            zz = z_smem.index(i).load(gl.SliceLayout(1, a_layout))
             for j in gl.static_range(8):
-                xs = x_smem.index(2 * buf + j // 4).slice((j % 4) * SUB, SUB, dim=1).permute((1, 0))
+                x_half = x_lo if j < 4 else x_hi
+                xs = x_half.index(stage).slice((j % 4) * SUB, SUB, dim=1).permute((1, 0))
                 w = slice_codes(ab, zz[:, None], j, dtype)
                 part = warpgroup_mma(w, xs, part, use_acc=j > 0, is_async=True)
                 # wait for the slice before only: its MMA is retired, its registers free; this one runs on
                 part, _ = warpgroup_mma_wait(num_outstanding=1, deps=(part, w_prev))
                 w_prev = w
             part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
-            acc = acc + part * s[:, None]
-            q = q_next
-            zz = zz_next
-            s = gl.load(s_ptr + s_off + (i + 1) * stride_sg, mask=s_mask & more, other=0.0).to(gl.float32)
+            acc = acc + part * s_smem.index(i).load(gl.SliceLayout(1, mma))[:, None]
         cp.wait_group(0)
 
         orows = row_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, out_layout))
@@ -291,7 +311,7 @@ def launch(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, y: Tensor,
         offsets if row_dest is None else row_dest, n_out, n // 2,
         x.stride(0), qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1), y.stride(0),
         K=x.shape[1], E=e, E_P2=triton.next_power_of_2(e), BLOCK_M=block_m, BLOCK_N=block_n,
+        AHEAD=config["AHEAD"],
         GATHER=row_index is not None, SWIGLU=swiglu, ROW_SCALE=row_scale is not None, SCATTER=row_dest is not None,
         num_warps=config.get("num_warps", 4),  # one warpgroup: a 128-row tile is two MMAs per slice
-        **({"maxnreg": config["maxnreg"]} if "maxnreg" in config else {}),
     )
