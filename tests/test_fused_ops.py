@@ -54,7 +54,8 @@ for dtype in (torch.float32, torch.bfloat16):
             else:
                 assert float((got.float() - want.float()).abs().max()) <= 2 ** -6 * float(want.float().abs().max())
 
-for t, k, e in ((37, 4, 16), (5, 2, 3), (300, 8, 128)):
+# one program (up to ONE_PROGRAM_PAIRS pairs; 300 x 8 is three chunks of its loops) and the three-launch path
+for t, k, e in ((37, 4, 16), (5, 2, 3), (300, 8, 128), (2100, 8, 128)):
     w, idx = torch.rand(t, e).topk(k, dim=-1)
     g = group_by_expert(idx, w.to(torch.bfloat16), e)
     ids = idx.reshape(-1)

@@ -5,7 +5,10 @@ each row r of the expert-grouped order the token it reads (`row_token`), its rou
 pair it came from (`row_pair`); for each pair i its row (`pair_row`, to put results back in pair order).
 `torch.sort` of 4,096 expert ids took 34 µs per layer on the H200, more than all of this together
 (benchmarks/model_profile.py): here one kernel counts the pairs per expert and one places each pair at its
-expert's next free row (an atomic counter per expert), with a cumulative sum between them.
+expert's next free row (an atomic counter per expert), with a cumulative sum between them. Up to ONE_PROGRAM_PAIRS
+pairs (a 2,048-token decision at top-8) all of it is one program of one launch: counting, the cumulative sum and
+placing in sequence, where the three-step path was five launches (zeroing, counting, two for torch.cumsum,
+placing), each a gap in a CUDA graph's replay, for a few thousand pairs.
 
 Rows of one expert land in whichever order the atomics run, which changes nothing computed: each row of a
 grouped GEMM depends only on its own inputs, and results are summed back per token in pair order. (The CPU keeps
@@ -64,7 +67,44 @@ def _kernels() -> tuple[Any, Any]:
         tl.store(row_pair_ptr + row, i.to(tl.int32), mask=mask)
         tl.store(pair_row_ptr + i, row.to(tl.int32), mask=mask)
 
-    return count_kernel, place_kernel
+    @triton.jit
+    def group_kernel(ids_ptr, w_ptr, cursor_ptr, offs_ptr, row_token_ptr, row_scale_ptr, row_pair_ptr, pair_row_ptr,
+                     S, E: tl.constexpr, E_P2: tl.constexpr, TOP_K: tl.constexpr, BLOCK: tl.constexpr,
+                     CHUNKS: tl.constexpr):
+        """All of it in one program: the pairs per expert counted (atomics on `cursor`, which the kernel zeroes),
+        their cumulative sum (offsets; each expert's first row becomes its cursor), then each pair placed at its
+        expert's next free row. CHUNKS (a power of two: few compiled variants) chunks of BLOCK cover the S pairs.
+        The cursors are zeroed, read and rewritten by atomics too: all at L2, where the counting atomics are."""
+        eidx = tl.arange(0, E_P2)
+        emask = eidx < E
+        tl.atomic_xchg(cursor_ptr + eidx, tl.zeros((E_P2,), dtype=tl.int32), mask=emask, sem="relaxed")
+        tl.debug_barrier()
+        for c in range(CHUNKS):
+            i = c * BLOCK + tl.arange(0, BLOCK)
+            mask = i < S
+            tl.atomic_add(cursor_ptr + tl.load(ids_ptr + i, mask=mask, other=0), 1, mask=mask, sem="relaxed")
+        tl.debug_barrier()
+        counts = tl.atomic_add(cursor_ptr + eidx, 0, mask=emask, sem="relaxed")
+        counts = tl.where(emask, counts, 0)
+        ends = tl.cumsum(counts, 0)
+        tl.store(offs_ptr + eidx, ends, mask=emask)
+        tl.debug_barrier()  # every count read before any cursor is overwritten
+        tl.atomic_xchg(cursor_ptr + eidx, ends - counts, mask=emask, sem="relaxed")
+        tl.debug_barrier()  # every thread's cursor stored before any atomic below reads one
+        for c in range(CHUNKS):
+            i = c * BLOCK + tl.arange(0, BLOCK)
+            mask = i < S
+            e = tl.load(ids_ptr + i, mask=mask, other=0)
+            row = tl.atomic_add(cursor_ptr + e, 1, mask=mask, sem="relaxed")
+            tl.store(row_token_ptr + row, (i // TOP_K).to(tl.int32), mask=mask)
+            tl.store(row_scale_ptr + row, tl.load(w_ptr + i, mask=mask, other=0.0), mask=mask)
+            tl.store(row_pair_ptr + row, i.to(tl.int32), mask=mask)
+            tl.store(pair_row_ptr + i, row.to(tl.int32), mask=mask)
+
+    return count_kernel, place_kernel, group_kernel
+
+
+ONE_PROGRAM_PAIRS = 16384  # above, three launches over many programs (at batch 32: 131,072 pairs)
 
 
 def group_by_expert(top_k_index: Tensor, top_k_weights: Tensor, num_experts: int) -> Grouping:
@@ -75,11 +115,18 @@ def group_by_expert(top_k_index: Tensor, top_k_weights: Tensor, num_experts: int
     s = t * k
     ids = top_k_index.reshape(-1)
     weights = top_k_weights.reshape(-1).contiguous()
-    scratch = torch.zeros(2, num_experts, dtype=torch.int32, device=ids.device)  # counts, cursors
-    counts, cursor = scratch[0], scratch[1]
     out = [torch.empty(s, dtype=torch.int32, device=ids.device) for _ in range(3)]
     row_scale = torch.empty(s, dtype=weights.dtype, device=ids.device)
-    count_kernel, place_kernel = _kernels()
+    count_kernel, place_kernel, group_kernel = _kernels()
+    if 0 < s <= ONE_PROGRAM_PAIRS:
+        offsets = torch.empty(num_experts, dtype=torch.int32, device=ids.device)
+        cursor = torch.empty(num_experts, dtype=torch.int32, device=ids.device)  # the kernel sets it
+        group_kernel[(1,)](ids, weights, cursor, offsets, out[0], row_scale, out[1], out[2], s, E=num_experts,
+                           E_P2=triton.next_power_of_2(num_experts), TOP_K=k, BLOCK=1024,
+                           CHUNKS=triton.next_power_of_2(triton.cdiv(s, 1024)), num_warps=8)
+        return Grouping(offsets, out[0], row_scale, out[1], out[2])
+    scratch = torch.zeros(2, num_experts, dtype=torch.int32, device=ids.device)  # counts, cursors
+    counts, cursor = scratch[0], scratch[1]
     block = 1024
     grid = (triton.cdiv(s, block),)
     if s:
