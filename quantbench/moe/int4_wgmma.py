@@ -87,6 +87,8 @@ def _kernel() -> Any:
     )
     from triton.runtime.jit import constexpr_function
 
+    from quantbench.moe import gluon_common
+
     pair_asm_c = constexpr_function(pair_asm)  # called at compile time, with constexpr arguments
     word_halves_asm = gl.constexpr(WORD_HALVES_ASM)
     # Gluon resolves names (annotations, callees, builtins) through the module's globals, not this closure.
@@ -94,30 +96,7 @@ def _kernel() -> Any:
                      warpgroup_mma_wait=warpgroup_mma_wait, pair_asm_c=pair_asm_c,
                      word_halves_asm=word_halves_asm)
 
-    @gluon.jit
-    def _add(a, b):
-        return a + b
-
-    @gluon.jit
-    def expert_tile(offs_ptr, pid_m, E: gl.constexpr, E_P2: gl.constexpr, BLOCK_M: gl.constexpr,
-                    num_warps: gl.constexpr):
-        """(expert, first row, end of its rows) of M tile pid_m; e == E past the last. nvfp4.expert_tile's lines
-        with a layout: a Gluon kernel cannot call a Triton function."""
-        layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-        eidx = gl.arange(0, E_P2, layout=layout)
-        emask = eidx < E
-        ends = gl.load(offs_ptr + eidx, mask=emask, other=0)
-        starts = gl.load(offs_ptr + eidx - 1, mask=emask & (eidx > 0), other=0)
-        tiles = gl.where(emask, (ends - starts + BLOCK_M - 1) // BLOCK_M, 0)
-        tile_end = gl.associative_scan(tiles, 0, _add)
-        e = gl.sum((tile_end <= pid_m).to(gl.int32), 0)
-        sel = eidx == e
-        first_tile = gl.sum(gl.where(sel, tile_end - tiles, 0), 0)
-        row_start = gl.sum(gl.where(sel, starts, 0), 0) + (pid_m - first_tile) * BLOCK_M
-        row_end = gl.sum(gl.where(sel, ends, 0), 0)
-        return e, row_start, row_end
-
-    globals().update(_add=_add, expert_tile=expert_tile)
+    globals().update(gluon_common.helpers())  # expert_tile, weight_columns
 
     @gluon.jit
     def word_halves(q):
@@ -146,20 +125,7 @@ def _kernel() -> Any:
         cp.async_copy_global_to_shared(w_smem.index(stage), w_ptrs + (kb // 8) * stride_qk, mask=wmask & ok)
         cp.commit_group()
 
-    @gluon.jit
-    def weight_columns(pid_n, BLOCK_N: gl.constexpr, OUT_N: gl.constexpr, HALF, SWIGLU: gl.constexpr,
-                       layout: gl.constexpr):
-        """The MMA's BLOCK_N weight rows as (output column, offset to the stored weights' column): with SWIGLU,
-        OUT_N gate columns then the same OUT_N up columns, HALF further on."""
-        rows = gl.arange(0, BLOCK_N, layout=layout)
-        out_cols = pid_n * OUT_N + rows % OUT_N
-        if SWIGLU:
-            return out_cols, (rows >= OUT_N).to(gl.int32) * HALF
-        else:
-            return out_cols, 0
-
-    globals().update(word_halves=word_halves, slice_codes=slice_codes, copy_block=copy_block,
-                     weight_columns=weight_columns)
+    globals().update(word_halves=word_halves, slice_codes=slice_codes, copy_block=copy_block)
 
     @gluon.jit
     def int4_wgmma_kernel(
