@@ -96,7 +96,9 @@ def _kernel() -> Any:
                      warpgroup_mma_wait=warpgroup_mma_wait, pair_asm_c=pair_asm_c,
                      word_halves_asm=word_halves_asm)
 
-    globals().update(gluon_common.helpers())  # expert_tile, weight_columns
+    shared = gluon_common.helpers()
+    expert_tile, weight_columns = shared["expert_tile"], shared["weight_columns"]
+    globals().update(expert_tile=expert_tile, weight_columns=weight_columns)
 
     @gluon.jit
     def word_halves(q):

@@ -36,6 +36,7 @@ except ImportError:
     triton = None
 
 from quantbench.errors import LoadError
+from quantbench.moe import nvfp4_wgmma
 from quantbench.moe.engine import DenseExperts, stored_nbytes
 
 BLOCK = 16
@@ -176,6 +177,7 @@ class Nvfp4Experts(nn.Module):
         self.num_experts, self.out_features, self.in_features = e, n, k
         self.activations = activations and input_scale is not None
         self.format = "nvfp4"
+        self.ran_kernel: str | None = None  # the kernel the last grouped_mm ran (nvfp4_wgmma or this file's)
 
     @classmethod
     def from_weights(cls, weight: Tensor, *, input_scale: Tensor | None = None, activations: bool = True) -> Nvfp4Experts:
@@ -219,7 +221,10 @@ class Nvfp4Experts(nn.Module):
             return None
         if act not in (None, "swiglu"):
             return None
-        return nvfp4_grouped_mm(x_sorted, self.packed, self.block_scale, self.global_scale, offsets,
+        rows = x_sorted.shape[0] if row_index is None else row_index.shape[0]
+        config = pick_config(rows, self.num_experts, self.out_features, self.in_features, x_sorted.device)
+        self.ran_kernel = nvfp4_wgmma.KERNEL if config.get("KERNEL") == "gluon" else FUSED_KERNEL  # recorded per run
+        return nvfp4_grouped_mm(x_sorted, self.packed, self.block_scale, self.global_scale, offsets, config,
                                 row_index=row_index, swiglu=act == "swiglu", row_scale=row_scale, row_dest=row_dest)
 
     def unpacked(self, dtype: torch.dtype) -> Nvfp4UnpackedExperts:
@@ -293,15 +298,30 @@ def triton_available() -> bool:
     return triton is not None and (torch.cuda.is_available() or interpreting())
 
 
-def pick_config(rows: int, experts: int, n: int, k: int) -> dict[str, int]:
-    """Block sizes. Measured on an H200 at the Qwen3-30B-A3B layer shape (512 tokens top-8, about 32 rows per
-    expert; benchmarks/nvfp4_fp8_gpu.py, 2026-11-29): M64 N128 K128, 8 warps, 3 stages: gate_up 0.288 ms, down
-    0.156 ms, against 0.385 / 0.210 ms for M32 N64 K128 with 4 warps. BLOCK_K is a multiple of the 16-element
-    scale block and divides K. With the fused steps (2026-11-30, `benchmarks/kernel_sweep.py --formats nvfp4`,
-    512 tokens): gate_up + gather + SwiGLU 300.6 us with the weights on the wgmma M side (SWAP_AB, M64 N64, 4 warps,
-    2 stages) against 354.2 us for the tile above; down + routing weights + scatter 158.8 / 159.5 us, no better.)"""
+# The Gluon kernel's tiles (nvfp4_wgmma: BLOCK_N weight rows, gate and up stacked for SwiGLU, x BLOCK_M tokens,
+# one warpgroup, AHEAD blocks of 128 columns copied ahead) per rows-per-expert bucket, as int4.WGMMA_TILES.
+WGMMA_TILES: dict[str, dict[str, Any]] = {
+    "small": dict(BLOCK_M=16, BLOCK_N=128, AHEAD=1),
+    "mid": dict(BLOCK_M=64, BLOCK_N=128, AHEAD=1),
+    "large": dict(BLOCK_M=64, BLOCK_N=128, AHEAD=1),
+}
+
+
+def pick_config(rows: int, experts: int, n: int, k: int, device: torch.device | None = None) -> dict[str, Any]:
+    """Block sizes. On an sm_90 `device`: the Gluon kernel's tile (nvfp4_wgmma) for the rows per expert (small: up
+    to 12, mid: up to 48). Otherwise this file's Triton kernel, measured on an H200 at the Qwen3-30B-A3B layer
+    shape (512 tokens top-8, about 32 rows per expert; benchmarks/nvfp4_fp8_gpu.py, 2026-11-29): M64 N128 K128,
+    8 warps, 3 stages: gate_up 0.288 ms, down 0.156 ms, against 0.385 / 0.210 ms for M32 N64 K128 with 4 warps.
+    BLOCK_K is a multiple of the 16-element scale block and divides K. With the fused steps (2026-11-30,
+    `benchmarks/kernel_sweep.py --formats nvfp4`, 512 tokens): gate_up + gather + SwiGLU 300.6 us with the
+    weights on the wgmma M side (SWAP_AB, M64 N64, 4 warps, 2 stages) against 354.2 us for the tile above; down +
+    routing weights + scatter 158.8 / 159.5 us, no better.)"""
+    per_expert = rows / max(1, experts)
+    if device is not None and nvfp4_wgmma.available(device, k):
+        bucket = "small" if per_expert <= 12 else "mid" if per_expert <= 48 else "large"
+        return dict(WGMMA_TILES[bucket], KERNEL="gluon")
     block_k = 128 if k % 128 == 0 else 64 if k % 64 == 0 else 32 if k % 32 == 0 else 16
-    if (n, k) == (1536, 2048) and rows / max(1, experts) <= 48:  # gate_up, gather + SwiGLU: 300.6 against 354.2 us
+    if (n, k) == (1536, 2048) and per_expert <= 48:  # gate_up, gather + SwiGLU: 300.6 against 354.2 us
         return {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 2, "SWAP_AB": True}
     return {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": block_k, "num_warps": 8, "num_stages": 3, "SWAP_AB": False}
 
@@ -598,13 +618,26 @@ def launch_grouped(kernel: Any, name: str, x: Tensor, weights: tuple[Tensor, ...
 
 
 def nvfp4_grouped_mm(x: Tensor, packed: Tensor, block_scale: Tensor, global_scale: Tensor, offsets: Tensor,
-                     config: dict[str, int] | None = None, *, row_index: Tensor | None = None, swiglu: bool = False,
+                     config: dict[str, Any] | None = None, *, row_index: Tensor | None = None, swiglu: bool = False,
                      row_scale: Tensor | None = None, row_dest: Tensor | None = None) -> Tensor:
     """y[r] = x[r] @ W[e(r)].T for rows sorted by expert (offsets: cumulative row counts, int32), W packed NVFP4.
-    row_index / swiglu / row_scale / row_dest: the engine's fused steps, as `int4_grouped_mm` takes them."""
+    row_index / swiglu / row_scale / row_dest: the engine's fused steps, as `int4_grouped_mm` takes them. A
+    config with KERNEL="gluon" (pick_config's on an sm_90 GPU) runs nvfp4_wgmma's kernel, any other this file's."""
     e, n, _ = packed.shape
+    k = x.shape[1]
+    if config is not None and config.get("KERNEL") == "gluon":
+        if not nvfp4_wgmma.available(x.device, k):
+            raise ValueError(f"nvfp4 kernel: the Gluon wgmma kernel needs an sm_90 GPU and K a multiple of "
+                             f"{nvfp4_wgmma.K_BLOCK} ({x.device}, K={k}); pass a Triton configuration or none")
+        x = x.contiguous()
+        s_rows = x.shape[0] if row_index is None else row_index.shape[0]
+        y = torch.empty(s_rows, n // 2 if swiglu else n, dtype=x.dtype, device=x.device)
+        if s_rows:
+            nvfp4_wgmma.launch(x, packed, block_scale, global_scale, y, offsets, config, row_index=row_index,
+                               swiglu=swiglu, row_scale=row_scale, row_dest=row_dest)
+        return y
     return launch_grouped(
         nvfp4_grouped_mm_kernel, "nvfp4_grouped_mm", x, (packed, block_scale, global_scale),
         (packed.stride(0), packed.stride(1), block_scale.stride(0), block_scale.stride(1), global_scale.stride(0)),
-        offsets, n, lambda rows: pick_config(rows, e, n, x.shape[1]), config,
+        offsets, n, lambda rows: pick_config(rows, e, n, k), config,
         row_index=row_index, swiglu=swiglu, row_scale=row_scale, row_dest=row_dest)
