@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from quantbench.moe import fp8, int4, int4_wgmma, nvfp4  # noqa: E402
+from quantbench.moe import fp8, int4, int4_wgmma, nvfp4, nvfp4_wgmma  # noqa: E402
 
 E, H, INTER, TOP_K = 128, 2048, 768, 8
 FEATURES = {  # the projections as the engine calls them
@@ -101,6 +101,12 @@ def kernels(tokens: int):
         yield ("nvfp4", proj, cfg, nvfp4.nvfp4_grouped_mm_kernel,
                dict(x_ptr="*bf16", p_ptr="*u8", bs_ptr="*fp8e4nv", gs_ptr="*fp32", y_ptr="*bf16", **common),
                dict(K=k, DOT_F32=False, **FEATURES[proj], E=E, E_P2=E), ())
+        # the Gluon NVFP4 kernel with the tile an sm_90 GPU gets (its packed words read as int32)
+        bucket = "small" if rows / E <= 12 else "mid" if rows / E <= 48 else "large"
+        cfg = dict(nvfp4.WGMMA_TILES[bucket], num_warps=4, num_stages=1)
+        yield ("nvfp4 wgmma", proj, cfg, nvfp4_wgmma._kernel(),
+               dict(x_ptr="*bf16", pw_ptr="*i32", bs_ptr="*fp8e4nv", gs_ptr="*fp32", y_ptr="*bf16", **common),
+               dict(K=k, **FEATURES[proj], E=E, E_P2=E), ("N_OUT", "HALF"))
 
 
 def main() -> None:

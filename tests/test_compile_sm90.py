@@ -38,10 +38,11 @@ def test_no_kernel_spills_or_loses_its_pipelined_loads(compiled):
         assert r["registers"] and r["registers"] <= 255, (key, r)
 
 
-def test_int4_wgmma_keeps_one_mma_in_flight(compiled):
-    """The Gluon int4 kernel's reason to exist: each slice's MMAs run while the next slice is unpacked (in the loop
-    it waits for all but one), on wgmma. The Triton int4 kernel waits for every MMA (in flight 0)."""
-    for proj in ("gate_up", "down"):
-        r = compiled["int4 wgmma", proj]
-        assert r["mma"] == "3" and r["wgmma"] > 0 and r["mma_sync"] == 0, (proj, r)
-        assert r["in_flight"] == 1, (proj, r)
+def test_the_gluon_kernels_keep_one_mma_in_flight(compiled):
+    """The Gluon kernels' reason to exist: each slice's MMAs run while the next slice is unpacked (in the loop they
+    wait for all but one), on wgmma. The Triton int4 kernel waits for every MMA (in flight 0)."""
+    for kernel in ("int4 wgmma", "nvfp4 wgmma"):  # and the NVFP4 one, the same pipeline
+        for proj in ("gate_up", "down"):
+            r = compiled[kernel, proj]
+            assert r["mma"] == "3" and r["wgmma"] > 0 and r["mma_sync"] == 0, (kernel, proj, r)
+            assert r["in_flight"] == 1, (kernel, proj, r)
