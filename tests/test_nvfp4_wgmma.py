@@ -66,7 +66,7 @@ def run_quad(asm: str, lanes: list[dict[str, int]]) -> list[dict[str, int]]:
             else:
                 raise AssertionError(f"instruction the interpreter does not know: {ins}")
             out.append(v)
-        for r, v in zip(regs, out):
+        for r, v in zip(regs, out, strict=True):
             r[a[0]] = v
     return regs
 
