@@ -25,7 +25,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from moe_int4 import SHAPE, random_int4, reference, routed_offsets  # noqa: E402
+from gluon_vs_triton import HEADER, engine_inputs, grouped_reference, judge, time_tiles  # noqa: E402
+from moe_int4 import SHAPE, random_int4  # noqa: E402
 
 from quantbench.moe.int4 import int4_grouped_mm, pick_config  # noqa: E402
 
@@ -40,25 +41,11 @@ def inputs(proj: str, tokens: int, dtype: torch.dtype, skew: bool, asym: bool, s
     """(weights, offsets, x, kwargs, dense-reference) for one projection as the engine calls it."""
     torch.manual_seed(seed)
     n, k = GATE_UP if proj == "gate_up" else DOWN
-    rows = tokens * S["top_k"]
     w = random_int4(S["experts"], n, k, S["group"], "cuda", sym=not asym)
-    offsets = routed_offsets(tokens, S["experts"], S["top_k"], "cuda", skew)
-    if proj == "gate_up":  # the unsorted tokens, read through the sort's row index
-        x = torch.randn(tokens, k, device="cuda").to(dtype)
-        kw = {"row_index": torch.randint(0, tokens, (rows,), device="cuda", dtype=torch.int32), "swiglu": True}
-        x_sorted = x[kw["row_index"].long()]
-    else:
-        x = x_sorted = torch.randn(rows, k, device="cuda").to(dtype)
-        kw = {"row_scale": torch.rand(rows, device="cuda").to(dtype),
-              "row_dest": torch.randperm(rows, device="cuda").int()}
+    offsets, x, x_sorted, kw = engine_inputs(proj, tokens, k, S, dtype, skew)
 
-    def ref() -> torch.Tensor:
-        out = reference(x_sorted, w, offsets)
-        if proj == "gate_up":
-            gate, up = out.chunk(2, dim=-1)
-            return torch.nn.functional.silu(gate) * up
-        out = out * kw["row_scale"].double()[:, None]
-        return out[torch.argsort(kw["row_dest"].long())]  # row r of the result lands on row row_dest[r]
+    def ref() -> torch.Tensor:  # int4.dequantize's torch unpacking: independent of the kernels
+        return grouped_reference(x_sorted, w.dequantize(torch.float64, use_triton=False), offsets, proj, kw)
 
     return w, offsets, x, kw, ref
 
@@ -86,7 +73,7 @@ def check() -> bool:
         ("down", 4096, torch.bfloat16, True, False, None),
     ] + [(p, 512, torch.bfloat16, False, True, t) for p in ("gate_up", "down") for t in TILES]
     ok_all = True
-    print(f"{'case':58s} {'rows':>6s} {'differ':>8s} {'max diff':>9s} {'rel err':>8s} {'ref (triton)':>12s} unwritten")
+    print(HEADER)
     for i, (proj, tokens, dtype, skew, asym, tile) in enumerate(cases):
         w, offsets, x, kw, ref = inputs(proj, tokens, dtype, skew, asym, seed=i + 1)
         cols = w.out_features // 2 if proj == "gate_up" else w.out_features
@@ -95,23 +82,10 @@ def check() -> bool:
         got = run(w, offsets, x, kw, cfg, cols)
         tri = run(w, offsets, x, kw, triton_config(proj, tokens), cols)
         torch.cuda.synchronize()
-        r = ref()
-        differ = int((got != tri).sum())
-        max_diff = float((got.float() - tri.float()).abs().max())
-        rel = float((got.double() - r).norm() / r.norm())
-        rel_tri = float((tri.double() - r).norm() / r.norm())
-        unwritten = int(torch.isnan(got).any(dim=1).sum())
-        ok = unwritten == 0 and rel < 1e-2 and rel <= 1.05 * rel_tri + 1e-6
-        ok_all &= ok
         name = (f"{proj} {tokens} tok {str(dtype)[6:]} {'skew ' if skew else ''}{'asym ' if asym else 'sym '}"
                 f"{cfg.get('KERNEL')} M{cfg['BLOCK_M']} N{cfg['BLOCK_N']} A{cfg.get('AHEAD', '-')}")
-        print(f"{name:58s} {got.shape[0]:6d} {differ:8d} {max_diff:9.2e} {rel:8.2e} {rel_tri:12.2e} {unwritten} "
-              f"{'OK' if ok else 'FAIL'}", flush=True)
+        ok_all &= judge(name, got, tri, ref())
     return ok_all
-
-
-def tile_name(tile: dict) -> str:
-    return f"M{tile['BLOCK_M']:3d} N{tile['BLOCK_N']:3d} w{tile.get('num_warps', 4)} ahead {tile['AHEAD']}"
 
 
 def profile(tokens: int) -> None:
@@ -126,27 +100,14 @@ def profile(tokens: int) -> None:
 
 
 def bench(tokens: int) -> None:
-    from triton.testing import do_bench
-
     for proj in ("gate_up", "down"):
         w, offsets, x, kw, _ = inputs(proj, tokens, torch.bfloat16, False, False, seed=0)
         cols = w.out_features // 2 if proj == "gate_up" else w.out_features
         out = torch.empty(kw["row_index"].shape[0] if "row_index" in kw else x.shape[0], cols, dtype=x.dtype,
                           device="cuda")
-        base_cfg = triton_config(proj, tokens)
         call = partial(int4_grouped_mm, x, w.qweight, w.scales, w.zeros, offsets, S["group"], out=out, **kw)
-        base = do_bench(partial(call, base_cfg), warmup=25, rep=100)
-        nbytes = w.nbytes()
-        print(f"{proj} {tokens} tokens ({tokens * S['top_k'] / S['experts']:.0f} rows per expert): Triton "
-              f"{base_cfg} {base * 1e3:.1f} us ({nbytes / base / 1e6:.0f} GB/s of int4 weights)", flush=True)
-        for tile in TILES:
-            try:
-                ms = do_bench(partial(call, tile), warmup=25, rep=100)
-            except Exception as e:  # a tile that does not compile or launch
-                print(f"    gluon {tile_name(tile)}: {type(e).__name__}: {str(e)[:200]}")
-                continue
-            print(f"    gluon {tile_name(tile)}: {ms * 1e3:8.1f} us  "
-                  f"{base / ms:5.2f}x Triton  {nbytes / ms / 1e6:6.0f} GB/s", flush=True)
+        time_tiles(f"{proj} {tokens} tokens ({tokens * S['top_k'] / S['experts']:.0f} rows per expert)", call,
+                   triton_config(proj, tokens), TILES, w.nbytes(), "int4 weights")
 
 
 def main() -> None:

@@ -23,7 +23,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from moe_int4 import SHAPE, routed_offsets  # noqa: E402
+from gluon_vs_triton import HEADER, engine_inputs, grouped_reference, judge, time_tiles  # noqa: E402
+from moe_int4 import SHAPE  # noqa: E402
 
 from quantbench.moe import nvfp4, nvfp4_wgmma  # noqa: E402
 
@@ -38,36 +39,17 @@ def inputs(proj: str, tokens: int, dtype: torch.dtype, skew: bool, seed: int, ti
     so small that many block scales are E4M3 subnormals (below 2^-6)."""
     torch.manual_seed(seed)
     n, k = GATE_UP if proj == "gate_up" else DOWN
-    rows = tokens * S["top_k"]
     w = torch.randn(S["experts"], n, k, device="cuda") * 0.02
     if tiny:
         w[:, ::3] *= 1e-3
     fmt = nvfp4.Nvfp4Experts.from_weights(w)
-    offsets = routed_offsets(tokens, S["experts"], S["top_k"], "cuda", skew)
-    if proj == "gate_up":  # the unsorted tokens, read through the sort's row index
-        x = torch.randn(tokens, k, device="cuda").to(dtype)
-        kw = {"row_index": torch.randint(0, tokens, (rows,), device="cuda", dtype=torch.int32), "swiglu": True}
-        x_sorted = x[kw["row_index"].long()]
-    else:
-        x = x_sorted = torch.randn(rows, k, device="cuda").to(dtype)
-        kw = {"row_scale": torch.rand(rows, device="cuda").to(dtype),
-              "row_dest": torch.randperm(rows, device="cuda").int()}
+    offsets, x, x_sorted, kw = engine_inputs(proj, tokens, k, S, dtype, skew)
 
-    def ref() -> torch.Tensor:
+    def ref() -> torch.Tensor:  # E2M1 value · block scale · global scale, unrounded
         values = nvfp4.decode_e2m1(nvfp4.unpack_codes(fmt.packed), torch.float64)  # [E, N, K], exact
         scale = fmt.block_scale.double() * fmt.global_scale.double().unsqueeze(-1)
         dense = (values.unflatten(-1, (-1, 16)) * scale.unsqueeze(-1)).flatten(-2)
-        out = torch.zeros(rows, n, dtype=torch.float64, device="cuda")
-        start = 0
-        for e, end in enumerate(offsets.tolist()):
-            if end > start:
-                out[start:end] = x_sorted[start:end].double() @ dense[e].T
-            start = end
-        if proj == "gate_up":
-            gate, up = out.chunk(2, dim=-1)
-            return torch.nn.functional.silu(gate) * up
-        out = out * kw["row_scale"].double()[:, None]
-        return out[torch.argsort(kw["row_dest"].long())]  # row r of the result lands on row row_dest[r]
+        return grouped_reference(x_sorted, dense, offsets, proj, kw)
 
     return fmt, offsets, x, kw, ref
 
@@ -104,50 +86,27 @@ def check(tiles: list[dict]) -> bool:
         ("down", 4096, torch.bfloat16, False, False, None),
     ] + [(p, 512, torch.bfloat16, False, False, t) for p in ("gate_up", "down") for t in tiles]
     ok_all = True
-    print(f"{'case':60s} {'rows':>6s} {'differ':>8s} {'max diff':>9s} {'rel err':>8s} {'ref (triton)':>12s} unwritten")
+    print(HEADER)
     for i, (proj, tokens, dtype, skew, tiny, tile) in enumerate(cases):
         fmt, offsets, x, kw, ref = inputs(proj, tokens, dtype, skew, seed=i + 1, tiny=tiny)
-        n, k = fmt.out_features, fmt.in_features
-        cfg = tile or nvfp4.pick_config(tokens * S["top_k"], S["experts"], n, k, x.device)
+        cfg = tile or nvfp4.pick_config(tokens * S["top_k"], S["experts"], fmt.out_features, fmt.in_features,
+                                        x.device)
         torch.cuda.empty_cache()
         got = run(fmt, offsets, x, kw, cfg, poison=True)
         tri = run(fmt, offsets, x, kw, triton_config(proj, tokens))
         torch.cuda.synchronize()
-        r = ref()
-        differ = int((got != tri).sum())
-        max_diff = float((got.float() - tri.float()).abs().max())
-        rel = float((got.double() - r).norm() / r.norm())
-        rel_tri = float((tri.double() - r).norm() / r.norm())
-        unwritten = int(torch.isnan(got).any(dim=1).sum())
-        ok = unwritten == 0 and rel < 1e-2 and rel <= 1.05 * rel_tri + 1e-6
-        ok_all &= ok
         name = (f"{proj} {tokens} tok {str(dtype)[6:]} {'skew ' if skew else ''}{'tiny ' if tiny else ''}"
                 f"{cfg.get('KERNEL')} M{cfg['BLOCK_M']} N{cfg['BLOCK_N']} A{cfg.get('AHEAD', '-')}")
-        print(f"{name:60s} {got.shape[0]:6d} {differ:8d} {max_diff:9.2e} {rel:8.2e} {rel_tri:12.2e} {unwritten} "
-              f"{'OK' if ok else 'FAIL'}", flush=True)
+        ok_all &= judge(name, got, tri, ref())
     return ok_all
 
 
 def bench(tokens: int, tiles: list[dict]) -> None:
-    from triton.testing import do_bench
-
     for proj in ("gate_up", "down"):
         fmt, offsets, x, kw, _ = inputs(proj, tokens, torch.bfloat16, False, seed=0)
-        call = partial(run, fmt, offsets, x, kw)
-        base_cfg = triton_config(proj, tokens)
-        base = do_bench(partial(call, base_cfg), warmup=25, rep=100)
-        nbytes = fmt.nbytes()
-        print(f"{proj} {tokens} tokens ({tokens * S['top_k'] / S['experts']:.0f} rows per expert): Triton "
-              f"{base * 1e3:.1f} us ({nbytes / base / 1e6:.0f} GB/s of packed weights)", flush=True)
-        for tile in tiles:
-            try:
-                ms = do_bench(partial(call, tile), warmup=25, rep=100)
-            except Exception as e:  # a tile that does not compile or launch
-                print(f"    gluon M{tile['BLOCK_M']} N{tile['BLOCK_N']} A{tile['AHEAD']}: {type(e).__name__}: "
-                      f"{str(e)[:200]}")
-                continue
-            print(f"    gluon M{tile['BLOCK_M']:3d} N{tile['BLOCK_N']:3d} ahead {tile['AHEAD']}: {ms * 1e3:8.1f} us  "
-                  f"{base / ms:5.2f}x Triton  {nbytes / ms / 1e6:6.0f} GB/s", flush=True)
+        time_tiles(f"{proj} {tokens} tokens ({tokens * S['top_k'] / S['experts']:.0f} rows per expert)",
+                   partial(run, fmt, offsets, x, kw), triton_config(proj, tokens), tiles, fmt.nbytes(),
+                   "packed weights")
 
 
 def main() -> None:

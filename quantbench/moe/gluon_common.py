@@ -1,7 +1,8 @@
 """Gluon helpers the Hopper grouped kernels share (int4_wgmma, nvfp4_wgmma): which expert and rows an M tile
-covers, the weight rows of a program (gate and up stacked for SwiGLU), bfloat16 rounding that no compiler pass
-folds away. A Gluon kernel cannot call a Triton function, so these are nvfp4.py's Triton helpers again, with
-layouts; `helpers()` returns them for a kernel module's globals (Gluon resolves a callee's name there)."""
+covers, the weight rows of a program (gate and up stacked for SwiGLU), the tokens' row pointers, the engine's fused
+steps after the K loop, bfloat16 rounding that no compiler pass folds away. A Gluon kernel cannot call a Triton
+function, so some are nvfp4.py's Triton helpers again, with layouts; `helpers()` returns them for a kernel
+module's globals (Gluon resolves a callee's name there)."""
 
 from __future__ import annotations
 
@@ -60,4 +61,59 @@ def helpers() -> dict[str, Any]:
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
         return bits.to(gl.float32, bitcast=True)
 
-    return dict(expert_tile=expert_tile, weight_columns=weight_columns, round_bf16=round_bf16)
+    globals().update(round_bf16=round_bf16)
+
+    @gluon.jit
+    def token_pointers(x_ptr, rowidx_ptr, row_start, row_end, stride_xm, BLOCK_M: gl.constexpr,
+                       GATHER: gl.constexpr, x_layout: gl.constexpr):
+        """The pointers to the first 64 columns of the tile's token rows (with GATHER, row r reads token
+        row_index[r] of the unsorted x), for cp.async, and the rows that are real (the rest are zero-filled)."""
+        xr = row_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_layout))
+        rmask_x = (xr < row_end)[:, None]
+        if GATHER:
+            x_rows = gl.load(rowidx_ptr + xr, mask=xr < row_end, other=0).to(gl.int64) * stride_xm
+        else:
+            x_rows = xr.to(gl.int64) * stride_xm
+        x_ptrs = x_ptr + x_rows[:, None] + gl.arange(0, 64, layout=gl.SliceLayout(0, x_layout))[None, :]
+        return x_ptrs, rmask_x
+
+    @gluon.jit
+    def store_outputs(acc, y_ptr, rowscale_ptr, rowdest_ptr, row_start, row_end, pid_n, N_OUT, stride_ym,
+                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, SWIGLU: gl.constexpr, ROW_SCALE: gl.constexpr,
+                      SCATTER: gl.constexpr, ROUND_BF16: gl.constexpr, num_warps: gl.constexpr):
+        """The engine's fused steps on the [BLOCK_N weight rows, BLOCK_M tokens] accumulator: silu(gate) * up
+        (SWIGLU: gate rows then up rows, meeting through shared memory), the routing weight of each row, the store
+        to row row_dest[r] of y (SCATTER). ROUND_BF16: rounded to bfloat16 where the unfused path rounds
+        (nvfp4.fused_epilogue: a W4A4 model's next activation rounding amplifies a last-bit difference)."""
+        OUT_N: gl.constexpr = BLOCK_N // 2 if SWIGLU else BLOCK_N
+        out_layout: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, num_warps], [0, 1])  # columns contiguous
+        orows = row_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, out_layout))
+        ormask = orows < row_end
+        ocols = pid_n * OUT_N + gl.arange(0, OUT_N, layout=gl.SliceLayout(1, out_layout))
+        if SWIGLU:
+            acc_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N, BLOCK_M],
+                                                 gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0, 1]))
+            acc_smem.store(acc)
+            gl.thread_barrier()
+            gate = acc_smem.slice(0, OUT_N, dim=0).load(out_layout)
+            up = acc_smem.slice(OUT_N, OUT_N, dim=0).load(out_layout)
+            if ROUND_BF16:
+                gate = round_bf16(gate)
+                out = round_bf16(round_bf16(gate * (1 / (1 + gl.exp(-gate)))) * round_bf16(up))
+            else:
+                out = gate * (1 / (1 + gl.exp(-gate))) * up  # tl.sigmoid's expression, as the Triton kernels'
+        else:
+            out = gl.convert_layout(acc, out_layout)
+            if ROUND_BF16:
+                out = round_bf16(out)
+        if ROW_SCALE:  # the routing weight of each (token, expert) row
+            out = out * gl.load(rowscale_ptr + orows, mask=ormask, other=0.0).to(gl.float32)[None, :]
+        if SCATTER:  # sorted row r goes to row row_dest[r] of y
+            y_rows = gl.load(rowdest_ptr + orows, mask=ormask, other=0).to(gl.int64)
+        else:
+            y_rows = orows.to(gl.int64)
+        y_ptrs = y_ptr + y_rows[None, :] * stride_ym + ocols[:, None]
+        gl.store(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=ormask[None, :] & (ocols < N_OUT)[:, None])
+
+    return dict(expert_tile=expert_tile, weight_columns=weight_columns, token_pointers=token_pointers,
+                store_outputs=store_outputs)

@@ -98,7 +98,9 @@ def _kernel() -> Any:
 
     shared = gluon_common.helpers()
     expert_tile, weight_columns = shared["expert_tile"], shared["weight_columns"]
-    globals().update(expert_tile=expert_tile, weight_columns=weight_columns)
+    token_pointers, store_outputs = shared["token_pointers"], shared["store_outputs"]
+    globals().update(expert_tile=expert_tile, weight_columns=weight_columns, token_pointers=token_pointers,
+                     store_outputs=store_outputs)
 
     @gluon.jit
     def word_halves(q):
@@ -163,7 +165,6 @@ def _kernel() -> Any:
         g_layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, num_warps], [1, 0])
         g_shared: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
         g_row: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
-        out_layout: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, num_warps], [0, 1])  # columns contiguous
 
         pid_n = gl.program_id(0)
         e, row_start, row_end = expert_tile(offs_ptr, gl.program_id(1), E, E_P2, BLOCK_M, num_warps)
@@ -172,13 +173,7 @@ def _kernel() -> Any:
         e64 = e.to(gl.int64)
 
         # the tokens: row pointers (gathered when GATHER) for cp.async, zero-filled past the tile's rows
-        xr = row_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_layout))
-        rmask_x = (xr < row_end)[:, None]
-        if GATHER:
-            x_rows = gl.load(rowidx_ptr + xr, mask=xr < row_end, other=0).to(gl.int64) * stride_xm
-        else:
-            x_rows = xr.to(gl.int64) * stride_xm
-        x_ptrs = x_ptr + x_rows[:, None] + gl.arange(0, 64, layout=gl.SliceLayout(0, x_layout))[None, :]
+        x_ptrs, rmask_x = token_pointers(x_ptr, rowidx_ptr, row_start, row_end, stride_xm, BLOCK_M, GATHER, x_layout)
         # three allocations: the barrier pass cannot tell stages of one apart, and would put a barrier between
         # copies into the same one
         x_lo = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, 64], x_shared)  # columns 0..63 of a block
@@ -236,27 +231,8 @@ def _kernel() -> Any:
             acc = acc + part * s_smem.index(i).load(gl.SliceLayout(1, mma))[:, None]
         cp.wait_group(0)
 
-        orows = row_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, out_layout))
-        ormask = orows < row_end
-        ocols = pid_n * OUT_N + gl.arange(0, OUT_N, layout=gl.SliceLayout(1, out_layout))
-        if SWIGLU:  # gate rows and up rows meet through shared memory: silu(gate) * up
-            acc_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N, BLOCK_M],
-                                                 gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0, 1]))
-            acc_smem.store(acc)
-            gl.thread_barrier()
-            gate = acc_smem.slice(0, OUT_N, dim=0).load(out_layout)
-            up = acc_smem.slice(OUT_N, OUT_N, dim=0).load(out_layout)
-            out = gate * (1 / (1 + gl.exp(-gate))) * up  # tl.sigmoid's expression, as int4.py's kernel
-        else:
-            out = gl.convert_layout(acc, out_layout)
-        if ROW_SCALE:  # the routing weight of each (token, expert) row
-            out = out * gl.load(rowscale_ptr + orows, mask=ormask, other=0.0).to(gl.float32)[None, :]
-        if SCATTER:  # sorted row r goes to row row_dest[r] of y
-            y_rows = gl.load(rowdest_ptr + orows, mask=ormask, other=0).to(gl.int64)
-        else:
-            y_rows = orows.to(gl.int64)
-        y_ptrs = y_ptr + y_rows[None, :] * stride_ym + ocols[:, None]
-        gl.store(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=ormask[None, :] & (ocols < N_OUT)[:, None])
+        store_outputs(acc, y_ptr, rowscale_ptr, rowdest_ptr, row_start, row_end, pid_n, N_OUT, stride_ym, BLOCK_M,
+                      BLOCK_N, SWIGLU, ROW_SCALE, SCATTER, False, num_warps)
 
     return int4_wgmma_kernel
 
