@@ -60,6 +60,17 @@ def judge(name: str, got: torch.Tensor, tri: torch.Tensor, ref: torch.Tensor) ->
     return ok
 
 
+def parse_tiles(spec: str | None, default: list[dict]) -> list[dict]:
+    """--tiles "BLOCK_MxBLOCK_NxAHEAD[xWARPS],..." as Gluon configurations (none given: `default`)."""
+    if not spec:
+        return default
+    tiles = []
+    for t in spec.split(","):
+        m, n, a, *w = (int(v) for v in t.split("x"))
+        tiles.append(dict(KERNEL="gluon", BLOCK_M=m, BLOCK_N=n, AHEAD=a, **({"num_warps": w[0]} if w else {})))
+    return tiles
+
+
 def tile_name(tile: dict) -> str:
     return f"M{tile['BLOCK_M']:3d} N{tile['BLOCK_N']:3d} w{tile.get('num_warps', 4)} ahead {tile['AHEAD']}"
 

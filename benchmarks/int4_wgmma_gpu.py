@@ -1,7 +1,7 @@
 """The Gluon wgmma INT4 kernel (quantbench/moe/int4_wgmma.py) against the Triton one (int4.py), on an H200 at the
 Qwen3-30B-A3B shape: the same outputs, then time per projection as the engine calls them.
 
-    python3 benchmarks/int4_wgmma_gpu.py [--tokens 512,4096,16384] [--skip-check]
+    python3 benchmarks/int4_wgmma_gpu.py [--tokens 512,4096,16384] [--skip-check] [--tiles 64x128x2,16x128x2]
     ncu --clock-control none -k regex:int4_wgmma -c 2 --section SpeedOfLight --section WarpStateStats \\
         --section Occupancy --section MemoryWorkloadAnalysis python3 benchmarks/int4_wgmma_gpu.py --profile
 
@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gluon_vs_triton import HEADER, engine_inputs, grouped_reference, judge, time_tiles  # noqa: E402
+from gluon_vs_triton import HEADER, engine_inputs, grouped_reference, judge, parse_tiles, time_tiles  # noqa: E402
 from moe_int4 import SHAPE, random_int4  # noqa: E402
 
 from quantbench.moe.int4 import int4_grouped_mm, pick_config  # noqa: E402
@@ -61,7 +61,7 @@ def triton_config(proj: str, tokens: int) -> dict:
     return pick_config(tokens * S["top_k"], S["experts"], n, k, S["group"], proj == "gate_up")  # no device: Triton's
 
 
-def check() -> bool:
+def check(tiles: list[dict]) -> bool:
     cases = [  # projection, tokens, dtype, skewed routing, asymmetric zero points, Gluon tile
         ("gate_up", 512, torch.bfloat16, False, False, None),
         ("down", 512, torch.bfloat16, False, False, None),
@@ -71,7 +71,7 @@ def check() -> bool:
         ("down", 40, torch.bfloat16, True, False, None),
         ("gate_up", 4096, torch.bfloat16, False, True, None),
         ("down", 4096, torch.bfloat16, True, False, None),
-    ] + [(p, 512, torch.bfloat16, False, True, t) for p in ("gate_up", "down") for t in TILES]
+    ] + [(p, 512, torch.bfloat16, False, True, t) for p in ("gate_up", "down") for t in tiles]
     ok_all = True
     print(HEADER)
     for i, (proj, tokens, dtype, skew, asym, tile) in enumerate(cases):
@@ -99,7 +99,7 @@ def profile(tokens: int) -> None:
     torch.cuda.synchronize()
 
 
-def bench(tokens: int) -> None:
+def bench(tokens: int, tiles: list[dict]) -> None:
     for proj in ("gate_up", "down"):
         w, offsets, x, kw, _ = inputs(proj, tokens, torch.bfloat16, False, False, seed=0)
         cols = w.out_features // 2 if proj == "gate_up" else w.out_features
@@ -107,7 +107,7 @@ def bench(tokens: int) -> None:
                           device="cuda")
         call = partial(int4_grouped_mm, x, w.qweight, w.scales, w.zeros, offsets, S["group"], out=out, **kw)
         time_tiles(f"{proj} {tokens} tokens ({tokens * S['top_k'] / S['experts']:.0f} rows per expert)", call,
-                   triton_config(proj, tokens), TILES, w.nbytes(), "int4 weights")
+                   triton_config(proj, tokens), tiles, w.nbytes(), "int4 weights")
 
 
 def main() -> None:
@@ -115,13 +115,15 @@ def main() -> None:
     ap.add_argument("--tokens", default="512,4096,16384")
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--profile", action="store_true", help="one call per projection at the first --tokens (for ncu)")
+    ap.add_argument("--tiles", help="BLOCK_MxBLOCK_NxAHEAD[xWARPS],... (default: all of TILES)")
     args = ap.parse_args()
+    tiles = parse_tiles(args.tiles, TILES)
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     if args.profile:
         return profile(int(args.tokens.split(",")[0]))
-    ok = True if args.skip_check else check()
+    ok = True if args.skip_check else check(tiles)
     for t in (int(v) for v in args.tokens.split(",")):
-        bench(t)
+        bench(t, tiles)
     print("checks:", "all OK" if ok else "FAILED")
     sys.exit(0 if ok else 1)
 

@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gluon_vs_triton import HEADER, engine_inputs, grouped_reference, judge, time_tiles  # noqa: E402
+from gluon_vs_triton import HEADER, engine_inputs, grouped_reference, judge, parse_tiles, time_tiles  # noqa: E402
 from moe_int4 import SHAPE  # noqa: E402
 
 from quantbench.moe import nvfp4, nvfp4_wgmma  # noqa: E402
@@ -113,11 +113,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", default="128,512,4096")
     ap.add_argument("--skip-check", action="store_true")
-    ap.add_argument("--tiles", help="BLOCK_MxBLOCK_NxAHEAD,... (default: all of TILES)")
+    ap.add_argument("--tiles", help="BLOCK_MxBLOCK_NxAHEAD[xWARPS],... (default: all of TILES)")
     args = ap.parse_args()
-    tiles = TILES if not args.tiles else [
-        dict(KERNEL="gluon", BLOCK_M=int(m), BLOCK_N=int(n), AHEAD=int(a))
-        for m, n, a in (t.split("x") for t in args.tiles.split(","))]
+    tiles = parse_tiles(args.tiles, TILES)
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     ok = True if args.skip_check else check(tiles)
     for t in (int(v) for v in args.tokens.split(",")):
