@@ -102,8 +102,7 @@ def kernels(tokens: int):
                dict(x_ptr="*bf16", p_ptr="*u8", bs_ptr="*fp8e4nv", gs_ptr="*fp32", y_ptr="*bf16", **common),
                dict(K=k, DOT_F32=False, **FEATURES[proj], E=E, E_P2=E), ())
         # the Gluon NVFP4 kernel with the tile an sm_90 GPU gets (its packed words read as int32)
-        bucket = "small" if rows / E <= 12 else "mid" if rows / E <= 48 else "large"
-        cfg = dict(nvfp4.WGMMA_TILES[bucket], num_warps=4, num_stages=1)
+        cfg = dict(nvfp4.WGMMA_TILES[int4.rows_bucket(rows, E)], num_warps=4, num_stages=1)
         yield ("nvfp4 wgmma", proj, cfg, nvfp4_wgmma._kernel(),
                dict(x_ptr="*bf16", pw_ptr="*i32", bs_ptr="*fp8e4nv", gs_ptr="*fp32", y_ptr="*bf16", **common),
                dict(K=k, **FEATURES[proj], E=E, E_P2=E), ("N_OUT", "HALF"))

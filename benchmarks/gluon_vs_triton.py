@@ -29,12 +29,9 @@ def engine_inputs(proj: str, tokens: int, k: int, shape: dict, dtype: torch.dtyp
 def grouped_reference(x_sorted: torch.Tensor, dense: torch.Tensor, offsets: torch.Tensor, proj: str,
                       kw: dict) -> torch.Tensor:
     """float64 x_sorted @ dense[e].T per expert's rows, then the projection's fused steps (engine_inputs)."""
-    out = torch.zeros(x_sorted.shape[0], dense.shape[1], dtype=torch.float64, device=x_sorted.device)
-    start = 0
-    for e, end in enumerate(offsets.tolist()):
-        if end > start:
-            out[start:end] = x_sorted[start:end].double() @ dense[e].T
-        start = end
+    from moe_int4 import grouped_float64
+
+    out = grouped_float64(x_sorted, dense, offsets)
     if proj == "gate_up":
         gate, up = out.chunk(2, dim=-1)
         return torch.nn.functional.silu(gate) * up

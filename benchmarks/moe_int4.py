@@ -111,15 +111,20 @@ def routed_offsets(tokens: int, e: int, top_k: int, device: str, skew: bool = Fa
     return torch.cumsum(torch.bincount(ids, minlength=e), 0).to(torch.int32)
 
 
-def reference(x: torch.Tensor, w: Int4Experts, offsets: torch.Tensor) -> torch.Tensor:
-    dense = w.dequantize(torch.float64, use_triton=False)  # [E, N, K], torch unpacking: independent of the kernels
-    out = torch.zeros(x.shape[0], w.out_features, dtype=torch.float64, device=x.device)
+def grouped_float64(x: torch.Tensor, dense: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """x[r] @ dense[e(r)].T in float64 for rows sorted by expert (offsets: cumulative row counts)."""
+    out = torch.zeros(x.shape[0], dense.shape[1], dtype=torch.float64, device=x.device)
     start = 0
     for e, end in enumerate(offsets.tolist()):
         if end > start:
             out[start:end] = x[start:end].double() @ dense[e].T
         start = end
     return out
+
+
+def reference(x: torch.Tensor, w: Int4Experts, offsets: torch.Tensor) -> torch.Tensor:
+    # [E, N, K] dequantized by torch unpacking: independent of the kernels
+    return grouped_float64(x, w.dequantize(torch.float64, use_triton=False), offsets)
 
 
 def check_kernel(device: str, log: list[str]) -> list[dict]:

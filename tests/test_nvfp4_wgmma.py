@@ -87,16 +87,15 @@ def test_each_lane_decodes_exactly_the_codes_of_its_slice(fp16, scale):
                        [{"$1": staged[2 * c + pos], "$2": sel[c][0], "$3": sel[c][1]} for c in range(4)])
         for c in range(4):
             held[c, pos] = out[c]["$0"]
-    kind = "fp16" if fp16 else "bf16"
-    s16 = _bits(scale * 2.0 ** nvfp4_wgmma.SCALE_EXP[kind], fp16)
-    assert _half(s16, fp16) == scale * 2.0 ** nvfp4_wgmma.SCALE_EXP[kind]  # the table's entry is exact
+    s16 = _bits(scale * nvfp4_wgmma.scale_multiplier(fp16), fp16)
+    assert _half(s16, fp16) == scale * nvfp4_wgmma.scale_multiplier(fp16)  # the table's entry is exact
     for s in range(8):  # the MMA's slice s: columns 16s .. 16s+15, one block scale
         for c in range(4):
             for half, (p1, p2) in enumerate(((0, 1), (8, 9))):  # k pairs (2c, 2c+1) and (2c+8, 2c+9)
                 lane = {"$1": held[c, p1], "$2": held[c, p2], "$3": s16 | s16 << 16}
                 got = run_quad(nvfp4_wgmma.decode_asm(s, fp16), [lane])[0]["$0"]
                 col = 16 * s + 8 * half + 2 * c
-                want = [float(values[col + i]) * scale * 2.0 ** -nvfp4_wgmma.OUT_EXP[kind] for i in (0, 1)]
+                want = [float(values[col + i]) * scale / nvfp4_wgmma.out_multiplier(fp16) for i in (0, 1)]
                 assert [_half(got & 0xFFFF, fp16), _half(got >> 16, fp16)] == want, (s, c, half)
 
 

@@ -1,6 +1,6 @@
 """Gluon helpers the Hopper grouped kernels share (int4_wgmma, nvfp4_wgmma): which expert and rows an M tile
-covers, the weight rows of a program (gate and up stacked for SwiGLU), the tokens' row pointers, the engine's fused
-steps after the K loop, bfloat16 rounding that no compiler pass folds away. A Gluon kernel cannot call a Triton
+covers, the weight rows of a program (gate and up stacked for SwiGLU), the tokens' row pointers, a block's
+copies into shared memory, the engine's fused steps after the K loop, bfloat16 rounding that no compiler pass folds away. A Gluon kernel cannot call a Triton
 function, so some are nvfp4.py's Triton helpers again, with layouts; `helpers()` returns them for a kernel
 module's globals (Gluon resolves a callee's name there)."""
 
@@ -11,11 +11,25 @@ from typing import Any
 
 
 @functools.cache
+def sm90(capability: tuple[int, int]) -> bool:
+    """A compute capability the Gluon kernels run on (Hopper's wgmma), with Gluon importable."""
+    if capability != (9, 0):
+        return False
+    try:
+        from triton.experimental import gluon  # noqa: F401
+        from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@functools.cache
 def helpers() -> dict[str, Any]:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 
-    globals().update(gl=gl)
+    globals().update(gl=gl, cp=cp)
 
     @gluon.jit
     def _add(a, b):
@@ -78,6 +92,17 @@ def helpers() -> dict[str, Any]:
         return x_ptrs, rmask_x
 
     @gluon.jit
+    def copy_block(x_lo, x_hi, w_smem, stage, x_ptrs, rmask_x, w_ptrs, w_step, wmask, kb, K: gl.constexpr):
+        """cp.async of block kb's tokens (columns kb .. kb + 127, two 64-column halves) and its weight words (at
+        w_ptrs + (kb / 8) · w_step: a word holds 8 of K's columns) into `stage`, one commit group; past K an empty
+        group, so that every block has one."""
+        ok = kb < K
+        cp.async_copy_global_to_shared(x_lo.index(stage), x_ptrs + kb, mask=rmask_x & ok)
+        cp.async_copy_global_to_shared(x_hi.index(stage), x_ptrs + kb + 64, mask=rmask_x & ok)
+        cp.async_copy_global_to_shared(w_smem.index(stage), w_ptrs + (kb // 8) * w_step, mask=wmask & ok)
+        cp.commit_group()
+
+    @gluon.jit
     def store_outputs(acc, y_ptr, rowscale_ptr, rowdest_ptr, row_start, row_end, pid_n, N_OUT, stride_ym,
                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, SWIGLU: gl.constexpr, ROW_SCALE: gl.constexpr,
                       SCATTER: gl.constexpr, ROUND_BF16: gl.constexpr, num_warps: gl.constexpr):
@@ -116,4 +141,4 @@ def helpers() -> dict[str, Any]:
         gl.store(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=ormask[None, :] & (ocols < N_OUT)[:, None])
 
     return dict(expert_tile=expert_tile, weight_columns=weight_columns, token_pointers=token_pointers,
-                store_outputs=store_outputs)
+                copy_block=copy_block, store_outputs=store_outputs)

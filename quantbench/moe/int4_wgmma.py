@@ -47,19 +47,9 @@ def available(device: torch.device, group_size: int, k: int) -> bool:
     scale and zero point per block; the size checked on a GPU) and K a whole number of them."""
     if device.type != "cuda" or group_size != K_BLOCK or k % K_BLOCK:
         return False
-    return _gluon_sm90(torch.cuda.get_device_capability(device))
+    from quantbench.moe import gluon_common
 
-
-@functools.cache
-def _gluon_sm90(capability: tuple[int, int]) -> bool:
-    if capability != (9, 0):
-        return False
-    try:
-        from triton.experimental import gluon  # noqa: F401
-        from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return gluon_common.sm90(torch.cuda.get_device_capability(device))
 
 
 # word_halves: $2, $3 = words r, r+1 of a k pair -> $0 = their low 16 bits (word r's low), $1 = their high 16 bits
@@ -98,9 +88,9 @@ def _kernel() -> Any:
 
     shared = gluon_common.helpers()
     expert_tile, weight_columns = shared["expert_tile"], shared["weight_columns"]
-    token_pointers, store_outputs = shared["token_pointers"], shared["store_outputs"]
+    token_pointers, copy_block, store_outputs = shared["token_pointers"], shared["copy_block"], shared["store_outputs"]
     globals().update(expert_tile=expert_tile, weight_columns=weight_columns, token_pointers=token_pointers,
-                     store_outputs=store_outputs)
+                     copy_block=copy_block, store_outputs=store_outputs)
 
     @gluon.jit
     def word_halves(q):
@@ -119,17 +109,7 @@ def _kernel() -> Any:
             return gl.inline_asm_elementwise(pair_asm_c(j, False), "=r,r,r,r", [ab, zz], dtype=gl.bfloat16,
                                              is_pure=True, pack=2)
 
-    @gluon.jit
-    def copy_block(x_lo, x_hi, w_smem, stage, x_ptrs, rmask_x, w_ptrs, wmask, kb, stride_qk, K: gl.constexpr):
-        """cp.async of block kb's tokens (columns kb .. kb + 127, two 64-column halves) and int4 words (16 rows)
-        into `stage`, as one commit group; past K an empty group, so that every block has one."""
-        ok = kb < K
-        cp.async_copy_global_to_shared(x_lo.index(stage), x_ptrs + kb, mask=rmask_x & ok)
-        cp.async_copy_global_to_shared(x_hi.index(stage), x_ptrs + kb + 64, mask=rmask_x & ok)
-        cp.async_copy_global_to_shared(w_smem.index(stage), w_ptrs + (kb // 8) * stride_qk, mask=wmask & ok)
-        cp.commit_group()
-
-    globals().update(word_halves=word_halves, slice_codes=slice_codes, copy_block=copy_block)
+    globals().update(word_halves=word_halves, slice_codes=slice_codes)
 
     @gluon.jit
     def int4_wgmma_kernel(
@@ -204,7 +184,7 @@ def _kernel() -> Any:
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
         part = acc
         for d in gl.static_range(AHEAD):
-            copy_block(x_lo, x_hi, w_smem, d, x_ptrs, rmask_x, w_ptrs, wmask, d * KB, stride_qk, K)
+            copy_block(x_lo, x_hi, w_smem, d, x_ptrs, rmask_x, w_ptrs, stride_qk, wmask, d * KB, K)
         w_prev = gl.zeros([BLOCK_N, SUB], dtype, layout=a_layout)  # the A operand of the MMA in flight
 
         for i in range(GROUPS):
@@ -215,8 +195,8 @@ def _kernel() -> Any:
             # words' loads (they read what other threads' copies wrote); one more here would be a third.
             cp.wait_group(AHEAD - 1)
             fence_async_shared()
-            copy_block(x_lo, x_hi, w_smem, (i + AHEAD) % STAGES, x_ptrs, rmask_x, w_ptrs, wmask, (i + AHEAD) * KB,
-                       stride_qk, K)
+            copy_block(x_lo, x_hi, w_smem, (i + AHEAD) % STAGES, x_ptrs, rmask_x, w_ptrs, stride_qk, wmask,
+                       (i + AHEAD) * KB, K)
             ab = word_halves(w_smem.index(stage).permute((1, 0)).load(a_layout))
             zz = z_smem.index(i).load(gl.SliceLayout(1, a_layout))
             for j in gl.static_range(8):

@@ -38,6 +38,7 @@ except ImportError:
 from quantbench.errors import LoadError
 from quantbench.moe import nvfp4_wgmma
 from quantbench.moe.engine import DenseExperts, stored_nbytes
+from quantbench.moe.int4 import rows_bucket
 
 BLOCK = 16
 E2M1_MAX = 6.0
@@ -308,20 +309,19 @@ WGMMA_TILES: dict[str, dict[str, Any]] = {
 
 
 def pick_config(rows: int, experts: int, n: int, k: int, device: torch.device | None = None) -> dict[str, Any]:
-    """Block sizes. On an sm_90 `device`: the Gluon kernel's tile (nvfp4_wgmma) for the rows per expert (small: up
-    to 12, mid: up to 48). Otherwise this file's Triton kernel, measured on an H200 at the Qwen3-30B-A3B layer
+    """Block sizes. On an sm_90 `device`: the Gluon kernel's tile (nvfp4_wgmma) for the rows per expert
+    (int4.rows_bucket: small up to 12, mid up to 48). Otherwise this file's Triton kernel, measured on an H200 at the Qwen3-30B-A3B layer
     shape (512 tokens top-8, about 32 rows per expert; benchmarks/nvfp4_fp8_gpu.py, 2026-11-29): M64 N128 K128,
     8 warps, 3 stages: gate_up 0.288 ms, down 0.156 ms, against 0.385 / 0.210 ms for M32 N64 K128 with 4 warps.
     BLOCK_K is a multiple of the 16-element scale block and divides K. With the fused steps (2026-11-30,
     `benchmarks/kernel_sweep.py --formats nvfp4`, 512 tokens): gate_up + gather + SwiGLU 300.6 us with the
     weights on the wgmma M side (SWAP_AB, M64 N64, 4 warps, 2 stages) against 354.2 us for the tile above; down +
     routing weights + scatter 158.8 / 159.5 us, no better.)"""
-    per_expert = rows / max(1, experts)
+    bucket = rows_bucket(rows, experts)
     if device is not None and nvfp4_wgmma.available(device, k):
-        bucket = "small" if per_expert <= 12 else "mid" if per_expert <= 48 else "large"
         return dict(WGMMA_TILES[bucket], KERNEL="gluon")
     block_k = 128 if k % 128 == 0 else 64 if k % 64 == 0 else 32 if k % 32 == 0 else 16
-    if (n, k) == (1536, 2048) and per_expert <= 48:  # gate_up, gather + SwiGLU: 300.6 against 354.2 us
+    if (n, k) == (1536, 2048) and bucket != "large":  # gate_up, gather + SwiGLU: 300.6 against 354.2 us
         return {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 2, "SWAP_AB": True}
     return {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": block_k, "num_warps": 8, "num_stages": 3, "SWAP_AB": False}
 

@@ -72,13 +72,23 @@ SCALE_EXP = {"bf16": 118, "fp16": 7}
 OUT_EXP = {"bf16": 8, "fp16": 7}
 
 
+def scale_multiplier(fp16: bool) -> float:
+    """2^SCALE_EXP: what the kernel's block-scale table is multiplied by."""
+    return 2.0 ** SCALE_EXP["fp16" if fp16 else "bf16"]
+
+
+def out_multiplier(fp16: bool) -> float:
+    """2^OUT_EXP: what the accumulator is multiplied by (times the global scale) after the K loop."""
+    return 2.0 ** OUT_EXP["fp16" if fp16 else "bf16"]
+
+
 def available(device: torch.device, k: int) -> bool:
     """On an sm_90 GPU with Gluon importable, K a whole number of 128-column blocks."""
     if device.type != "cuda" or k % K_BLOCK:
         return False
-    from quantbench.moe import int4_wgmma
+    from quantbench.moe import gluon_common
 
-    return int4_wgmma._gluon_sm90(torch.cuda.get_device_capability(device))
+    return gluon_common.sm90(torch.cuda.get_device_capability(device))
 
 
 @functools.cache
@@ -96,15 +106,17 @@ def _kernel() -> Any:
     from quantbench.moe import gluon_common
 
     decode_asm_c = constexpr_function(decode_asm)  # called at compile time, with constexpr arguments
+    scale_mul_c, out_mul_c = constexpr_function(scale_multiplier), constexpr_function(out_multiplier)
     quad_transpose_asm = gl.constexpr(QUAD_TRANSPOSE_ASM)
     shared = gluon_common.helpers()
     expert_tile, weight_columns = shared["expert_tile"], shared["weight_columns"]
-    token_pointers, store_outputs = shared["token_pointers"], shared["store_outputs"]
+    token_pointers, copy_block, store_outputs = shared["token_pointers"], shared["copy_block"], shared["store_outputs"]
     # Gluon resolves names (annotations, callees, builtins) through the module's globals, not this closure
     globals().update(gl=gl, cp=cp, fence_async_shared=fence_async_shared, warpgroup_mma=warpgroup_mma,
                      warpgroup_mma_wait=warpgroup_mma_wait, decode_asm_c=decode_asm_c,
                      quad_transpose_asm=quad_transpose_asm, expert_tile=expert_tile, weight_columns=weight_columns,
-                     token_pointers=token_pointers, store_outputs=store_outputs)
+                     token_pointers=token_pointers, copy_block=copy_block, store_outputs=store_outputs,
+                     scale_mul_c=scale_mul_c, out_mul_c=out_mul_c)
 
     @gluon.jit
     def slice_weights(t, s_i, j: gl.constexpr, dtype: gl.constexpr):
@@ -116,17 +128,7 @@ def _kernel() -> Any:
             return gl.inline_asm_elementwise(decode_asm_c(j, False), "=r,r,r,r", [t, s_i], dtype=gl.bfloat16,
                                              is_pure=True, pack=2)
 
-    @gluon.jit
-    def copy_block(x_lo, x_hi, w_smem, stage, x_ptrs, rmask_x, w_ptrs, wmask, kb, K: gl.constexpr):
-        """cp.async of block kb's tokens (two 64-column halves) and packed words (16 per row, even words first)
-        into `stage`, one commit group; past K an empty group, so that every block has one."""
-        ok = kb < K
-        cp.async_copy_global_to_shared(x_lo.index(stage), x_ptrs + kb, mask=rmask_x & ok)
-        cp.async_copy_global_to_shared(x_hi.index(stage), x_ptrs + kb + 64, mask=rmask_x & ok)
-        cp.async_copy_global_to_shared(w_smem.index(stage), w_ptrs + kb // 8, mask=wmask & ok)
-        cp.commit_group()
-
-    globals().update(slice_weights=slice_weights, copy_block=copy_block)
+    globals().update(slice_weights=slice_weights)
 
     @gluon.jit
     def nvfp4_wgmma_kernel(
@@ -145,8 +147,8 @@ def _kernel() -> Any:
         OUT_N: gl.constexpr = BLOCK_N // 2 if SWIGLU else BLOCK_N  # SWIGLU: gate rows then the same up rows
         dtype: gl.constexpr = x_ptr.dtype.element_ty
         FP16: gl.constexpr = dtype == gl.float16
-        SCALE_MUL: gl.constexpr = 128.0 if FP16 else 332306998946228968225951765070086144.0  # 2^7, 2^118
-        OUT_MUL: gl.constexpr = 128.0 if FP16 else 256.0  # 2^7, 2^8 (OUT_EXP)
+        SCALE_MUL: gl.constexpr = scale_mul_c(FP16)  # 2^SCALE_EXP: 2^118 (bf16), 2^7 (fp16)
+        OUT_MUL: gl.constexpr = out_mul_c(FP16)  # 2^OUT_EXP: 2^8, 2^7
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                       instr_shape=[16, BLOCK_M, 16])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
@@ -200,7 +202,7 @@ def _kernel() -> Any:
 
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
         for dd in gl.static_range(AHEAD):
-            copy_block(x_lo, x_hi, w_smem, dd, x_ptrs, rmask_x, w_ptrs, wmask, dd * 128, K)
+            copy_block(x_lo, x_hi, w_smem, dd, x_ptrs, rmask_x, w_ptrs, 1, wmask, dd * 128, K)
         w_prev = gl.zeros([BLOCK_N, SUB], dtype, layout=a_layout)  # the A operand of the MMA in flight
 
         for i in range(K // 128):
@@ -209,7 +211,7 @@ def _kernel() -> Any:
             # this wait and one before the words' loads (int4_wgmma)
             cp.wait_group(AHEAD - 1)
             fence_async_shared()
-            copy_block(x_lo, x_hi, w_smem, (i + AHEAD) % STAGES, x_ptrs, rmask_x, w_ptrs, wmask, (i + AHEAD) * 128,
+            copy_block(x_lo, x_hi, w_smem, (i + AHEAD) % STAGES, x_ptrs, rmask_x, w_ptrs, 1, wmask, (i + AHEAD) * 128,
                        K)
             words = w_smem.index(stage).load(a_layout)
             t = gl.inline_asm_elementwise(quad_transpose_asm, "=r,r,r,r", [words, sel1, sel2], dtype=gl.int32,
