@@ -59,8 +59,9 @@ def _kernels() -> tuple[Any, Any]:
     globals().update(round_bf16=round_bf16, rounded=rounded)
 
     @triton.jit
-    def rmsnorm_kernel(x_ptr, w_ptr, y_ptr, R, stride_o, stride_h, eps, H: tl.constexpr, N: tl.constexpr,
-                       N_P2: tl.constexpr, BLOCK_R: tl.constexpr, IS_BF16: tl.constexpr):
+    def rmsnorm_kernel(x_ptr, r_ptr, sum_ptr, w_ptr, y_ptr, R, stride_o, stride_h, eps, H: tl.constexpr,
+                       N: tl.constexpr, N_P2: tl.constexpr, BLOCK_R: tl.constexpr, IS_BF16: tl.constexpr,
+                       RESIDUAL: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         cols = tl.arange(0, N_P2)
         mask = (rows < R)[:, None] & (cols < N)[None, :]
@@ -70,6 +71,10 @@ def _kernels() -> tuple[Any, Any]:
             src = (rows // H).to(tl.int64) * stride_o + (rows % H).to(tl.int64) * stride_h
         x = tl.load(x_ptr + src[:, None] + cols[None, :], mask=mask, other=0.0)
         xf = x.to(tl.float32)
+        if RESIDUAL:  # the decoder's `residual + x` first, rounded as torch's add rounds: the new residual stream
+            dst = rows[:, None].to(tl.int64) * N + cols[None, :]
+            xf = rounded(xf + tl.load(r_ptr + dst, mask=mask, other=0.0).to(tl.float32), IS_BF16, x.dtype)
+            tl.store(sum_ptr + dst, xf.to(x.dtype), mask=mask)
         rstd = tl.math.rsqrt(tl.sum(xf * xf, axis=1) * (1.0 / N) + eps)
         normed = rounded(xf * rstd[:, None], IS_BF16, x.dtype)  # rounded to the input dtype, as transformers
         w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
@@ -77,8 +82,8 @@ def _kernels() -> tuple[Any, Any]:
         tl.store(y_ptr + rows[:, None].to(tl.int64) * N + cols[None, :], y, mask=mask)
 
     @triton.jit
-    def rotate(x_ptr, o_ptr, b, t, c1, c2, s1, s2, sx_b, sx_h, sx_t, T, H: tl.constexpr, H_P2: tl.constexpr,
-               HALF: tl.constexpr, IS_BF16: tl.constexpr):
+    def rotate(x_ptr, o_ptr, w_ptr, eps, b, t, c1, c2, s1, s2, sx_b, sx_h, sx_t, T, H: tl.constexpr,
+               H_P2: tl.constexpr, HALF: tl.constexpr, IS_BF16: tl.constexpr, NORM: tl.constexpr):
         h = tl.arange(0, H_P2)[:, None]
         d = tl.arange(0, HALF)[None, :]
         mask = h < H
@@ -87,6 +92,12 @@ def _kernels() -> tuple[Any, Any]:
         x2 = tl.load(src + HALF, mask=mask, other=0.0)
         dt = x1.dtype
         f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+        if NORM:  # q_norm / k_norm over each head's 2 * HALF values first, rounded where rmsnorm_kernel rounds
+            rstd = tl.math.rsqrt((tl.sum(f1 * f1, axis=1) + tl.sum(f2 * f2, axis=1)) * (0.5 / HALF) + eps)[:, None]
+            w1 = tl.load(w_ptr + d).to(tl.float32)
+            w2 = tl.load(w_ptr + HALF + d).to(tl.float32)
+            f1 = rounded(w1 * rounded(f1 * rstd, IS_BF16, dt), IS_BF16, dt)
+            f2 = rounded(w2 * rounded(f2 * rstd, IS_BF16, dt), IS_BF16, dt)
         # q * cos + rotate_half(q) * sin, rotate_half(q) = cat(-q2, q1); every op rounds to q's dtype
         o1 = (rounded(f1 * c1, IS_BF16, dt) + rounded(-f2 * s1, IS_BF16, dt)).to(dt)
         o2 = (rounded(f2 * c2, IS_BF16, dt) + rounded(f1 * s2, IS_BF16, dt)).to(dt)
@@ -97,10 +108,10 @@ def _kernels() -> tuple[Any, Any]:
     globals()["rotate"] = rotate
 
     @triton.jit
-    def rope_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, T,
+    def rope_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, qw_ptr, kw_ptr, eps_q, eps_k, T,
                     sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sc_b, sc_t, ss_b, ss_t,
                     HQ: tl.constexpr, HQ_P2: tl.constexpr, HK: tl.constexpr, HK_P2: tl.constexpr, HALF: tl.constexpr,
-                    IS_BF16: tl.constexpr):
+                    IS_BF16: tl.constexpr, NORM: tl.constexpr):
         pid = tl.program_id(0)
         b, t = pid // T, pid % T
         d = tl.arange(0, HALF)
@@ -108,10 +119,10 @@ def _kernels() -> tuple[Any, Any]:
         c2 = tl.load(cos_ptr + b * sc_b + t * sc_t + HALF + d).to(tl.float32)
         s1 = tl.load(sin_ptr + b * ss_b + t * ss_t + d).to(tl.float32)
         s2 = tl.load(sin_ptr + b * ss_b + t * ss_t + HALF + d).to(tl.float32)
-        rotate(q_ptr, qo_ptr, b, t, c1[None, :], c2[None, :], s1[None, :], s2[None, :], sq_b, sq_h, sq_t, T,
-               HQ, HQ_P2, HALF, IS_BF16)
-        rotate(k_ptr, ko_ptr, b, t, c1[None, :], c2[None, :], s1[None, :], s2[None, :], sk_b, sk_h, sk_t, T,
-               HK, HK_P2, HALF, IS_BF16)
+        rotate(q_ptr, qo_ptr, qw_ptr, eps_q, b, t, c1[None, :], c2[None, :], s1[None, :], s2[None, :], sq_b, sq_h,
+               sq_t, T, HQ, HQ_P2, HALF, IS_BF16, NORM)
+        rotate(k_ptr, ko_ptr, kw_ptr, eps_k, b, t, c1[None, :], c2[None, :], s1[None, :], s2[None, :], sk_b, sk_h,
+               sk_t, T, HK, HK_P2, HALF, IS_BF16, NORM)
 
     return rmsnorm_kernel, rope_kernel
 
@@ -134,26 +145,42 @@ def _rows(x: Tensor) -> tuple[Tensor, int, int, int]:
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """transformers' RMSNorm (`weight * normed.to(x.dtype)`) over the last dimension, one kernel."""
+    return _rms_norm(x, weight, eps, None)[0]
+
+
+def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """(rms_norm(residual + x), residual + x) in one kernel, the sum rounded as torch's add rounds it: the decoder
+    layer's `residual + attention` and the norm after it, the same bits as the two ops."""
+    if residual.shape != x.shape or residual.dtype != x.dtype:
+        raise ValueError(f"residual {list(residual.shape)} {residual.dtype} does not fit x {list(x.shape)} {x.dtype}")
+    return _rms_norm(x.contiguous(), weight, eps, residual.contiguous())
+
+
+def _rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None) -> tuple[Tensor, Tensor | None]:
     import triton
 
     n = x.shape[-1]
     out = torch.empty(x.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
+    total = None if residual is None else torch.empty_like(residual)
     if not x.numel():
-        return out
+        return out, total
     x3, h, stride_o, stride_h = _rows(x)
     rows = x3.shape[0] * x3.shape[1]
     n_p2 = triton.next_power_of_2(n)
     block_r = max(1, min(64, 4096 // n_p2))
-    _kernels()[0][(triton.cdiv(rows, block_r),)](x3, weight, out, rows, stride_o, stride_h, float(eps), H=h, N=n,
-                                                 N_P2=n_p2, BLOCK_R=block_r, IS_BF16=x.dtype == torch.bfloat16,
+    _kernels()[0][(triton.cdiv(rows, block_r),)](x3, residual, total, weight, out, rows, stride_o, stride_h,
+                                                 float(eps), H=h, N=n, N_P2=n_p2, BLOCK_R=block_r,
+                                                 IS_BF16=x.dtype == torch.bfloat16, RESIDUAL=residual is not None,
                                                  num_warps=4 if n_p2 <= 1024 else 8)
-    return out
+    return out, total
 
 
-def apply_rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+def apply_rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor,
+               norms: tuple[nn.Module, nn.Module] | None = None) -> tuple[Tensor, Tensor]:
     """q, k [B, H, T, D] (any strides, last dim contiguous), cos/sin [B or 1, T, D]: rotated q, k, as [B, H, T, D]
     views of [B, T, H, D] memory: the layout q_proj's output has and attention's output keeps, so that the
-    `transpose(1, 2).contiguous()` after scaled_dot_product_attention copies nothing."""
+    `transpose(1, 2).contiguous()` after scaled_dot_product_attention copies nothing. With `norms` (q_norm,
+    k_norm: RMSNorms over D) each head is normalized first, in the same launch."""
     import triton
 
     b, hq, t, d = q.shape
@@ -162,11 +189,14 @@ def apply_rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, 
     ko = torch.empty(b, t, hk, d, dtype=k.dtype, device=k.device).transpose(1, 2)
     # cos / sin of one row of positions ([1, T, D], no position_ids given) serve every sequence: batch stride 0
     sc_b, ss_b = (0, 0) if cos.shape[0] == 1 else (cos.stride(0), sin.stride(0))
+    qw, kw, eps_q, eps_k = (None, None, 0.0, 0.0) if norms is None else (
+        norms[0].weight, norms[1].weight, float(norms[0].variance_epsilon), float(norms[1].variance_epsilon))
     if b * t:
-        _kernels()[1][(b * t,)](q, k, cos, sin, qo, ko, t, q.stride(0), q.stride(1), q.stride(2), k.stride(0),
-                                k.stride(1), k.stride(2), sc_b, cos.stride(1), ss_b, sin.stride(1),
-                                HQ=hq, HQ_P2=triton.next_power_of_2(hq), HK=hk, HK_P2=triton.next_power_of_2(hk),
-                                HALF=d // 2, IS_BF16=q.dtype == torch.bfloat16, num_warps=4)
+        _kernels()[1][(b * t,)](q, k, cos, sin, qo, ko, qw, kw, eps_q, eps_k, t, q.stride(0), q.stride(1),
+                                q.stride(2), k.stride(0), k.stride(1), k.stride(2), sc_b, cos.stride(1), ss_b,
+                                sin.stride(1), HQ=hq, HQ_P2=triton.next_power_of_2(hq), HK=hk,
+                                HK_P2=triton.next_power_of_2(hk), HALF=d // 2, IS_BF16=q.dtype == torch.bfloat16,
+                                NORM=norms is not None, num_warps=4)
     return qo, ko
 
 
@@ -425,6 +455,10 @@ def install(model: nn.Module, mode: str = "auto") -> str | None:
         swapped.append("rope")
     if _install_qkv(model):
         swapped.append("qkv")
+    if "rmsnorm" in swapped:  # the adds and q/k norms folded into these kernels (quantbench.fused_layer)
+        from quantbench import fused_layer
+
+        swapped += fused_layer.install(model)
     return "+".join(swapped) or None
 
 

@@ -16,7 +16,7 @@ INTERPRETED = """
 import torch
 from transformers.models.qwen3_moe import modeling_qwen3_moe as mq
 from quantbench.fused_ops import apply_rope, rms_norm
-from quantbench.moe.align import group_by_expert
+from quantbench.moe.align import ONE_LAUNCH_PAIRS, group_by_expert
 
 torch.manual_seed(0)
 for n, shape in ((256, (3, 5, 256)), (64, (2, 9, 4, 64)), (48, (7, 48))):
@@ -54,8 +54,9 @@ for dtype in (torch.float32, torch.bfloat16):
             else:
                 assert float((got.float() - want.float()).abs().max()) <= 2 ** -6 * float(want.float().abs().max())
 
-# one program (up to ONE_PROGRAM_PAIRS pairs; 300 x 8 is three chunks of its loops) and the three-launch path
-for t, k, e in ((37, 4, 16), (5, 2, 3), (300, 8, 128), (2100, 8, 128)):
+# one launch (up to ONE_LAUNCH_PAIRS pairs; 300 x 8 is three chunks of its histograms, 38 blocks) and the
+# three-launch path; experts 3 (not a power of two) to 512 (blocks of 16 pairs)
+for t, k, e in ((37, 4, 16), (5, 2, 3), (300, 8, 128), (40, 8, 512), (2100, 8, 128)):
     w, idx = torch.rand(t, e).topk(k, dim=-1)
     g = group_by_expert(idx, w.to(torch.bfloat16), e)
     ids = idx.reshape(-1)
@@ -66,6 +67,8 @@ for t, k, e in ((37, 4, 16), (5, 2, 3), (300, 8, 128), (2100, 8, 128)):
     assert torch.equal(g.pair_row[g.row_pair.long()].long(), rows)
     assert torch.equal(g.row_token, g.row_pair // k)
     assert torch.equal(g.row_scale, w.to(torch.bfloat16).reshape(-1)[g.row_pair.long()])
+    if t * k <= ONE_LAUNCH_PAIRS:  # pair order within each expert: a stable sort's
+        assert torch.equal(g.row_pair.long(), torch.sort(ids, stable=True).indices)
 print("ok")
 """
 

@@ -99,3 +99,25 @@ def test_bf16_model_scores_without_error():
     e = TransformersEngine(tiny_model(dtype=torch.bfloat16), tiny_tokenizer())
     ans = answers(e, REQUEST)
     assert set(ans) == set(REQUEST["questions"])
+
+
+def test_label_answers_read_only_the_label_rows_of_the_head_and_match_the_whole_head(engine, monkeypatch):
+    """Label logits come from the head's rows for the labels alone (one small GEMM, not the whole vocabulary), and
+    equal what the whole head gives; a head that is not a plain Linear runs whole."""
+    head = engine.model.get_output_embeddings()
+    whole_calls = []
+    original = type(head).forward
+    monkeypatch.setattr(type(head), "forward",
+                        lambda self, x: (self is head and whole_calls.append(x.shape)) or original(self, x))
+    rows = answers(engine, REQUEST)
+    assert whole_calls == []  # the head's forward never ran over the vocabulary
+    monkeypatch.setattr(engine, "_label_columns", lambda batch: None)  # the whole-head path, as before
+    whole = answers(engine, REQUEST)
+    assert len(whole_calls) == 1
+    for name, ans in rows.items():
+        assert ans.top == whole[name].top
+        for opt, p in ans.probabilities.items():
+            assert p == pytest.approx(whole[name].probabilities[opt], abs=1e-6)
+    monkeypatch.undo()
+    monkeypatch.setattr(head, "forward", lambda x: original(head, x))  # a wrapped head (accelerate's hooks do this)
+    assert engine._label_columns([engine.prepare(parse_request(REQUEST))]) is None

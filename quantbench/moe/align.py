@@ -1,17 +1,21 @@
-"""Group the routed (token, expert) pairs by expert on the GPU with two small Triton kernels instead of a sort.
+"""Group the routed (token, expert) pairs by expert on the GPU with small Triton kernels instead of a sort.
 
 The engine needs, for S = tokens × top-k routed pairs: `offsets` (cumulative rows per expert, int32), and for
 each row r of the expert-grouped order the token it reads (`row_token`), its routing weight (`row_scale`) and the
 pair it came from (`row_pair`); for each pair i its row (`pair_row`, to put results back in pair order).
 `torch.sort` of 4,096 expert ids took 34 µs per layer on the H200, more than all of this together
-(benchmarks/model_profile.py): here one kernel counts the pairs per expert and one places each pair at its
-expert's next free row (an atomic counter per expert), with a cumulative sum between them. Up to ONE_PROGRAM_PAIRS
-pairs (a 2,048-token decision at top-8) all of it is one program of one launch: counting, the cumulative sum and
-placing in sequence, where the three-step path was five launches (zeroing, counting, two for torch.cumsum,
-placing), each a gap in a CUDA graph's replay, for a few thousand pairs.
+(benchmarks/model_profile.py).
 
-Rows of one expert land in whichever order the atomics run, which changes nothing computed: each row of a
-grouped GEMM depends only on its own inputs, and results are summed back per token in pair order. (The CPU keeps
+Up to ONE_LAUNCH_PAIRS pairs (a 2,048-token decision at top-8) it is one launch of `group_kernel`: each program
+histograms all the pairs' experts (for the offsets) and those before its own block (for where its rows start),
+and places its block's pairs in pair order within each expert, as a stable sort would. An earlier version did it
+all in one program with global atomics: 14 µs per layer at 512 tokens on the H200 (in a 275 µs layer). Above
+that, for batches, three steps: one kernel counts the pairs per expert, torch.cumsum makes the offsets, one kernel
+places each pair at its expert's next free row (an atomic counter per expert).
+
+In the three-step path the rows of one expert land in whichever order the atomics run, which changes nothing
+computed: each row of a grouped GEMM depends only on its own inputs, and results are summed back per token in
+pair order. (The CPU keeps
 the engine's sort path: there a sort is cheap and the interpreter-run tests cover these kernels.)
 """
 
@@ -68,43 +72,44 @@ def _kernels() -> tuple[Any, Any]:
         tl.store(pair_row_ptr + i, row.to(tl.int32), mask=mask)
 
     @triton.jit
-    def group_kernel(ids_ptr, w_ptr, cursor_ptr, offs_ptr, row_token_ptr, row_scale_ptr, row_pair_ptr, pair_row_ptr,
-                     S, E: tl.constexpr, E_P2: tl.constexpr, TOP_K: tl.constexpr, BLOCK: tl.constexpr,
-                     CHUNKS: tl.constexpr):
-        """All of it in one program: the pairs per expert counted (atomics on `cursor`, which the kernel zeroes),
-        their cumulative sum (offsets; each expert's first row becomes its cursor), then each pair placed at its
-        expert's next free row. CHUNKS (a power of two: few compiled variants) chunks of BLOCK cover the S pairs.
-        The cursors are zeroed, read and rewritten by atomics too: all at L2, where the counting atomics are."""
-        eidx = tl.arange(0, E_P2)
-        emask = eidx < E
-        tl.atomic_xchg(cursor_ptr + eidx, tl.zeros((E_P2,), dtype=tl.int32), mask=emask, sem="relaxed")
-        tl.debug_barrier()
+    def group_kernel(ids_ptr, w_ptr, offs_ptr, row_token_ptr, row_scale_ptr, row_pair_ptr, pair_row_ptr, S,
+                     E: tl.constexpr, E_P2: tl.constexpr, TOP_K: tl.constexpr, BLOCK: tl.constexpr,
+                     SCAN: tl.constexpr, CHUNKS: tl.constexpr):
+        """Each program places the BLOCK pairs from pid * BLOCK on, in pair order within each expert (what a
+        stable sort gives). It histograms every pair's expert (CHUNKS chunks of SCAN, in shared memory: no
+        global atomics) for the offsets, and the pairs before its own for where its first row of each expert
+        lies; a pair's rank among its block's pairs of the same expert is a cumulative sum of their one-hot
+        rows. Every program reads all S ids (16 KB at 512 tokens, from L2): the price of needing no second
+        launch to learn what the others counted."""
+        pid = tl.program_id(0)
+        first = pid * BLOCK
+        bins = tl.arange(0, E_P2)
+        before = tl.zeros((E_P2,), dtype=tl.int32)
+        total = tl.zeros((E_P2,), dtype=tl.int32)
         for c in range(CHUNKS):
-            i = c * BLOCK + tl.arange(0, BLOCK)
-            mask = i < S
-            tl.atomic_add(cursor_ptr + tl.load(ids_ptr + i, mask=mask, other=0), 1, mask=mask, sem="relaxed")
-        tl.debug_barrier()
-        counts = tl.atomic_add(cursor_ptr + eidx, 0, mask=emask, sem="relaxed")
-        counts = tl.where(emask, counts, 0)
-        ends = tl.cumsum(counts, 0)
-        tl.store(offs_ptr + eidx, ends, mask=emask)
-        tl.debug_barrier()  # every count read before any cursor is overwritten
-        tl.atomic_xchg(cursor_ptr + eidx, ends - counts, mask=emask, sem="relaxed")
-        tl.debug_barrier()  # every thread's cursor stored before any atomic below reads one
-        for c in range(CHUNKS):
-            i = c * BLOCK + tl.arange(0, BLOCK)
-            mask = i < S
-            e = tl.load(ids_ptr + i, mask=mask, other=0)
-            row = tl.atomic_add(cursor_ptr + e, 1, mask=mask, sem="relaxed")
-            tl.store(row_token_ptr + row, (i // TOP_K).to(tl.int32), mask=mask)
-            tl.store(row_scale_ptr + row, tl.load(w_ptr + i, mask=mask, other=0.0), mask=mask)
-            tl.store(row_pair_ptr + row, i.to(tl.int32), mask=mask)
-            tl.store(pair_row_ptr + i, row.to(tl.int32), mask=mask)
+            i = c * SCAN + tl.arange(0, SCAN)
+            e = tl.load(ids_ptr + i, mask=i < S, other=0).to(tl.int32)
+            total += tl.histogram(e, E_P2, mask=i < S)
+            before += tl.histogram(e, E_P2, mask=i < first)
+        ends = tl.cumsum(total, 0)
+        if pid == 0:
+            tl.store(offs_ptr + bins, ends, mask=bins < E)
+        i = first + tl.arange(0, BLOCK)
+        mask = i < S
+        e = tl.load(ids_ptr + i, mask=mask, other=0).to(tl.int32)
+        onehot = ((e[:, None] == bins[None, :]) & mask[:, None]).to(tl.int32)  # [BLOCK, E_P2]
+        rank = tl.cumsum(onehot, 0) - 1  # among this block's pairs of the same expert
+        start = ends - total + before  # this block's first row of each expert
+        row = tl.sum(onehot * (rank + start[None, :]), axis=1)
+        tl.store(row_token_ptr + row, (i // TOP_K).to(tl.int32), mask=mask)
+        tl.store(row_scale_ptr + row, tl.load(w_ptr + i, mask=mask, other=0.0), mask=mask)
+        tl.store(row_pair_ptr + row, i.to(tl.int32), mask=mask)
+        tl.store(pair_row_ptr + i, row.to(tl.int32), mask=mask)
 
     return count_kernel, place_kernel, group_kernel
 
 
-ONE_PROGRAM_PAIRS = 16384  # above, three launches over many programs (at batch 32: 131,072 pairs)
+ONE_LAUNCH_PAIRS = 16384  # above, three launches (at batch 32: 131,072 pairs, read whole by every program)
 
 
 def group_by_expert(top_k_index: Tensor, top_k_weights: Tensor, num_experts: int) -> Grouping:
@@ -118,12 +123,14 @@ def group_by_expert(top_k_index: Tensor, top_k_weights: Tensor, num_experts: int
     out = [torch.empty(s, dtype=torch.int32, device=ids.device) for _ in range(3)]
     row_scale = torch.empty(s, dtype=weights.dtype, device=ids.device)
     count_kernel, place_kernel, group_kernel = _kernels()
-    if 0 < s <= ONE_PROGRAM_PAIRS:
+    if 0 < s <= ONE_LAUNCH_PAIRS:
         offsets = torch.empty(num_experts, dtype=torch.int32, device=ids.device)
-        cursor = torch.empty(num_experts, dtype=torch.int32, device=ids.device)  # the kernel sets it
-        group_kernel[(1,)](ids, weights, cursor, offsets, out[0], row_scale, out[1], out[2], s, E=num_experts,
-                           E_P2=triton.next_power_of_2(num_experts), TOP_K=k, BLOCK=1024,
-                           CHUNKS=triton.next_power_of_2(triton.cdiv(s, 1024)), num_warps=8)
+        e_p2 = triton.next_power_of_2(num_experts)
+        block = max(16, 8192 // e_p2)  # the one-hot [BLOCK, E_P2] stays at 64 registers a thread
+        scan = 1024
+        group_kernel[(triton.cdiv(s, block),)](ids, weights, offsets, out[0], row_scale, out[1], out[2], s,
+                                               E=num_experts, E_P2=e_p2, TOP_K=k, BLOCK=block, SCAN=scan,
+                                               CHUNKS=triton.next_power_of_2(triton.cdiv(s, scan)), num_warps=4)
         return Grouping(offsets, out[0], row_scale, out[1], out[2])
     scratch = torch.zeros(2, num_experts, dtype=torch.int32, device=ids.device)  # counts, cursors
     counts, cursor = scratch[0], scratch[1]

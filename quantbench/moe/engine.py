@@ -42,7 +42,7 @@ stable: the int4, nvfp4 and fp8 formats (quantbench.moe.int4 / nvfp4 / fp8) all 
 
     class GroupedMoE(nn.Module):     # replaces one MoE block (`layer.mlp`)
         GroupedMoE(gate, gate_up, down, *, top_k, norm_topk_prob, act="silu", kernel="auto")
-        forward(hidden_states [..., H]) -> [..., H]
+        forward(hidden_states [..., H], residual=None) -> [..., H]   # + residual, when given
         experts_forward(x [T, H], top_k_index [T, k], top_k_weights [T, k]) -> [T, H]
         kernel_path: str             # what ran last ("cpu-vectorised", "triton-fused-int4", "dequant+grouped_mm")
 
@@ -166,6 +166,8 @@ def _kernel_ran(w: ExpertWeights) -> str:
 class GroupedMoE(nn.Module):
     """One MoE block: the router stays the block's own (BF16) module; experts run as grouped GEMMs."""
 
+    takes_residual = True  # forward(h, residual=r) returns r + forward(h) (quantbench.fused_layer)
+
     def __init__(
         self,
         gate: nn.Module,
@@ -219,14 +221,19 @@ class GroupedMoE(nn.Module):
             )
         return CPU_PATH if device.type == "cpu" else DEQUANT_PATH
 
-    def forward(self, hidden_states: Tensor) -> Tensor:
+    def forward(self, hidden_states: Tensor, residual: Tensor | None = None) -> Tensor:
+        """The block's output, or `residual + output` when `residual` is given (the decoder layer's add, fused into
+        the sum over the k experts where that runs as a kernel: quantbench.fused_layer)."""
         shape = hidden_states.shape
         x = hidden_states.reshape(-1, shape[-1])
         weights, index = route(x, self.gate.weight, self.top_k, self.norm_topk_prob, getattr(self.gate, "bias", None))
-        return self.experts_forward(x, index, weights).reshape(shape)
+        res = None if residual is None else residual.reshape(-1, shape[-1])
+        return self.experts_forward(x, index, weights, residual=res).reshape(shape)
 
-    def experts_forward(self, x: Tensor, top_k_index: Tensor, top_k_weights: Tensor) -> Tensor:
-        """transformers' grouped_mm_experts_forward, with each projection run by its own format."""
+    def experts_forward(self, x: Tensor, top_k_index: Tensor, top_k_weights: Tensor,
+                        residual: Tensor | None = None) -> Tensor:
+        """transformers' grouped_mm_experts_forward, with each projection run by its own format (plus `residual`
+        [T, H], when given, after the sum over the k experts)."""
         num_tokens, k = top_k_index.shape
         grouping = None
         if x.is_cuda and triton_available():  # two small kernels instead of a sort (quantbench.moe.align)
@@ -277,8 +284,12 @@ class GroupedMoE(nn.Module):
                 weighted = weighted[inv_perm]
         # reshape + sum (not index_add_): deterministic, and the order transformers sums in
         if weighted.is_cuda and triton_available():  # one pass over weighted (quantbench.moe.routing)
-            return sum_slots(weighted.view(num_tokens, k, -1)).to(x.dtype)
-        return weighted.view(num_tokens, k, -1).sum(dim=1).to(x.dtype)
+            if residual is None or weighted.dtype == x.dtype:  # the residual added in the same pass
+                return sum_slots(weighted.view(num_tokens, k, -1), residual).to(x.dtype)
+            out = sum_slots(weighted.view(num_tokens, k, -1)).to(x.dtype)
+        else:
+            out = weighted.view(num_tokens, k, -1).sum(dim=1).to(x.dtype)
+        return out if residual is None else residual + out
 
     def _codes_scale(self, x: Tensor) -> Tensor | None:
         """The down projection's one input scale when gate_up can hand it h as E4M3 codes (both fused, both

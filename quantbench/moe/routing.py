@@ -121,8 +121,9 @@ def _kernels() -> tuple[Any, Any]:
         tl.store(index_ptr + out, top_i.to(tl.int64), mask=mask)
 
     @triton.jit
-    def sum_slots_kernel(w_ptr, out_ptr, H, K: tl.constexpr, BLOCK_H: tl.constexpr):
-        """out[t] = w[t, 0] + w[t, 1] + ... + w[t, K-1] in float32, left to right, rounded once."""
+    def sum_slots_kernel(w_ptr, r_ptr, out_ptr, H, K: tl.constexpr, BLOCK_H: tl.constexpr, RESIDUAL: tl.constexpr):
+        """out[t] = w[t, 0] + w[t, 1] + ... + w[t, K-1] in float32, left to right, rounded once; with RESIDUAL,
+        then r[t] + that, rounded again (the decoder layer's `residual + mlp(x)`, as torch's add rounds it)."""
         t = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
         mask = h < H
@@ -130,7 +131,11 @@ def _kernels() -> tuple[Any, Any]:
         acc = tl.load(src, mask=mask, other=0.0).to(tl.float32)
         for j in tl.static_range(1, K):
             acc += tl.load(src + j * H, mask=mask, other=0.0).to(tl.float32)
-        tl.store(out_ptr + t * H + h, rounded(acc, out_ptr.dtype.element_ty), mask=mask)
+        acc = rounded(acc, out_ptr.dtype.element_ty)
+        if RESIDUAL:
+            acc = rounded(acc.to(tl.float32) + tl.load(r_ptr + t * H + h, mask=mask, other=0.0).to(tl.float32),
+                          out_ptr.dtype.element_ty)
+        tl.store(out_ptr + t * H + h, acc, mask=mask)
 
     return route_kernel, sum_slots_kernel
 
@@ -170,15 +175,21 @@ def route_topk(logits: Tensor, top_k: int, norm_topk_prob: bool) -> tuple[Tensor
     return values.reshape(shape), index.reshape(shape)
 
 
-def sum_slots(weighted: Tensor) -> Tensor:
-    """[T, k, H] -> [T, H] in weighted's dtype: the k slots summed in float32 in slot order, rounded once."""
+def sum_slots(weighted: Tensor, residual: Tensor | None = None) -> Tensor:
+    """[T, k, H] -> [T, H] in weighted's dtype: the k slots summed in float32 in slot order, rounded once; plus
+    `residual` [T, H] (weighted's dtype) when given, rounded once more: `residual + sum` as torch computes it."""
     import triton
 
     t, k, h = weighted.shape
     weighted = weighted.contiguous()
+    if residual is not None:
+        if residual.shape != (t, h) or residual.dtype != weighted.dtype:
+            raise ValueError(f"residual {list(residual.shape)} {residual.dtype}: expected [{t}, {h}] {weighted.dtype}")
+        residual = residual.contiguous()
     out = torch.empty(t, h, dtype=weighted.dtype, device=weighted.device)
     if t and h:
         block_h = min(1024, triton.next_power_of_2(h))
         _, sum_slots_kernel = _kernels()
-        sum_slots_kernel[(t, triton.cdiv(h, block_h))](weighted, out, h, K=k, BLOCK_H=block_h, num_warps=4)
+        sum_slots_kernel[(t, triton.cdiv(h, block_h))](weighted, residual, out, h, K=k, BLOCK_H=block_h,
+                                                       RESIDUAL=residual is not None, num_warps=4)
     return out
