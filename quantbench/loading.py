@@ -87,15 +87,14 @@ def build_synthetic_quantized(spec: RunSpec, make: Any, dtype: torch.dtype) -> t
     install_grouped_moe(model, lambda i, ex: (_AmaxObserver(ex.gate_up_proj.data), _AmaxObserver(ex.down_proj.data)))
     with torch.inference_mode():
         model.get_decoder()(input_ids=calibration_prompt(tokenizer).to(device), use_cache=False)
-    from quantbench.moe.engine import GroupedMoE
+    from quantbench.moe.engine import GroupedMoE, reset_paths
 
     for moe in [m for m in model.modules() if isinstance(m, GroupedMoE)]:
         moe.gate_up = make(moe.gate_up.weight, moe.gate_up.amax)
         moe.down = make(moe.down.weight, moe.down.amax)
-        moe.kernel_path = moe.planned_path(torch.device(device))
-        moe.paths_ran.clear()  # the calibration forward ran the BF16 observers, not this format
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
+    reset_paths(model)  # the calibration forward ran the BF16 observers, not this format
     return model, tokenizer, kernel_paths(model)
 
 

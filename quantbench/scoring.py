@@ -22,6 +22,7 @@ from torch.nn import functional as F
 from quantbench.cudagraph import GraphedDecoder
 from quantbench.errors import ContextLengthError
 from quantbench.fused_ops import install as install_fused_ops
+from quantbench.moe.engine import reset_paths
 from quantbench.prompt import (
     CHOICE_LABELS,
     label_prefix,
@@ -84,6 +85,7 @@ class TransformersEngine:
         self._label_cache: dict[tuple[str, ...], list[int] | None] = {}
         # what quantbench.fused_ops swapped in (None: transformers' own ops), before any graph is captured
         self.fused_ops = install_fused_ops(model, fused_ops if self.device.type == "cuda" else "off")
+        reset_paths(model)  # the install probes' forwards are not the run's: what a run ran is read after it
         self.decoder = GraphedDecoder(model.get_decoder(), pad_id=self.pad_id, max_width=self.max_tokens,
                                       mode=cuda_graph if self.device.type == "cuda" else "off")
 

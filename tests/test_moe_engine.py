@@ -111,6 +111,21 @@ def test_the_paths_a_forward_took_are_what_a_run_records():
     assert kernel_paths_ran(model) == "cpu-vectorised"
 
 
+def test_forwards_before_the_run_are_not_what_it_ran():
+    """The install probes' and a calibration's forwards are forgotten when the scoring engine is built: the run
+    then records only what its own forwards took (a probe's 38 tokens may take another kernel than the run)."""
+    from quantbench.moe.engine import kernel_paths_ran
+    from quantbench.scoring import TransformersEngine
+    from tests.tiny import tiny_tokenizer
+
+    model = tiny_model()
+    install_grouped_moe(model, dense_weights)
+    model(input_ids=torch.randint(0, 600, (1, 7)))
+    assert kernel_paths_ran(model) == "cpu-vectorised"
+    TransformersEngine(model, tiny_tokenizer())
+    assert kernel_paths_ran(model) == ""
+
+
 def test_h_goes_to_down_as_e4m3_codes_only_when_both_fp8_kernels_take_them(monkeypatch):
     """The choice made before gate_up runs (the kernels themselves run on a GPU; tests/test_fp8.py checks them
     under the interpreter): codes only for a bf16 model, both projections on their native fused FP8 kernels, and

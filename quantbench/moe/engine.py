@@ -51,6 +51,7 @@ stable: the int4, nvfp4 and fp8 formats (quantbench.moe.int4 / nvfp4 / fp8) all 
     def moe_blocks(model) -> list[MoEBlockRef]       # the blocks install_grouped_moe would swap
     def experts_nbytes(model) -> int                 # bytes of every GroupedMoE's expert tensors
     def kernel_paths_ran(model) -> str               # every path the forwards so far took
+    def reset_paths(model) -> None                   # forget them (after a calibration pass or a probe)
 
 `kernel`: "auto" (fused where the format has a kernel for this device, else dequantize + grouped GEMM),
 "fused" (fail if there is none), "grouped_mm" (always dequantize + grouped GEMM).
@@ -435,6 +436,14 @@ def experts_nbytes(model: nn.Module) -> int:
 def kernel_paths(model: nn.Module) -> str:
     """What the GroupedMoE layers ran last (or will run), joined when they differ."""
     return "+".join(sorted({m.kernel_path for m in model.modules() if isinstance(m, GroupedMoE)}))
+
+
+def reset_paths(model: nn.Module) -> None:
+    """Forget what forwards so far ran (a calibration pass, an install probe): kernel paths back to the plan."""
+    for m in model.modules():
+        if isinstance(m, GroupedMoE):
+            m.kernel_path = m.planned_path(_device_of(m.gate_up))
+            m.paths_ran.clear()
 
 
 def kernel_paths_ran(model: nn.Module) -> str:
