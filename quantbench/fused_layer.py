@@ -32,9 +32,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from quantbench import fused_ops
 from quantbench.fused_ops import _is_rms_norm, _probe, _rope_fits, add_rms_norm, apply_rope
 
 _ORIGINAL = "_quantbench_original_forward"
+_NEXT_NORM = "_quantbench_next_norm"  # the norm that reads this layer's output (in __dict__: not a submodule)
 _ATTENTION_TOL = 2 * torch.finfo(torch.bfloat16).eps  # of the output's largest magnitude
 
 
@@ -65,7 +67,12 @@ def layer_forward(layer: nn.Module, hidden_states: Tensor, *args: Any, **kwargs:
     norm = layer.post_attention_layernorm
     h, residual = add_rms_norm(h, residual, norm.weight, norm.variance_epsilon)
     if getattr(layer.mlp, "takes_residual", False):
-        return layer.mlp(h, residual=residual)
+        norm = layer.__dict__.get(_NEXT_NORM)
+        if norm is None:
+            return layer.mlp(h, residual=residual)
+        out, normed = layer.mlp(h, residual=residual, norm=norm)
+        fused_ops.hand_normed(norm, out, normed)  # the next layer's input norm (or the final one) takes it as is
+        return out
     return residual + layer.mlp(h)
 
 
@@ -159,4 +166,43 @@ def install(model: nn.Module) -> list[str]:
                     _unswap(m)
         if any(passed.values()):
             fused.append(name)
+    if "residual" in fused and _link_next_norms(model):
+        fused.append("nextnorm")
     return fused
+
+
+def _link_next_norms(model: nn.Module) -> bool:
+    """Point each fused decoder layer whose MoE block takes the residual at the norm that reads its output (the
+    next layer's input_layernorm, the last layer's the decoder's final norm), where that norm runs fused_ops'
+    kernel; a probe on the first such layer checks the handed-over result against the norm kernel's own."""
+    linked = []
+    for stack in model.modules():
+        layers, final = getattr(stack, "layers", None), getattr(stack, "norm", None)
+        if not isinstance(layers, nn.ModuleList) or not _is_rms_norm(final):
+            continue
+        readers = [getattr(m, "input_layernorm", None) for m in list(layers)[1:]] + [final]
+        for layer, norm in zip(layers, readers, strict=True):
+            if (getattr(layer, _ORIGINAL, None) is not None and getattr(layer.mlp, "takes_residual", False)
+                    and getattr(getattr(norm, "forward", None), "func", None) is fused_ops._norm_forward):
+                layer.__dict__[_NEXT_NORM] = norm
+                linked.append(layer)
+    if linked and not _probe("nextnorm", _next_norm_matches, linked[0]):
+        for layer in linked:
+            del layer.__dict__[_NEXT_NORM]
+        return False
+    return bool(linked)
+
+
+def _next_norm_matches(layer: nn.Module) -> bool:
+    """The norm a fused layer hands to the next one against that norm's kernel on the layer's output: the same
+    bits (sum_slots_norm reduces in the norm kernel's tile and order)."""
+    norm = layer.__dict__[_NEXT_NORM]
+    out = layer(**_probe_inputs(layer, norm.weight.shape[0], layer.self_attn.head_dim))
+    handed = norm.__dict__.pop(fused_ops._NORMED, None)
+    if handed is None or handed[0] is not out:
+        raise RuntimeError("the layer handed no norm for its output")
+    want = fused_ops.rms_norm(out, norm.weight, norm.variance_epsilon)
+    if not torch.equal(handed[1], want):
+        raise RuntimeError(f"the handed norm differs from the norm kernel's by "
+                           f"{float((handed[1].float() - want.float()).abs().max()):.3g}")
+    return True

@@ -475,7 +475,24 @@ def _install_qkv(model: nn.Module) -> bool:
     return any(fused.values())
 
 
+_NORMED = "_quantbench_normed"  # (x, norm(x)) handed over by the kernel that made x (quantbench.fused_layer)
+
+
+def hand_normed(norm: nn.Module, x: Tensor, normed: Tensor) -> None:
+    """Give `norm` its result for `x`, computed where x was: its next call on that very tensor returns it."""
+    norm.__dict__[_NORMED] = (x, normed)
+
+
 def _norm_forward(module: nn.Module, hidden_states: Tensor) -> Tensor:
-    if not hidden_states.is_cuda:
+    handed = module.__dict__.pop(_NORMED, None)
+    if handed is not None and handed[0] is hidden_states:
+        return handed[1]
+    if not hidden_states.is_cuda and not _interpreting():  # (the tests run the kernel on CPU tensors)
         return type(module).forward(module, hidden_states)
     return rms_norm(hidden_states, module.weight, module.variance_epsilon)
+
+
+def _interpreting() -> bool:
+    from quantbench.moe.nvfp4 import interpreting
+
+    return interpreting()

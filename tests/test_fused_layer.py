@@ -14,7 +14,7 @@ pytest.importorskip("triton")
 KERNELS = """
 import torch
 from quantbench.fused_ops import add_rms_norm, apply_rope, rms_norm
-from quantbench.moe.routing import sum_slots
+from quantbench.moe.routing import sum_slots, sum_slots_norm
 
 torch.manual_seed(0)
 for dtype in (torch.float32, torch.bfloat16):
@@ -26,6 +26,11 @@ for dtype in (torch.float32, torch.bfloat16):
     slots = torch.randn(7, 4, 96).to(dtype)
     res = torch.randn(7, 96).to(dtype)
     assert torch.equal(sum_slots(slots, res), res + sum_slots(slots))
+    for h in (96, 2048):  # and the next layer's norm from the same pass: the norm kernel's bits
+        slots, res = torch.randn(7, 4, h).to(dtype), torch.randn(7, h).to(dtype)
+        nw = (1 + 0.2 * torch.randn(h)).to(dtype)
+        out, normed = sum_slots_norm(slots, res, nw, 1e-6)
+        assert torch.equal(out, res + sum_slots(slots)) and torch.equal(normed, rms_norm(out, nw, 1e-6))
 
     # q / k norms inside the rotary kernel, against the norm kernels then the rotary kernel
     qn, kn = (torch.nn.RMSNorm(64, eps=1e-6) for _ in range(2))
@@ -57,13 +62,10 @@ LAYERS = """
 import functools
 import torch
 from quantbench import fused_layer
-from quantbench.fused_ops import rms_norm
+from quantbench import fused_ops
 from quantbench.moe import install_grouped_moe
 from quantbench.moe.engine import DenseExperts
 from tests.tiny import tiny_model
-
-def kernel_norm(mod, x):
-    return rms_norm(x, mod.weight, mod.variance_epsilon)
 
 for dtype in (torch.float32, torch.bfloat16):
     model = tiny_model(dtype=dtype)
@@ -71,7 +73,7 @@ for dtype in (torch.float32, torch.bfloat16):
     for m in model.modules():  # norm weights away from 1, so a norm applied twice or never shows
         if type(m).__name__.endswith("RMSNorm"):
             m.weight.data = (1 + 0.3 * torch.randn(m.weight.shape)).to(dtype)
-            m.forward = functools.partial(kernel_norm, m)  # as fused_ops swaps them on a GPU
+            m.forward = functools.partial(fused_ops._norm_forward, m)  # as fused_ops.install swaps them
     if dtype == torch.bfloat16:  # layer 1's MoE through quantbench's engine: its residual goes in with the sum
         install_grouped_moe(model, lambda i, ex: (DenseExperts(ex.gate_up_proj.data), DenseExperts(ex.down_proj.data)))
     ids = torch.randint(0, 600, (2, 11))
@@ -79,8 +81,11 @@ for dtype in (torch.float32, torch.bfloat16):
         want = model(input_ids=ids).logits
         # _rope_fits asks for CUDA tensors; here the interpreter runs the kernel on CPU ones
         fused_layer._rope_fits = lambda q, k, cos, sin: q.dim() == 4 and k.dim() == 4
-        assert fused_layer.install(model) == ["residual", "qknorm"], "a probe failed"
-        assert fused_layer.install(model) == ["residual", "qknorm"]  # twice: nothing swapped twice
+        # layer 1's output norm (the final one) comes from its MoE's pass where the engine runs it (bf16 here)
+        fused = ["residual", "qknorm"] + (["nextnorm"] if dtype == torch.bfloat16 else [])
+        assert fused_layer.install(model) == fused, "a probe failed"
+        assert fused_layer.install(model) == fused  # twice: nothing swapped twice
+        assert (model.model.layers[1].__dict__.get("_quantbench_next_norm") is model.model.norm) == (dtype == torch.bfloat16)
         layer = model.model.layers[0]
         assert layer.forward.func is fused_layer.layer_forward
         assert layer.self_attn.forward.func is fused_layer.attention_forward

@@ -42,7 +42,8 @@ stable: the int4, nvfp4 and fp8 formats (quantbench.moe.int4 / nvfp4 / fp8) all 
 
     class GroupedMoE(nn.Module):     # replaces one MoE block (`layer.mlp`)
         GroupedMoE(gate, gate_up, down, *, top_k, norm_topk_prob, act="silu", kernel="auto")
-        forward(hidden_states [..., H], residual=None) -> [..., H]   # + residual, when given
+        forward(hidden_states [..., H], residual=None, norm=None) -> [..., H]   # + residual, when given
+                                                    # with norm too: (that, norm(that)) from one pass
         experts_forward(x [T, H], top_k_index [T, k], top_k_weights [T, k]) -> [T, H]
         kernel_path: str             # what ran last ("cpu-vectorised", "triton-fused-int4", "dequant+grouped_mm")
 
@@ -70,7 +71,7 @@ from torch import Tensor, nn
 
 from quantbench.errors import ConfigError, UnsupportedError
 from quantbench.moe.align import group_by_expert, triton_available
-from quantbench.moe.routing import route_fits, route_topk, sum_slots
+from quantbench.moe.routing import route_fits, route_topk, sum_slots, sum_slots_norm
 
 KERNELS = ("auto", "fused", "grouped_mm")
 CPU_PATH = "cpu-vectorised"
@@ -222,19 +223,24 @@ class GroupedMoE(nn.Module):
             )
         return CPU_PATH if device.type == "cpu" else DEQUANT_PATH
 
-    def forward(self, hidden_states: Tensor, residual: Tensor | None = None) -> Tensor:
-        """The block's output, or `residual + output` when `residual` is given (the decoder layer's add, fused into
-        the sum over the k experts where that runs as a kernel: quantbench.fused_layer)."""
+    def forward(self, hidden_states: Tensor, residual: Tensor | None = None,
+                norm: nn.Module | None = None) -> Tensor | tuple[Tensor, Tensor]:
+        """The block's output; `residual + output` when `residual` is given (the decoder layer's add, fused into
+        the sum over the k experts where that runs as a kernel: quantbench.fused_layer); with `norm` too (an
+        RMSNorm: the next layer's input norm), (residual + output, norm(residual + output)) from the same pass."""
         shape = hidden_states.shape
         x = hidden_states.reshape(-1, shape[-1])
         weights, index = route(x, self.gate.weight, self.top_k, self.norm_topk_prob, getattr(self.gate, "bias", None))
         res = None if residual is None else residual.reshape(-1, shape[-1])
-        return self.experts_forward(x, index, weights, residual=res).reshape(shape)
+        out = self.experts_forward(x, index, weights, residual=res, norm=norm)
+        if norm is None:
+            return out.reshape(shape)
+        return out[0].reshape(shape), out[1].reshape(shape)
 
     def experts_forward(self, x: Tensor, top_k_index: Tensor, top_k_weights: Tensor,
-                        residual: Tensor | None = None) -> Tensor:
+                        residual: Tensor | None = None, norm: nn.Module | None = None) -> Tensor | tuple[Tensor, Tensor]:
         """transformers' grouped_mm_experts_forward, with each projection run by its own format (plus `residual`
-        [T, H], when given, after the sum over the k experts)."""
+        [T, H], when given, after the sum over the k experts; and with `norm`, that sum's norm too: forward)."""
         num_tokens, k = top_k_index.shape
         grouping = None
         if x.is_cuda and triton_available():  # two small kernels instead of a sort (quantbench.moe.align)
@@ -284,13 +290,16 @@ class GroupedMoE(nn.Module):
                 inv_perm[perm] = torch.arange(perm.numel(), device=perm.device)
                 weighted = weighted[inv_perm]
         # reshape + sum (not index_add_): deterministic, and the order transformers sums in
-        if weighted.is_cuda and triton_available():  # one pass over weighted (quantbench.moe.routing)
-            if residual is None or weighted.dtype == x.dtype:  # the residual added in the same pass
-                return sum_slots(weighted.view(num_tokens, k, -1), residual).to(x.dtype)
-            out = sum_slots(weighted.view(num_tokens, k, -1)).to(x.dtype)
+        fits = weighted.is_cuda and triton_available()  # one pass over weighted (quantbench.moe.routing)
+        if fits and norm is not None and residual is not None and weighted.dtype == x.dtype:
+            return sum_slots_norm(weighted.view(num_tokens, k, -1), residual, norm.weight, norm.variance_epsilon)
+        if fits and (residual is None or weighted.dtype == x.dtype):  # the residual added in the same pass
+            out = sum_slots(weighted.view(num_tokens, k, -1), residual).to(x.dtype)
         else:
-            out = weighted.view(num_tokens, k, -1).sum(dim=1).to(x.dtype)
-        return out if residual is None else residual + out
+            out = (sum_slots(weighted.view(num_tokens, k, -1)) if fits
+                   else weighted.view(num_tokens, k, -1).sum(dim=1)).to(x.dtype)
+            out = out if residual is None else residual + out
+        return out if norm is None else (out, norm(out))
 
     def _codes_scale(self, x: Tensor) -> Tensor | None:
         """The down projection's one input scale when gate_up can hand it h as E4M3 codes (both fused, both

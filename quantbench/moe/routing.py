@@ -36,7 +36,7 @@ MAX_TOP_K = 32  # the selection loop is unrolled k times
 
 
 @functools.cache
-def _kernels() -> tuple[Any, Any]:
+def _kernels() -> tuple[Any, Any, Any]:
     import triton
     import triton.language as tl
     from triton.language.extra.cuda import libdevice
@@ -137,7 +137,30 @@ def _kernels() -> tuple[Any, Any]:
                           out_ptr.dtype.element_ty)
         tl.store(out_ptr + t * H + h, acc, mask=mask)
 
-    return route_kernel, sum_slots_kernel
+    @triton.jit
+    def sum_slots_norm_kernel(w_ptr, r_ptr, out_ptr, nw_ptr, y_ptr, T, eps, H: tl.constexpr, H_P2: tl.constexpr,
+                              K: tl.constexpr, BLOCK_T: tl.constexpr):
+        """sum_slots_kernel with RESIDUAL for BLOCK_T whole rows, then the next RMSNorm of each row (written to y)
+        as fused_ops.rmsnorm_kernel computes it: the same [BLOCK_T, H_P2] tile and warps, so the same reduction."""
+        rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+        cols = tl.arange(0, H_P2)
+        mask = (rows < T)[:, None] & (cols < H)[None, :]
+        at = rows.to(tl.int64)[:, None] * H + cols[None, :]
+        src = w_ptr + rows.to(tl.int64)[:, None] * K * H + cols[None, :]
+        acc = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+        for j in tl.static_range(1, K):
+            acc += tl.load(src + j * H, mask=mask, other=0.0).to(tl.float32)
+        out_ty = out_ptr.dtype.element_ty
+        acc = rounded(acc, out_ty).to(tl.float32) + tl.load(r_ptr + at, mask=mask, other=0.0).to(tl.float32)
+        out = rounded(acc, out_ty)
+        tl.store(out_ptr + at, out, mask=mask)
+        xf = out.to(tl.float32)
+        rstd = tl.math.rsqrt(tl.sum(xf * xf, axis=1) * (1.0 / H) + eps)
+        normed = rounded(xf * rstd[:, None], out_ty).to(tl.float32)
+        w = tl.load(nw_ptr + cols, mask=cols < H, other=0.0).to(tl.float32)
+        tl.store(y_ptr + at, (w[None, :] * normed).to(y_ptr.dtype.element_ty), mask=mask)
+
+    return route_kernel, sum_slots_kernel, sum_slots_norm_kernel
 
 
 def route_fits(logits: Tensor, top_k: int) -> bool:
@@ -165,7 +188,7 @@ def route_topk(logits: Tensor, top_k: int, norm_topk_prob: bool) -> tuple[Tensor
         p2 = triton.next_power_of_2(e)
         lanes = min(p2, 32)
         block_t = 4  # a warp per row: 2.9 us at 512 x 128 top-8 on the H200 (3.7 with 8 rows on 4 warps)
-        route_kernel, _ = _kernels()
+        route_kernel = _kernels()[0]
         route_kernel[(triton.cdiv(t, block_t),)](
             rows, values, index, t, rows.stride(0), E=e, K=top_k, K_P2=triton.next_power_of_2(top_k),
             NORM=norm_topk_prob, LANES=lanes, ITERS=p2 // lanes, BLOCK_T=block_t, INTERPRET=interpreting(),
@@ -189,7 +212,27 @@ def sum_slots(weighted: Tensor, residual: Tensor | None = None) -> Tensor:
     out = torch.empty(t, h, dtype=weighted.dtype, device=weighted.device)
     if t and h:
         block_h = min(1024, triton.next_power_of_2(h))
-        _, sum_slots_kernel = _kernels()
+        sum_slots_kernel = _kernels()[1]
         sum_slots_kernel[(t, triton.cdiv(h, block_h))](weighted, residual, out, h, K=k, BLOCK_H=block_h,
                                                        RESIDUAL=residual is not None, num_warps=4)
     return out
+
+
+def sum_slots_norm(weighted: Tensor, residual: Tensor, norm_weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """(residual + sum_slots(weighted), RMSNorm of that with `norm_weight`, as transformers' RMSNorm rounds): the
+    decoder layer's output and the next layer's input norm in one pass (quantbench.fused_layer)."""
+    import triton
+
+    t, k, h = weighted.shape
+    if residual.shape != (t, h) or residual.dtype != weighted.dtype:
+        raise ValueError(f"residual {list(residual.shape)} {residual.dtype}: expected [{t}, {h}] {weighted.dtype}")
+    weighted, residual = weighted.contiguous(), residual.contiguous()
+    out = torch.empty(t, h, dtype=weighted.dtype, device=weighted.device)
+    normed = torch.empty(t, h, dtype=torch.promote_types(norm_weight.dtype, weighted.dtype), device=weighted.device)
+    if t and h:
+        h_p2 = triton.next_power_of_2(h)
+        block_t = max(1, min(64, 4096 // h_p2))  # fused_ops.rms_norm's tile and warps: the same reduction order
+        _kernels()[2][(triton.cdiv(t, block_t),)](weighted, residual, out, norm_weight, normed, t, float(eps), H=h,
+                                                  H_P2=h_p2, K=k, BLOCK_T=block_t,
+                                                  num_warps=4 if h_p2 <= 1024 else 8)
+    return out, normed
