@@ -57,7 +57,6 @@ class GraphedDecoder:
         if mode not in MODES:
             raise ValueError(f"cuda graph mode {mode!r}: use one of {', '.join(MODES)}")
         self.decoder, self.pad_id, self.max_width = decoder, pad_id, max_width
-        self.device = next(decoder.parameters()).device
         self.width_step, self.max_graphs, self.max_tokens = width_step, max_graphs, max_tokens
         self.report = GraphReport(mode)
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Tensor, Tensor]] = {}
@@ -95,17 +94,13 @@ class GraphedDecoder:
         return self._graphs[key]
 
     def __call__(self, ids: Tensor) -> Tensor:
-        """ids [rows, width] on the host (pinned: copied without blocking) or on the decoder's device."""
         rows, width = ids.shape
-        entry = self._graph_for(rows, width, self.device)
+        entry = self._graph_for(rows, width, ids.device)
         if entry is None:
-            return self._eager(ids.to(self.device, non_blocking=True))
+            return self._eager(ids)
         graph, static_ids, static_out = entry
-        if static_ids.shape == ids.shape:  # the batch is its bucket: one copy straight into the graph's input
-            static_ids.copy_(ids, non_blocking=True)
-        else:
-            static_ids.fill_(self.pad_id)
-            static_ids[:rows, :width].copy_(ids, non_blocking=True)
+        static_ids.fill_(self.pad_id)
+        static_ids[:rows, :width].copy_(ids)
         graph.replay()
         self.report.replays += 1
         return static_out[:rows, :width]

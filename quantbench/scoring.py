@@ -167,10 +167,10 @@ class TransformersEngine:
         """Answer several prepared requests in one forward pass (the server batches concurrent requests)."""
         rows = [r for p in batch for r in p.rows]
         width = max(len(r) for r in rows)
-        # built in pinned memory on a GPU: the decoder copies it into its graph's input without blocking the host
-        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long, pin_memory=self.device.type == "cuda")
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         for i, r in enumerate(rows):
             ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        ids = ids.to(self.device, non_blocking=True)
 
         # Which (row, position) hidden states are read: the last prompt token for labels, and for continuations
         # every position that predicts an option token.

@@ -90,8 +90,7 @@ def _kernels() -> tuple[Any, Any]:
             i = c * SCAN + tl.arange(0, SCAN)
             e = tl.load(ids_ptr + i, mask=i < S, other=0).to(tl.int32)
             total += tl.histogram(e, E_P2, mask=i < S)
-            if c * SCAN < first:  # chunks wholly after this block's first pair add nothing before it
-                before += tl.histogram(e, E_P2, mask=i < first)
+            before += tl.histogram(e, E_P2, mask=i < first)
         ends = tl.cumsum(total, 0)
         if pid == 0:
             tl.store(offs_ptr + bins, ends, mask=bins < E)
