@@ -95,8 +95,11 @@ class TransformersEngine:
         return cls(model, tokenizer, max_options=spec.max_options, max_tokens=spec.max_tokens, truncate=spec.truncate,
                    method=spec.method, cuda_graph=spec.cuda_graph, fused_ops=spec.fused_ops)
 
+    @torch.inference_mode()
     def warm(self, batch: list[Prepared]) -> None:
-        """Make ready what the forward of this batch will replay (its CUDA graph), outside any timing."""
+        """Make ready what the forward of this batch will replay (its CUDA graph), outside any timing. Under
+        inference mode, as forward_many: a graph captured with autograd on would record the unfused paths that
+        quantbench.fused_ops / fused_layer take then (found 2026-11-30: batch buckets were captured that way)."""
         rows = [r for p in batch for r in p.rows]
         self.decoder.ensure(len(rows), max(len(r) for r in rows), self.device)
 

@@ -121,3 +121,14 @@ def test_label_answers_read_only_the_label_rows_of_the_head_and_match_the_whole_
     monkeypatch.undo()
     monkeypatch.setattr(head, "forward", lambda x: original(head, x))  # a wrapped head (accelerate's hooks do this)
     assert engine._label_columns([engine.prepare(parse_request(REQUEST))]) is None
+
+
+def test_graphs_are_captured_under_inference_mode_as_the_forward_runs(engine, monkeypatch):
+    """warm() captures a bucket's CUDA graph before it is timed; with autograd on, the fused q/k/v and decoder-layer
+    forwards step aside and the graph would record the unfused ops."""
+    seen = []
+    monkeypatch.setattr(engine.decoder, "ensure",
+                        lambda rows, width, device: seen.append((torch.is_inference_mode_enabled(),
+                                                                 torch.is_grad_enabled())))
+    engine.warm([engine.prepare(parse_request(REQUEST))])
+    assert seen == [(True, False)]
