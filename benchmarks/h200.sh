@@ -9,10 +9,11 @@
 # Parts (each fits one 10-minute device call): fixture = the fixture's variants; shape = every backend at the
 # 30B shape, one ~512-token decision at a time; throughput = 8 and 32 decisions of 512 tokens per forward pass
 # (BF16 and INT4; throughput-more: NVFP4, FP8 and the eager noise-floor kernel);
-# lengths = 128- and 2048-token decisions; autoround (not in all) = a real-shape checkpoint of AUTOROUND_LAYERS
-# (8) layers quantized by `quantbench quantize` (auto-round RTN), run through auto-round's per-expert path and
-# through the fast path, one and 8 decisions per forward pass, beside BF16 on the same weights (QB_GPU=cpu runs
-# this part on a CPU machine: there the per-expert loop is auto-round's torch kernel). Needs quantbench importable
+# lengths = 128- and 2048-token decisions; autoround (not in all) = the real-shape model of AUTOROUND_LAYERS (8)
+# layers quantized by `quantbench quantize --shape` (auto-round RTN, from memory: no BF16 checkpoint on disk), run
+# through auto-round's per-expert path and through the fast path, one and 8 decisions per forward pass, beside
+# BF16 on the same weights (QB_GPU=cpu runs this part on a CPU machine: there the per-expert loop is auto-round's
+# torch kernel). Before 2026-11-30 13:00 this part wrote the BF16 checkpoint first (`quantbench fixture --shape`). Needs quantbench importable
 # (installed, or PYTHONPATH=$PWD) and, for the fixture, its cache ($QUANTBENCH_CACHE): carried from the machine
 # that built it, or built here (~2 min).
 set -u
@@ -33,17 +34,17 @@ suite() {  # realistic-length decisions: the built-in records padded to N tokens
 shape() { echo --shape qwen3-30b-a3b --suite "$(suite "$1")" --warmup 2 --latency-min-decisions 16 --latency-min-seconds 1; }
 
 if [[ $part == autoround ]]; then  # auto-round's own per-expert path against the fast path, on one checkpoint
-  layers=${AUTOROUND_LAYERS:-8}    # the whole 30B would need ~7 min of quantizing and the disk the others use
+  layers=${AUTOROUND_LAYERS:-8}    # 48: the whole model, ~7 min of auto-round RTN on an H200 (an estimate from 12 layers)
   ckpt=${TMPDIR:-/tmp}/quantbench-autoround
   rm -rf "$ckpt" && mkdir -p "$ckpt"
   t=$SECONDS
-  python3 -m quantbench fixture --shape qwen3-30b-a3b --layers "$layers" --out "$ckpt/bf16" 2>&1 | tail -n 2
-  python3 -m quantbench quantize --model "$ckpt/bf16" --scheme int4 --iters 0 --nsamples 16 --seqlen 256 \
-    --out "$ckpt/int4" 2>&1 | tail -n 3
-  echo "    ($((SECONDS - t)) s: real-shape checkpoint of $layers layers + auto-round RTN)"
+  # quantized from memory: the synthetic model `run --shape` builds, no 61 GB BF16 checkpoint on disk first
+  python3 -m quantbench quantize --shape qwen3-30b-a3b --layers "$layers" --scheme int4 --iters 0 --nsamples 16 \
+    --seqlen 256 --out "$ckpt/int4" 2>&1 | tail -n 3
+  echo "    ($((SECONDS - t)) s: auto-round RTN of the $layers-layer real-shape model)"
   s512=$(suite 512)
-  qb --backend bf16 --model "$ckpt/bf16" --suite "$s512" --warmup 2 --latency-min-decisions 16 --latency-min-seconds 1
-  rm -rf "$ckpt/bf16"
+  qb --backend bf16 --shape qwen3-30b-a3b --layers "$layers" --suite "$s512" --warmup 2 --latency-min-decisions 16 \
+    --latency-min-seconds 1
   for fast in --no-fast-moe --fast-moe; do
     for n in 1 8; do
       qb --backend int4 --model "$ckpt/int4" --suite "$s512" --warmup 2 --latency-min-decisions 16 \

@@ -309,18 +309,25 @@ def quantize(
     group_size: Annotated[int, typer.Option(help="int4 group size")] = 128,
     experts_only: Annotated[bool, typer.Option("--experts-only/--all", help="Quantize only the MoE experts (as the card)")] = True,
     overwrite: Annotated[bool, typer.Option(help="Replace --out if it exists")] = False,
+    shape: Annotated[str | None, typer.Option(help="int4: quantize the synthetic model of `run --shape` (e.g. "
+                                              "qwen3-30b-a3b) from memory instead of a checkpoint")] = None,
+    layers: Annotated[int | None, typer.Option(help="--shape: its number of layers (default: the real one)")] = None,
+    seed: Annotated[int, typer.Option(help="--shape: the seed of its random weights (as `run --seed`)")] = 0,
 ) -> None:
     """Make a quantized variant with the library that owns the format (auto-round, nvidia-modelopt)."""
     from quantbench.quantize import quantize as do_quantize
 
     try:
-        if model is None:
+        if model is not None and shape is not None:
+            raise ConfigError("give --model or --shape, not both")
+        if model is None and shape is None:
             from quantbench.fixture import default_model_dir
 
             model = str(default_model_dir())
         path = do_quantize(model, scheme, out_dir, iters=iters, nsamples=nsamples, seqlen=seqlen,
-                           group_size=group_size, experts_only=experts_only, overwrite=overwrite)
-        out.print(f"[green]quantized[/] {model} → [bold]{path}[/] ({scheme}); run it with "
+                           group_size=group_size, experts_only=experts_only, overwrite=overwrite, shape=shape,
+                           layers=layers, weights_seed=seed)
+        out.print(f"[green]quantized[/] {model or shape} → [bold]{path}[/] ({scheme}); run it with "
                   f"`quantbench run --backend {scheme} --model {path}`")
     except QuantbenchError as e:
         _fail(e)

@@ -222,6 +222,50 @@ def test_unknown_scheme_is_a_config_error():
         Recipe("int3")
 
 
+def test_quantize_takes_a_checkpoint_or_a_synthetic_shape_and_says_which_when_neither_fits(tmp_path):
+    with pytest.raises(ConfigError, match="--model .* or --shape"):
+        quantize(None, "int4", tmp_path / "out")
+    with pytest.raises(ConfigError, match="--model .* or --shape"):
+        quantize(tmp_path, "int4", tmp_path / "out", shape="qwen3-30b-a3b")
+    with pytest.raises(ConfigError, match="only int4 is quantized from memory"):
+        quantize(None, "nvfp4", tmp_path / "out", shape="qwen3-30b-a3b")
+    with pytest.raises(ConfigError, match="--shape 'qwen9'"):
+        quantize(None, "int4", tmp_path / "out", shape="qwen9")
+
+
+SYNTHETIC_QUANTIZE = """
+import json, sys
+from pathlib import Path
+from quantbench import fixture
+from quantbench.checkpoint import model_identity
+from quantbench.quantize import quantize
+
+# a small shape of the same family (the real one is 61 GB): registered for this process only
+fixture.SYNTHETIC_SHAPES["test-moe"] = dict(fixture.SYNTHETIC_SHAPES["qwen3-30b-a3b"], hidden_size=256,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_experts=8, num_experts_per_tok=2,
+    moe_intermediate_size=128, intermediate_size=512, vocab_size=2048)
+out = Path(sys.argv[1])
+quantize(None, "int4", out, shape="test-moe", layers=2, weights_seed=3, nsamples=4, seqlen=64, progress=False)
+prov = json.loads((out / "quantbench_provenance.json").read_text())
+assert prov["weights"] == "synthetic" and prov["source_model_id"] == "synthetic-test-moe-2l-seed3", prov
+assert prov["source_model_hash"].startswith("synthetic:") and prov["source_model_path"].startswith("synthetic:")
+ident = model_identity(out)
+assert ident["weights"] == "synthetic" and ident["model_id"] == "synthetic-test-moe-2l-seed3", ident
+config = json.loads((out / "config.json").read_text())
+assert config["quantization_config"]["quant_method"] == "auto-round" and config["num_hidden_layers"] == 2
+print("ok")
+"""
+
+
+def test_quantize_from_a_synthetic_shape_writes_no_bf16_checkpoint_and_says_synthetic(tmp_path):
+    """`quantize --shape` quantizes the model `run --shape` builds, from memory (in a child: auto_round's import
+    patches transformers for the rest of its process)."""
+    done = subprocess.run([sys.executable, "-c", SYNTHETIC_QUANTIZE, str(tmp_path / "int4")], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["int4"]  # nothing else was written
+
+
 # -- a real checkpoint: the default model, quantized once (RTN) by AutoRound through quantbench -----------------
 RECIPE = {"nsamples": 8, "seqlen": 128}
 

@@ -44,7 +44,7 @@ stable: the int4, nvfp4 and fp8 formats (quantbench.moe.int4 / nvfp4 / fp8) all 
         GroupedMoE(gate, gate_up, down, *, top_k, norm_topk_prob, act="silu", kernel="auto")
         forward(hidden_states [..., H], residual=None, norm=None) -> [..., H]   # + residual, when given
                                                     # with norm too: (that, norm(that)) from one pass
-        experts_forward(x [T, H], top_k_index [T, k], top_k_weights [T, k]) -> [T, H]
+        experts_forward(x [T, H], top_k_index [T, k], top_k_weights [T, k], residual=None, norm=None) -> [T, H]
         kernel_path: str             # what ran last ("cpu-vectorised", "triton-fused-int4", "dequant+grouped_mm")
 
     def install_grouped_moe(model, make_weights, kernel="auto") -> str

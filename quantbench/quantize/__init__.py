@@ -105,7 +105,7 @@ def calibration_texts(tokenizer: Any, nsamples: int, seqlen: int, seed: int = 0)
 
 # -- the verb ---------------------------------------------------------------------------------------------------
 def quantize(
-    source_dir: str | Path,
+    source_dir: str | Path | None,
     scheme: str,
     out_dir: str | Path,
     *,
@@ -117,12 +117,25 @@ def quantize(
     seed: int = 0,
     progress: bool = True,
     overwrite: bool = False,
+    shape: str | None = None,
+    layers: int | None = None,
+    weights_seed: int = 0,
 ) -> Path:
     """Quantize the BF16 checkpoint `source_dir` with `scheme` into `out_dir`; returns the checkpoint directory.
-    What `quantbench quantize --model --scheme --iters --nsamples --group-size --experts-only/--all --out` does."""
+    What `quantbench quantize --model --scheme --iters --nsamples --group-size --experts-only/--all --out` does.
+
+    With `shape` instead of `source_dir` (int4): the synthetic real-shape model of `quantbench run --shape` (the
+    same seeded weights, `layers` and `weights_seed`: built on the GPU when there is one, as the runs build it) is
+    quantized from memory, so no BF16 checkpoint is written first (the 30B one is 61 GB)."""
     recipe = Recipe(scheme, iters, nsamples, seqlen, group_size, experts_only, seed)
-    source, out = Path(source_dir), Path(out_dir)
-    if not (source / "config.json").is_file():
+    if (source_dir is None) == (shape is None):
+        raise ConfigError("give --model (a BF16 checkpoint directory) or --shape (a synthetic model built in memory)")
+    if shape is not None and scheme != "int4":
+        raise ConfigError(f"--shape with --scheme {scheme}: only int4 is quantized from memory here; a synthetic "
+                          f"{scheme} variant is made in memory by `quantbench run --backend {scheme} --shape {shape}`")
+    out = Path(out_dir)
+    source = None if source_dir is None else Path(source_dir)
+    if source is not None and not (source / "config.json").is_file():
         raise ConfigError(f"--model {source}: no config.json; give a BF16 checkpoint directory")
     if out.exists() and any(out.iterdir()):
         if not overwrite:
@@ -130,34 +143,63 @@ def quantize(
         shutil.rmtree(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    source_hash = fingerprint(source)
-    if scheme == "int4":
+    if shape is not None:
+        model, tokenizer, origin = _synthetic_source(shape, layers, weights_seed)
         from quantbench.quantize.autoround import quantize_autoround
 
-        details = quantize_autoround(source, out, recipe, progress=progress)
+        details = quantize_autoround(None, out, recipe, progress=progress, model=model, tokenizer=tokenizer)
     else:
-        from transformers import AutoTokenizer
+        ident = model_identity(source)
+        origin = {**ident, "path": str(source.resolve()), "hash": ident["model_hash"]}
+        if scheme == "int4":
+            from quantbench.quantize.autoround import quantize_autoround
 
-        from quantbench.quantize.modelopt import quantize_modelopt
+            details = quantize_autoround(source, out, recipe, progress=progress)
+        else:
+            from transformers import AutoTokenizer
 
-        texts = calibration_texts(AutoTokenizer.from_pretrained(source), nsamples, seqlen, seed)
-        made = quantize_modelopt(source, scheme, out, texts=texts, nsamples=nsamples, seqlen=seqlen,
-                                 experts_only=experts_only, progress=progress)
-        details = {"checkpoint": str(made)} if made is not None else {}
-    write_provenance(out, source, source_hash, recipe, time.perf_counter() - started, details)
+            from quantbench.quantize.modelopt import quantize_modelopt
+
+            texts = calibration_texts(AutoTokenizer.from_pretrained(source), nsamples, seqlen, seed)
+            made = quantize_modelopt(source, scheme, out, texts=texts, nsamples=nsamples, seqlen=seqlen,
+                                     experts_only=experts_only, progress=progress)
+            details = {"checkpoint": str(made)} if made is not None else {}
+    write_provenance(out, origin, recipe, time.perf_counter() - started, details)
     return out
 
 
-def write_provenance(out: Path, source: Path, source_hash: str, recipe: Recipe, seconds: float,
+def _synthetic_source(shape: str, layers: int | None, weights_seed: int) -> tuple[Any, Any, dict[str, Any]]:
+    """The synthetic model `quantbench run --shape` builds (on the GPU when there is one: the seeded weights are
+    that device's generator's), in host memory, and its identity: no files, so its hash is the recipe's."""
+    import torch
+
+    from quantbench.fixture import SYNTHETIC_SHAPES, build_synthetic, synthetic_id
+
+    if shape not in SYNTHETIC_SHAPES:
+        raise ConfigError(f"--shape {shape!r}: use one of {', '.join(sorted(SYNTHETIC_SHAPES))}")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, tokenizer = build_synthetic(shape, layers=layers, device=device, seed=weights_seed)
+    if device != "cpu":  # AutoRound takes the model from host memory, as from a checkpoint, and moves each block
+        model.to("cpu")
+        torch.cuda.empty_cache()
+    model_id = synthetic_id(shape, layers, weights_seed)
+    made_by = {"shape": shape, "layers": model.config.num_hidden_layers, "seed": weights_seed, "device": device,
+               "dims": SYNTHETIC_SHAPES[shape]}
+    digest = hashlib.sha256(json.dumps(made_by, sort_keys=True).encode()).hexdigest()
+    return model, tokenizer, {"path": f"synthetic:{model_id} (built in memory on {device})", "hash": f"synthetic:{digest}",
+                              "model_id": model_id, "model_revision": None, "weights": "synthetic"}
+
+
+def write_provenance(out: Path, origin: dict[str, Any], recipe: Recipe, seconds: float,
                      details: dict[str, Any] | None = None) -> Path:
-    ident = model_identity(source)
+    """`origin`: the source's path (or what built it), hash, model_id, model_revision and weights kind."""
     prov = {
         "scheme": recipe.scheme,
-        "source_model_path": str(source.resolve()),
-        "source_model_hash": source_hash,
-        "source_model_id": ident["model_id"],
-        "source_revision": ident.get("model_revision"),
-        "weights": ident["weights"],
+        "source_model_path": origin["path"],
+        "source_model_hash": origin["hash"],
+        "source_model_id": origin["model_id"],
+        "source_revision": origin.get("model_revision"),
+        "weights": origin["weights"],
         "recipe": recipe.to_dict(),
         "recipe_hash": recipe.hash,
         "calibration": "quantbench.suitegen train split, rendered by quantbench.prompt (prompt + gold answer)",

@@ -59,16 +59,19 @@ def non_expert_linears(model: torch.nn.Module) -> list[str]:
             if isinstance(m, torch.nn.Linear) and ".experts." not in f".{name}."]
 
 
-def quantize_autoround(source: Path, out: Path, recipe: Any, *, progress: bool = True) -> dict[str, Any]:
-    """Quantize `source` with AutoRound W4A16 into `out` (a checkpoint directory). Returns provenance details."""
-    from transformers import AutoTokenizer
-
+def quantize_autoround(source: Path | None, out: Path, recipe: Any, *, progress: bool = True, model: Any = None,
+                       tokenizer: Any = None) -> dict[str, Any]:
+    """Quantize `source` (or `model` with `tokenizer`, already in memory) with AutoRound W4A16 into `out` (a
+    checkpoint directory). Returns provenance details."""
     from quantbench.quantize import calibration_texts
 
-    # Load before importing auto_round: once imported, it patches transformers' MoE blocks and a plain BF16
-    # MoE checkpoint would load with random experts (load_causal_lm refuses that anyway).
-    model = load_causal_lm(source, dtype=torch.bfloat16, device="cpu")
-    tokenizer = AutoTokenizer.from_pretrained(source)
+    if model is None:
+        from transformers import AutoTokenizer
+
+        # Load before importing auto_round: once imported, it patches transformers' MoE blocks and a plain BF16
+        # MoE checkpoint would load with random experts (load_causal_lm refuses that anyway).
+        model = load_causal_lm(source, dtype=torch.bfloat16, device="cpu")
+        tokenizer = AutoTokenizer.from_pretrained(source)
     texts = calibration_texts(tokenizer, recipe.nsamples, recipe.seqlen, recipe.seed)
     layer_config = {name: {"bits": 16} for name in non_expert_linears(model)} if recipe.experts_only else None
 
