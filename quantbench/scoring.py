@@ -5,9 +5,10 @@ answer), the sequences are right-padded into one batch, and only the positions t
 Right padding keeps every real token's attention exactly as if the sequence were alone: causal attention never
 looks forward, so no attention mask is needed and none is passed.
 
-Options are scored from the logits of their single-token labels (`label_logit`); when the tokenizer cannot
-write every label as one token, or the caller asks for it, from the summed log-likelihood of each option key as a
-continuation (`continuation`), batched in the same forward pass.
+Options are scored from the logits of their single-token labels (`label_logit`: only the head's rows for those
+labels are multiplied, not the whole vocabulary's); when the tokenizer cannot write every label as one token, or
+the caller asks for it, from the summed log-likelihood of each option key as a continuation (`continuation`: the
+whole head and its log-softmax), batched in the same forward pass.
 """
 
 from __future__ import annotations

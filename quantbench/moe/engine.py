@@ -291,9 +291,10 @@ class GroupedMoE(nn.Module):
                 weighted = weighted[inv_perm]
         # reshape + sum (not index_add_): deterministic, and the order transformers sums in
         fits = weighted.is_cuda and triton_available()  # one pass over weighted (quantbench.moe.routing)
-        if fits and norm is not None and residual is not None and weighted.dtype == x.dtype:
+        same = residual is not None and weighted.dtype == x.dtype == residual.dtype
+        if fits and norm is not None and same:
             return sum_slots_norm(weighted.view(num_tokens, k, -1), residual, norm.weight, norm.variance_epsilon)
-        if fits and (residual is None or weighted.dtype == x.dtype):  # the residual added in the same pass
+        if fits and (residual is None or same):  # the residual added in the same pass
             out = sum_slots(weighted.view(num_tokens, k, -1), residual).to(x.dtype)
         else:
             out = (sum_slots(weighted.view(num_tokens, k, -1)) if fits
