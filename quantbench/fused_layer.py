@@ -37,7 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from quantbench import fused_ops
-from quantbench.fused_ops import _is_rms_norm, _probe, _rope_fits, add_rms_norm, apply_rope
+from quantbench.fused_ops import _is_rms_norm, _probe, _rope_fits, add_rms_norm, apply_rope, swap_per_class
 
 _ORIGINAL = "_quantbench_original_forward"
 _NEXT_NORM = "_quantbench_next_norm"  # the norm that reads this layer's output (in __dict__: not a submodule)
@@ -154,21 +154,17 @@ def install(model: nn.Module) -> list[str]:
     fused = []
     for name, kind, forward, check in (("residual", _is_decoder_layer, layer_forward, _layer_matches),
                                        ("qknorm", _is_qk_norm_attention, attention_forward, _attention_matches)):
-        passed: dict[type, bool] = {}
-        for m in model.modules():
-            if not kind(m) or passed.get(type(m)) is False:
-                continue
-            if hasattr(m, _ORIGINAL):  # swapped by an earlier install
-                passed.setdefault(type(m), True)
-                continue
-            if "forward" in vars(m):  # someone else's instance forward (accelerate's hooks): left alone
-                continue
+        def swap(m: nn.Module, kind=kind, forward=forward) -> bool:
+            # not someone else's instance forward (accelerate's hooks put theirs there): that is left alone
+            if not kind(m) or "forward" in vars(m):
+                return False
             _swap(m, forward)
-            if type(m) not in passed:
-                passed[type(m)] = _probe(name, check, m)
-                if not passed[type(m)]:
-                    _unswap(m)
-        if any(passed.values()):
+            return True
+
+        def swapped_before(m: nn.Module, kind=kind) -> bool:  # by an earlier install
+            return kind(m) and hasattr(m, _ORIGINAL)
+
+        if swap_per_class(name, model.modules(), swap, check, _unswap, already=swapped_before):
             fused.append(name)
     if "residual" in fused and _link_next_norms(model):
         fused.append("nextnorm")

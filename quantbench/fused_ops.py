@@ -464,15 +464,28 @@ def install(model: nn.Module, mode: str = "auto") -> str | None:
 
 def _install_qkv(model: nn.Module) -> bool:
     """fuse_qkv on every attention whose class passes the probe (probed once per class, as the norms are)."""
-    fused: dict[type, bool] = {}
-    for m in model.modules():
-        if fused.get(type(m)) is False or not fuse_qkv(m):
+    return swap_per_class("qkv", model.modules(), fuse_qkv, _qkv_matches, unfuse_qkv)
+
+
+def swap_per_class(op: str, modules, swap, check, undo, already=lambda m: False) -> bool:
+    """swap(m) on every module it takes (it returns False for one it does not); the first module of each class is
+    probed after its swap (check(m), through _probe) and, when that fails, undone (undo(m)), and no other module of
+    that class is swapped. `already(m)`: swapped by an earlier call, counted as passed without a probe. True when
+    some class passed."""
+    passed: dict[type, bool] = {}
+    for m in modules:
+        if passed.get(type(m)) is False:
             continue
-        if type(m) not in fused:
-            fused[type(m)] = _probe("qkv", _qkv_matches, m)
-            if not fused[type(m)]:
-                unfuse_qkv(m)
-    return any(fused.values())
+        if already(m):
+            passed.setdefault(type(m), True)
+            continue
+        if not swap(m):
+            continue
+        if type(m) not in passed:
+            passed[type(m)] = _probe(op, check, m)
+            if not passed[type(m)]:
+                undo(m)
+    return any(passed.values())
 
 
 _NORMED = "_quantbench_normed"  # (x, norm(x)) handed over by the kernel that made x (quantbench.fused_layer)

@@ -198,6 +198,14 @@ def route_topk(logits: Tensor, top_k: int, norm_topk_prob: bool) -> tuple[Tensor
     return values.reshape(shape), index.reshape(shape)
 
 
+def _residual_of(weighted: Tensor, residual: Tensor) -> Tensor:
+    """`residual` as the [T, H] contiguous tensor of weighted's dtype that the k-slot sum adds, or a ValueError."""
+    t, _, h = weighted.shape
+    if residual.shape != (t, h) or residual.dtype != weighted.dtype:
+        raise ValueError(f"residual {list(residual.shape)} {residual.dtype}: expected [{t}, {h}] {weighted.dtype}")
+    return residual.contiguous()
+
+
 def sum_slots(weighted: Tensor, residual: Tensor | None = None) -> Tensor:
     """[T, k, H] -> [T, H] in weighted's dtype: the k slots summed in float32 in slot order, rounded once; plus
     `residual` [T, H] (weighted's dtype) when given, rounded once more: `residual + sum` as torch computes it."""
@@ -206,9 +214,7 @@ def sum_slots(weighted: Tensor, residual: Tensor | None = None) -> Tensor:
     t, k, h = weighted.shape
     weighted = weighted.contiguous()
     if residual is not None:
-        if residual.shape != (t, h) or residual.dtype != weighted.dtype:
-            raise ValueError(f"residual {list(residual.shape)} {residual.dtype}: expected [{t}, {h}] {weighted.dtype}")
-        residual = residual.contiguous()
+        residual = _residual_of(weighted, residual)
     out = torch.empty(t, h, dtype=weighted.dtype, device=weighted.device)
     if t and h:
         block_h = min(1024, triton.next_power_of_2(h))
@@ -224,9 +230,7 @@ def sum_slots_norm(weighted: Tensor, residual: Tensor, norm_weight: Tensor, eps:
     import triton
 
     t, k, h = weighted.shape
-    if residual.shape != (t, h) or residual.dtype != weighted.dtype:
-        raise ValueError(f"residual {list(residual.shape)} {residual.dtype}: expected [{t}, {h}] {weighted.dtype}")
-    weighted, residual = weighted.contiguous(), residual.contiguous()
+    weighted, residual = weighted.contiguous(), _residual_of(weighted, residual)
     out = torch.empty(t, h, dtype=weighted.dtype, device=weighted.device)
     normed = torch.empty(t, h, dtype=torch.promote_types(norm_weight.dtype, weighted.dtype), device=weighted.device)
     if t and h:
