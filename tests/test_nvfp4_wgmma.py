@@ -1,9 +1,9 @@
-"""The Gluon NVFP4 kernel's decoding (quantbench/moe/nvfp4_wgmma.py) without a GPU: its PTX, run by a small
-interpreter over the four lanes of a quad in lockstep (the transpose's shuffles read the other lanes), on a row
-packed by nvfp4.pack_codes and staged as the kernel stages it (even words first), must give each lane exactly
-value · block scale · 2^-8 (bf16; 2^-7 fp16) for the columns of each 16-column slice it feeds the MMA, E2M1's
-0.5 (a 16-bit subnormal before the multiply) and E4M3's subnormal scales included; and pick_config must hand the
-kernel only to a device that has it.
+"""The Gluon NVFP4 kernel's layout and decoding (quantbench/moe/nvfp4_wgmma.py) without a GPU: `repack` and
+`unpack` are inverses and keep every code; the decode PTX, run by a small interpreter on the words a lane loads
+from a repacked row (as the kernel stages it: 16 contiguous words per 128-column block, lane c at positions 2c,
+2c+1, 2c+8, 2c+9), must give exactly value · block scale · 2^-8 (bf16; 2^-7 fp16) for the columns of each
+16-column slice it feeds the MMA, E2M1's 0.5 (a 16-bit subnormal before the multiply) and E4M3's subnormal
+scales included; and pick_config must hand the kernel only to a device that has it.
 
 The kernel itself runs only on sm_90 (benchmarks/nvfp4_wgmma_gpu.py checks it there against the Triton kernel
 and a float64 reference, including a multiply of subnormals on the hardware; tests/test_compile_sm90.py compiles
@@ -28,13 +28,12 @@ def _bits(v: float, fp16: bool) -> int:
     return int(t.view(torch.int16).item()) & 0xFFFF
 
 
-def run_quad(asm: str, lanes: list[dict[str, int]]) -> list[dict[str, int]]:
-    """Each instruction for every lane before the next (shfl.sync.bfly reads the partner lane's register):
-    shfl, prmt, bfe, mul.lo, and, lop3 (0xEA: (a & b) | c), mul.rn.{bf16,f16}x2."""
+def run_asm(asm: str, regs: dict[str, int]) -> dict[str, int]:
+    """The PTX the decode uses: and, shf.r.wrap, mul.lo, shl, lop3 (any table), mul.rn.{bf16,f16}x2."""
     body = asm.strip().removeprefix("{").removesuffix("}")
-    regs = [dict(r) for r in lanes]
+    r = dict(regs)
 
-    def val(r: dict, tok: str) -> int:
+    def val(tok: str) -> int:
         return r[tok] if tok in r else int(tok, 0) & MASK
 
     for ins in filter(None, (i.strip() for i in body.split(";"))):
@@ -42,33 +41,46 @@ def run_quad(asm: str, lanes: list[dict[str, int]]) -> list[dict[str, int]]:
         a = [x.strip() for x in rest.split(",")]
         if op == ".reg":
             continue
-        out = []
-        for lane, r in enumerate(regs):
-            if op == "shfl.sync.bfly.b32":
-                v = val(regs[lane ^ int(a[2], 0)], a[1])
-            elif op == "prmt.b32":
-                pool = val(r, a[1]).to_bytes(4, "little") + val(r, a[2]).to_bytes(4, "little")
-                v = int.from_bytes(bytes(pool[(val(r, a[3]) >> (4 * i)) & 7] for i in range(4)), "little")
-            elif op == "bfe.u32":
-                v = (val(r, a[1]) >> int(a[2])) & ((1 << int(a[3])) - 1)
-            elif op == "mul.lo.u32":
-                v = (val(r, a[1]) * val(r, a[2])) & MASK
-            elif op == "and.b32":
-                v = val(r, a[1]) & val(r, a[2])
-            elif op == "lop3.b32":
-                assert int(a[4], 0) == 0xEA, ins
-                v = (val(r, a[1]) & val(r, a[2])) | val(r, a[3])
-            elif op in ("mul.rn.bf16x2", "mul.rn.f16x2"):
-                fp16 = op == "mul.rn.f16x2"
-                x, y = val(r, a[1]), val(r, a[2])
-                h = [_bits(_half((x >> s) & 0xFFFF, fp16) * _half((y >> s) & 0xFFFF, fp16), fp16) for s in (0, 16)]
-                v = h[0] | h[1] << 16
-            else:
-                raise AssertionError(f"instruction the interpreter does not know: {ins}")
-            out.append(v)
-        for r, v in zip(regs, out, strict=True):
-            r[a[0]] = v
-    return regs
+        if op == "and.b32":
+            v = val(a[1]) & val(a[2])
+        elif op == "shf.r.wrap.b32":
+            assert a[1] == a[2], ins  # a rotation
+            n = int(a[3]) % 32
+            v = ((val(a[1]) >> n) | (val(a[1]) << (32 - n))) & MASK
+        elif op == "mul.lo.u32":
+            v = (val(a[1]) * val(a[2])) & MASK
+        elif op == "shl.b32":
+            v = (val(a[1]) << int(a[2])) & MASK
+        elif op == "lop3.b32":
+            x, y, z, lut = val(a[1]), val(a[2]), val(a[3]), int(a[4], 0)
+            v = 0
+            for i in range(8):  # lut bit i: the output for (x, y, z) = (i >> 2, i >> 1, i) & 1
+                if lut >> i & 1:
+                    v |= (x if i & 4 else ~x) & (y if i & 2 else ~y) & (z if i & 1 else ~z)
+            v &= MASK
+        elif op in ("mul.rn.bf16x2", "mul.rn.f16x2"):
+            fp16 = op == "mul.rn.f16x2"
+            x, y = val(a[1]), val(a[2])
+            h = [_bits(_half((x >> s) & 0xFFFF, fp16) * _half((y >> s) & 0xFFFF, fp16), fp16) for s in (0, 16)]
+            v = h[0] | h[1] << 16
+        else:
+            raise AssertionError(f"instruction the interpreter does not know: {ins}")
+        r[a[0]] = v
+    return r
+
+
+def test_repack_and_unpack_are_inverses_and_keep_every_code():
+    torch.manual_seed(0)
+    packed = torch.randint(0, 256, (3, 5, 128), dtype=torch.uint8)  # K = 256: two 128-column blocks
+    words = nvfp4_wgmma.repack(packed)
+    assert words.shape == packed.shape and words.dtype == torch.uint8
+    assert not torch.equal(words, packed)
+    assert torch.equal(nvfp4_wgmma.unpack(words), packed)
+    # every bit of a word belongs to exactly one code bit: the layout is a permutation
+    column, code_bit, word_bit = nvfp4_wgmma._layout()
+    assert sorted(set(zip(column.flatten().tolist(), code_bit.flatten().tolist(), strict=True))) == [
+        (k, b) for k in range(128) for b in range(4)]
+    assert all(sorted(row.tolist()) == list(range(32)) for row in word_bit)
 
 
 @pytest.mark.parametrize("fp16", [False, True])
@@ -77,26 +89,21 @@ def test_each_lane_decodes_exactly_the_codes_of_its_slice(fp16, scale):
     torch.manual_seed(int(scale * 1000))
     row = torch.randint(0, 256, (64,), dtype=torch.uint8)  # one row's 128-column block, as ModelOpt packs it
     row[:4] = nvfp4.pack_codes(torch.tensor([1, 9, 0, 8, 7, 15, 1, 1]))  # ±0.5, ±0, ±6 certainly present
+    row[40:44] = nvfp4.pack_codes(torch.tensor([15, 7, 9, 1, 8, 0, 14, 6]))
     values = nvfp4.decode_e2m1(nvfp4.unpack_codes(row), torch.float64)
-    words = [int.from_bytes(bytes(row[4 * w: 4 * w + 4].tolist()), "little") for w in range(16)]
-    staged = [words[2 * (p % 8) + p // 8] for p in range(16)]  # the kernel's shared memory: even words first
-    held = {}  # (lane, A operand position) -> the word after the quad's exchange
-    for pos in (0, 1, 8, 9):  # lane c holds positions 2c + pos of the row in the A operand layout
-        sel = [nvfp4_wgmma.quad_selectors(c) for c in range(4)]
-        out = run_quad(nvfp4_wgmma.QUAD_TRANSPOSE_ASM,
-                       [{"$1": staged[2 * c + pos], "$2": sel[c][0], "$3": sel[c][1]} for c in range(4)])
-        for c in range(4):
-            held[c, pos] = out[c]["$0"]
+    staged = nvfp4_wgmma.repack(row.view(1, 1, 64)).view(torch.int32).flatten().tolist()  # 16 words, as stored
+    staged = [w & MASK for w in staged]
     s16 = _bits(scale * nvfp4_wgmma.scale_multiplier(fp16), fp16)
     assert _half(s16, fp16) == scale * nvfp4_wgmma.scale_multiplier(fp16)  # the table's entry is exact
-    for s in range(8):  # the MMA's slice s: columns 16s .. 16s+15, one block scale
+    for j in range(8):  # the MMA's slice j: columns 16j .. 16j+15, one block scale
+        asm = nvfp4_wgmma.decode_asm(j, fp16)
         for c in range(4):
-            for half, (p1, p2) in enumerate(((0, 1), (8, 9))):  # k pairs (2c, 2c+1) and (2c+8, 2c+9)
-                lane = {"$1": held[c, p1], "$2": held[c, p2], "$3": s16 | s16 << 16}
-                got = run_quad(nvfp4_wgmma.decode_asm(s, fp16), [lane])[0]["$0"]
-                col = 16 * s + 8 * half + 2 * c
+            for half in (0, 1):  # k pairs (2c, 2c+1) and (2c+8, 2c+9): positions 2c + 8·half, +1
+                p = 2 * c + 8 * half
+                got = run_asm(asm, {"$1": staged[p], "$2": staged[p + 1], "$3": s16 | s16 << 16})["$0"]
+                col = 16 * j + 8 * half + 2 * c
                 want = [float(values[col + i]) * scale / nvfp4_wgmma.out_multiplier(fp16) for i in (0, 1)]
-                assert [_half(got & 0xFFFF, fp16), _half(got >> 16, fp16)] == want, (s, c, half)
+                assert [_half(got & 0xFFFF, fp16), _half(got >> 16, fp16)] == want, (j, c, half)
 
 
 def test_pick_config_hands_the_gluon_kernel_only_to_a_device_that_has_it(monkeypatch):
@@ -117,3 +124,18 @@ def test_the_gluon_kernel_is_refused_where_it_cannot_run():
     with pytest.raises(ValueError, match="sm_90"):
         nvfp4.nvfp4_grouped_mm(x, w.packed, w.block_scale, w.global_scale, offsets,
                                dict(KERNEL="gluon", BLOCK_M=16, BLOCK_N=128, AHEAD=1))
+
+
+def test_experts_repacked_in_place_dequantize_the_same_and_only_the_gluon_kernel_takes_them():
+    torch.manual_seed(1)
+    fmt = nvfp4.Nvfp4Experts.from_weights(torch.randn(3, 256, 256))
+    before, stored, ptr = fmt.dequantize(torch.float32), fmt.packed.clone(), fmt.packed.data_ptr()
+    fmt._relayout("wgmma")
+    assert fmt.layout == "wgmma" and fmt.packed.data_ptr() == ptr and not torch.equal(fmt.packed, stored)
+    assert torch.equal(fmt.dequantize(torch.float32), before)
+    assert torch.equal(fmt.dequantize(torch.float32, torch.tensor([2, 0])), before[[2, 0]])
+    x, offsets = torch.randn(4, 256), torch.tensor([2, 4, 4], dtype=torch.int32)
+    with pytest.raises(ValueError, match="ModelOpt's layout"):
+        nvfp4.nvfp4_grouped_mm(x, fmt.packed, fmt.block_scale, fmt.global_scale, offsets, layout="wgmma")
+    fmt._relayout("modelopt")
+    assert torch.equal(fmt.packed, stored)

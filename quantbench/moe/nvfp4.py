@@ -179,6 +179,8 @@ class Nvfp4Experts(nn.Module):
         self.activations = activations and input_scale is not None
         self.format = "nvfp4"
         self.ran_kernel: str | None = None  # the kernel the last grouped_mm ran (nvfp4_wgmma or this file's)
+        # "modelopt" (as stored) or "wgmma": repacked in place for the Gluon kernel at its first call
+        self.layout = "modelopt"
 
     @classmethod
     def from_weights(cls, weight: Tensor, *, input_scale: Tensor | None = None, activations: bool = True) -> Nvfp4Experts:
@@ -195,7 +197,9 @@ class Nvfp4Experts(nn.Module):
         out = torch.empty(packed.shape[0], self.out_features, self.in_features, dtype=dtype, device=packed.device)
         step = max(1, _DEQUANT_CHUNK // max(1, self.out_features * self.in_features))
         for i in range(0, packed.shape[0], step):
-            out[i : i + step] = dequantize(packed[i : i + step], bs[i : i + step], gs[i : i + step], dtype)
+            chunk = packed[i : i + step]
+            chunk = nvfp4_wgmma.unpack(chunk) if self.layout == "wgmma" else chunk
+            out[i : i + step] = dequantize(chunk, bs[i : i + step], gs[i : i + step], dtype)
         return out
 
     def nbytes(self) -> int:
@@ -224,9 +228,24 @@ class Nvfp4Experts(nn.Module):
             return None
         rows = x_sorted.shape[0] if row_index is None else row_index.shape[0]
         config = pick_config(rows, self.num_experts, self.out_features, self.in_features, x_sorted.device)
-        self.ran_kernel = nvfp4_wgmma.KERNEL if config.get("KERNEL") == "gluon" else FUSED_KERNEL  # recorded per run
+        gluon = config.get("KERNEL") == "gluon"
+        if gluon != (self.layout == "wgmma"):
+            self._relayout("wgmma" if gluon else "modelopt")
+        self.ran_kernel = nvfp4_wgmma.KERNEL if gluon else FUSED_KERNEL  # recorded per run
         return nvfp4_grouped_mm(x_sorted, self.packed, self.block_scale, self.global_scale, offsets, config,
-                                row_index=row_index, swiglu=act == "swiglu", row_scale=row_scale, row_dest=row_dest)
+                                row_index=row_index, swiglu=act == "swiglu", row_scale=row_scale, row_dest=row_dest,
+                                layout=self.layout)
+
+    @torch.no_grad()
+    def _relayout(self, layout: str) -> None:
+        """The codes rewritten in place into `layout` (same bytes of memory): once, at the first call of the
+        Gluon kernel, which is never inside a CUDA graph's capture (the engine runs a forward before capturing)."""
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("nvfp4: the codes' layout would change inside a CUDA graph capture; run one forward "
+                               "outside the capture first")
+        convert = nvfp4_wgmma.repack if layout == "wgmma" else nvfp4_wgmma.unpack
+        self.packed.copy_(convert(self.packed))
+        self.layout = layout
 
     def unpacked(self, dtype: torch.dtype) -> Nvfp4UnpackedExperts:
         """The same weights dequantized once (what `--nvfp4 unpacked` keeps: BF16-sized)."""
@@ -619,16 +638,23 @@ def launch_grouped(kernel: Any, name: str, x: Tensor, weights: tuple[Tensor, ...
 
 def nvfp4_grouped_mm(x: Tensor, packed: Tensor, block_scale: Tensor, global_scale: Tensor, offsets: Tensor,
                      config: dict[str, Any] | None = None, *, row_index: Tensor | None = None, swiglu: bool = False,
-                     row_scale: Tensor | None = None, row_dest: Tensor | None = None) -> Tensor:
+                     row_scale: Tensor | None = None, row_dest: Tensor | None = None,
+                     layout: str = "modelopt") -> Tensor:
     """y[r] = x[r] @ W[e(r)].T for rows sorted by expert (offsets: cumulative row counts, int32), W packed NVFP4.
     row_index / swiglu / row_scale / row_dest: the engine's fused steps, as `int4_grouped_mm` takes them. A
-    config with KERNEL="gluon" (pick_config's on an sm_90 GPU) runs nvfp4_wgmma's kernel, any other this file's."""
+    config with KERNEL="gluon" (pick_config's on an sm_90 GPU) runs nvfp4_wgmma's kernel, any other this file's.
+    layout: the codes' order, "modelopt" (as stored) or "wgmma" (nvfp4_wgmma.repack's, what the Gluon kernel
+    reads; ModelOpt's codes are repacked per call for it, a cost for benchmarks only: Nvfp4Experts keeps them
+    repacked)."""
     e, n, _ = packed.shape
     k = x.shape[1]
+    if layout not in ("modelopt", "wgmma"):
+        raise ValueError(f"nvfp4_grouped_mm: layout {layout!r}: use modelopt or wgmma")
     if config is not None and config.get("KERNEL") == "gluon":
         if not nvfp4_wgmma.available(x.device, k):
             raise ValueError(f"nvfp4 kernel: the Gluon wgmma kernel needs an sm_90 GPU and K a multiple of "
                              f"{nvfp4_wgmma.K_BLOCK} ({x.device}, K={k}); pass a Triton configuration or none")
+        packed = nvfp4_wgmma.repack(packed) if layout == "modelopt" else packed
         x = x.contiguous()
         s_rows = x.shape[0] if row_index is None else row_index.shape[0]
         y = torch.empty(s_rows, n // 2 if swiglu else n, dtype=x.dtype, device=x.device)
@@ -636,6 +662,9 @@ def nvfp4_grouped_mm(x: Tensor, packed: Tensor, block_scale: Tensor, global_scal
             nvfp4_wgmma.launch(x, packed, block_scale, global_scale, y, offsets, config, row_index=row_index,
                                swiglu=swiglu, row_scale=row_scale, row_dest=row_dest)
         return y
+    if layout != "modelopt":
+        raise ValueError("nvfp4_grouped_mm: the Triton kernel reads ModelOpt's layout; unpack the codes "
+                         "(nvfp4_wgmma.unpack) or pass a Gluon configuration")
     return launch_grouped(
         nvfp4_grouped_mm_kernel, "nvfp4_grouped_mm", x, (packed, block_scale, global_scale),
         (packed.stride(0), packed.stride(1), block_scale.stride(0), block_scale.stride(1), global_scale.stride(0)),

@@ -8,24 +8,28 @@ kernel for the same bytes. Here each thread decodes only the A operand elements 
 asynchronously (the kernel waits for the slice before only), and the tokens and packed weights are staged through
 shared memory by cp.async, AHEAD blocks of 128 columns ahead (int4_wgmma's pipeline).
 
-Weights as stored by ModelOpt (nvfp4.py's docstring): packed [E, N, K/2] bytes, element 2j in the low nibble of
-byte j; E4M3 block scales [E, N, K/16]; a float32 global scale per row. Nothing is repacked in memory. A row's
-128-column block is 16 words (word w: columns 8w .. 8w+7). What a thread holds of a 16-column slice s of the MMA
-(its 16-column scale group) is columns 2c, 2c+1 of each half (c = lane % 4): byte c of words 2s and 2s + 1.
-The words are staged in shared memory even words first (position p holds word 2p, then 2(p - 8) + 1: 4-byte
-copies), four lanes load a row's words in the A operand layout (lane c: positions 2c, 2c+1, 2c+8, 2c+9, i.e.
-words 4c, 4c+2, 4c+1, 4c+3), and exchange bytes (a 4x4 byte transpose over the quad: two shuffles and two prmt
-per word, QUAD_TRANSPOSE_ASM); each lane then has byte c of words 4g, 4g+2 (first half of slices 2g, 2g+1) and
-4g+1, 4g+3 (second half) for g = 0..3, in the registers whose k positions they feed.
+Weights: ModelOpt stores packed [E, N, K/2] bytes (element 2j in the low nibble of byte j), E4M3 block scales
+[E, N, K/16] and a float32 global scale per row (nvfp4.py's docstring). The codes are repacked once, at the first
+call on the GPU (`repack`, undone by `unpack`; same bytes in memory), so that each thread's A operand words are
+the words it loads and each k pair decodes in about two instructions: the kernel stages a row's 128-column block
+as 16 contiguous words (16-byte copies), lane c of a quad loads positions 2c, 2c+1, 2c+8, 2c+9 (the A operand
+layout), and the word at position 2c + pos holds, for the four slices 4·(pos % 2) .. +3, the codes of k pair
+(16j + 8·(pos // 8) + 2c, +1). In that word slice j's two codes sit where a bfloat16 pair wants them (sign at
+bits 15 / 31, the 3-bit magnitude at 8..6 / 24..22: MASK_P) rotated left by 0, 3 or 6 bits (j % 4 = 0, 1, 2),
+so a rotation and an AND give them; the fourth pair fills the bits left over (LEFT) in an order from which one
+multiply by MUL_D moves every bit into place (the products' bits never meet there). Found by exhaustive search:
+four rotations of MASK_P cannot tile a word, three can. The ModelOpt layout (before this, up to session 8 of
+the H200 work) needed a 4x4 byte transpose per word over the quad's lanes (two shuffles, two prmt) and six
+instructions per k pair (docs/BENCHMARKS.md).
 
-Arithmetic: a code's bits go straight into a bfloat16 (sign to bit 15, the 3-bit magnitude to bits 8..6: the
-value · 2^-126, E2M1's subnormal 0.5 landing on bfloat16's subnormal range) and one packed multiply by the block
-scale · 2^118 (a table made once per program, exact: E4M3 has 4 significant bits) gives value · scale · 2^-8,
-exact in bfloat16 (at most 6 significant bits). The float32 accumulator is multiplied by the row's global scale
-· 2^8 after the K loop. So the weights are never rounded (dequantize() rounds value · scale · global scale to
-16 bits): not bit-identical to dequantize + matmul, closer to a float64 reference. fp16: bits 11..9 (value ·
-2^-14), scale · 2^7, · 2^7 after. The epilogue rounds to bfloat16 where the unfused path rounds (fused_epilogue
-in nvfp4.py: a W4A4 model's next activation rounding amplifies a last-bit difference).
+Arithmetic: a code's bits land in a bfloat16 as the value · 2^-126 (E2M1's subnormal 0.5 on bfloat16's subnormal
+range); one packed multiply by the block scale · 2^118 (a table made once per program, exact: E4M3 has 4
+significant bits) gives value · scale · 2^-8, exact in bfloat16 (at most 6 significant bits). The float32
+accumulator is multiplied by the row's global scale · 2^8 after the K loop. So the weights are never rounded
+(dequantize() rounds value · scale · global scale to 16 bits): not bit-identical to dequantize + matmul, closer to
+a float64 reference. fp16 (two instructions more per pair): the magnitude moved to bits 11..9 (value · 2^-14),
+scale · 2^7, · 2^7 after. The epilogue rounds to bfloat16 where the unfused path rounds (fused_epilogue in
+nvfp4.py: a W4A4 model's next activation rounding amplifies a last-bit difference).
 """
 
 from __future__ import annotations
@@ -39,31 +43,106 @@ from torch import Tensor
 KERNEL = "gluon-wgmma-nvfp4"
 K_BLOCK = 128
 
-# lane c of a quad holds a word whose byte i is for lane i; after this, byte i of its word is lane i's byte c.
-# $1: the word, $2 / $3: prmt selectors for the exchanges with lane c ^ 1 and c ^ 2 (quad_selectors)
-QUAD_TRANSPOSE_ASM = ("{ .reg .b32 y, z; shfl.sync.bfly.b32 y, $1, 1, 0x1f, -1; prmt.b32 z, $1, y, $2; "
-                      "shfl.sync.bfly.b32 y, z, 2, 0x1f, -1; prmt.b32 $0, z, y, $3; }")
+# Where slice j's two codes sit in their word (see the docstring). A code is sign << 3 | e1 << 2 | e0 << 1 | m;
+# bfloat16 wants m, e0, e1, sign at bits 6, 7, 8, 15 (first code of the k pair) and 22, 23, 24, 31 (second).
+MASK_P = 0x81C081C0
+PAIR_BITS = (6, 7, 8, 15, 22, 23, 24, 31)  # m, e0, e1, sign of the first code, then the second's
+ROTATIONS = (0, 3, 6)  # slices j % 4 = 0, 1, 2: PAIR_BITS rotated left by this
+LEFT = 0x001B001B  # bits 0, 1, 3, 4, 16, 17, 19, 20: what the three rotations leave
+D_BITS = (3, 4, 0, 1, 19, 20, 16, 17)  # slice j % 4 = 3: where each of PAIR_BITS' bits is stored
+MUL_D = 0x4108  # (x & LEFT) · MUL_D moves D_BITS onto PAIR_BITS (shifts 3, 8, 14; search-verified)
 
 
-def quad_selectors(c: int) -> tuple[int, int]:
-    """QUAD_TRANSPOSE_ASM's selectors for lane c of the quad. First exchange (with c ^ 1): keep the bytes for the
-    lanes whose low bit is c's, own then partner's, per destination; second (with c ^ 2): the two bytes for c from
-    each, in lane order."""
-    return (0x3715 if c & 1 else 0x6240), (0x3276 if c & 2 else 0x5410)
+def code_bits(kind: int) -> tuple[int, ...]:
+    """The word bits holding m, e0, e1, sign of the k pair's first code, then the second's, for j % 4 = kind."""
+    if kind == 3:
+        return D_BITS
+    return tuple((b + ROTATIONS[kind]) % 32 for b in PAIR_BITS)
 
 
-def decode_asm(s: int, fp16: bool) -> str:
-    """PTX for slice s of a k pair: byte s // 2 of the transposed word $1 (even s) or $2 (odd s) holds the pair's
-    two codes (low nibble first: words 4g, 4g+1 hold slice 2g, words 4g+2, 4g+3 slice 2g+1); each code's sign and
-    magnitude bits go into a 16-bit float, then one packed multiply by $3 (the block scale, pre-scaled)."""
-    src, byte = ("$1", "$2")[s % 2], s // 2
-    sign_shift, mag_shift, mag_mask = (12, 9, "0x0E000E00") if fp16 else (12, 6, "0x01C001C0")
+def _word_columns() -> list[list[tuple[int, int]]]:
+    """For each of a block's 16 word positions: per bit (8 codes x 4 bits, in code_bits order per slice), the
+    column of the 128 whose code it holds and the bit of that code."""
+    out = []
+    for p in range(16):
+        c, pos = (p % 8) // 2, p - 2 * ((p % 8) // 2)
+        bits = []
+        for kind in range(4):
+            j = 4 * (pos % 2) + kind
+            k0 = 16 * j + 8 * (pos // 8) + 2 * c
+            for i, _ in enumerate(code_bits(kind)):
+                bits.append((k0 + i // 4, i % 4))
+        out.append(bits)
+    return out
+
+
+@functools.cache
+def _layout() -> tuple[Tensor, Tensor, Tensor]:
+    """(column, code bit, word bit) index tensors [16, 32] of the repacked layout."""
+    cols = _word_columns()
+    column = torch.tensor([[k for k, _ in w] for w in cols])
+    code_bit = torch.tensor([[b for _, b in w] for w in cols], dtype=torch.int32)
+    word_bit = torch.tensor([[wb for kind in range(4) for wb in code_bits(kind)]] * 16, dtype=torch.int32)
+    return column, code_bit, word_bit
+
+
+_REPACK_CHUNK = 1 << 20  # packed bytes per step of repack / unpack: bounds their scratch to ~64 MiB
+
+
+def repack(packed: Tensor) -> Tensor:
+    """ModelOpt's packed codes uint8 [E, N, K/2] -> the kernel's layout, same shape and dtype (K a multiple of
+    128)."""
+    from quantbench.moe.nvfp4 import unpack_codes
+
+    e, n, k2 = packed.shape
+    column, code_bit, word_bit = (t.to(packed.device) for t in _layout())
+    out = torch.empty_like(packed)
+    step = max(1, _REPACK_CHUNK // max(1, n * k2))
+    for i in range(0, e, step):
+        codes = unpack_codes(packed[i:i + step]).view(-1, n, k2 // 64, 128).to(torch.int32)
+        bits = (codes[..., column] >> code_bit) & 1  # [e', N, blocks, 16, 32]
+        words = (bits << word_bit).sum(-1, dtype=torch.int64).to(torch.int32)  # disjoint bits: the sum is the OR
+        out[i:i + step] = words.view(torch.uint8).reshape(-1, n, k2)
+    return out
+
+
+def unpack(words: Tensor) -> Tensor:
+    """repack's inverse: the kernel's layout -> ModelOpt's packed codes."""
+    from quantbench.moe.nvfp4 import pack_codes
+
+    e, n, k2 = words.shape
+    column, code_bit, word_bit = (t.to(words.device) for t in _layout())
+    out = torch.empty_like(words)
+    step = max(1, _REPACK_CHUNK // max(1, n * k2))
+    for i in range(0, e, step):
+        w = words[i:i + step].contiguous().view(torch.int32).view(-1, n, k2 // 64, 16)
+        bits = (w.unsqueeze(-1) >> word_bit) & 1  # [e', N, blocks, 16, 32]
+        codes = torch.zeros(*w.shape[:3], 128, dtype=torch.int32, device=words.device)
+        codes.index_add_(3, column.reshape(-1), (bits << code_bit).flatten(-2))
+        out[i:i + step] = pack_codes(codes.view(-1, n, 2 * k2))
+    return out
+
+
+def decode_asm(j: int, fp16: bool) -> str:
+    """PTX for slice j of a k pair: $1 (slices 0-3) or $2 (4-7) is the word holding it (repack's layout); its two
+    codes' bits into a bfloat16 pair (rotate + AND, or AND + multiply + AND for j % 4 = 3), for fp16 the
+    magnitudes moved 3 bits up (lop3 0xE4: a where MASK_SIGN_FP16 is set, a << 3 elsewhere), then one packed
+    multiply by $3 (the block scale, pre-scaled)."""
+    src, kind = ("$1", "$2")[j // 4], j % 4
+    if kind == 3:
+        body = f"and.b32 a, {src}, {LEFT:#x}; mul.lo.u32 a, a, {MUL_D:#x}; and.b32 a, a, {MASK_P:#x}; "
+    elif ROTATIONS[kind]:
+        body = f"shf.r.wrap.b32 a, {src}, {src}, {ROTATIONS[kind]}; and.b32 a, a, {MASK_P:#x}; "
+    else:
+        body = f"and.b32 a, {src}, {MASK_P:#x}; "
+    if fp16:
+        body += f"shl.b32 b, a, 3; lop3.b32 a, a, b, {MASK_SIGN_FP16:#x}, 0xE4; "
     mul = "mul.rn.f16x2" if fp16 else "mul.rn.bf16x2"
-    return ("{ .reg .b32 t, a, b; "
-            # t · 4097 = t | t << 12 (the high nibble at 16..19), shifted: one multiply each
-            f"bfe.u32 t, {src}, {8 * byte}, 8; mul.lo.u32 a, t, {4097 << sign_shift}; "
-            f"mul.lo.u32 b, t, {4097 << mag_shift}; and.b32 b, b, {mag_mask}; "
-            f"lop3.b32 a, a, 0x80008000, b, 0xEA; {mul} $0, a, $3; }}")
+    return "{ .reg .b32 a, b; " + body + f"{mul} $0, a, $3; }}"
+
+
+# fp16: where the pair takes a itself (the signs at 15 / 31, and bits 2 / 18, where a << 3 puts the signs)
+MASK_SIGN_FP16 = 0x80048004
 
 
 # the 16-bit decoded value is the E2M1 value times 2^-126 (bf16) / 2^-14 (fp16); the scale table holds
@@ -107,14 +186,13 @@ def _kernel() -> Any:
 
     decode_asm_c = constexpr_function(decode_asm)  # called at compile time, with constexpr arguments
     scale_mul_c, out_mul_c = constexpr_function(scale_multiplier), constexpr_function(out_multiplier)
-    quad_transpose_asm = gl.constexpr(QUAD_TRANSPOSE_ASM)
     shared = gluon_common.helpers()
     expert_tile, weight_columns = shared["expert_tile"], shared["weight_columns"]
     token_pointers, copy_block, store_outputs = shared["token_pointers"], shared["copy_block"], shared["store_outputs"]
     # Gluon resolves names (annotations, callees, builtins) through the module's globals, not this closure
     globals().update(gl=gl, cp=cp, fence_async_shared=fence_async_shared, warpgroup_mma=warpgroup_mma,
                      warpgroup_mma_wait=warpgroup_mma_wait, decode_asm_c=decode_asm_c,
-                     quad_transpose_asm=quad_transpose_asm, expert_tile=expert_tile, weight_columns=weight_columns,
+                     expert_tile=expert_tile, weight_columns=weight_columns,
                      token_pointers=token_pointers, copy_block=copy_block, store_outputs=store_outputs,
                      scale_mul_c=scale_mul_c, out_mul_c=out_mul_c)
 
@@ -154,8 +232,8 @@ def _kernel() -> Any:
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
         x_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])  # 16 B per thread
         x_shared: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        # a row's 16 words, 4 B copies (reordered); 4-word chunks XOR-ed by the row (2-way bank conflicts at most
-        # for the A operand reads, 4-way without)
+        # a row's 16 words, 16 B copies; 4-word chunks XOR-ed by the row (2-way bank conflicts at most for the
+        # A operand reads, 4-way without)
         w_layout: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [num_warps, 1], [1, 0])
         w_shared: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=4, order=[1, 0])
         bs_layout: gl.constexpr = gl.BlockedLayout([1, 16], [32, 1], [num_warps, 1], [1, 0])
@@ -174,11 +252,11 @@ def _kernel() -> Any:
         x_lo = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, 64], x_shared)
         x_hi = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, 64], x_shared)
 
-        # the packed words: a block's 16 per row of the program's BLOCK_N rows, position p <- word 2 (p % 8) + p // 8
+        # the packed words (repack's layout): a block's 16 per row of the program's BLOCK_N rows, as stored
         wc, w_up = weight_columns(pid_n, BLOCK_N, OUT_N, HALF, SWIGLU, gl.SliceLayout(1, w_layout))
         w_row = (wc + w_up).to(gl.int64)
         pos = gl.arange(0, SUB, layout=gl.SliceLayout(0, w_layout))
-        w_ptrs = pw_ptr + e64 * stride_pe + w_row[:, None] * stride_pn + (2 * (pos % 8) + pos // 8)[None, :]
+        w_ptrs = pw_ptr + e64 * stride_pe + w_row[:, None] * stride_pn + pos[None, :]
         wmask = (wc < N_OUT)[:, None]
         w_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, SUB], w_shared)
 
@@ -195,11 +273,6 @@ def _kernel() -> Any:
             table.slice(q * 16, 16, dim=0).permute((1, 0)).store((bs.to(gl.float32) * SCALE_MUL).to(dtype))
         rows_of = table._reinterpret(dtype, [K16_P2, BLOCK_N], t_row)
 
-        # the quad's byte exchange: lane c = (k % 8) // 2 of the A operand's columns
-        c = (gl.arange(0, SUB, layout=gl.SliceLayout(0, a_layout)) % 8) // 2
-        sel1 = gl.where((c & 1) == 1, 0x3715, 0x6240)[None, :]
-        sel2 = gl.where((c & 2) == 2, 0x3276, 0x5410)[None, :]
-
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
         for dd in gl.static_range(AHEAD):
             copy_block(x_lo, x_hi, w_smem, dd, x_ptrs, rmask_x, w_ptrs, 1, wmask, dd * 128, K)
@@ -213,9 +286,7 @@ def _kernel() -> Any:
             fence_async_shared()
             copy_block(x_lo, x_hi, w_smem, (i + AHEAD) % STAGES, x_ptrs, rmask_x, w_ptrs, 1, wmask, (i + AHEAD) * 128,
                        K)
-            words = w_smem.index(stage).load(a_layout)
-            t = gl.inline_asm_elementwise(quad_transpose_asm, "=r,r,r,r", [words, sel1, sel2], dtype=gl.int32,
-                                          is_pure=True, pack=1)
+            t = w_smem.index(stage).load(a_layout)  # each lane's words of the block, in the A operand's places
             for j in gl.static_range(8):
                 s_i = rows_of.index(i * 8 + j).load(gl.SliceLayout(1, a_layout))[:, None]
                 w = slice_weights(t, s_i, j, dtype)
@@ -243,7 +314,8 @@ def _kernel() -> Any:
 def launch(x: Tensor, packed: Tensor, block_scale: Tensor, global_scale: Tensor, y: Tensor, offsets: Tensor,
            config: dict[str, Any], *, row_index: Tensor | None, swiglu: bool, row_scale: Tensor | None,
            row_dest: Tensor | None) -> Any:
-    """Run the kernel over y's rows (nvfp4.nvfp4_grouped_mm checks the arguments and calls this)."""
+    """Run the kernel over y's rows; `packed` in repack's layout (nvfp4.nvfp4_grouped_mm checks the arguments
+    and calls this)."""
     import triton
 
     e, n, _ = packed.shape
