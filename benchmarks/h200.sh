@@ -34,23 +34,26 @@ suite() {  # realistic-length decisions: the built-in records padded to N tokens
 shape() { echo --shape qwen3-30b-a3b --suite "$(suite "$1")" --warmup 2 --latency-min-decisions 16 --latency-min-seconds 1; }
 
 if [[ $part == autoround ]]; then  # auto-round's own per-expert path against the fast path, on one checkpoint
-  layers=${AUTOROUND_LAYERS:-8}    # 48: the whole model, ~7 min of auto-round RTN on an H200 (an estimate from 12 layers)
+  layers=${AUTOROUND_LAYERS:-8}    # 48: the whole model; then AUTOROUND_DECISIONS=4 AUTOROUND_BATCHES=1 AUTOROUND_BF16=0
+  n_dec=${AUTOROUND_DECISIONS:-16} # decisions in the suite and timed at least (auto-round's loop: ~1.2 s each at 48)
   ckpt=${TMPDIR:-/tmp}/quantbench-autoround
   rm -rf "$ckpt" && mkdir -p "$ckpt"
   t=$SECONDS
-  # quantized from memory: the synthetic model `run --shape` builds, no 61 GB BF16 checkpoint on disk first
-  python3 -m quantbench quantize --shape qwen3-30b-a3b --layers "$layers" --scheme int4 --iters 0 --nsamples 16 \
-    --seqlen 256 --out "$ckpt/int4" 2>&1 | tail -n 3
+  # quantized from memory: the synthetic model `run --shape` builds, no 61 GB BF16 checkpoint on disk first; plain
+  # RTN (speed only: random weights); auto-round's optimized RTN took over 9.5 minutes at 48 layers (2026-11-30)
+  python3 -m quantbench quantize --shape qwen3-30b-a3b --layers "$layers" --scheme int4 --iters 0 --plain-rtn \
+    --nsamples 16 --seqlen 256 --out "$ckpt/int4" > "$out/autoround-quantize.log" 2>&1
+  grep -v -i warn "$out/autoround-quantize.log" | tail -n 4
   echo "    ($((SECONDS - t)) s: auto-round RTN of the $layers-layer real-shape model)"
-  s512=$(suite 512)
-  qb --backend bf16 --shape qwen3-30b-a3b --layers "$layers" --suite "$s512" --warmup 2 --latency-min-decisions 16 \
-    --latency-min-seconds 1
-  for fast in --no-fast-moe --fast-moe; do
-    for n in 1 8; do
-      qb --backend int4 --model "$ckpt/int4" --suite "$s512" --warmup 2 --latency-min-decisions 16 \
-        --latency-min-seconds 1 --concurrency $n $fast
+  s512=$out/autoround-suite-$n_dec.jsonl
+  python3 "$here/long_suite.py" --tokens 512 --n "$n_dec" --out "$s512" >/dev/null
+  timing="--suite $s512 --warmup 1 --latency-min-decisions $n_dec --latency-min-seconds 1"
+  for n in ${AUTOROUND_BATCHES:-1 8}; do
+    for fast in --no-fast-moe --fast-moe; do
+      qb --backend int4 --model "$ckpt/int4" $timing --concurrency "$n" $fast
     done
   done
+  [[ ${AUTOROUND_BF16:-1} == 1 ]] && qb --backend bf16 --shape qwen3-30b-a3b --layers "$layers" $timing
   rm -rf "$ckpt"
 fi
 if [[ $part == fixture || $part == all ]]; then

@@ -313,6 +313,9 @@ def quantize(
                                               "qwen3-30b-a3b) from memory instead of a checkpoint")] = None,
     layers: Annotated[int | None, typer.Option(help="--shape: its number of layers (default: the real one)")] = None,
     seed: Annotated[int, typer.Option(help="--shape: the seed of its random weights (as `run --seed`)")] = 0,
+    opt_rtn: Annotated[bool, typer.Option("--opt-rtn/--plain-rtn", help="int4 with --iters 0: auto-round's "
+                                          "optimized RTN (its default: a search per group) or plain round-to-"
+                                          "nearest (much faster; what speed benchmarks of random weights use)")] = True,
 ) -> None:
     """Make a quantized variant with the library that owns the format (auto-round, nvidia-modelopt)."""
     from quantbench.quantize import quantize as do_quantize
@@ -326,7 +329,7 @@ def quantize(
             model = str(default_model_dir())
         path = do_quantize(model, scheme, out_dir, iters=iters, nsamples=nsamples, seqlen=seqlen,
                            group_size=group_size, experts_only=experts_only, overwrite=overwrite, shape=shape,
-                           layers=layers, weights_seed=seed)
+                           layers=layers, weights_seed=seed, opt_rtn=opt_rtn)
         out.print(f"[green]quantized[/] {model or shape} → [bold]{path}[/] ({scheme}); run it with "
                   f"`quantbench run --backend {scheme} --model {path}`")
     except QuantbenchError as e:

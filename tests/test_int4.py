@@ -1,5 +1,6 @@
 """INT4 W4A16: the AutoRound quantize wrapper, the int4 expert format, and the int4 backend's two paths."""
 
+import hashlib
 import json
 import os
 import shutil
@@ -222,6 +223,18 @@ def test_unknown_scheme_is_a_config_error():
         Recipe("int3")
 
 
+def test_plain_rtn_is_a_recipe_of_its_own_and_the_default_keeps_its_cache_key():
+    default = Recipe("int4")
+    assert "opt_rtn" not in default.to_dict()  # keys made before the choice existed stay valid
+    assert default.hash == hashlib.sha256(json.dumps(
+        {"scheme": "int4", "iters": 0, "nsamples": 128, "seqlen": 512, "group_size": 128, "experts_only": True,
+         "seed": 0}, sort_keys=True).encode()).hexdigest()
+    plain = Recipe("int4", opt_rtn=False)
+    assert plain.to_dict()["opt_rtn"] is False and plain.hash != default.hash
+    with pytest.raises(ConfigError, match="--plain-rtn"):
+        Recipe("int4", iters=200, opt_rtn=False)
+
+
 def test_quantize_takes_a_checkpoint_or_a_synthetic_shape_and_says_which_when_neither_fits(tmp_path):
     with pytest.raises(ConfigError, match="--model .* or --shape"):
         quantize(None, "int4", tmp_path / "out")
@@ -245,8 +258,10 @@ fixture.SYNTHETIC_SHAPES["test-moe"] = dict(fixture.SYNTHETIC_SHAPES["qwen3-30b-
     num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_experts=8, num_experts_per_tok=2,
     moe_intermediate_size=128, intermediate_size=512, vocab_size=2048)
 out = Path(sys.argv[1])
-quantize(None, "int4", out, shape="test-moe", layers=2, weights_seed=3, nsamples=4, seqlen=64, progress=False)
+quantize(None, "int4", out, shape="test-moe", layers=2, weights_seed=3, nsamples=4, seqlen=64, progress=False,
+         opt_rtn=False)
 prov = json.loads((out / "quantbench_provenance.json").read_text())
+assert prov["recipe"]["opt_rtn"] is False, prov["recipe"]  # plain RTN, as h200.sh's autoround part asks
 assert prov["weights"] == "synthetic" and prov["source_model_id"] == "synthetic-test-moe-2l-seed3", prov
 assert prov["source_model_hash"].startswith("synthetic:") and prov["source_model_path"].startswith("synthetic:")
 ident = model_identity(out)

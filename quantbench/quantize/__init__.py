@@ -46,17 +46,23 @@ class Recipe:
     group_size: int = 128  # int4 only
     experts_only: bool = True  # attention, router, embeddings, lm_head stay BF16
     seed: int = 0
+    opt_rtn: bool = True  # int4, iters 0: auto-round's optimized RTN (its default) or plain round-to-nearest
 
     def __post_init__(self) -> None:
         if self.scheme not in SCHEMES:
             raise ConfigError(f"--scheme {self.scheme!r}: use one of {', '.join(SCHEMES)}")
         if self.iters < 0 or self.nsamples < 1 or self.seqlen < 8:
             raise ConfigError(f"recipe {self}: iters must be >= 0, nsamples >= 1 and seqlen >= 8")
+        if not self.opt_rtn and (self.scheme != "int4" or self.iters):
+            raise ConfigError("--plain-rtn: only for --scheme int4 with --iters 0 (SignRound has no RTN to choose)")
         if self.group_size not in (32, 64, 128, 256, -1):
             raise ConfigError(f"--group-size {self.group_size}: use 32, 64, 128, 256 or -1 (one group per row)")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if self.opt_rtn:  # the default, left out: cache keys made before the choice existed stay valid
+            del out["opt_rtn"]
+        return out
 
     @property
     def hash(self) -> str:
@@ -120,6 +126,7 @@ def quantize(
     shape: str | None = None,
     layers: int | None = None,
     weights_seed: int = 0,
+    opt_rtn: bool = True,
 ) -> Path:
     """Quantize the BF16 checkpoint `source_dir` with `scheme` into `out_dir`; returns the checkpoint directory.
     What `quantbench quantize --model --scheme --iters --nsamples --group-size --experts-only/--all --out` does.
@@ -127,7 +134,7 @@ def quantize(
     With `shape` instead of `source_dir` (int4): the synthetic real-shape model of `quantbench run --shape` (the
     same seeded weights, `layers` and `weights_seed`: built on the GPU when there is one, as the runs build it) is
     quantized from memory, so no BF16 checkpoint is written first (the 30B one is 61 GB)."""
-    recipe = Recipe(scheme, iters, nsamples, seqlen, group_size, experts_only, seed)
+    recipe = Recipe(scheme, iters, nsamples, seqlen, group_size, experts_only, seed, opt_rtn)
     if (source_dir is None) == (shape is None):
         raise ConfigError("give --model (a BF16 checkpoint directory) or --shape (a synthetic model built in memory)")
     if shape is not None and scheme != "int4":
