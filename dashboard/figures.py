@@ -169,6 +169,17 @@ def speed_memory(rep: GpuReport, flat: pd.DataFrame) -> go.Figure:
     return fig
 
 
+def wrap_label(label: str, width: int = 44) -> str:
+    """A row label broken at spaces into lines of about `width` characters (plotly's <br>)."""
+    lines: list[str] = []
+    for word in label.split(" "):
+        if lines and len(lines[-1]) + 1 + len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return "<br>".join(lines)
+
+
 def latency_box(lat: pd.DataFrame, order: list[str], kind: str = "box") -> go.Figure:
     """Per-decision model latency, one horizontal box (or violin) per variant: the labels (variant, kernel path,
     suite) read along the rows instead of squeezing the plot. A log axis when the slowest decision is over 20x the
@@ -176,12 +187,15 @@ def latency_box(lat: pd.DataFrame, order: list[str], kind: str = "box") -> go.Fi
     visible."""
     fig = go.Figure()
     medians = []
+    lines = 0
     for label in reversed(order):  # plotly stacks the first trace at the bottom
         grp = lat[lat["variant"] == label]
         fmt = str(grp["weight_format"].iloc[0]) if len(grp) else ""
         if len(grp):
             medians.append(float(grp["model_ms"].median()))
-        common = {"x": grp["model_ms"], "name": label, "marker_color": colour(fmt), "showlegend": False,
+        name = wrap_label(label)  # long kernel paths on one line left the boxes a sliver of the width
+        lines += name.count("<br>") + 1
+        common = {"x": grp["model_ms"], "name": name, "marker_color": colour(fmt), "showlegend": False,
                   "orientation": "h"}
         if kind == "violin":
             fig.add_trace(go.Violin(**common, box_visible=True, meanline_visible=False, points="outliers"))
@@ -189,7 +203,8 @@ def latency_box(lat: pd.DataFrame, order: list[str], kind: str = "box") -> go.Fi
             fig.add_trace(go.Box(**common, boxpoints="outliers"))
     top = float(lat.loc[lat["variant"].isin(order), "model_ms"].max()) if medians else 0.0
     log = bool(medians) and min(medians) > 0 and top / min(medians) > 20  # a far outlier squeezes boxes too
-    fig.update_layout(**{**LAYOUT, "height": max(260, 90 + 34 * len(order))}, title="Model time per decision")
+    fig.update_layout(**{**LAYOUT, "height": max(260, 90 + 20 * len(order) + 14 * lines)},
+                      title="Model time per decision")
     fig.update_xaxes(title="ms per decision" + (" (log scale)" if log else ""), type="log" if log else "linear",
                      rangemode="normal" if log else "tozero")
     fig.update_yaxes(automargin=True)

@@ -15,8 +15,10 @@ and N outputs (gate_up: gate rows then up rows, as transformers fuses them):
 `dequantize` reproduces ModelOpt's `NVFP4QTensor.dequantize` bit for bit; `quantize` its `NVFP4QTensor.quantize`
 (used for synthetic real-shape models and tests); `fake_quantize_activations` its `fp4_fake_quant_block`, the
 dynamic per-block activation quantization its fake-quant forward applies to every quantized layer's input.
-On CUDA, `grouped_mm` is a Triton grouped GEMM that decodes the codes in registers inside the K loop: the
-experts stay packed in memory (4.5 bits per weight) and no BF16 copy of them is ever written.
+On CUDA, `grouped_mm` is a grouped GEMM that decodes the codes in registers inside the K loop (Gluon on sm_90,
+nvfp4_wgmma.py; Triton elsewhere): the experts stay packed in memory (4.5 bits per weight) and no BF16 copy of them
+is ever written. For the Gluon kernel the codes are rewritten in place, once, at its first call, into the order it
+reads (`nvfp4_wgmma.repack`; `Nvfp4Experts.layout` says which, and `dequantize` reads either).
 """
 
 from __future__ import annotations
