@@ -213,11 +213,25 @@ def throughput(group: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def throughput_notes(rows: list[dict[str, Any]]) -> list[str]:
-    """throughput()'s rows as the one note `quantbench report` prints under a table."""
+    """throughput()'s rows as one sentence: the note `--format json` carries (markdown prints a table)."""
     if not rows:
         return []
     parts = [f"{t['variant']} at batch {t['batch']}: {t['decisions_per_s']:.1f}/s" for t in rows]
     return ["Throughput (decisions per second, several decisions in one forward pass): " + "; ".join(parts) + "."]
+
+
+def throughput_markdown(rows: list[dict[str, Any]]) -> list[str]:
+    """throughput()'s rows as the small table `quantbench report` prints under the latency table (one row per
+    variant and batch size: a list of them in one sentence was unreadable past a few)."""
+    if not rows:
+        return []
+    lines = ["Throughput, several decisions in one forward pass (the table above is one decision at a time):", "",
+             "| Variant | Decisions per pass | Decisions/s | Mean ms per pass | Run |", "|---|---|---|---|---|"]
+    for t in rows:
+        per_pass = 1000 * t["batch"] / t["decisions_per_s"]
+        lines.append(f"| {_md_escape(t['variant'])} | {t['batch']} | {t['decisions_per_s']:.1f} | {per_pass:.1f} | "
+                     f"{t['run_id'][:13]} |")
+    return lines + [""]
 
 
 def since_filter(since: str | None) -> datetime | None:
@@ -468,7 +482,8 @@ def _markdown_one(report: GpuReport) -> str:
     else:
         lines.append(f"**Recommendation:** {report.rule}.")
     lines.append("")
-    notes = throughput_notes(report.throughput) + list(report.notes)
+    lines += throughput_markdown(report.throughput)
+    notes = list(report.notes)
     ref = report.reference
     if ref is not None and any(r.comparison is not None for r in report.rows):
         n = max(r.comparison.agreement.n for r in report.rows if r.comparison is not None)

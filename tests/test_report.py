@@ -271,7 +271,8 @@ def test_a_batched_run_never_replaces_the_batch_1_row_and_is_reported_as_decisio
     # 10 timed decisions whose forward passes took 40 + 0.1 i ms for 8 each: 10 / (404.5 / 8 / 1000) per second
     [t] = rep.throughput
     assert (t["variant"], t["batch"], round(t["decisions_per_s"], 1)) == ("bf16", 8, 197.8)
-    assert "bf16 at batch 8: 197.8/s" in report.render([rep], "markdown")
+    md = report.render([rep], "markdown")
+    assert "| bf16 | 8 | 197.8 | 40.5 | " in md and "at batch 8" not in md  # a table row: 8 / 197.8 per s
     # the same variant under a second kernel at the same batch size is a second figure, named by its kernel:
     # 10 / (204.5 / 8 / 1000) per second
     lab.run(ms=20, batch=8, kernel_path="quantbench grouped-moe", **kw)
