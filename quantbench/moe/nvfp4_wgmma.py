@@ -18,8 +18,8 @@ layout), and the word at position 2c + pos holds, for the four slices 4·(pos % 
 bits 15 / 31, the 3-bit magnitude at 8..6 / 24..22: MASK_P) rotated left by 0, 3 or 6 bits (j % 4 = 0, 1, 2),
 so a rotation and an AND give them; the fourth pair fills the bits left over (LEFT) in an order from which one
 multiply by MUL_D moves every bit into place (the products' bits never meet there). Found by exhaustive search:
-four rotations of MASK_P cannot tile a word, three can. The ModelOpt layout (before this, up to session 8 of
-the H200 work) needed a 4x4 byte transpose per word over the quad's lanes (two shuffles, two prmt) and six
+four rotations of MASK_P cannot tile a word, three can. The ModelOpt layout (read as stored until 2026-11-30
+14:00) needed a 4x4 byte transpose per word over the quad's lanes (two shuffles, two prmt) and six
 instructions per k pair (docs/BENCHMARKS.md).
 
 Arithmetic: a code's bits land in a bfloat16 as the value · 2^-126 (E2M1's subnormal 0.5 on bfloat16's subnormal
@@ -51,6 +51,8 @@ ROTATIONS = (0, 3, 6)  # slices j % 4 = 0, 1, 2: PAIR_BITS rotated left by this
 LEFT = 0x001B001B  # bits 0, 1, 3, 4, 16, 17, 19, 20: what the three rotations leave
 D_BITS = (3, 4, 0, 1, 19, 20, 16, 17)  # slice j % 4 = 3: where each of PAIR_BITS' bits is stored
 MUL_D = 0x4108  # (x & LEFT) · MUL_D moves D_BITS onto PAIR_BITS (shifts 3, 8, 14; search-verified)
+# fp16: where the pair keeps a itself (the signs at 15 / 31, and bits 2 / 18, where a << 3 puts the signs)
+MASK_SIGN_FP16 = 0x80048004
 
 
 def code_bits(kind: int) -> tuple[int, ...]:
@@ -139,10 +141,6 @@ def decode_asm(j: int, fp16: bool) -> str:
         body += f"shl.b32 b, a, 3; lop3.b32 a, a, b, {MASK_SIGN_FP16:#x}, 0xE4; "
     mul = "mul.rn.f16x2" if fp16 else "mul.rn.bf16x2"
     return "{ .reg .b32 a, b; " + body + f"{mul} $0, a, $3; }}"
-
-
-# fp16: where the pair takes a itself (the signs at 15 / 31, and bits 2 / 18, where a << 3 puts the signs)
-MASK_SIGN_FP16 = 0x80048004
 
 
 # the 16-bit decoded value is the E2M1 value times 2^-126 (bf16) / 2^-14 (fp16); the scale table holds
