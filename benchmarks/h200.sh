@@ -40,7 +40,7 @@ if [[ $part == autoround ]]; then  # auto-round's own per-expert path against th
   rm -rf "$ckpt" && mkdir -p "$ckpt"
   t=$SECONDS
   # quantized from memory: the synthetic model `run --shape` builds, no 61 GB BF16 checkpoint on disk first; plain
-  # RTN (speed only: random weights); auto-round's optimized RTN took over 9.5 minutes at 48 layers (2026-11-30)
+  # RTN (speed only: random weights; no calibration pass). At 48 layers either RTN takes over 9.5 min (2026-11-30)
   python3 -m quantbench quantize --shape qwen3-30b-a3b --layers "$layers" --scheme int4 --iters 0 --plain-rtn \
     --nsamples 16 --seqlen 256 --out "$ckpt/int4" > "$out/autoround-quantize.log" 2>&1
   grep -v -i warn "$out/autoround-quantize.log" | tail -n 4

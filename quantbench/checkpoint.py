@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -105,9 +106,13 @@ def load_causal_lm(path: str | Path, *, dtype: torch.dtype, device: str, trust_r
         raise LoadError(f"{root}: the checkpoint does not match the model's config ({e})") from e
     problems = []
     for kind in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs", "conversion_errors"):
-        items = list(info.get(kind) or [])
+        items = sorted((info.get(kind) or []), key=str)  # sorted: the same checkpoint gives the same message
         if items:
-            shown = ", ".join(str(i) for i in items[:6]) + (f" … (+{len(items) - 6} more)" if len(items) > 6 else "")
+            shown = ", ".join(str(i) for i in items[:6])
+            if len(items) > 6:  # which tensors, by their last name, so that a long list still says what is off
+                names = Counter(str(i[0] if isinstance(i, tuple) else i).rsplit(".", 1)[-1] for i in items)
+                shown += f" … (+{len(items) - 6} more; all {len(items)} by name: " + ", ".join(
+                    f"{name} {n}" for name, n in sorted(names.items())) + ")"
             problems.append(f"{kind.replace('_', ' ')}: {shown}")
     if problems:
         raise LoadError(

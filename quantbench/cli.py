@@ -314,8 +314,9 @@ def quantize(
     layers: Annotated[int | None, typer.Option(help="--shape: its number of layers (default: the real one)")] = None,
     seed: Annotated[int, typer.Option(help="--shape: the seed of its random weights (as `run --seed`)")] = 0,
     opt_rtn: Annotated[bool, typer.Option("--opt-rtn/--plain-rtn", help="int4 with --iters 0: auto-round's "
-                                          "optimized RTN (its default: a search per group) or plain round-to-"
-                                          "nearest (much faster; what speed benchmarks of random weights use)")] = True,
+                                          "optimized RTN (its default: a search per group, which it skips for MoE "
+                                          "experts) or plain round-to-nearest (its disable_opt_rtn: no "
+                                          "calibration pass)")] = True,
 ) -> None:
     """Make a quantized variant with the library that owns the format (auto-round, nvidia-modelopt)."""
     from quantbench.quantize import quantize as do_quantize
