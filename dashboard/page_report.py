@@ -47,9 +47,11 @@ for rep in mine:
     if rep.throughput:  # batched runs: decisions/s beside the per-decision table, one row each
         st.caption("Throughput: decisions per second with several decisions in one forward pass (the table above "
                    "is one decision at a time).")
-        st.dataframe([{"Variant": t["variant"], "Decisions per pass": t["batch"], "Decisions/s": t["decisions_per_s"]}
+        st.dataframe([{"Variant": t["variant"], "Decisions per pass": t["batch"], "Decisions/s": t["decisions_per_s"],
+                       "Mean ms per pass": 1000 * t["batch"] / t["decisions_per_s"], "Run": t["run_id"][:13]}
                       for t in rep.throughput], hide_index=True, width="stretch",
-                     column_config={"Decisions/s": st.column_config.NumberColumn(format="%.1f")},
+                     column_config={"Decisions/s": st.column_config.NumberColumn(format="%.1f"),
+                                    "Mean ms per pass": st.column_config.NumberColumn(format="%.1f")},
                      key=f"throughput-{store_cache.report_key(rep)}-{rep.suite_hash}")
     for note in rep.notes:
         st.caption(note)

@@ -6,10 +6,12 @@ import pandas as pd
 import streamlit as st
 from pandas.io.formats.style import Styler
 
+from dashboard.figures import point_labels
 from quantbench.report import GpuReport, cells, flat_rows
 
 AGREEMENT = "Agreement"  # the numeric column behind the progress bar
 AGREE_TEXT = "Agrees with BF16 (95% CI)"
+DIFFERS = "Kernel differs by"  # the words of the kernel path that tell one variant's runs apart
 HIGHLIGHT = "background-color: rgba(255, 196, 0, 0.3)"
 FAILED = "color: #9a9a9a"
 
@@ -29,6 +31,12 @@ def report_frame(rep: GpuReport) -> pd.DataFrame:
         rows.append(out)
     df = pd.DataFrame(rows)
     df[AGREEMENT] = pd.to_numeric(df[AGREEMENT], errors="coerce")
+    # Where one variant ran under several kernels, its label ends in the whole kernel path, which the pinned
+    # Variant column cuts off before the words that differ (seen in the H200 screenshots): show those words.
+    short = point_labels(df["Variant"])
+    apart = short.map(lambda s: s.split(" · ", 1)[1] if " · " in s else "")
+    if apart.any():
+        df.insert(1, DIFFERS, apart)
     return df
 
 
@@ -43,6 +51,8 @@ def column_config(rep: GpuReport) -> dict:
     cc = st.column_config
     return {
         "Variant": cc.TextColumn("Variant", width=105, pinned=True),
+        DIFFERS: cc.TextColumn(DIFFERS, width=390, help="where one variant ran under several kernels: the words of "
+                               "its kernel path that tell the runs apart (the whole path is in Variant)"),
         AGREEMENT: cc.ProgressColumn("Agreement", min_value=0.0, max_value=1.0, format="percent",
                                      width=105,
                                      help="share of questions where the variant's top answer matches BF16's"),
@@ -62,7 +72,7 @@ def column_config(rep: GpuReport) -> dict:
 
 
 # What decides first (quality, speed, memory, the verdict), then the details a wide screen also shows.
-ORDER = ["Variant", AGREEMENT, AGREE_TEXT, "Latency p50 / p90 (per decision)", "VRAM (weights)",
+ORDER = ["Variant", DIFFERS, AGREEMENT, AGREE_TEXT, "Latency p50 / p90 (per decision)", "VRAM (weights)",
          "Weights (host memory)", "Peak VRAM", "Peak host RSS", "Native here?", "Best for", "Δ accuracy vs BF16", "TV",
          "Size on disk", "Format"]
 

@@ -132,6 +132,8 @@ def test_a_failed_run_shows_with_its_reason(store):
     at = app(gpu="blackwell")
     df = at.dataframe[0].value
     assert df.loc[df["Variant"] == "bf16 (batched_mm)", "Best for"].tolist() == ["failed here (oom)"]
+    # one variant under several kernels: the words that tell its rows apart, beside the (cut) Variant column
+    assert df.loc[df["Variant"] == "bf16 (batched_mm)", "Kernel differs by"].tolist() == ["batched_mm"]
     at.switch_page("page_runs.py").run()
     runs = at.dataframe[0].value
     failed = runs[runs["status"] == "failed"]
