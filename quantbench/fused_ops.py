@@ -156,6 +156,15 @@ def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tup
     return _rms_norm(x.contiguous(), weight, eps, residual.contiguous())
 
 
+def norm_tile(n: int) -> tuple[int, int, int]:
+    """(N_P2, rows per program, warps) of rmsnorm_kernel for rows of n: also what routing.sum_slots_norm takes, so
+    that its norm reduces in the same tile and order (the same bits)."""
+    import triton
+
+    n_p2 = triton.next_power_of_2(n)
+    return n_p2, max(1, min(64, 4096 // n_p2)), 4 if n_p2 <= 1024 else 8
+
+
 def _rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None) -> tuple[Tensor, Tensor | None]:
     import triton
 
@@ -166,12 +175,11 @@ def _rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None) ->
         return out, total
     x3, h, stride_o, stride_h = _rows(x)
     rows = x3.shape[0] * x3.shape[1]
-    n_p2 = triton.next_power_of_2(n)
-    block_r = max(1, min(64, 4096 // n_p2))
+    n_p2, block_r, warps = norm_tile(n)
     _kernels()[0][(triton.cdiv(rows, block_r),)](x3, residual, total, weight, out, rows, stride_o, stride_h,
                                                  float(eps), H=h, N=n, N_P2=n_p2, BLOCK_R=block_r,
                                                  IS_BF16=x.dtype == torch.bfloat16, RESIDUAL=residual is not None,
-                                                 num_warps=4 if n_p2 <= 1024 else 8)
+                                                 num_warps=warps)
     return out, total
 
 

@@ -388,6 +388,7 @@ def test_throughput_keeps_the_newest_batched_run_and_names_the_kernel_only_where
     rows = throughput(group)
     assert [(t["variant"], t["batch"], t["decisions_per_s"], t["run_id"]) for t in rows] == [
         ("fp8", 32, 157.7, "r5"), ("int4 (a)", 8, 100.0, "r2"), ("int4 (b)", 8, 120.0, "r3")]
+    assert [t["ms_per_pass"] for t in rows] == pytest.approx([1000 * 32 / 157.7, 80.0, 1000 * 8 / 120.0])
     assert throughput_notes(rows) == ["Throughput (decisions per second, several decisions in one forward pass): "
                                       "fp8 at batch 32: 157.7/s; int4 (a) at batch 8: 100.0/s; int4 (b) at batch 8: "
                                       "120.0/s."]

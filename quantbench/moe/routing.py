@@ -234,9 +234,9 @@ def sum_slots_norm(weighted: Tensor, residual: Tensor, norm_weight: Tensor, eps:
     out = torch.empty(t, h, dtype=weighted.dtype, device=weighted.device)
     normed = torch.empty(t, h, dtype=torch.promote_types(norm_weight.dtype, weighted.dtype), device=weighted.device)
     if t and h:
-        h_p2 = triton.next_power_of_2(h)
-        block_t = max(1, min(64, 4096 // h_p2))  # fused_ops.rms_norm's tile and warps: the same reduction order
+        from quantbench.fused_ops import norm_tile
+
+        h_p2, block_t, warps = norm_tile(h)  # fused_ops.rms_norm's tile and warps: the same reduction order
         _kernels()[2][(triton.cdiv(t, block_t),)](weighted, residual, out, norm_weight, normed, t, float(eps), H=h,
-                                                  H_P2=h_p2, K=k, BLOCK_T=block_t,
-                                                  num_warps=4 if h_p2 <= 1024 else 8)
+                                                  H_P2=h_p2, K=k, BLOCK_T=block_t, num_warps=warps)
     return out, normed
