@@ -252,6 +252,10 @@ from pathlib import Path
 from quantbench import fixture
 from quantbench.checkpoint import model_identity
 from quantbench.quantize import quantize
+import auto_round
+
+made_with, real = {}, auto_round.AutoRound  # what AutoRound was asked for: --plain-rtn must reach it
+auto_round.AutoRound = lambda *args, **kwargs: (made_with.update(kwargs), real(*args, **kwargs))[1]
 
 # a small shape of the same family (the real one is 61 GB): registered for this process only
 fixture.SYNTHETIC_SHAPES["test-moe"] = dict(fixture.SYNTHETIC_SHAPES["qwen3-30b-a3b"], hidden_size=256,
@@ -262,6 +266,7 @@ quantize(None, "int4", out, shape="test-moe", layers=2, weights_seed=3, nsamples
          opt_rtn=False)
 prov = json.loads((out / "quantbench_provenance.json").read_text())
 assert prov["recipe"]["opt_rtn"] is False, prov["recipe"]  # plain RTN, as h200.sh's autoround part asks
+assert made_with.get("disable_opt_rtn") is True, sorted(made_with)
 assert prov["weights"] == "synthetic" and prov["source_model_id"] == "synthetic-test-moe-2l-seed3", prov
 assert prov["source_model_hash"].startswith("synthetic:") and prov["source_model_path"].startswith("synthetic:")
 ident = model_identity(out)

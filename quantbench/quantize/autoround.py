@@ -86,7 +86,7 @@ def quantize_autoround(source: Path | None, out: Path, recipe: Any, *, progress:
             model, tokenizer, scheme="W4A16", group_size=recipe.group_size, iters=recipe.iters,
             dataset=texts, nsamples=recipe.nsamples, seqlen=recipe.seqlen, seed=recipe.seed,
             layer_config=layer_config, batch_size=min(8, recipe.nsamples),
-            **({} if recipe.opt_rtn else {"disable_opt_rtn": True}),  # plain RTN: no search per group
+            **({} if recipe.opt_rtn else {"disable_opt_rtn": True}),  # --plain-rtn: no search, no calibration pass
         )
         staging = out / ".autoround"
         _, folders = rounder.quantize_and_save(str(staging), format="auto_round")
