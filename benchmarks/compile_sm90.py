@@ -41,6 +41,8 @@ def compile_sm90(fn, pointer_types: dict[str, str], constexprs: dict, num_warps:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    if "PDL" in fn.arg_names:  # as launched on an sm_90 GPU: programmatic dependent launch (quantbench.pdl)
+        constexprs = {"PDL": True, **constexprs}
     if getattr(fn, "is_gluon", lambda: False)():  # Gluon kernels take num_warps as a constexpr of their own
         from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
         constexprs = dict(constexprs, num_warps=num_warps)
@@ -70,8 +72,24 @@ def compile_sm90(fn, pointer_types: dict[str, str], constexprs: dict, num_warps:
         sass = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True).stdout
     regs, stack = re.search(r"REG:(\d+)", usage), re.search(r"STACK:(\d+)", usage)
     out.update(registers=int(regs.group(1)) if regs else None, spill_bytes=int(stack.group(1)) if stack else None,
-               loop=loop_length(sass))
+               loop=loop_length(sass), pdl=pdl_order(sass))
     return out
+
+
+GLOBAL_ACCESS = re.compile(r"^(LDG|STG|LDGSTS|ATOMG|ATOM|RED|UTMALDG|UTMASTG|UBLKCP)\b")
+
+
+def pdl_order(sass: str) -> str:
+    """Where the kernel waits for the one before it (quantbench.pdl): "first" when griddepcontrol.wait (SASS
+    ACQBULK) comes before every global memory access and the next kernel's launch (PREEXIT) after it; "-" with no
+    wait; otherwise what comes first (a kernel launched early must not touch memory before its wait)."""
+    ops = [words[1] if words[0].startswith("@") else words[0]  # past a predicate (@P0)
+           for words in (text.split() for text in re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass))]
+    if "ACQBULK" not in ops:
+        return "-"
+    wait = ops.index("ACQBULK")
+    before = [op for op in ops[:wait] if GLOBAL_ACCESS.match(op) or op == "PREEXIT"]
+    return "first" if not before else f"after {before[0]}"
 
 
 def loop_length(sass: str) -> int:
@@ -129,14 +147,14 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=512, help="tokens of the decision (top-8 of 128 experts)")
     args = ap.parse_args()
     print(f"{'kernel':20s} {'mma':>3s} {'wgmma':>5s} {'sync':>4s} {'waits':>5s} {'flight':>6s} {'async':>5s} "
-          f"{'regs':>4s} {'spill':>5s} {'smem KB':>7s} {'loop':>4s}  configuration at {args.tokens} tokens")
+          f"{'regs':>4s} {'spill':>5s} {'smem KB':>7s} {'loop':>4s} {'pdl wait':>8s}  configuration at {args.tokens} tokens")
     for fmt, proj, cfg, fn, types, consts, ints_by_16 in kernels(args.tokens):
         cfg = dict(cfg)
         warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
         r = compile_sm90(fn, types, {**consts, **cfg}, warps, stages, ints_by_16)
         print(f"{fmt + ' ' + proj:20s} {r['mma']:>3s} {r['wgmma']:5d} {r['mma_sync']:4d} {r['waits']:5d} "
               f"{r['in_flight']:6d} {r['async_copies']:5d} {r['registers'] or 0:4d} {r['spill_bytes'] or 0:5d} "
-              f"{r['shared_kb']:7.1f} {r['loop'] or '-':>4}  {cfg} warps {warps} stages {stages}", flush=True)
+              f"{r['shared_kb']:7.1f} {r['loop'] or '-':>4} {r['pdl']:>8s}  {cfg} warps {warps} stages {stages}", flush=True)
 
 
 if __name__ == "__main__":

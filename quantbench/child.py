@@ -20,6 +20,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from quantbench import pdl
 from quantbench.backend import LoadedVariant, RunSpec, get_backend
 from quantbench.checkpoint import tensor_bytes
 from quantbench.errors import LoadError, UnsupportedError
@@ -166,6 +167,8 @@ def run(spec: RunSpec, out: dict[str, Any]) -> None:
     if fused:  # RMSNorm / rotary ran as quantbench's Triton kernels (quantbench.fused_ops)
         run["extra"]["fused_ops"] = fused
         run["kernel_path"] = f"{run['kernel_path']} +fused {fused}"
+    if loaded.model is not None and str(device).startswith("cuda"):  # quantbench's kernels launched early or not
+        run["extra"]["pdl"] = pdl.enabled(torch.device(device))
     graphs = getattr(loaded.engine, "graph_report", None)
     if graphs is not None:  # a GPU run: say whether the timed forwards were graph replays
         run["extra"]["cuda_graph"] = graphs

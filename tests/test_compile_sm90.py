@@ -46,3 +46,53 @@ def test_the_gluon_kernels_keep_one_mma_in_flight(compiled):
             r = compiled[kernel, proj]
             assert r["mma"] == "3" and r["wgmma"] > 0 and r["mma_sync"] == 0, (kernel, proj, r)
             assert r["in_flight"] == 1, (kernel, proj, r)
+
+
+def test_the_grouped_kernels_wait_before_touching_memory(compiled):
+    """Launched with PDL on Hopper (quantbench.pdl), a kernel starts while the one before it still runs: its wait
+    (SASS ACQBULK) must come before its first global load, store or atomic, and the next kernel's launch after."""
+    for key, r in compiled.items():
+        assert r["pdl"] == "first", (key, r["pdl"])
+
+
+def _small_kernels():
+    """The other kernels a decision runs (norms, rotary, routing, grouping, activation codes, dequantize), with
+    pointer types and constexprs at the 30B shape."""
+    from quantbench import fused_ops
+    from quantbench.moe import align, fp8, int4, nvfp4, routing
+
+    b16, i32, i64, f32 = "*bf16", "*i32", "*i64", "fp32"
+    norm, rope = fused_ops._kernels()
+    route, sum_slots, sum_slots_norm = routing._kernels()
+    count, place, group = align._kernels()
+    yield norm, dict(x_ptr=b16, r_ptr=b16, sum_ptr=b16, w_ptr=b16, y_ptr=b16, eps=f32), dict(
+        H=1, N=2048, N_P2=2048, BLOCK_R=2, IS_BF16=True, RESIDUAL=True)
+    yield rope, dict(q_ptr=b16, k_ptr=b16, cos_ptr=b16, sin_ptr=b16, qo_ptr=b16, ko_ptr=b16, qw_ptr=b16, kw_ptr=b16,
+                     eps_q=f32, eps_k=f32), dict(HQ=32, HQ_P2=32, HK=4, HK_P2=4, HALF=64, IS_BF16=True, NORM=True)
+    yield route, dict(logits_ptr=b16, value_ptr=b16, index_ptr=i64), dict(
+        E=128, K=8, K_P2=8, NORM=True, LANES=32, ITERS=4, BLOCK_T=4, INTERPRET=False)
+    yield sum_slots, dict(w_ptr=b16, r_ptr=b16, out_ptr=b16), dict(K=8, BLOCK_H=1024, RESIDUAL=True)
+    yield sum_slots_norm, dict(w_ptr=b16, r_ptr=b16, out_ptr=b16, nw_ptr=b16, y_ptr=b16, eps=f32), dict(
+        H=2048, H_P2=2048, K=8, BLOCK_T=2)
+    yield count, dict(ids_ptr=i64, counts_ptr=i32), dict(BLOCK=1024)
+    pairs = dict(ids_ptr=i64, w_ptr=b16, offs_ptr=i32, row_token_ptr=i32, row_scale_ptr=b16, row_pair_ptr=i32,
+                 pair_row_ptr=i32)
+    yield place, dict(pairs, counts_ptr=i32, cursor_ptr=i32), dict(TOP_K=8, BLOCK=1024)
+    yield group, pairs, dict(E=128, E_P2=128, TOP_K=8, BLOCK=64, SCAN=1024, CHUNKS=4)
+    yield nvfp4.nvfp4_act_quant_kernel, dict(x_ptr=b16, y_ptr=b16, gs_ptr="*fp32", offs_ptr=i32), dict(
+        K=2048, PER_EXPERT=True, E=128, E_P2=128, BLOCK_R=16, BLOCK_C=128)
+    yield fp8.fp8_codes_kernel, dict(x_ptr=b16, in_ptr="*fp32", y_ptr="*fp8e4nv"), dict(K=2048, BLOCK_R=16,
+                                                                                        BLOCK_C=256)
+    yield int4._dequant_kernel(), dict(qw_ptr=i32, s_ptr="*fp16", z_ptr="*u8", out_ptr=b16), dict(
+        SUB=16, G=128, BLOCK_W=16, BLOCK_N=128)
+
+
+def test_every_other_kernel_waits_before_touching_memory(compiled):
+    mod = sys.modules["compile_sm90"]
+    seen = 0
+    for fn, types, consts in _small_kernels():
+        assert "PDL" in fn.arg_names, fn.__name__
+        r = mod.compile_sm90(fn, types, consts, 4, 1)
+        assert r["pdl"] == "first", (fn.__name__, r["pdl"])
+        seen += 1
+    assert seen == 11

@@ -27,6 +27,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from quantbench import pdl
+
 
 class Grouping(NamedTuple):
     offsets: Tensor  # [E] int32: end row of each expert's rows
@@ -51,8 +53,12 @@ def _kernels() -> tuple[Any, Any]:
     import triton
     import triton.language as tl
 
+    pdl_open = pdl.triton_open()  # the first statement of each kernel here (quantbench.pdl)
+    globals().update(pdl_open=pdl_open)  # Triton resolves a jitted callee through the module's globals
+
     @triton.jit
-    def count_kernel(ids_ptr, counts_ptr, S, BLOCK: tl.constexpr):
+    def count_kernel(ids_ptr, counts_ptr, S, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        pdl_open(PDL)  # launched early (quantbench.pdl): wait for the kernel before, first
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         mask = i < S
         e = tl.load(ids_ptr + i, mask=mask, other=0)
@@ -60,7 +66,8 @@ def _kernels() -> tuple[Any, Any]:
 
     @triton.jit
     def place_kernel(ids_ptr, w_ptr, counts_ptr, cursor_ptr, offs_ptr, row_token_ptr, row_scale_ptr, row_pair_ptr,
-                     pair_row_ptr, S, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+                     pair_row_ptr, S, TOP_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        pdl_open(PDL)
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         mask = i < S
         e = tl.load(ids_ptr + i, mask=mask, other=0)
@@ -74,13 +81,14 @@ def _kernels() -> tuple[Any, Any]:
     @triton.jit
     def group_kernel(ids_ptr, w_ptr, offs_ptr, row_token_ptr, row_scale_ptr, row_pair_ptr, pair_row_ptr, S,
                      E: tl.constexpr, E_P2: tl.constexpr, TOP_K: tl.constexpr, BLOCK: tl.constexpr,
-                     SCAN: tl.constexpr, CHUNKS: tl.constexpr):
+                     SCAN: tl.constexpr, CHUNKS: tl.constexpr, PDL: tl.constexpr):
         """Each program places the BLOCK pairs from pid * BLOCK on, in pair order within each expert (what a
         stable sort gives). It histograms every pair's expert (CHUNKS chunks of SCAN, in shared memory: no
         global atomics) for the offsets, and the pairs before its own for where its first row of each expert
         lies; a pair's rank among its block's pairs of the same expert is a cumulative sum of their one-hot
         rows. Every program reads all S ids (16 KB at 512 tokens, from L2): the price of needing no second
         launch to learn what the others counted."""
+        pdl_open(PDL)
         pid = tl.program_id(0)
         first = pid * BLOCK
         bins = tl.arange(0, E_P2)
@@ -130,16 +138,17 @@ def group_by_expert(top_k_index: Tensor, top_k_weights: Tensor, num_experts: int
         scan = 1024
         group_kernel[(triton.cdiv(s, block),)](ids, weights, offsets, out[0], row_scale, out[1], out[2], s,
                                                E=num_experts, E_P2=e_p2, TOP_K=k, BLOCK=block, SCAN=scan,
-                                               CHUNKS=triton.next_power_of_2(triton.cdiv(s, scan)), num_warps=4)
+                                               CHUNKS=triton.next_power_of_2(triton.cdiv(s, scan)), num_warps=4,
+                                               **pdl.launch_args(ids.device))
         return Grouping(offsets, out[0], row_scale, out[1], out[2])
     scratch = torch.zeros(2, num_experts, dtype=torch.int32, device=ids.device)  # counts, cursors
     counts, cursor = scratch[0], scratch[1]
     block = 1024
     grid = (triton.cdiv(s, block),)
     if s:
-        count_kernel[grid](ids, counts, s, BLOCK=block)
+        count_kernel[grid](ids, counts, s, BLOCK=block, **pdl.launch_args(ids.device))
     offsets = torch.cumsum(counts, 0, dtype=torch.int32)
     if s:
         place_kernel[grid](ids, weights, counts, cursor, offsets, out[0], row_scale, out[1], out[2], s, TOP_K=k,
-                           BLOCK=block)
+                           BLOCK=block, **pdl.launch_args(ids.device))
     return Grouping(offsets, out[0], row_scale, out[1], out[2])

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from quantbench import pdl
 from quantbench.errors import LoadError
 from quantbench.moe import int4_wgmma
 from quantbench.moe.align import triton_available
@@ -351,7 +352,8 @@ def _kernel() -> Any:
 
     # Triton resolves a jitted callee through the caller's module globals, not through this closure.
     globals().update(dequant_slice=dequant_slice, mma=mma, int4_tile=int4_tile)
-    globals().update(expert_tile=expert_tile, tile_rows=tile_rows)
+    pdl_open = pdl.triton_open()  # the first statement of each kernel here (quantbench.pdl)
+    globals().update(expert_tile=expert_tile, tile_rows=tile_rows, pdl_open=pdl_open)
 
     @triton.jit
     def int4_grouped_mm_kernel(
@@ -361,7 +363,9 @@ def _kernel() -> Any:
         K: tl.constexpr, E: tl.constexpr, E_P2: tl.constexpr, G: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr, EVICT: tl.constexpr,
         GATHER: tl.constexpr, SWIGLU: tl.constexpr, ROW_SCALE: tl.constexpr, SCATTER: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        pdl_open(PDL)  # launched early (quantbench.pdl): wait for the kernel before, first
         # Axis 0 walks N so that programs running side by side share one M tile of x (it stays in L2).
         pid_n = tl.program_id(0)
         e, row_start, row_end = expert_tile(offs_ptr, tl.program_id(1), E, E_P2, BLOCK_M)
@@ -446,7 +450,7 @@ def int4_grouped_mm(
         x.stride(0), qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1), y.stride(0),
         K=k, E=e, E_P2=triton.next_power_of_2(e), G=group_size,
         GATHER=row_index is not None, SWIGLU=swiglu, ROW_SCALE=row_scale is not None, SCATTER=row_dest is not None,
-        **cfg,
+        **cfg, **pdl.launch_args(x.device),
     )
     int4_grouped_mm.last_compiled = compiled  # registers, spills and assembly, for benchmarks/profile_kernels.py
     return y
@@ -457,9 +461,14 @@ def _dequant_kernel() -> Any:
     import triton
     import triton.language as tl
 
+    pdl_open = pdl.triton_open()  # the first statement of each kernel here (quantbench.pdl)
+    globals().update(pdl_open=pdl_open)
+
     @triton.jit
     def int4_dequant_kernel(qw_ptr, s_ptr, z_ptr, out_ptr, N, WORDS, stride_qe, stride_se, stride_oe,
-                            SUB: tl.constexpr, G: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr):
+                            SUB: tl.constexpr, G: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr,
+                            PDL: tl.constexpr):
+        pdl_open(PDL)
         e = tl.program_id(2).to(tl.int64)
         words = tl.program_id(0) * BLOCK_W + tl.arange(0, BLOCK_W)
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -485,7 +494,8 @@ def triton_dequantize(qweight: Tensor, scales: Tensor, zeros: Tensor, group_size
     e, words, n = qweight.shape
     grid = (triton.cdiv(words, 16), triton.cdiv(n, 128), e)
     _dequant_kernel()[grid](qweight, scales.contiguous(), zeros.contiguous(), out, n, words, qweight.stride(0),
-                            scales.stride(0), out.stride(0), SUB=k_block // 8, G=group_size, BLOCK_W=16, BLOCK_N=128)
+                            scales.stride(0), out.stride(0), SUB=k_block // 8, G=group_size, BLOCK_W=16, BLOCK_N=128,
+                            **pdl.launch_args(qweight.device))
     return out
 
 

@@ -37,6 +37,7 @@ try:  # Triton is optional: without it (a CPU-only install) the engine dequantiz
 except ImportError:
     triton = None
 
+from quantbench import pdl
 from quantbench.errors import LoadError
 from quantbench.moe import nvfp4_wgmma
 from quantbench.moe.engine import DenseExperts, stored_nbytes
@@ -370,11 +371,13 @@ def fake_quantize_activations_fused(x: Tensor, input_scale: Tensor, offsets: Ten
     nvfp4_act_quant_kernel[grid](
         rows, y, input_scale, offsets if per_expert else input_scale, s, rows.stride(0), y.stride(0),
         K=k, PER_EXPERT=per_expert, E=e, E_P2=triton.next_power_of_2(e), BLOCK_R=16, BLOCK_C=block_c,
+        **pdl.launch_args(rows.device),
     )
     return y.reshape(shape)
 
 
 if triton is not None:
+    pdl_open = pdl.triton_open()  # the first statement of each kernel launched with pdl.launch_args
 
     @triton.jit
     def round_bf16(v):
@@ -501,9 +504,10 @@ if triton is not None:
     def nvfp4_act_quant_kernel(
         x_ptr, y_ptr, gs_ptr, offs_ptr, S, stride_x, stride_y,
         K: tl.constexpr, PER_EXPERT: tl.constexpr, E: tl.constexpr, E_P2: tl.constexpr,
-        BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+        BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr,
     ):
         """ModelOpt's fp4_fake_quant_block, op for op, with a global scale per row's expert when PER_EXPERT."""
+        pdl_open(PDL)  # launched early (quantbench.pdl): wait for the kernel before, first
         rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         mask = (rows < S)[:, None] & (cols < K)[None, :]
@@ -558,10 +562,11 @@ if triton is not None:
         K: tl.constexpr, E: tl.constexpr, E_P2: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr,
         SWAP_AB: tl.constexpr, GATHER: tl.constexpr, SWIGLU: tl.constexpr, ROW_SCALE: tl.constexpr,
-        SCATTER: tl.constexpr,
+        SCATTER: tl.constexpr, PDL: tl.constexpr,
     ):
         # the same grid and fused steps as the int4 and fp8 kernels: axis 0 walks N (programs side by side share
         # one M tile of x in L2), axis 1 the M tiles
+        pdl_open(PDL)
         pid_n = tl.program_id(0)
         e, row_start, row_end = expert_tile(offs_ptr, tl.program_id(1), E, E_P2, BLOCK_M)
         if e >= E:
@@ -633,7 +638,7 @@ def launch_grouped(kernel: Any, name: str, x: Tensor, weights: tuple[Tensor, ...
         offsets if row_dest is None else row_dest, n_out, n // 2, x.stride(0), *weight_strides, y.stride(0),
         K=k, E=e, E_P2=triton.next_power_of_2(e), DOT_F32=interpret,
         GATHER=row_index is not None, SWIGLU=swiglu, ROW_SCALE=row_scale is not None, SCATTER=row_dest is not None,
-        **constexprs, **cfg,
+        **constexprs, **cfg, **pdl.launch_args(x.device),
     )
     return y
 

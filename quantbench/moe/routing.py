@@ -30,6 +30,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from quantbench import pdl
+
 ROUTE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MAX_EXPERTS = 1024  # torch's warp softmax (whose order the kernel repeats) covers rows of up to 1024 float32
 MAX_TOP_K = 32  # the selection loop is unrolled k times
@@ -71,12 +73,14 @@ def _kernels() -> tuple[Any, Any, Any]:
         return x.to(out_ty)
 
     # Triton resolves a jitted callee through the caller's module globals
-    globals().update(libdevice=libdevice, round_bf16=round_bf16, expf=expf, lanes_sum=lanes_sum, rounded=rounded)
+    pdl_open = pdl.triton_open()  # the first statement of each kernel here (quantbench.pdl)
+    globals().update(libdevice=libdevice, round_bf16=round_bf16, expf=expf, lanes_sum=lanes_sum, rounded=rounded,
+                     pdl_open=pdl_open)
 
     @triton.jit
     def route_kernel(logits_ptr, value_ptr, index_ptr, T, stride_t, E: tl.constexpr, K: tl.constexpr,
                      K_P2: tl.constexpr, NORM: tl.constexpr, LANES: tl.constexpr, ITERS: tl.constexpr,
-                     BLOCK_T: tl.constexpr, INTERPRET: tl.constexpr):
+                     BLOCK_T: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr):
         """softmax -> top-k -> renormalise -> round, for BLOCK_T rows of E logits.
 
         softmax repeats softmax_warp_forward's order: a row padded to P = LANES * ITERS (the next power of two)
@@ -86,6 +90,7 @@ def _kernels() -> tuple[Any, Any, Any]:
         top-k: K rounds of (row max, lowest column holding it, masked out): largest first, ties to the lower
         expert. renormalisation: the k values summed in the same butterfly order over K_P2 slots (what torch
         2.11's reduce kernel does on a short row: bit-identical on the H200 for k = 2..32), then v / sum."""
+        pdl_open(PDL)  # launched early (quantbench.pdl): wait for the kernel before, first
         rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
         row_ok = rows < T
         base = logits_ptr + tl.minimum(rows, T - 1).to(tl.int64)[:, None] * stride_t  # spare rows reread the last
@@ -121,9 +126,11 @@ def _kernels() -> tuple[Any, Any, Any]:
         tl.store(index_ptr + out, top_i.to(tl.int64), mask=mask)
 
     @triton.jit
-    def sum_slots_kernel(w_ptr, r_ptr, out_ptr, H, K: tl.constexpr, BLOCK_H: tl.constexpr, RESIDUAL: tl.constexpr):
+    def sum_slots_kernel(w_ptr, r_ptr, out_ptr, H, K: tl.constexpr, BLOCK_H: tl.constexpr, RESIDUAL: tl.constexpr,
+                         PDL: tl.constexpr):
         """out[t] = w[t, 0] + w[t, 1] + ... + w[t, K-1] in float32, left to right, rounded once; with RESIDUAL,
         then r[t] + that, rounded again (the decoder layer's `residual + mlp(x)`, as torch's add rounds it)."""
+        pdl_open(PDL)
         t = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
         mask = h < H
@@ -139,9 +146,10 @@ def _kernels() -> tuple[Any, Any, Any]:
 
     @triton.jit
     def sum_slots_norm_kernel(w_ptr, r_ptr, out_ptr, nw_ptr, y_ptr, T, eps, H: tl.constexpr, H_P2: tl.constexpr,
-                              K: tl.constexpr, BLOCK_T: tl.constexpr):
+                              K: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr):
         """sum_slots_kernel with RESIDUAL for BLOCK_T whole rows, then the next RMSNorm of each row (written to y)
         as fused_ops.rmsnorm_kernel computes it: the same [BLOCK_T, H_P2] tile and warps, so the same reduction."""
+        pdl_open(PDL)
         rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
         cols = tl.arange(0, H_P2)
         mask = (rows < T)[:, None] & (cols < H)[None, :]
@@ -193,6 +201,7 @@ def route_topk(logits: Tensor, top_k: int, norm_topk_prob: bool) -> tuple[Tensor
             rows, values, index, t, rows.stride(0), E=e, K=top_k, K_P2=triton.next_power_of_2(top_k),
             NORM=norm_topk_prob, LANES=lanes, ITERS=p2 // lanes, BLOCK_T=block_t, INTERPRET=interpreting(),
             num_warps=4, enable_reflect_ftz=False,  # expf keeps subnormals, as torch's (no -ftz) does
+            **pdl.launch_args(logits.device),
         )
     shape = (*logits.shape[:-1], top_k)
     return values.reshape(shape), index.reshape(shape)
@@ -220,7 +229,8 @@ def sum_slots(weighted: Tensor, residual: Tensor | None = None) -> Tensor:
         block_h = min(1024, triton.next_power_of_2(h))
         sum_slots_kernel = _kernels()[1]
         sum_slots_kernel[(t, triton.cdiv(h, block_h))](weighted, residual, out, h, K=k, BLOCK_H=block_h,
-                                                       RESIDUAL=residual is not None, num_warps=4)
+                                                       RESIDUAL=residual is not None, num_warps=4,
+                                                       **pdl.launch_args(weighted.device))
     return out
 
 
@@ -238,5 +248,6 @@ def sum_slots_norm(weighted: Tensor, residual: Tensor, norm_weight: Tensor, eps:
 
         h_p2, block_t, warps = norm_tile(h)  # fused_ops.rms_norm's tile and warps: the same reduction order
         _kernels()[2][(triton.cdiv(t, block_t),)](weighted, residual, out, norm_weight, normed, t, float(eps), H=h,
-                                                  H_P2=h_p2, K=k, BLOCK_T=block_t, num_warps=warps)
+                                                  H_P2=h_p2, K=k, BLOCK_T=block_t, num_warps=warps,
+                                                  **pdl.launch_args(weighted.device))
     return out, normed
