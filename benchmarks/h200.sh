@@ -3,7 +3,7 @@
 # agree with its CPU runs) and at the real Qwen3-30B-A3B shape with random weights (speed and memory only), one
 # GPU, no network, everything through quantbench's own CLI.
 #
-#   bash benchmarks/h200.sh OUT_DIR [fixture|shape|throughput|throughput-more|lengths|all|autoround]  # then here:
+#   bash benchmarks/h200.sh OUT_DIR [fixture|shape|throughput|throughput-more|lengths|all|autoround-start|autoround]
 #   quantbench merge OUT_DIR/h200.duckdb && quantbench report --gpu hopper
 #
 # Parts (each fits one 10-minute device call): fixture = the fixture's variants; shape = every backend at the
@@ -13,11 +13,13 @@
 # layers quantized by `quantbench quantize --shape` (auto-round RTN, from memory: no BF16 checkpoint on disk), run
 # through auto-round's per-expert path and through the fast path, one and 8 decisions per forward pass, beside
 # BF16 on the same weights (QB_GPU=cpu runs this part on a CPU machine: there the per-expert loop is auto-round's
-# torch kernel). Before 2026-11-30 13:00 this part wrote the BF16 checkpoint first (`quantbench fixture --shape`). Needs quantbench importable
+# torch kernel). Before 2026-11-30 13:00 this part wrote the BF16 checkpoint first (`quantbench fixture --shape`).
+# At 48 layers the quantizing outlasts a call: `autoround-start` starts it detached, and `autoround` in the next call
+# (the same warm machine) waits for it and runs the paths. Needs quantbench importable
 # (installed, or PYTHONPATH=$PWD) and, for the fixture, its cache ($QUANTBENCH_CACHE): carried from the machine
 # that built it, or built here (~2 min).
 set -u
-out=${1:?usage: h200.sh OUT_DIR [fixture|shape|throughput|throughput-more|lengths|all|autoround]}
+out=${1:?usage: h200.sh OUT_DIR [fixture|shape|throughput|throughput-more|lengths|all|autoround-start|autoround]}
 part=${2:-all}
 mkdir -p "$out"
 db="$out/h200.duckdb"
@@ -33,16 +35,34 @@ suite() {  # realistic-length decisions: the built-in records padded to N tokens
 }
 shape() { echo --shape qwen3-30b-a3b --suite "$(suite "$1")" --warmup 2 --latency-min-decisions 16 --latency-min-seconds 1; }
 
-if [[ $part == autoround ]]; then  # auto-round's own per-expert path against the fast path, on one checkpoint
-  layers=${AUTOROUND_LAYERS:-8}    # 48: the whole model; then AUTOROUND_DECISIONS=4 AUTOROUND_BATCHES=1 AUTOROUND_BF16=0
-  n_dec=${AUTOROUND_DECISIONS:-16} # decisions in the suite and timed at least (auto-round's loop: ~1.2 s each at 48)
-  ckpt=${TMPDIR:-/tmp}/quantbench-autoround
-  rm -rf "$ckpt" && mkdir -p "$ckpt"
-  t=$SECONDS
-  # quantized from memory: the synthetic model `run --shape` builds, no 61 GB BF16 checkpoint on disk first; plain
-  # RTN (speed only: random weights; no calibration pass). At 48 layers either RTN takes over 9.5 min (2026-11-30)
+ckpt=${TMPDIR:-/tmp}/quantbench-autoround  # the auto-round checkpoint of the `autoround` parts
+layers=${AUTOROUND_LAYERS:-8}    # 48: the whole model; then AUTOROUND_DECISIONS=4 AUTOROUND_BATCHES=1 AUTOROUND_BF16=0
+quantize_autoround() {  # quantized from memory: the synthetic model `run --shape` builds, no 61 GB BF16 checkpoint on
+  # disk first; plain RTN (speed only: random weights; no calibration pass)
   python3 -m quantbench quantize --shape qwen3-30b-a3b --layers "$layers" --scheme int4 --iters 0 --plain-rtn \
-    --nsamples 16 --seqlen 256 --out "$ckpt/int4" > "$out/autoround-quantize.log" 2>&1
+    --nsamples 16 --seqlen 256 --out "$ckpt/int4"
+}
+if [[ $part == autoround-start ]]; then  # 48 layers: the quantizing alone is ~16 min (2026-11-30, H200 host), more
+  # than one 10-minute call: start it detached and return; `autoround` in a later call on the same, still warm
+  # machine waits for it (a detached process outlived its call there; give the next call at once)
+  rm -rf "$ckpt" && mkdir -p "$ckpt"
+  export layers ckpt
+  setsid nohup bash -c "$(declare -f quantize_autoround); quantize_autoround > '$ckpt/quantize.log' 2>&1; \
+    echo \$? > '$ckpt/quantize.rc'" < /dev/null > /dev/null 2>&1 &
+  echo $! > "$ckpt/quantize.pid"
+  echo "    auto-round RTN of the $layers-layer real-shape model started in the background (pid $!, log $ckpt/quantize.log)"
+fi
+if [[ $part == autoround ]]; then  # auto-round's own per-expert path against the fast path, on one checkpoint
+  n_dec=${AUTOROUND_DECISIONS:-16} # decisions in the suite and timed at least (auto-round's loop: ~1.2 s each at 48)
+  t=$SECONDS
+  if [[ -f $ckpt/quantize.pid ]]; then  # started by `autoround-start`: wait for it
+    while kill -0 "$(cat "$ckpt/quantize.pid")" 2>/dev/null; do sleep 5; done
+    [[ $(cat "$ckpt/quantize.rc" 2>/dev/null) == 0 ]] || { tail -n 20 "$ckpt/quantize.log"; echo "quantize failed"; exit 1; }
+    cp "$ckpt/quantize.log" "$out/autoround-quantize.log"
+  else
+    rm -rf "$ckpt" && mkdir -p "$ckpt"
+    quantize_autoround > "$out/autoround-quantize.log" 2>&1
+  fi
   grep -v -i warn "$out/autoround-quantize.log" | tail -n 4
   echo "    ($((SECONDS - t)) s: auto-round RTN of the $layers-layer real-shape model)"
   s512=$out/autoround-suite-$n_dec.jsonl
@@ -96,4 +116,4 @@ if [[ $part == lengths || $part == all ]]; then
     qb --backend int4 $(shape $tokens)
   done
 fi
-python3 -m quantbench runs --db "$db" --last 40 2>&1 | tail -n 50
+[[ -f $db ]] && python3 -m quantbench runs --db "$db" --last 40 2>&1 | tail -n 50
