@@ -12,17 +12,23 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def compiled():
+def tool():
+    """benchmarks/compile_sm90.py as a module."""
     pytest.importorskip("triton")
     spec = importlib.util.spec_from_file_location("compile_sm90", ROOT / "benchmarks" / "compile_sm90.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules["compile_sm90"] = mod
     spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def compiled(tool):
     out = {}
-    for fmt, proj, cfg, fn, types, consts, ints_by_16 in mod.kernels(512):
+    for fmt, proj, cfg, fn, types, consts, ints_by_16 in tool.kernels(512):
         cfg = dict(cfg)
         warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
-        out[fmt, proj] = mod.compile_sm90(fn, types, {**consts, **cfg}, warps, stages, ints_by_16)
+        out[fmt, proj] = tool.compile_sm90(fn, types, {**consts, **cfg}, warps, stages, ints_by_16)
     return out
 
 
@@ -87,12 +93,11 @@ def _small_kernels():
         SUB=16, G=128, BLOCK_W=16, BLOCK_N=128)
 
 
-def test_every_other_kernel_waits_before_touching_memory(compiled):
-    mod = sys.modules["compile_sm90"]
+def test_every_other_kernel_waits_before_touching_memory(tool):
     seen = 0
     for fn, types, consts in _small_kernels():
         assert "PDL" in fn.arg_names, fn.__name__
-        r = mod.compile_sm90(fn, types, consts, 4, 1)
+        r = tool.compile_sm90(fn, types, consts, 4, 1)
         assert r["pdl"] == "first", (fn.__name__, r["pdl"])
         seen += 1
     assert seen == 11
