@@ -26,7 +26,7 @@ db="$out/h200.duckdb"
 here=$(cd "$(dirname "$0")" && pwd)
 qb() {
   local t=$SECONDS
-  timeout 300 python3 -m quantbench run --gpu "${QB_GPU:-hopper}" --db "$db" "$@" 2>&1 | grep -E "│|Error|error" | tail -n 3
+  timeout "${QB_TIMEOUT:-300}" python3 -m quantbench run --gpu "${QB_GPU:-hopper}" --db "$db" "$@" 2>&1 | grep -E "│|Error|error" | tail -n 3
   echo "    ($((SECONDS - t)) s: $*)"
 }
 suite() {  # realistic-length decisions: the built-in records padded to N tokens (deterministic)

@@ -8,6 +8,7 @@ not optional: once auto_round is imported, transformers loads plain MoE checkpoi
 from __future__ import annotations
 
 import faulthandler
+import hashlib
 import json
 import os
 import sys
@@ -72,10 +73,22 @@ def _answer_suite(loaded: LoadedVariant, records, timer: Timer, spec: RunSpec, o
 
     warm = getattr(engine, "warm", None)  # optional: a CUDA graph to capture before a new shape is timed
 
-    def decide(chunk, cold: bool = False) -> list[tuple[Any, float, float, int, int]]:
+    # The run's tokenizer_hash: sha256 of the token ids the model was given for every suite prompt, in suite
+    # order. Two runs with equal hashes saw identical inputs, whatever made them (tokenizer files, chat template,
+    # truncation); parity refuses runs whose hashes differ. Only local engines expose their ids (`rows`): a
+    # remote server's run leaves it empty.
+    digest, hashed = hashlib.sha256(), True
+
+    def decide(chunk, cold: bool = False, suite: bool = False) -> list[tuple[Any, float, float, int, int]]:
+        nonlocal hashed
         t0 = time.perf_counter()
         prepared = [engine.prepare(r.request) for r in chunk]
         prep_ms = (time.perf_counter() - t0) * 1e3 / len(chunk)
+        if suite and hashed:
+            hashed = all(isinstance(getattr(p, "rows", None), list) for p in prepared)
+            if hashed:
+                for record, p in zip(chunk, prepared, strict=True):
+                    digest.update(json.dumps([record.id, p.rows], separators=(",", ":")).encode())
         if warm is not None and not cold:  # the cold decision keeps its one-time costs; no other one does
             warm(prepared)
         if len(chunk) == 1:
@@ -101,7 +114,8 @@ def _answer_suite(loaded: LoadedVariant, records, timer: Timer, spec: RunSpec, o
     with _progress() as progress:
         task = progress.add_task(f"{loaded.info.variant}: suite", total=len(records))
         for chunk in chunks(records):
-            for record, (result, prep_ms, model_ms, tokens, batch) in zip(chunk, decide(chunk), strict=True):
+            for record, (result, prep_ms, model_ms, tokens, batch) in zip(chunk, decide(chunk, suite=True),
+                                                                          strict=True):
                 timed("suite", record, prep_ms, model_ms, tokens, batch)
                 for q, ans in result.items():
                     answers.append(dict(
@@ -110,6 +124,8 @@ def _answer_suite(loaded: LoadedVariant, records, timer: Timer, spec: RunSpec, o
                         gold=(record.gold or {}).get(q), method=ans.method, truncated=ans.truncated,
                     ))
             progress.advance(task, len(chunk))
+        if hashed and records:
+            out["run"]["tokenizer_hash"] = digest.hexdigest()
 
         # Latency phase: keep timing decisions until both stop rules hold (at least N decisions, S seconds).
         need_n = max(0, spec.latency_min_decisions - len(records))

@@ -493,6 +493,8 @@ def build_synthetic(
         dims["num_hidden_layers"] = layers
     tokenizer = build_tokenizer()
     config = _config(dims, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
+    # the fixture's tokenizer says 1024 tokens (the fixture's context); here prompts may be as long as the shape's
+    tokenizer.model_max_length = config.max_position_embeddings
     model = _new_model(config, device, dtype, seed, what=synthetic_id(shape, layers, seed)).eval()
     model.set_experts_implementation(experts_impl)
     model.quantbench_weights = "synthetic"  # read by the runner for the row's `weights` column

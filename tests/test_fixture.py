@@ -124,6 +124,7 @@ def test_build_synthetic_has_the_real_30b_shape_with_one_layer():
     assert (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (32, 4, 128)
     assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size) == (128, 8, 768)
     assert cfg.norm_topk_prob
+    assert tokenizer.model_max_length == cfg.max_position_embeddings == 40960  # no 1024-token warning at 2048
     assert model.lm_head.weight.shape == (151936, 2048)
     assert model.model.layers[0].mlp.experts.gate_up_proj.dtype == torch.bfloat16
     assert model.quantbench_weights == "synthetic"

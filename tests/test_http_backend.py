@@ -207,6 +207,7 @@ def test_a_run_through_the_runner_stores_the_servers_answers_and_client_latencie
     assert result.run["status"] == "ok", result.run.get("error")
     assert result.run["backend"] == "http" and result.run["variant"] == "float32"
     assert result.run["extra"]["endpoint"] == served.url
+    assert result.run["tokenizer_hash"] is None  # the server's token ids are not seen here: not claimed
     assert len({a["record_id"] for a in result.answers}) == 8
     assert all(lat["model_ms"] > 0 and lat["tokens"] > 0 for lat in result.latencies)
     store = Store(tmp_path / "results.duckdb")

@@ -240,7 +240,7 @@ def test_the_markdown_table_has_the_card_columns_and_cpu_memory_labels(cpu_lab):
     assert "VRAM" not in header
     fp8 = next(line for line in text.splitlines() if line.startswith("| fp8 "))
     assert fp8.count("n/a") >= 3 and " 0 B" not in fp8  # unknown is n/a, never 0
-    assert "| 14 / 15 ms |" in text  # bf16's p50 / p90
+    assert "| 14.4 / 14.8 ms |" in text  # bf16's p50 / p90, in tenths below 100 ms
     assert "Noise floor: BF16 against itself" in text
     assert "**Recommended: int4**, picked by the rule: the smallest weights in host memory" in text
     table = [line for line in text.splitlines() if line.startswith("|") and not line.startswith("|---")]
@@ -393,3 +393,9 @@ def test_throughput_keeps_the_newest_batched_run_and_names_the_kernel_only_where
                                       "fp8 at batch 32: 157.7/s; int4 (a) at batch 8: 100.0/s; int4 (b) at batch 8: "
                                       "120.0/s."]
     assert throughput([run("r4", "fp8", "k", 1, 80.0)]) == [] and throughput_notes([]) == []
+
+
+def test_latency_cells_keep_tenths_below_100_ms():
+    # a 12 ms goal needs 11.8 and 12.3 told apart; seconds-long paths need no tenths
+    assert [report.fmt_ms(x) for x in (0.44, 11.84, 12.3, 99.94, 387.1, 1291.2, None)] == [
+        "0.4", "11.8", "12.3", "99.9", "387", "1,291", "n/a"]

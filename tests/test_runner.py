@@ -104,3 +104,19 @@ def test_throughput_mode_batches_decisions_into_one_forward(suite):
     probs = {(a["record_id"], a["question"]): a["probs"] for a in single.answers}
     for a in result.answers:  # batching changes no answer
         assert a["probs"] == pytest.approx(probs[(a["record_id"], a["question"])], abs=1e-4)
+
+
+def test_tokenizer_hash_is_the_sha256_of_the_token_ids_the_model_was_given(suite):
+    import hashlib
+
+    from quantbench.scoring import TransformersEngine
+    from quantbench.suite import load_suite
+    from tests.tiny import tiny_model, tiny_tokenizer
+
+    engine = TransformersEngine(tiny_model(), tiny_tokenizer())
+    digest = hashlib.sha256()
+    for record in load_suite(suite).records:
+        digest.update(json.dumps([record.id, engine.prepare(record.request).rows], separators=(",", ":")).encode())
+    single = execute(spec("TinyBackend", suite), echo=False)
+    batched = execute(spec("TinyBackend", suite, concurrency=2), echo=False)
+    assert single.run["tokenizer_hash"] == batched.run["tokenizer_hash"] == digest.hexdigest()  # batching: same inputs

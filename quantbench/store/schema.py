@@ -26,7 +26,7 @@ MIGRATIONS: list[str] = [
         model_hash VARCHAR,
         model_revision VARCHAR,
         weights VARCHAR,                      -- trained | synthetic | checkpoint
-        tokenizer_hash VARCHAR,
+        tokenizer_hash VARCHAR,               -- sha256 of the token ids of every suite prompt; NULL: not seen (http)
         suite_id VARCHAR,
         suite_hash VARCHAR,
         n_records INTEGER,
