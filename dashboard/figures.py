@@ -54,8 +54,13 @@ def point_labels(variants: pd.Series) -> pd.Series:
 
 def label_positions(x: pd.Series) -> pd.Series:
     """Neighbours along x alternate their labels above and below the points, so labels at one height do not run
-    together."""
-    return (x.rank(method="first").astype(int) % 2).map({1: "top center", 0: "bottom center"})
+    together; the leftmost and rightmost points' labels run inwards, where a centred one was cut at the plot's edge
+    (seen on the two-point auto-round chart)."""
+    rank = x.rank(method="first").astype(int)
+    side = pd.Series("center", index=x.index)
+    if len(x) > 1:
+        side[rank == 1], side[rank == len(x)] = "right", "left"
+    return (rank % 2).map({1: "top", 0: "bottom"}) + " " + side
 
 
 CROWDED = 6  # more points than this on a chart: numbers on the points, the names in the legend
@@ -66,8 +71,8 @@ def point_traces(pts: pd.DataFrame) -> list[tuple[str, str, pd.Index, list[str]]
     with its label. More (every kernel path of a day's runs) would write the labels over each other: one trace
     per point, numbered fastest first, its label in the legend."""
     labels = point_labels(pts["variant"])
-    if len(pts) <= CROWDED:
-        return [(str(fmt), str(fmt), grp.index, list(labels.loc[grp.index]))
+    if len(pts) <= CROWDED:  # labels on the points, long kernel words wrapped so they stay on the plot
+        return [(str(fmt), str(fmt), grp.index, [wrap_label(t) for t in labels.loc[grp.index]])
                 for fmt, grp in pts.groupby("weight_format", sort=True)]
     order = pts.sort_values("p50_ms", kind="stable").index
     return [(f"{i} · {labels[idx]}", str(pts.at[idx, "weight_format"]), pd.Index([idx]), [str(i)])
@@ -165,7 +170,8 @@ def speed_memory(rep: GpuReport, flat: pd.DataFrame) -> go.Figure:
     wide = len(pts) > 1 and float(pts["p50_ms"].max()) > 20 * float(pts["p50_ms"].min())
     fig.update_xaxes(title="latency p50 per decision (ms)" + (" (log scale)" if wide else ""),
                      type="log" if wide else "linear", rangemode="tozero")
-    fig.update_yaxes(title=f"weights in {mem} (GiB)", rangemode="tozero")
+    top = float((pts["weights_memory_bytes"].astype(float) / GIB).max()) if len(pts) else 1.0
+    fig.update_yaxes(title=f"weights in {mem} (GiB)", range=[0, 1.3 * top])  # room for the labels above the top
     return fig
 
 

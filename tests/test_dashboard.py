@@ -301,3 +301,22 @@ def test_a_crowded_speed_memory_chart_numbers_its_points_and_names_them_in_the_l
     assert [t.x[0] for t in many.data] == sorted(t.x[0] for t in many.data)  # numbered fastest first
     assert many.data[0].name == f"1 · int4 · path{figures.CROWDED + 1}"
     assert many.data[0].hovertext[0] == f"int4 (quantbench grouped-moe path{figures.CROWDED + 1} +cuda-graph)"
+
+
+def test_point_labels_at_the_plot_edges_run_inwards_and_long_ones_wrap():
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from dashboard import figures
+
+    x = pd.Series([1291.2, 12.3, 50.0], index=[5, 6, 7])
+    assert figures.label_positions(x).to_dict() == {5: "top left", 6: "top right", 7: "bottom center"}
+    assert figures.label_positions(pd.Series([3.0])).tolist() == ["top center"]
+    two = pd.DataFrame({"status": "ok", "p50_ms": [1291.2, 12.3], "weights_memory_bytes": [16.9 * 2**30, 17 * 2**30],
+                        "variant": ["int4 (auto-round per-expert loop qlinear_tritonv2_zp +fused rmsnorm+rope+qkv)",
+                                    "int4 (quantbench grouped-moe gluon-wgmma-int4 +fused rmsnorm+rope+qkv+nextnorm)"],
+                        "weight_format": "int4 w4a16"})
+    fig = figures.speed_memory(SimpleNamespace(cpu=False), two)
+    assert all("<br>" in t and max(len(line) for line in t.split("<br>")) <= 44 for t in fig.data[0].text)
+    assert fig.layout.yaxis.range[1] > 17 * 1.2  # headroom above the top point for its label
