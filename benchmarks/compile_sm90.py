@@ -77,6 +77,12 @@ def compile_sm90(fn, pointer_types: dict[str, str], constexprs: dict, num_warps:
 
 
 GLOBAL_ACCESS = re.compile(r"^(LDG|STG|LDGSTS|ATOMG|ATOM|RED|UTMALDG|UTMASTG|UBLKCP)\b")
+SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);")  # /*0a30*/  @P0 LDG.E R2, [R4.64] ;
+
+
+def sass_instructions(sass: str) -> list[tuple[int, str]]:
+    """(address, instruction text) of every instruction in nvdisasm's listing, in order."""
+    return [(int(addr, 16), text) for addr, text in SASS_LINE.findall(sass)]
 
 
 def pdl_order(sass: str) -> str:
@@ -84,7 +90,7 @@ def pdl_order(sass: str) -> str:
     ACQBULK) comes before every global memory access and the next kernel's launch (PREEXIT) after it; "-" with no
     wait; otherwise what comes first (a kernel launched early must not touch memory before its wait)."""
     ops = [words[1] if words[0].startswith("@") else words[0]  # past a predicate (@P0)
-           for words in (text.split() for text in re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass))]
+           for words in (text.split() for _, text in sass_instructions(sass))]
     if "ACQBULK" not in ops:
         return "-"
     wait = ops.index("ACQBULK")
@@ -96,7 +102,7 @@ def loop_length(sass: str) -> int:
     """SASS instructions in the kernel's longest loop (a backward branch's span): the K loop, whose length per
     block is what the unpacking costs (NVFP4's fell from 648 to 372 when its codes were repacked); 0: no loop
     left (unrolled)."""
-    ins = [(int(a, 16), text) for a, text in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    ins = sass_instructions(sass)
     best = 0
     for addr, text in ins:
         target = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
