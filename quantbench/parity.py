@@ -42,7 +42,7 @@ def resolve_run(store: Store, run_id: str) -> dict[str, Any]:
     key = run_id.strip().lower()
     df = store.read("SELECT * FROM runs WHERE CAST(run_id AS VARCHAR) LIKE ? ORDER BY created_at", [key + "%"])
     if df.empty:
-        raise ParityError(f"run {run_id!r}: no run with that id in {store.path}; `quantbench report` lists the runs")
+        raise ParityError(f"run {run_id!r}: no run with that id in {store.path}; `quantbench runs` lists the runs")
     if len(df) > 1:
         ids = ", ".join(df["run_id"].astype(str))
         raise ParityError(f"run {run_id!r} is ambiguous ({ids}); give more characters of the id")
@@ -270,6 +270,11 @@ def compare(store: Store, candidate_run_id: str, reference_run_id: str | None = 
             any_gpu_reference: bool = False) -> Comparison:
     """Compare a run with its reference (default: the BF16 run of its model, suite and GPU) and noise floor."""
     cand = resolve_run(store, candidate_run_id)
+    if cand.get("status") != "ok":  # before looking for its reference: a failed run may not know its model
+        first = str(cand.get("error") or "").strip().splitlines()
+        raise ParityError(f"run {cand['run_id']} failed ({cand.get('failure') or 'error'}"
+                          + (f": {first[0][:200]}" if first else "") + "): it has no answers to compare; "
+                          "`quantbench runs` lists the runs and which of them succeeded")
     if reference_run_id:
         ref, how = resolve_run(store, reference_run_id), "given"
     else:

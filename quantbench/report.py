@@ -112,6 +112,15 @@ class GpuReport:
     throughput: list[dict[str, Any]] = field(default_factory=list)  # batched runs: report.throughput()
 
 
+class Reports(list[GpuReport]):
+    """build_report's tables, plus `failed`: the failed runs that belong to none of them (they failed before
+    their model or suite was known), oldest first, listed under the tables instead of making a table of their own."""
+
+    def __init__(self, reports: list[GpuReport] | None = None, failed: list[dict[str, Any]] | None = None):
+        super().__init__(reports or [])
+        self.failed = list(failed or [])
+
+
 def _num(v: Any) -> float | None:
     if v is None:
         return None
@@ -158,19 +167,25 @@ def _pick_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(best.values(), key=lambda r: (r.get("backend") != "bf16", str(r.get("variant")), str(r.get("kernel_path"))))
 
 
-def _groups(runs: list[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
+def _groups(runs: list[dict[str, Any]]) -> tuple[dict[tuple, list[dict[str, Any]]], list[dict[str, Any]]]:
+    """Runs by (GPU, model, suite), and the failed runs that belong to no table: a run that failed before its
+    model or suite was known (a bad --model path, a suite that does not parse) has no row to fill."""
     groups: dict[tuple, list[dict[str, Any]]] = {}
     orphans = []  # runs that failed before their suite was known
     for run in runs:
-        if run.get("suite_hash") is None:
+        if run.get("suite_hash") is None or run.get("model_id") is None:
             orphans.append(run)
             continue
         groups.setdefault((parity.gpu_key(run), run.get("model_id"), run["suite_hash"]), []).append(run)
+    homeless = []
     for run in orphans:
-        homes = [k for k in groups if k[:2] == (parity.gpu_key(run), run.get("model_id"))]
-        for k in homes or [(parity.gpu_key(run), run.get("model_id"), None)]:
-            groups.setdefault(k, []).append(run)
-    return groups
+        homes = [k for k in groups if run.get("model_id") is not None
+                 and k[:2] == (parity.gpu_key(run), run.get("model_id"))]
+        for k in homes:
+            groups[k].append(run)
+        if not homes:
+            homeless.append(run)
+    return groups, homeless
 
 
 def _load_runs(store: Store) -> list[dict[str, Any]]:
@@ -247,7 +262,7 @@ def since_filter(since: str | None) -> datetime | None:
 
 def build_report(store: Store, gpu: str | None = None, model: str | None = None, rules: Rules | None = None, *,
                  host: str | None = None, since: str | None = None, cross_gpu_reference: bool = True,
-                 seed: int = 0) -> list[GpuReport]:
+                 seed: int = 0) -> Reports:
     """One GpuReport per (GPU, model, suite) in the store, filtered by `gpu` / `model` / `host` / `since` (runs
     made at or after that time: leaves out runs of an older quantbench whose kernel paths differ)."""
     rules = rules or Rules()
@@ -270,8 +285,9 @@ def build_report(store: Store, gpu: str | None = None, model: str | None = None,
             answers[rid] = parity.load_answers(store, rid)
         return answers[rid]
 
-    reports = []
-    for group in _groups(runs).values():
+    groups, homeless = _groups(runs)
+    reports = Reports(failed=homeless)
+    for group in groups.values():
         batch1 = [r for r in group if _batch(r) == 1]
         rows_runs = [r for r in _pick_rows(batch1) if (r.get("role") or "candidate") != "noise_floor"]
         if rows_runs:
@@ -522,6 +538,26 @@ def _summary_rows(reports: list[GpuReport]) -> list[dict[str, str]]:
              "Recommended": r.recommended.label if r.recommended else "none", "Rule": r.rule} for r in reports]
 
 
+FAILED_SHOWN = 10  # the newest failed runs listed under the tables; `quantbench runs` lists every one
+
+
+def failed_lines(failed: list[dict[str, Any]]) -> list[str]:
+    """The failed runs that belong to no table, newest first, one line each: when, which run, what, why."""
+    if not failed:
+        return []
+    lines = [f"### Failed runs ({len(failed)})", "",
+             "These runs failed before their model or suite was known, so they have no row in a table:", ""]
+    for run in sorted(failed, key=lambda r: str(r.get("created_at")), reverse=True)[:FAILED_SHOWN]:
+        when = pd.Timestamp(run["created_at"]).strftime("%Y-%m-%d %H:%M") if run.get("created_at") else "?"
+        first = str(run.get("error") or "").strip().splitlines()
+        why = f"{run.get('failure') or 'error'}" + (f": {first[0][:160]}" if first else "")
+        lines.append(f"- {when} {str(run['run_id'])[:13]} {run.get('backend')} on {parity.gpu_label(run)}: "
+                     f"{_md_escape(why)}")
+    if len(failed) > FAILED_SHOWN:
+        lines.append(f"- … and {len(failed) - FAILED_SHOWN} older (`quantbench runs` lists every run)")
+    return lines
+
+
 def _markdown(reports: list[GpuReport]) -> str:
     parts = [_markdown_one(r) for r in reports]
     if len(reports) > 1:
@@ -530,6 +566,8 @@ def _markdown(reports: list[GpuReport]) -> str:
         lines = ["### Recommended per GPU", "", "| " + " | ".join(cols) + " |", "|---|---|---|---|---|"]
         lines += ["| " + " | ".join(_md_escape(row[k]) for k in cols) + " |" for row in rows]
         parts.append("\n".join(lines))
+    if getattr(reports, "failed", None):
+        parts.append("\n".join(failed_lines(reports.failed)))
     return "\n\n".join(parts) + "\n"
 
 
@@ -586,14 +624,20 @@ def to_json(reports: list[GpuReport], rules: Rules | None = None) -> dict[str, A
             "rows": [r for r in records if r["gpu"] == rep.gpu and r["model_id"] == rep.model_id
                      and r["suite_hash"] == rep.suite_hash],
         })
-    return {"rules": asdict(rules) if rules else None, "reports": out, "summary": _summary_rows(reports)}
+    failed = [parity._clean({k: str(run.get(k)) if k in ("run_id", "created_at") else run.get(k) for k in (
+        "run_id", "created_at", "backend", "model_path", "gpu_name", "host", "failure", "error")})
+        for run in getattr(reports, "failed", [])]
+    return {"rules": asdict(rules) if rules else None, "reports": out, "summary": _summary_rows(reports),
+            "failed_runs": failed}
 
 
 def render(reports: list[GpuReport], fmt: str = "markdown", rules: Rules | None = None) -> str:
     if fmt not in FORMATS:
         raise ConfigError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
     if fmt == "markdown":
-        return _markdown(reports) if reports else "No runs to report.\n"
+        if not reports:
+            return "\n".join(["No runs to report.", "", *failed_lines(getattr(reports, "failed", []))]).rstrip() + "\n"
+        return _markdown(reports)
     if fmt == "csv":
         buf = io.StringIO()
         flat_rows(reports).to_csv(buf, index=False)
@@ -609,7 +653,7 @@ def report_for_this_machine(store: Store, machine_gpu_name_or_family: str, host:
     if machine_gpu_name_or_family.strip().lower() == "cpu" and host is None:
         host = socket.gethostname()
     reports = build_report(store, gpu=machine_gpu_name_or_family, host=host, rules=rules, model=model)
-    if not reports:
+    if not reports and not reports.failed:
         where = machine_gpu_name_or_family + (f" on {host}" if host else "")
         return f"No successful or failed runs for {where} in {store.path} yet.\n"
     return render(reports, "markdown", rules)
@@ -627,7 +671,7 @@ def cli_report(db: str | None = None, fmt: str = "markdown", gpu: str | None = N
         raise ConfigError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
     store = Store(db)
     reports = build_report(store, gpu=gpu, model=model, rules=rules, host=host, since=since)
-    if not reports:
+    if not reports and not reports.failed:
         have = sorted({f"{parity.gpu_label(r)}: {r.get('model_id')}" for r in _load_runs(store)})
         asked = " ".join(f"--{k} {v}" for k, v in (("gpu", gpu), ("model", model), ("host", host), ("since", since))
                          if v)

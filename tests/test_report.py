@@ -399,3 +399,29 @@ def test_latency_cells_keep_tenths_below_100_ms():
     # a 12 ms goal needs 11.8 and 12.3 told apart; seconds-long paths need no tenths
     assert [report.fmt_ms(x) for x in (0.44, 11.84, 12.3, 99.94, 387.1, 1291.2, None)] == [
         "0.4", "11.8", "12.3", "99.9", "387", "1,291", "n/a"]
+
+
+# -- issue #22 item 10: failed runs without a model are a list, not a table ----------------------------------
+def test_a_run_that_failed_before_its_model_was_known_is_listed_not_tabled(cpu_lab):
+    lab, ids = cpu_lab
+    bad = lab.run(status="failed", failure="load_error", model_id=None, suite_id=None, suite_hash=None,
+                  variant=None, weight_format=None, kernel_path=None, backend="int4",
+                  error="/nowhere: no config.json; --model must be a checkpoint directory\nTraceback ...")
+    reps = report.build_report(lab.store)
+    assert [(r.gpu, r.model_id) for r in reps] == [("CPU (box)", "tiny-moe")]
+    assert [str(r["run_id"]) for r in reps.failed] == [bad]
+    text = report.render(reps, "markdown")
+    assert "None" not in text
+    assert text.count("Size on disk is in GB") == 1  # the footnotes once: one table
+    assert f"{bad[:13]} int4 on CPU (box): load_error: /nowhere: no config.json; --model must be a checkpoint" in text
+    assert "### Failed runs (1)" in text
+    data = json.loads(report.render(reps, "json"))
+    assert [f["run_id"] for f in data["failed_runs"]] == [bad] and data["failed_runs"][0]["failure"] == "load_error"
+    with pytest.raises(ParityError, match=r"failed \(load_error: /nowhere: no config.json.*`quantbench runs`"):
+        parity.compare(lab.store, bad)
+
+
+def test_compare_of_an_unknown_run_points_to_quantbench_runs(cpu_lab):
+    lab, _ = cpu_lab
+    with pytest.raises(ParityError, match="no run with that id .*; `quantbench runs` lists the runs"):
+        parity.compare(lab.store, "nosuchrun")
