@@ -56,8 +56,11 @@ NUMERIC = ("decisions", "accuracy", "p50 ms", "p90 ms", "weights", "load s")
 def runs_table(df, title: str) -> Table:
     """One self-describing row per run (llama-bench style): what ran, where, and what it measured."""
     t = Table(title=title, title_justify="left")
-    for col in ("run", "status", "variant", "kernel", "where", *NUMERIC):
+    for col in ("run", "status", "model", "variant", "kernel", "where", *NUMERIC):
         t.add_column(col, justify="right" if col in NUMERIC else "left")
+    if (df["weights"] == "synthetic").any():  # their answers are chance: the accuracy column must not read as quality
+        t.caption = "* random (synthetic) weights: speed and memory only; their accuracy is chance, not quality"
+        t.caption_justify = "left"
     for r in df.to_dict("records"):
         r = {k: _val(v) for k, v in r.items()}
         if r["mem_weights_bytes"] is not None:
@@ -68,9 +71,11 @@ def runs_table(df, title: str) -> Table:
             weights = "—"
         status = "[green]ok[/]" if r["status"] == "ok" else f"[red]failed: {r['failure']}[/]"
         variant = (r["variant"] or r["backend"]) + (" [noise floor]" if r["role"] == "noise_floor" else "")
-        t.add_row(str(r["run_id"])[:13], status, variant, r["kernel_path"] or "—", r["gpu_name"] or "cpu",
-                  "—" if r["n_records"] is None else str(int(r["n_records"])),
-                  "—" if r["accuracy"] is None else f"{r['accuracy']:.1%}",
+        accuracy = "—" if r["accuracy"] is None else f"{r['accuracy']:.1%}"
+        if r["weights"] == "synthetic" and r["accuracy"] is not None:
+            accuracy += " (random weights*)"
+        t.add_row(str(r["run_id"])[:13], status, r["model_id"] or "—", variant, r["kernel_path"] or "—",
+                  r["gpu_name"] or "cpu", "—" if r["n_records"] is None else str(int(r["n_records"])), accuracy,
                   _ms(r["p50_ms"]), _ms(r["p90_ms"]), weights, _ms(r["load_s"]))
     return t
 

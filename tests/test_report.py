@@ -425,3 +425,23 @@ def test_compare_of_an_unknown_run_points_to_quantbench_runs(cpu_lab):
     lab, _ = cpu_lab
     with pytest.raises(ParityError, match="no run with that id .*; `quantbench runs` lists the runs"):
         parity.compare(lab.store, "nosuchrun")
+
+
+# -- issue #22 item 15: `quantbench runs` names the model and flags random-weight accuracy ---------------------
+def test_runs_lists_the_model_and_marks_the_accuracy_of_random_weights(tmp_path):
+    from typer.testing import CliRunner
+
+    from quantbench.cli import app
+
+    lab = Lab(tmp_path / "r.duckdb", n=8)
+    lab.run(model_id="tiny-moe")
+    lab.run(model_id="synthetic-qwen3-30b-a3b-2l-seed0", weights="synthetic", backend="int4", variant="int4")
+    result = CliRunner().invoke(app, ["runs", "--db", str(lab.store.path)], terminal_width=250)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    [trained] = [ln for ln in lines if "tiny-moe" in ln]
+    [synthetic] = [ln for ln in lines if "synthetic-qwen3-30b-a3b-2l-seed0" in ln]
+    assert [c.strip() for c in lines[2].split("┃")[1:4]] == ["run", "status", "model"]
+    assert "87.5% " in trained and "random weights" not in trained
+    assert "87.5% (random weights*)" in synthetic
+    assert "* random (synthetic) weights: speed and memory only; their accuracy is chance" in result.output
