@@ -42,6 +42,7 @@ class RunSpec:
     endpoint: str | None = None  # http backend: base URL of a SystemOne server
     concurrency: int = 1  # http backend: requests in flight
     api_key: str | None = None  # http backend
+    base_model: str | None = None  # the BF16 model this variant was made from (model id; `run --base-model`)
     shape: str | None = None  # synthetic real-shape model (e.g. "qwen3-30b-a3b") instead of the fixture
     layers: int | None = None  # synthetic shape: override the layer count (smaller speed runs)
     role: str = "candidate"  # candidate | reference | noise_floor

@@ -21,7 +21,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from quantbench import pdl
+from quantbench import lineage, pdl
 from quantbench.backend import LoadedVariant, RunSpec, get_backend
 from quantbench.checkpoint import tensor_bytes
 from quantbench.errors import LoadError, UnsupportedError
@@ -171,6 +171,7 @@ def run(spec: RunSpec, out: dict[str, Any]) -> None:
     run["extra"] = {**info.extra, "load_note": info.load_note} if info.load_note else dict(info.extra)
     if loaded.model is not None:
         run["model_tensor_bytes"] = tensor_bytes(loaded.model)
+    run.update(lineage.evidence(run.get("model_path"), spec.base_model))  # how the report finds its BF16 base
 
     # A remote backend (no model here) is timed by the wall clock: CUDA events would time this GPU, idle.
     planned = kernel_paths(loaded.model) if loaded.model is not None else ""

@@ -115,6 +115,7 @@ def run(
     layers: Annotated[int | None, typer.Option(help="Synthetic shape: number of layers")] = None,
     noise_floor: Annotated[bool, typer.Option(help="Run the BF16 reference under the second kernel (eager) as the noise floor")] = False,
     reference: Annotated[bool, typer.Option(help="Mark this run as the reference for parity")] = False,
+    base_model: Annotated[str | None, typer.Option(help="The BF16 model this variant was made from (its checkpoint dir or model id): the report compares the variant with that model's BF16 run")] = None,
     trust_remote_code: Annotated[bool, typer.Option(help="Allow the checkpoint's own Python code (off by default)")] = False,
     max_options: Annotated[int, typer.Option(help="Largest number of options a question may have")] = 26,
     max_tokens: Annotated[int | None, typer.Option(help="Prompt token limit (default: the model's context)")] = None,
@@ -139,7 +140,11 @@ def run(
     if fused_ops not in ("auto", "off"):
         _fail(QuantbenchError(f"--fused-ops {fused_ops!r}: use auto (fused RMSNorm, rotary and q/k/v projections on a GPU) or off"))
     try:
-        spec = _spec(backend=backend, model=model, suite=suite, gpu=gpu, device=device, dtype=dtype,
+        if base_model is not None:
+            from quantbench.lineage import resolve_given_base
+
+            base_model = resolve_given_base(base_model)
+        spec = _spec(backend=backend, model=model, suite=suite, gpu=gpu, device=device, dtype=dtype, base_model=base_model,
                      experts_impl=experts_impl, fast_moe=fast_moe, nvfp4_mode=nvfp4, nvfp4_activations=nvfp4_activations,
                      endpoint=endpoint, concurrency=concurrency, api_key=api_key, shape=shape, layers=layers, role=role,
                      trust_remote_code=trust_remote_code, max_options=max_options, max_tokens=max_tokens,

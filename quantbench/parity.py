@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from quantbench import analysis as an
+from quantbench import lineage
 from quantbench.analysis import ParityError
 from quantbench.store import Store
 
@@ -100,12 +101,22 @@ def _best_matching(store: Store, where: str, params: list[Any], like: dict[str, 
 def find_reference(store: Store, run: dict[str, Any], any_gpu: bool = False) -> dict[str, Any] | None:
     """The BF16 reference of a run: an ok `bf16`-backend run, not a noise floor, of the same model and suite on
     the same GPU (any GPU when `any_gpu` and none ran here, e.g. BF16 did not fit), ranked by `reference_rank`."""
-    return _best_matching(
+    ref = _best_matching(
         store,
         "backend = 'bf16' AND coalesce(role, 'candidate') <> 'noise_floor' AND model_id = ? AND suite_hash = ? "
         "AND CAST(run_id AS VARCHAR) <> ?",
         [run.get("model_id"), run.get("suite_hash"), str(run["run_id"])], run, reference_rank, any_gpu,
     )
+    if ref is not None or run.get("backend") == "bf16":
+        return ref
+    # A variant made elsewhere: the BF16 run of the base its evidence names or matches (quantbench.lineage).
+    bf16 = _records(store.read(
+        "SELECT * FROM runs WHERE status = 'ok' AND backend = 'bf16' AND coalesce(role, 'candidate') <> 'noise_floor' "
+        "AND coalesce(weights, '') <> 'synthetic' AND suite_hash = ?", [run.get("suite_hash")]))
+    matches, how = lineage.pair(run, bf16)
+    pool = [r for r in matches if gpu_key(r) == gpu_key(run)] or (matches if any_gpu else [])
+    ref = max(pool, key=reference_rank, default=None)
+    return None if ref is None else {**ref, "paired_by": how, "paired_base": run.get("base_model")}
 
 
 def find_noise_floor(store: Store, reference: dict[str, Any]) -> dict[str, Any] | None:
@@ -286,6 +297,8 @@ def compare(store: Store, candidate_run_id: str, reference_run_id: str | None = 
                 "`quantbench run --backend bf16` with the same model and suite, or pass --reference RUN"
             )
         how = "same GPU" if gpu_key(ref) == gpu_key(cand) else "other GPU"
+        if ref.get("paired_by"):
+            how += f"; paired with its base by {lineage.how_text(ref['paired_by'], ref.get('paired_base'))}"
     ref_answers = load_answers(store, str(ref["run_id"]))
     floor_run = resolve_run(store, noise_floor_run_id) if noise_floor_run_id else find_noise_floor(store, ref)
     floor = None

@@ -26,7 +26,7 @@ from typing import Any
 import pandas as pd
 
 from quantbench import analysis as an
-from quantbench import parity
+from quantbench import lineage, parity
 from quantbench.analysis import ParityError
 from quantbench.errors import ConfigError
 from quantbench.parity import Comparison, FloorStats
@@ -201,6 +201,30 @@ def _load_runs(store: Store) -> list[dict[str, Any]]:
     return parity._records(df)
 
 
+def _pair_with_bases(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Variants made elsewhere join their base's table: a run whose own model has no BF16 run but whose evidence
+    (quantbench.lineage) pairs it with one takes that BF16 run's model id; `own_model_id` keeps its own and
+    `paired_by` says how it was paired."""
+    pairs = lineage.pair_runs(runs)
+    for run in runs:
+        paired = pairs.get(str(run["run_id"]))
+        if paired is not None:
+            run["own_model_id"] = run.get("model_id")
+            run["model_id"], run["paired_by"] = paired
+    return runs
+
+
+def pairing_notes(rows: list[Row]) -> list[str]:
+    """One note per variant paired with its base by evidence rather than by a shared model id."""
+    notes = []
+    for row in rows:
+        how = row.run.get("paired_by")
+        if how:
+            notes.append(f"{row.label} is the checkpoint {row.run.get('own_model_id')}, compared with this model's BF16 "
+                         f"run because of {lineage.how_text(how, row.run.get('base_model'))}.")
+    return notes
+
+
 def _batch(run: dict[str, Any]) -> int:
     return _int(run.get("batch")) or 1
 
@@ -266,7 +290,7 @@ def build_report(store: Store, gpu: str | None = None, model: str | None = None,
     """One GpuReport per (GPU, model, suite) in the store, filtered by `gpu` / `model` / `host` / `since` (runs
     made at or after that time: leaves out runs of an older quantbench whose kernel paths differ)."""
     rules = rules or Rules()
-    runs = _load_runs(store)
+    runs = _pair_with_bases(_load_runs(store))
     after = since_filter(since)
     if after is not None:
         runs = [r for r in runs if r.get("created_at") is not None and pd.Timestamp(r["created_at"]) >= after]
@@ -276,7 +300,8 @@ def build_report(store: Store, gpu: str | None = None, model: str | None = None,
         runs = [r for r in runs if str(r.get("host")) == host]
     if model:
         m = model.lower()
-        runs = [r for r in runs if r.get("model_id") == model or m in str(r.get("model_id") or "").lower()]
+        runs = [r for r in runs if any(r.get(k) == model or m in str(r.get(k) or "").lower()
+                                       for k in ("model_id", "own_model_id"))]
     answers: dict[str, pd.DataFrame] = {}
 
     def answers_of(run: dict[str, Any]) -> pd.DataFrame:
@@ -335,7 +360,7 @@ def _build_one(store, group, rows_runs, rules, answers_of, cross_gpu_reference, 
         suite_id=next((r.get("suite_id") for r in group if r.get("suite_id")), None),
         suite_hash=next((r.get("suite_hash") for r in group if r.get("suite_hash")), None),
         rows=rows, reference=reference, floor=floor, recommended=None, rule="", reference_accuracy=ref_acc,
-        notes=notes, throughput=throughput(group),
+        notes=notes + pairing_notes(rows), throughput=throughput(group),
     )
     _recommend(report, rules, synthetic)
     return report
@@ -597,6 +622,7 @@ def flat_rows(reports: list[GpuReport]) -> pd.DataFrame:
                 "delta_accuracy": m.mean if m else None, "delta_accuracy_lo": m.lo if m else None,
                 "delta_accuracy_hi": m.hi if m else None,
                 "reference_run_id": str(rep.reference["run_id"]) if rep.reference else None,
+                "own_model_id": run.get("own_model_id"), "paired_by": run.get("paired_by"),
                 "recommended": row.recommended, "best_for": row.best_for,
             })
     df = pd.DataFrame(out)

@@ -99,6 +99,13 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE runs ADD COLUMN model_tensor_bytes BIGINT;
     """,
+    # 4: what a variant's BF16 base is and how that is known (quantbench.lineage), so the report pairs variants
+    # made elsewhere with their base: base_model_how is quantbench | given | model_card.
+    """
+    ALTER TABLE runs ADD COLUMN base_model VARCHAR;
+    ALTER TABLE runs ADD COLUMN base_model_how VARCHAR;
+    ALTER TABLE runs ADD COLUMN shared_tensors_hash VARCHAR;
+    """,
 ]
 
 # Views are recreated on every open (they hold no data), so they can change without a migration.

@@ -18,6 +18,7 @@ from typing import Any
 
 from quantbench.backend import RunSpec
 from quantbench.errors import ConfigError
+from quantbench.lineage import base_model_id
 from quantbench.store import Store
 from quantbench.sweep.spec import SCHEMES, Model, Sweep, checkpoint_ready, made_variant_dir
 
@@ -67,6 +68,8 @@ def plan(sweep: Sweep) -> list[PlannedRun]:
                     notes = " · ".join(filter(None, [settings.pop("notes", ""), f"sweep {sweep.name}: {variant.label}"]))
                     base = dict(backend=variant.backend, model=checkpoint, suite=suite, gpu=gpu, shape=model.shape,
                                 layers=model.layers, trust_remote_code=model.trust_remote_code, notes=notes, **settings)
+                    if model.path is not None and checkpoint is not None and checkpoint != str(model.path):
+                        base["base_model"] = base_model_id(model.path)  # `int4 = "DIR"`: a variant of this model
                     first = PlannedRun(RunSpec(**base), model.name, variant.label,
                                        Path(suite).stem if suite else "builtin", 0, make)
                     key = first.config_key()
