@@ -372,13 +372,14 @@ def report(
     vram_budget_gib: Annotated[float | None, typer.Option(help="Rule: peak memory must fit this budget (GiB)")] = None,
     min_agreement: Annotated[float | None, typer.Option(help="Rule: minimum agreement with BF16 (0.95 or 95)")] = None,
     since: Annotated[str | None, typer.Option(help="Only runs made at or after this date / ISO time (UTC)")] = None,
+    history: Annotated[bool, typer.Option("--all", help="Every kernel generation's newest run and every fixture build, not only the newest of each variant")] = False,
     db: DbOpt = None,
 ) -> None:
     """The "Which quant should I use?" table, one per GPU, from the store."""
     from quantbench.report import cli_report
 
     try:
-        cli_report(str(_db(db)), fmt, gpu, model, vram_budget_gib, min_agreement, since=since)
+        cli_report(str(_db(db)), fmt, gpu, model, vram_budget_gib, min_agreement, since=since, history=history)
     except QuantbenchError as e:
         _fail(e)
 

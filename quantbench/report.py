@@ -153,15 +153,32 @@ def _memory(run: dict[str, Any]) -> tuple[int | None, int | None, str | None]:
     return _int(run.get("mem_weights_bytes")), peak, source
 
 
-def _variant_key(run: dict[str, Any]) -> tuple[str, ...]:
-    return tuple(str(run.get(k)) for k in ("backend", "variant", "kernel_path", "weight_format"))
+# Kernel paths name an implementation, then the generation of its kernels (`quantbench grouped-moe
+# gluon-wgmma-int4 +fused rmsnorm+rope+qkv +cuda-graph`): a newer generation supersedes an older one; another
+# implementation (transformers' experts kernels, auto-round's own per-expert loop) is another row.
+# transformers' kernels keep their experts implementation (`transformers experts=eager` is not superseded by
+# `experts=grouped_mm`: it is another kernel).
+IMPLEMENTATIONS = {"quantbench grouped-moe": "quantbench engine", "auto-round per-expert loop": "auto-round loop"}
 
 
-def _pick_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Latest ok run per variant; the latest failed one only where the variant never succeeded."""
+def implementation(kernel_path: str | None) -> str:
+    """The implementation a kernel path belongs to, without its kernels' generation."""
+    base = str(kernel_path or "").split(" +", 1)[0]
+    return next((prefix for prefix in IMPLEMENTATIONS if base == prefix or base.startswith(prefix + " ")), base)
+
+
+def _variant_key(run: dict[str, Any], history: bool = False) -> tuple[str, ...]:
+    """What makes a row: the variant and its implementation; with `history`, every kernel generation too."""
+    kernel = str(run.get("kernel_path")) if history else implementation(run.get("kernel_path"))
+    return (str(run.get("backend")), str(run.get("variant")), kernel, str(run.get("weight_format")))
+
+
+def _pick_rows(runs: list[dict[str, Any]], history: bool = False) -> list[dict[str, Any]]:
+    """Latest ok run per variant (and implementation; kernel path with `history`); the latest failed one only
+    where the variant never succeeded."""
     best: dict[tuple[str, ...], dict[str, Any]] = {}
     for run in runs:  # oldest first
-        key = _variant_key(run)
+        key = _variant_key(run, history)
         if run.get("status") == "ok" or best.get(key, {}).get("status") != "ok":
             best[key] = run
     return sorted(best.values(), key=lambda r: (r.get("backend") != "bf16", str(r.get("variant")), str(r.get("kernel_path"))))
@@ -229,22 +246,25 @@ def _batch(run: dict[str, Any]) -> int:
     return _int(run.get("batch")) or 1
 
 
-def throughput(group: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def throughput(group: list[dict[str, Any]], history: bool = True) -> list[dict[str, Any]]:
     """Batched runs (several decisions per forward pass) as decisions/s per variant and batch size, newest run of
-    each variant, kernel and batch: the table itself is per-decision latency at batch 1, so they never replace its
-    rows. The kernel is named only where one variant ran under several."""
+    each variant, kernel (implementation, without `history`) and batch: the table itself is per-decision latency
+    at batch 1, so they never replace its rows. The kernel is named only where one variant ran under several."""
     latest: dict[tuple, dict[str, Any]] = {}
     for run in group:
         if run.get("status") == "ok" and _batch(run) > 1 and _num(run.get("decisions_per_s")):
             # oldest first: the newest run of each variant, kernel and batch size stays
-            latest[(str(run.get("variant")), str(run.get("kernel_path")), _batch(run))] = run
+            kernel = str(run.get("kernel_path")) if history else implementation(run.get("kernel_path"))
+            latest[(str(run.get("variant")), kernel, _batch(run))] = run
     kernels: dict[str, set[str]] = {}
     for variant, kernel, _ in latest:
         kernels.setdefault(variant, set()).add(kernel)
 
     def label(r: dict[str, Any]) -> str:
         v = str(r.get("variant"))
-        return f"{v} ({r.get('kernel_path')})" if len(kernels[v]) > 1 else v
+        if len(kernels[v]) == 1:
+            return v
+        return f"{v} ({r.get('kernel_path') if history else _short(implementation(r.get('kernel_path')))})"
 
     rows = [{"variant": label(r), "batch": _batch(r), "decisions_per_s": _num(r.get("decisions_per_s")),
              "ms_per_pass": 1000 * _batch(r) / _num(r.get("decisions_per_s")),  # the mean over full batches
@@ -284,13 +304,42 @@ def since_filter(since: str | None) -> datetime | None:
     return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
+def _short(impl: str) -> str:
+    return IMPLEMENTATIONS.get(impl, impl.replace("experts=", ""))
+
+
+FIXTURE_PREFIX = "quantbench-fixture-moe-"  # quantbench.fixture.fixture_id: the embedded model, one id per recipe
+
+
+def _superseded_fixtures(runs: list[dict[str, Any]]) -> set[tuple[tuple[str, str], str]]:
+    """(GPU, model id) of embedded-fixture builds older than the newest one run on that GPU: a new recipe makes a
+    new model id, and the old one's runs are development history."""
+    newest: dict[tuple[str, str], tuple[str, str]] = {}
+    for run in runs:
+        mid = str(run.get("model_id") or "")
+        if mid.startswith(FIXTURE_PREFIX):
+            key, when = parity.gpu_key(run), str(run.get("created_at"))
+            if key not in newest or when > newest[key][0]:
+                newest[key] = (when, mid)
+    return {(parity.gpu_key(r), str(r.get("model_id"))) for r in runs
+            if str(r.get("model_id") or "").startswith(FIXTURE_PREFIX)
+            and newest[parity.gpu_key(r)][1] != r.get("model_id")}
+
+
 def build_report(store: Store, gpu: str | None = None, model: str | None = None, rules: Rules | None = None, *,
                  host: str | None = None, since: str | None = None, cross_gpu_reference: bool = True,
-                 seed: int = 0) -> Reports:
+                 seed: int = 0, history: bool = False) -> Reports:
     """One GpuReport per (GPU, model, suite) in the store, filtered by `gpu` / `model` / `host` / `since` (runs
-    made at or after that time: leaves out runs of an older quantbench whose kernel paths differ)."""
+    made at or after that time: leaves out runs of an older quantbench whose kernel paths differ).
+
+    By default each table shows the newest run of each variant and implementation (superseded kernel
+    generations left out) and only the newest build of the embedded fixture per GPU; `history` shows every
+    kernel generation's newest run and every fixture build (`quantbench report --all`)."""
     rules = rules or Rules()
     runs = _pair_with_bases(_load_runs(store))
+    if not history and not model:
+        old = _superseded_fixtures(runs)
+        runs = [r for r in runs if (parity.gpu_key(r), str(r.get("model_id"))) not in old]
     after = since_filter(since)
     if after is not None:
         runs = [r for r in runs if r.get("created_at") is not None and pd.Timestamp(r["created_at"]) >= after]
@@ -314,22 +363,28 @@ def build_report(store: Store, gpu: str | None = None, model: str | None = None,
     reports = Reports(failed=homeless)
     for group in groups.values():
         batch1 = [r for r in group if _batch(r) == 1]
-        rows_runs = [r for r in _pick_rows(batch1) if (r.get("role") or "candidate") != "noise_floor"]
+        rows_runs = [r for r in _pick_rows(batch1, history) if (r.get("role") or "candidate") != "noise_floor"]
         if rows_runs:
-            reports.append(_build_one(store, group, rows_runs, rules, answers_of, cross_gpu_reference, seed))
+            reports.append(_build_one(store, group, rows_runs, rules, answers_of, cross_gpu_reference, seed,
+                                      history))
     reports.sort(key=lambda r: (r.cpu, r.gpu, str(r.model_id), str(r.suite_id)))
     return reports
 
 
-def _build_one(store, group, rows_runs, rules, answers_of, cross_gpu_reference, seed) -> GpuReport:
+def row_labels(runs: list[dict[str, Any]]) -> list[str]:
+    """A row's name: its variant (`int4`); where two rows share one, with the implementation (`bf16
+    (transformers)`, `bf16 (quantbench engine)`); where those are shared too (history), the whole kernel path."""
+    labels = [str(r.get("variant") or r.get("backend")) for r in runs]
+    labels = [f"{label} ({_short(implementation(r.get('kernel_path')))})" if labels.count(label) > 1 else label
+              for r, label in zip(runs, labels, strict=True)]
+    return [f"{str(r.get('variant') or r.get('backend'))} ({r.get('kernel_path')})" if labels.count(label) > 1
+            else label for r, label in zip(runs, labels, strict=True)]
+
+
+def _build_one(store, group, rows_runs, rules, answers_of, cross_gpu_reference, seed, history) -> GpuReport:
     first = rows_runs[0]
     cpu = parity.is_cpu(first)
-    labels = [str(r.get("variant") or r.get("backend")) for r in rows_runs]
-    rows = []
-    for run, label in zip(rows_runs, labels, strict=True):
-        if labels.count(label) > 1:
-            label = f"{label} ({run.get('kernel_path')})"
-        rows.append(Row(run, label, cpu, *_memory(run)))
+    rows = [Row(run, label, cpu, *_memory(run)) for run, label in zip(rows_runs, row_labels(rows_runs), strict=True)]
     synthetic = any(r.ok for r in rows) and all(r.run.get("weights") == "synthetic" for r in rows if r.ok)
     ok_runs = [r for r in group if r.get("status") == "ok"]
     refs = [r for r in ok_runs if r.get("backend") == "bf16" and (r.get("role") or "candidate") != "noise_floor"
@@ -360,7 +415,7 @@ def _build_one(store, group, rows_runs, rules, answers_of, cross_gpu_reference, 
         suite_id=next((r.get("suite_id") for r in group if r.get("suite_id")), None),
         suite_hash=next((r.get("suite_hash") for r in group if r.get("suite_hash")), None),
         rows=rows, reference=reference, floor=floor, recommended=None, rule="", reference_accuracy=ref_acc,
-        notes=notes + pairing_notes(rows), throughput=throughput(group),
+        notes=notes + pairing_notes(rows), throughput=throughput(group, history),
     )
     _recommend(report, rules, synthetic)
     return report
@@ -504,6 +559,7 @@ def cells(row: Row, report: GpuReport) -> dict[str, str]:
         "Δ accuracy vs BF16": acc,
         "Native here?": native,
         "Best for": row.best_for,
+        "Kernel": str(run.get("kernel_path") or "n/a"),
     }
 
 
@@ -563,6 +619,65 @@ def _summary_rows(reports: list[GpuReport]) -> list[dict[str, str]]:
              "Recommended": r.recommended.label if r.recommended else "none", "Rule": r.rule} for r in reports]
 
 
+@dataclass
+class GpuMatrix:
+    """Which quant on which GPU, for one model and suite: a cell per variant and GPU, and each GPU's pick."""
+
+    model_id: str | None
+    suite_id: str | None
+    gpus: list[str]
+    cells: dict[str, dict[str, str]]  # variant label → GPU → "p50 · memory · agreement" (⭐ marks the pick)
+    picks: dict[str, str]  # GPU → the recommended variant, or why none
+
+
+def matrix_cell(row: Row, report: GpuReport) -> str:
+    """One variant on one GPU in a few words: p50 latency, weights in memory, agreement with BF16."""
+    if not row.ok:
+        return f"failed ({row.run.get('failure') or 'error'})"
+    c = row.comparison
+    if c is not None:
+        quality = f"{_pct(c.agreement.rate)} agree"
+    elif row.is_reference:
+        quality = "reference"
+    else:
+        quality = "speed/memory only" if row.quality == SYNTHETIC_NOTE else (row.quality or "n/a")
+    lat = "n/a" if row.p50 is None else f"{fmt_ms(row.p50)} ms"
+    text = f"{lat} · {fmt_bytes(row.weights_bytes)} · {quality}"
+    return f"⭐ {text}" if row.recommended else text
+
+
+def gpu_matrices(reports: list[GpuReport]) -> list[GpuMatrix]:
+    """One matrix per (model, suite) that ran on more than one GPU (or CPU host), variants in the order the
+    tables list them."""
+    by_model: dict[tuple, list[GpuReport]] = {}
+    for rep in reports:
+        by_model.setdefault((rep.model_id, rep.suite_hash), []).append(rep)
+    out = []
+    for reps in by_model.values():
+        if len({r.gpu for r in reps}) < 2:
+            continue
+        cells_by: dict[str, dict[str, str]] = {}
+        for rep in reps:
+            for row in rep.rows:
+                cells_by.setdefault(row.label, {})[rep.gpu] = matrix_cell(row, rep)
+        picks = {rep.gpu: rep.recommended.label if rep.recommended else rep.rule.removeprefix("no recommendation: ")
+                 for rep in reps}
+        out.append(GpuMatrix(reps[0].model_id, reps[0].suite_id, [r.gpu for r in reps], cells_by, picks))
+    return out
+
+
+def matrix_markdown(m: GpuMatrix) -> str:
+    lines = [f"### Which quant on which GPU: {m.model_id} (suite {m.suite_id})", "",
+             "Each cell: p50 latency per decision · weights in memory (VRAM; host memory on a CPU) · agreement with "
+             "that GPU's BF16; ⭐ the pick on that GPU.", "",
+             "| Variant | " + " | ".join(_md_escape(g) for g in m.gpus) + " |", "|---|" + "---|" * len(m.gpus)]
+    for label, by_gpu in m.cells.items():
+        lines.append(f"| {_md_escape(label)} | " + " | ".join(_md_escape(by_gpu.get(g, "not run")) for g in m.gpus)
+                     + " |")
+    lines.append("| **Pick** | " + " | ".join(f"**{_md_escape(m.picks[g])}**" for g in m.gpus) + " |")
+    return "\n".join(lines)
+
+
 FAILED_SHOWN = 10  # the newest failed runs listed under the tables; `quantbench runs` lists every one
 
 
@@ -585,6 +700,7 @@ def failed_lines(failed: list[dict[str, Any]]) -> list[str]:
 
 def _markdown(reports: list[GpuReport]) -> str:
     parts = [_markdown_one(r) for r in reports]
+    parts += [matrix_markdown(m) for m in gpu_matrices(reports)]
     if len(reports) > 1:
         rows = _summary_rows(reports)
         cols = ("GPU", "Model", "Suite", "Recommended", "Rule")
@@ -654,7 +770,7 @@ def to_json(reports: list[GpuReport], rules: Rules | None = None) -> dict[str, A
         "run_id", "created_at", "backend", "model_path", "gpu_name", "host", "failure", "error")})
         for run in getattr(reports, "failed", [])]
     return {"rules": asdict(rules) if rules else None, "reports": out, "summary": _summary_rows(reports),
-            "failed_runs": failed}
+            "gpu_matrices": [asdict(m) for m in gpu_matrices(reports)], "failed_runs": failed}
 
 
 def render(reports: list[GpuReport], fmt: str = "markdown", rules: Rules | None = None) -> str:
@@ -687,8 +803,9 @@ def report_for_this_machine(store: Store, machine_gpu_name_or_family: str, host:
 
 def cli_report(db: str | None = None, fmt: str = "markdown", gpu: str | None = None, model: str | None = None,
                vram_budget_gib: float | None = None, min_agreement: float | None = None,
-               host: str | None = None, since: str | None = None) -> str:
-    """`quantbench report`: prints the report (plain text, so it pastes into a model card) and returns it."""
+               host: str | None = None, since: str | None = None, history: bool = False) -> str:
+    """`quantbench report`: prints the report (plain text, so it pastes into a model card) and returns it;
+    `history` (`--all`) keeps superseded kernel generations and fixture builds."""
     if min_agreement is not None and 1.0 < min_agreement <= 100.0:
         min_agreement /= 100.0  # --min-agreement 95 means 95%
     rules = Rules(vram_budget_gib=vram_budget_gib,
@@ -696,7 +813,7 @@ def cli_report(db: str | None = None, fmt: str = "markdown", gpu: str | None = N
     if fmt not in FORMATS:
         raise ConfigError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
     store = Store(db)
-    reports = build_report(store, gpu=gpu, model=model, rules=rules, host=host, since=since)
+    reports = build_report(store, gpu=gpu, model=model, rules=rules, host=host, since=since, history=history)
     if not reports and not reports.failed:
         have = sorted({f"{parity.gpu_label(r)}: {r.get('model_id')}" for r in _load_runs(store)})
         asked = " ".join(f"--{k} {v}" for k, v in (("gpu", gpu), ("model", model), ("host", host), ("since", since))

@@ -236,7 +236,7 @@ def test_the_markdown_table_has_the_card_columns_and_cpu_memory_labels(cpu_lab):
     text = report.render(report.build_report(lab.store), "markdown")
     header = next(line for line in text.splitlines() if line.startswith("| Variant"))
     assert header == ("| Variant | Format | Size on disk | Weights (host memory) | Peak host RSS | Latency p50 / p90 "
-                      "(per decision) | Agrees with BF16 (95% CI) | TV | Δ accuracy vs BF16 | Native here? | Best for |")
+                      "(per decision) | Agrees with BF16 (95% CI) | TV | Δ accuracy vs BF16 | Native here? | Best for | Kernel |")
     assert "VRAM" not in header
     fp8 = next(line for line in text.splitlines() if line.startswith("| fp8 "))
     assert fp8.count("n/a") >= 3 and " 0 B" not in fp8  # unknown is n/a, never 0
@@ -277,7 +277,7 @@ def test_a_batched_run_never_replaces_the_batch_1_row_and_is_reported_as_decisio
     # 10 / (204.5 / 8 / 1000) per second
     lab.run(ms=20, batch=8, kernel_path="quantbench grouped-moe", **kw)
     [note] = report.throughput_notes(report.build_report(lab.store)[0].throughput)
-    assert "bf16 (quantbench grouped-moe) at batch 8: 391.2/s" in note and "/s; bf16 (" in note
+    assert "bf16 (quantbench engine) at batch 8: 391.2/s" in note and "/s; bf16 (" in note
 
 
 def test_one_table_per_gpu_with_a_summary_and_gpu_filters(cpu_lab):
@@ -445,3 +445,78 @@ def test_runs_lists_the_model_and_marks_the_accuracy_of_random_weights(tmp_path)
     assert "87.5% " in trained and "random weights" not in trained
     assert "87.5% (random weights*)" in synthetic
     assert "* random (synthetic) weights: speed and memory only; their accuracy is chance" in result.output
+
+
+# -- issue #22 item 11: the newest run of each variant, history behind --all, a cross-GPU matrix -----------------
+def test_the_default_view_keeps_the_newest_kernel_generation_of_each_variant_and_all_keeps_history(tmp_path):
+    lab = Lab(tmp_path / "r.duckdb", n=40)
+    h200 = dict(GPU, mem_weights_bytes=60 * MB, mem_nvml_peak_bytes=900 * MB)
+    lab.run(**h200, kernel_path="transformers experts=grouped_mm +cuda-graph")
+    int4 = dict(backend="int4", variant="int4", weight_format="int4 w4a16 g128", native="native", **GPU,
+                mem_weights_bytes=20 * MB, mem_nvml_peak_bytes=800 * MB)
+    old = lab.run(ms=30, kernel_path="quantbench grouped-moe triton-fused-int4 +cuda-graph", **int4)
+    new = lab.run(ms=12, kernel_path="quantbench grouped-moe gluon-wgmma-int4 +fused rmsnorm+rope +cuda-graph", **int4)
+    loop = lab.run(ms=900, kernel_path="auto-round per-expert loop qlinear_tritonv2_zp", **int4)
+    eager = lab.run(**h200, kernel_path="transformers experts=eager")  # another kernel, not a newer generation
+    [rep] = report.build_report(lab.store)
+    rows = {r.label: str(r.run["run_id"]) for r in rep.rows}
+    assert rows == {"bf16 (transformers grouped_mm)": rows["bf16 (transformers grouped_mm)"],
+                    "bf16 (transformers eager)": eager, "int4 (quantbench engine)": new,
+                    "int4 (auto-round loop)": loop}
+    assert old not in rows.values()
+    assert rep.recommended.label == "int4 (quantbench engine)"
+    text = report.render([rep])
+    assert text.splitlines()[4].endswith("| Best for | Kernel |")
+    assert "| quantbench grouped-moe gluon-wgmma-int4 +fused rmsnorm+rope +cuda-graph |" in text
+    [everything] = report.build_report(lab.store, history=True)
+    assert old in {str(r.run["run_id"]) for r in everything.rows} and len(everything.rows) == 5
+    assert "int4 (quantbench grouped-moe triton-fused-int4 +cuda-graph)" in [r.label for r in everything.rows]
+
+
+def test_a_variant_that_ran_under_one_implementation_is_named_by_its_variant_alone(tmp_path):
+    lab = Lab(tmp_path / "r.duckdb", n=40)
+    lab.run(**GPU, mem_weights_bytes=60 * MB)
+    for gen in ("triton-fused-int4", "gluon-wgmma-int4 +fused rmsnorm+rope", "gluon-wgmma-int4 +fused rmsnorm+rope+qkv"):
+        lab.run(backend="int4", variant="int4", native="native", kernel_path=f"quantbench grouped-moe {gen}",
+                mem_weights_bytes=20 * MB, **GPU)
+    [rep] = report.build_report(lab.store)
+    assert [r.label for r in rep.rows] == ["bf16", "int4"]
+    assert rep.recommended.label == "int4" and rep.recommended.run["kernel_path"].endswith("rmsnorm+rope+qkv")
+    assert "**Recommended: int4**, picked by the rule" in report.render([rep])
+
+
+def test_an_older_build_of_the_embedded_fixture_is_history(tmp_path):
+    lab = Lab(tmp_path / "r.duckdb", n=20)
+    lab.run(model_id="quantbench-fixture-moe-93597e4d")
+    lab.run(model_id="quantbench-fixture-moe-9af210da")
+    lab.run(model_id="my-model")
+    assert [r.model_id for r in report.build_report(lab.store)] == ["my-model", "quantbench-fixture-moe-9af210da"]
+    assert [r.model_id for r in report.build_report(lab.store, history=True)] == [
+        "my-model", "quantbench-fixture-moe-93597e4d", "quantbench-fixture-moe-9af210da"]
+    assert [r.model_id for r in report.build_report(lab.store, model="93597e4d")] == [
+        "quantbench-fixture-moe-93597e4d"]  # asked for by name: shown
+
+
+def test_the_cross_gpu_matrix_answers_which_quant_on_which_gpu(cpu_lab, capsys):
+    lab, ids = cpu_lab
+    lab.run(**GPU, mem_weights_bytes=60 * MB, ms=2.0)
+    lab.run(lab.answers(noise=0.02, seed=3), backend="int4", variant="int4", native="native", **GPU, ms=1.5,
+            mem_weights_bytes=20 * MB)
+    lab.run(backend="nvfp4", variant="nvfp4-packed", status="failed", failure="oom", **GPU)
+    reps = report.build_report(lab.store)
+    [m] = report.gpu_matrices(reps)
+    assert m.gpus == ["NVIDIA H200 (hopper)", "CPU (box)"]
+    assert m.picks == {"NVIDIA H200 (hopper)": "int4", "CPU (box)": "int4"}
+    assert m.cells["int4"]["NVIDIA H200 (hopper)"] == "⭐ 1.9 ms · 19.1 MiB · 99.7% agree"
+    assert m.cells["bf16"]["CPU (box)"] == "14.4 ms · 47.7 MiB · reference"
+    assert m.cells["nvfp4-packed"] == {"NVIDIA H200 (hopper)": "failed (oom)",
+                                       "CPU (box)": "40.5 ms · 23.8 MiB · 100.0% agree"}
+    assert "int2" not in m.cells or "NVIDIA H200 (hopper)" not in m.cells["int2"]
+    text = report.render(reps)
+    assert "### Which quant on which GPU: tiny-moe (suite builtin)" in text
+    assert "| **Pick** | **int4** | **int4** |" in text
+    assert "| int2 | not run |" in text
+    assert json.loads(report.render(reps, "json"))["gpu_matrices"][0]["picks"]["CPU (box)"] == "int4"
+    assert report.gpu_matrices(report.build_report(lab.store, gpu="cpu")) == []  # one GPU: the table says it all
+    report.cli_report(db=str(lab.store.path), history=True)
+    assert "### Which quant on which GPU" in capsys.readouterr().out
