@@ -3,7 +3,15 @@
 import streamlit as st
 
 from dashboard import figures, report_table, store_cache, url_state
-from quantbench.report import SYNTHETIC_NOTE, GpuReport, cells, flat_rows, render
+from quantbench.report import (
+    FIXTURE_PREFIX,
+    SYNTHETIC_NOTE,
+    GpuReport,
+    cells,
+    flat_rows,
+    gpu_matrices,
+    render,
+)
 
 st.title("Which quant should I use?")
 sel = url_state.selection()
@@ -19,11 +27,20 @@ if not (runs["status"] == "ok").any():
     st.stop()
 
 rules = url_state.rule_inputs(cpu=sel.family == "cpu")
-reports = store_cache.reports_for(db, mtime, rules, sel.since)
+url_state.start("history", False, lambda raw: raw.lower() in ("1", "true", "yes"))
+history = st.toggle("History: every kernel generation", key="history",
+                    help="off: the newest run of each variant (what `quantbench report` prints); on: the newest run "
+                         "of every kernel generation and every build of the embedded model (`quantbench report --all`)")
+url_state.publish("history", to_url=lambda v: "1" if v else "0", default=False)
+reports = store_cache.reports_for(db, mtime, rules, sel.since, history=history)
 mine = [r for r in reports if store_cache.report_key(r) == sel.gpu and r.model_id == sel.model]
 if not mine:
-    st.info(f"No report for {sel.model} on {sel.gpu_label}: its only runs are noise-floor runs. Run the variants "
-            "(`quantbench run --backend ...`) on this machine.", icon="ℹ️")
+    if not history and sel.model.startswith(FIXTURE_PREFIX):
+        st.info(f"{sel.model} is an older build of the embedded model, superseded on {sel.gpu_label} by a newer "
+                "one: switch on History to see its runs.", icon="ℹ️")
+    else:
+        st.info(f"No report for {sel.model} on {sel.gpu_label}: its only runs are noise-floor runs. Run the variants "
+                "(`quantbench run --backend ...`) on this machine.", icon="ℹ️")
 
 
 def is_synthetic(rep: GpuReport) -> bool:
@@ -41,7 +58,7 @@ for rep in mine:
         st.success(f"**⭐ Recommended: {rep.recommended.label}** — {why}")
     else:
         st.warning(rep.rule[:1].upper() + rep.rule[1:])
-    df = report_table.report_frame(rep)
+    df = report_table.report_frame(rep, history)
     st.dataframe(report_table.styled(rep, df), hide_index=True, width="stretch", column_config=report_table.column_config(rep),
                  column_order=report_table.column_order(df), key=f"table-{store_cache.report_key(rep)}-{rep.suite_hash}")
     if rep.throughput:  # batched runs: decisions/s beside the per-decision table, one row each
@@ -65,6 +82,12 @@ for rep in mine:
 
 st.subheader(f"{sel.model}: the recommendation on every GPU")
 everywhere = [r for r in reports if r.model_id == sel.model]
+for matrix in gpu_matrices(everywhere):
+    st.markdown(f"**Which quant on which GPU** (suite {matrix.suite_id}): p50 latency per decision · weights in "
+                "memory · agreement with that GPU's BF16; ⭐ the pick on that GPU.")
+    st.dataframe(report_table.matrix_frame(matrix), hide_index=True, width="stretch",
+                 column_config=report_table.matrix_column_config(matrix),
+                 key=f"matrix-{matrix.model_id}-{matrix.suite_id}")
 per_row = max(3, min(4, len(everywhere)))
 for start in range(0, len(everywhere), per_row):
     for col, rep in zip(st.columns(per_row), everywhere[start:start + per_row], strict=False):

@@ -7,7 +7,7 @@ import streamlit as st
 from pandas.io.formats.style import Styler
 
 from dashboard.figures import point_labels
-from quantbench.report import GpuReport, cells, flat_rows
+from quantbench.report import GpuMatrix, GpuReport, cells, flat_rows
 
 AGREEMENT = "Agreement"  # the numeric column behind the progress bar
 AGREE_TEXT = "Agrees with BF16 (95% CI)"
@@ -16,9 +16,10 @@ HIGHLIGHT = "background-color: rgba(255, 196, 0, 0.3)"
 FAILED = "color: #9a9a9a"
 
 
-def report_frame(rep: GpuReport) -> pd.DataFrame:
+def report_frame(rep: GpuReport, history: bool = False) -> pd.DataFrame:
     """One row per variant: `report.cells` (the very strings `quantbench report` prints) and the agreement
-    fraction from `report.flat_rows`, put just before its text."""
+    fraction from `report.flat_rows`, put just before its text; with `history` (rows named by their whole kernel
+    path), the words of the path that tell one variant's rows apart."""
     flat = flat_rows([rep])
     rows = []
     for row, raw in zip(rep.rows, flat.to_dict("records"), strict=True):
@@ -35,9 +36,23 @@ def report_frame(rep: GpuReport) -> pd.DataFrame:
     # Variant column cuts off before the words that differ (seen in the H200 screenshots): show those words.
     short = point_labels(df["Variant"])
     apart = short.map(lambda s: s.split(" · ", 1)[1] if " · " in s else "")
-    if apart.any():
+    if history and apart.any():
         df.insert(1, DIFFERS, apart)
     return df
+
+
+def matrix_frame(matrix: GpuMatrix) -> pd.DataFrame:
+    """`report.gpu_matrices`' matrix as a table: a row per variant, a column per GPU, and the pick per GPU last."""
+    rows = [{"Variant": label, **{g: by_gpu.get(g, "not run") for g in matrix.gpus}}
+            for label, by_gpu in matrix.cells.items()]
+    rows.append({"Variant": "Pick", **{g: matrix.picks[g] for g in matrix.gpus}})
+    return pd.DataFrame(rows)
+
+
+def matrix_column_config(matrix: GpuMatrix) -> dict:
+    cc = st.column_config
+    return {"Variant": cc.TextColumn("Variant", width=160, pinned=True),
+            **{g: cc.TextColumn(g, width=260) for g in matrix.gpus}}
 
 
 def styled(rep: GpuReport, df: pd.DataFrame) -> Styler:
@@ -63,6 +78,8 @@ def column_config(rep: GpuReport) -> dict:
                                             "bootstrap interval"),
         "Latency p50 / p90 (per decision)": cc.TextColumn("p50 / p90", width=88, help="per decision"),
         "Best for": cc.TextColumn("Best for", width=425),
+        "Kernel": cc.TextColumn("Kernel", width=420, help="the kernel path the run used (History shows every "
+                                "generation's newest run)"),
         "Native here?": cc.TextColumn("Native here?", width=92),
         "Size on disk": cc.TextColumn("Disk", width="small", help="GB (10⁹ bytes)"),
         "Format": cc.TextColumn("Format", width="small"),
@@ -73,7 +90,7 @@ def column_config(rep: GpuReport) -> dict:
 
 # What decides first (quality, speed, memory, the verdict), then the details a wide screen also shows.
 ORDER = ["Variant", DIFFERS, AGREEMENT, AGREE_TEXT, "Latency p50 / p90 (per decision)", "VRAM (weights)",
-         "Weights (host memory)", "Peak VRAM", "Peak host RSS", "Native here?", "Best for", "Δ accuracy vs BF16", "TV",
+         "Weights (host memory)", "Peak VRAM", "Peak host RSS", "Native here?", "Best for", "Kernel", "Δ accuracy vs BF16", "TV",
          "Size on disk", "Format"]
 
 

@@ -105,14 +105,16 @@ def machine_id(run: dict) -> str:
 
 @st.cache_data(show_spinner="Comparing every variant with BF16…", max_entries=16)
 def reports(db: str, mtime: Stamp, min_agreement: float, vram_budget_gib: float | None,
-            objective: str, since: str | None = None) -> list[GpuReport]:
-    """`quantbench report`'s tables for every GPU and model: the same function, the same rules."""
+            objective: str, since: str | None = None, history: bool = False) -> list[GpuReport]:
+    """`quantbench report`'s tables for every GPU and model: the same function, the same rules (`history`:
+    `--all`, every kernel generation)."""
     rules = Rules(min_agreement=min_agreement, vram_budget_gib=vram_budget_gib, objective=objective)
-    return build_report(Store(db), rules=rules, since=since)
+    return build_report(Store(db), rules=rules, since=since, history=history)
 
 
-def reports_for(db: str, mtime: Stamp, rules: Rules, since: str | None = None) -> list[GpuReport]:
-    return reports(db, mtime, rules.min_agreement, rules.vram_budget_gib, rules.objective, since)
+def reports_for(db: str, mtime: Stamp, rules: Rules, since: str | None = None,
+                history: bool = False) -> list[GpuReport]:
+    return reports(db, mtime, rules.min_agreement, rules.vram_budget_gib, rules.objective, since, history)
 
 
 def runs_since(runs: pd.DataFrame, since: str | None) -> pd.DataFrame:

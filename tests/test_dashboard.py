@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from quantbench.report import Rules, build_report, cells, flat_rows
+from quantbench.report import Rules, build_report, cells, flat_rows, gpu_matrices
 from quantbench.store import Store
 from tests import dashboard_store as ds
 
@@ -132,8 +132,9 @@ def test_a_failed_run_shows_with_its_reason(store):
     at = app(gpu="blackwell")
     df = at.dataframe[0].value
     assert df.loc[df["Variant"] == "bf16 (batched_mm)", "Best for"].tolist() == ["failed here (oom)"]
-    # one variant under several kernels: the words that tell its rows apart, beside the (cut) Variant column
-    assert df.loc[df["Variant"] == "bf16 (batched_mm)", "Kernel differs by"].tolist() == ["batched_mm"]
+    # one variant under several kernels: named by variant and kernel, the whole kernel path in its own column
+    assert df.loc[df["Variant"] == "bf16 (batched_mm)", "Kernel"].tolist() == ["batched_mm"]
+    assert "Kernel differs by" not in df.columns  # only with History, where the labels are whole kernel paths
     at.switch_page("page_runs.py").run()
     runs = at.dataframe[0].value
     failed = runs[runs["status"] == "failed"]
@@ -320,3 +321,37 @@ def test_point_labels_at_the_plot_edges_run_inwards_and_long_ones_wrap():
     fig = figures.speed_memory(SimpleNamespace(cpu=False), two)
     assert all("<br>" in t and max(len(line) for line in t.split("<br>")) <= 44 for t in fig.data[0].text)
     assert fig.layout.yaxis.range[1] > 17 * 1.2  # headroom above the top point for its label
+
+
+# -- issue #22 item 11: the newest run of each variant by default, history behind a toggle, the cross-GPU matrix --
+def test_history_is_behind_a_toggle_that_the_link_keeps(own_store):
+    ref = ds.reference_answers()
+    for minutes, gen in ((400, "triton-fused-int4"), (410, "gluon-wgmma-int4 +fused rmsnorm+rope")):
+        own_store.write_run(ds.RunResult(
+            run=ds.run_row(ds.H200, minutes, backend="int4", variant="int4", kernel_path=f"quantbench grouped-moe {gen}",
+                           weight_format="int4-g128", native="native", role="candidate", **ds._memory(ds.H200, 16.4, 16.9)),
+            answers=ds.candidate_answers(ref, 7, seed=500 + minutes), latencies=ds.latencies(12.0, seed=minutes)))
+    at = app(gpu="NVIDIA H200")
+    labels = at.dataframe[0].value["Variant"].tolist()
+    assert [v for v in labels if v.startswith("int4")] == ["int4 (grouped_int4)", "int4 (quantbench engine)"]
+    df = at.dataframe[0].value
+    assert df.loc[df["Variant"] == "int4 (quantbench engine)", "Kernel"].tolist() == [
+        "quantbench grouped-moe gluon-wgmma-int4 +fused rmsnorm+rope"]
+    assert at.toggle(key="history").value is False and "history" not in at.query_params
+    at.toggle(key="history").set_value(True).run()
+    labels = at.dataframe[0].value["Variant"].tolist()
+    assert "int4 (quantbench grouped-moe triton-fused-int4)" in labels and len(labels) == 6
+    assert at.query_params["history"] == "1"
+    assert app(gpu="NVIDIA H200", history="1").toggle(key="history").value is True
+
+
+def test_the_cross_gpu_matrix_shows_every_variant_on_every_gpu_and_each_pick(store):
+    at = app(gpu="NVIDIA H200")
+    [matrix] = gpu_matrices([r for r in build_report(store) if r.model_id == ds.MODEL])
+    [df] = [d.value for d in at.dataframe if "Variant" in d.value and "Pick" in d.value["Variant"].tolist()]
+    assert list(df.columns) == ["Variant", *matrix.gpus]
+    pick = df.set_index("Variant").loc["Pick"].to_dict()
+    assert pick == matrix.picks and pick["NVIDIA RTX PRO 6000 Blackwell (blackwell)"] == "nvfp4-packed"
+    int4 = df.set_index("Variant").loc["int4"].to_dict()
+    assert int4 == {g: matrix.cells["int4"].get(g, "not run") for g in matrix.gpus}
+    assert int4["NVIDIA H200 (hopper)"] == "⭐ 61.7 ms · 16.4 GiB · 96.5% agree"  # the pick on the H200
