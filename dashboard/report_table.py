@@ -65,7 +65,7 @@ def column_config(rep: GpuReport) -> dict:
     mem = "host memory" if rep.cpu else "VRAM"
     cc = st.column_config
     return {
-        "Variant": cc.TextColumn("Variant", width=105, pinned=True),
+        "Variant": cc.TextColumn("Variant", width=190, pinned=True),  # "bf16 (transformers grouped_mm)" whole
         DIFFERS: cc.TextColumn(DIFFERS, width=390, help="where one variant ran under several kernels: the words of "
                                "its kernel path that tell the runs apart (the whole path is in Variant)"),
         AGREEMENT: cc.ProgressColumn("Agreement", min_value=0.0, max_value=1.0, format="percent",
