@@ -34,6 +34,13 @@ history = st.toggle("History: every kernel generation", key="history",
 url_state.publish("history", to_url=lambda v: "1" if v else "0", default=False)
 reports = store_cache.reports_for(db, mtime, rules, sel.since, history=history)
 mine = [r for r in reports if store_cache.report_key(r) == sel.gpu and r.model_id == sel.model]
+# A variant made elsewhere (its own model id in the sidebar) sits in its BF16 base's table (quantbench.lineage).
+bases = sorted({r.model_id for r in reports if store_cache.report_key(r) == sel.gpu
+                for row in r.rows if row.run.get("own_model_id") == sel.model})
+if not mine and bases:
+    st.info(f"{sel.model} is a variant of {', '.join(bases)}: it is compared with that model's BF16 run, in its "
+            "table below (the note under the table says how the two were paired).", icon="🔗")
+    mine = [r for r in reports if store_cache.report_key(r) == sel.gpu and r.model_id in bases]
 if not mine:
     if not history and sel.model.startswith(FIXTURE_PREFIX):
         st.info(f"{sel.model} is an older build of the embedded model, superseded on {sel.gpu_label} by a newer "
@@ -80,8 +87,9 @@ for rep in mine:
     with st.expander("This table as markdown (what `quantbench report` prints, for a model card)"):
         st.code(render([rep], "markdown", rules), language="markdown")
 
-st.subheader(f"{sel.model}: the recommendation on every GPU")
-everywhere = [r for r in reports if r.model_id == sel.model]
+shown = bases[0] if bases and not any(r.model_id == sel.model for r in reports) else sel.model
+st.subheader(f"{shown}: the recommendation on every GPU")
+everywhere = [r for r in reports if r.model_id == shown]
 for matrix in gpu_matrices(everywhere):
     st.markdown(f"**Which quant on which GPU** (suite {matrix.suite_id}): p50 latency per decision · weights in "
                 "memory · agreement with that GPU's BF16; ⭐ the pick on that GPU.")

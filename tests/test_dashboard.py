@@ -355,3 +355,21 @@ def test_the_cross_gpu_matrix_shows_every_variant_on_every_gpu_and_each_pick(sto
     int4 = df.set_index("Variant").loc["int4"].to_dict()
     assert int4 == {g: matrix.cells["int4"].get(g, "not run") for g in matrix.gpus}
     assert int4["NVIDIA H200 (hopper)"] == "⭐ 61.7 ms · 16.4 GiB · 96.5% agree"  # the pick on the H200
+
+
+# -- issue #22 item 12: a variant made elsewhere, selected by its own model id, shows in its base's table --------
+def test_a_variant_made_elsewhere_is_shown_in_its_bases_table(own_store):
+    own_store.write_run(ds.RunResult(
+        run=ds.run_row(ds.H200, 400, backend="int4", variant="int4", kernel_path="quantbench grouped-moe gluon-wgmma-int4",
+                       weight_format="int4 w4a16 g128 (auto_round:auto_gptq)", native="native", role="candidate",
+                       model_id="someone/moe-a3b-int4-AutoRound", base_model="teststore/moe-a3b",
+                       base_model_how="model_card", **ds._memory(ds.H200, 15.0, 16.0)),
+        answers=ds.candidate_answers(ds.reference_answers(), 2, seed=77), latencies=ds.latencies(50.0, seed=77)))
+    at = app(gpu="NVIDIA H200", model="someone/moe-a3b-int4-AutoRound")
+    assert at.selectbox(key="model").value == "someone/moe-a3b-int4-AutoRound"
+    assert any("is a variant of teststore/moe-a3b" in i.value for i in at.info)
+    df = at.dataframe[0].value
+    assert df.loc[df["Variant"] == "int4 (quantbench engine)", "Agreement"].round(3).tolist() == [0.99]
+    assert any("int4 (quantbench engine) is the checkpoint someone/moe-a3b-int4-AutoRound, compared with this "
+               "model's BF16 run because of its model card's base_model (teststore/moe-a3b)" in c.value
+               for c in at.caption)

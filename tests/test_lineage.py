@@ -159,3 +159,24 @@ def test_a_sweep_names_the_base_of_a_variant_given_under_its_model(tmp_path):
     """))
     specs = {r.spec.backend: r.spec for r in plan(load_sweep(tmp_path / "sweep.toml"))}
     assert specs["int4"].base_model == "Tiny-MoE" and specs["bf16"].base_model is None
+
+
+def test_a_store_from_before_the_lineage_columns_still_reports_and_migrates(tmp_path):
+    import duckdb
+
+    from quantbench.store.schema import VIEWS
+
+    path = tmp_path / "old.duckdb"
+    Store(path).migrate(target=3)
+    con = duckdb.connect(str(path))
+    con.execute(VIEWS)  # as the version-3 quantbench left them (they name none of the new columns)
+    con.execute("INSERT INTO runs (run_id, status, created_at, backend, variant, model_id, suite_id, suite_hash, "
+                "device, host, weights) VALUES ('01a2300d-0000-7000-8000-000000000001', 'ok', now(), 'int4', 'int4', "
+                "'someone-int4', 'builtin', 's1', 'cpu', 'box', 'checkpoint')")
+    con.close()
+    [rep] = report.build_report(Store(path))  # read only: the store stays at version 3
+    assert rep.model_id == "someone-int4" and "no BF16 reference" in rep.rule
+    assert Store(path).schema_version() == 3
+    assert Store(path).migrate() == 4
+    cols = set(Store(path).read("SELECT * FROM runs").columns)
+    assert {"base_model", "base_model_how", "shared_tensors_hash"} <= cols
