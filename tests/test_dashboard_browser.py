@@ -135,9 +135,26 @@ def test_report_page_loads_with_its_chart_and_the_gpu_from_the_link(page, server
     assert selectbox(page, "GPU").input_value() == "NVIDIA H200 (hopper)"
     page.locator(".js-plotly-plot").first.wait_for(state="visible")
     assert page.locator(".js-plotly-plot .scatterlayer .trace").count() >= 4  # the frontier + one per format
-    assert page.get_by_test_id("stDataFrame").count() == 1
+    assert page.get_by_test_id("stDataFrame").count() == 2  # the H200's table and the cross-GPU matrix
     assert "Recommended: int4" in page.get_by_test_id("stAlert").first.inner_text()
+    assert page.get_by_text("Which quant on which GPU", exact=False).is_visible()
     shoot(page, "which-quant")
+
+
+def test_the_history_toggle_puts_itself_in_the_url(page, server):
+    page.goto(f"{server}/?gpu=NVIDIA+H200")
+    settled(page)
+    toggle = page.get_by_text("History: every kernel generation", exact=True)
+    toggle.wait_for(state="visible")
+    switch = page.get_by_role("switch", name="History: every kernel generation")
+    assert "history=" not in page.url and not switch.is_checked()
+    toggle.click()
+    page.wait_for_url("**history=1**")
+    settled(page)
+    no_exception(page)
+    page.reload()
+    settled(page)
+    assert switch.is_checked()
 
 
 def test_changing_the_selector_changes_the_url(page, server):
