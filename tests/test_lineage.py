@@ -180,3 +180,15 @@ def test_a_store_from_before_the_lineage_columns_still_reports_and_migrates(tmp_
     assert Store(path).migrate() == 4
     cols = set(Store(path).read("SELECT * FROM runs").columns)
     assert {"base_model", "base_model_how", "shared_tensors_hash"} <= cols
+
+
+def test_run_refuses_a_base_model_directory_that_is_no_checkpoint_before_spawning(tmp_path):
+    from typer.testing import CliRunner
+
+    from quantbench.cli import app
+
+    result = CliRunner().invoke(app, ["run", "--backend", "int4", "--base-model", str(tmp_path), "--db",
+                                      str(tmp_path / "r.duckdb")], terminal_width=200)
+    assert result.exit_code == 2
+    assert f"--base-model {tmp_path}: the directory has no config.json" in " ".join(result.output.split())
+    assert not (tmp_path / "r.duckdb").exists()  # nothing ran, nothing stored
