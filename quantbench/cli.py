@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -31,7 +32,7 @@ def _db(db: Path | None) -> Path:
 
 
 def _fail(e: Exception) -> None:
-    err.print(f"[bold red]error:[/] {e}")
+    err.print(f"[bold red]error:[/] {e}", soft_wrap=True)  # one line: the terminal wraps it, a pipe or log keeps it whole
     raise typer.Exit(2)
 
 
@@ -82,11 +83,15 @@ def _spec(**kw):
 
 
 def _execute_and_store(spec, db: Path) -> tuple[str, str]:
-    from quantbench.runner import execute
+    from quantbench.runner import execute, stop_on_signals, stop_requested
     from quantbench.store import Store
 
-    result = execute(spec)
-    run_id = Store(db).write_run(result)
+    with stop_on_signals():  # SIGTERM / SIGHUP / Ctrl-C: the child is killed, the run stored as interrupted
+        result = execute(spec)
+        run_id = Store(db).write_run(result)
+    if signum := stop_requested():
+        err.print(f"[red]stopped by {signal.Signals(signum).name}:[/] run {run_id} stored in {db} as failed: interrupted")
+        raise typer.Exit(128 + signum)
     return run_id, result.run["status"]
 
 
@@ -433,12 +438,17 @@ def sweep(
     db: DbOpt = None,
 ) -> None:
     """Run a matrix of models × variants × GPUs, one fresh process per run, locally or on Ray."""
+    from quantbench.runner import stop_on_signals, stop_requested
     from quantbench.sweep import cli_sweep
 
     try:
-        outcome = cli_sweep(path, executor, address, rerun, str(_db(db)), parquet_dir)
+        with stop_on_signals():  # SIGTERM / SIGHUP / Ctrl-C: runs in flight are stored as interrupted
+            outcome = cli_sweep(path, executor, address, rerun, str(_db(db)), parquet_dir)
     except QuantbenchError as e:
         _fail(e)
+    if signum := stop_requested():
+        err.print(f"[red]stopped by {signal.Signals(signum).name}:[/] the runs in flight were stored as interrupted")
+        raise typer.Exit(128 + signum)
     if getattr(outcome, "failed", 0):
         raise typer.Exit(1)
 

@@ -116,6 +116,10 @@ class LocalExecutor:
         pending, lock, events = list(runs), threading.Lock(), queue.Queue()
 
         def take(slot: Slot) -> PlannedRun | None:
+            from quantbench.runner import stop_requested
+
+            if stop_requested():  # told to stop: the runs in flight end as interrupted, no new one starts
+                return None
             with lock:
                 for i, run in enumerate(pending):
                     if self.fits(slot, run.spec.gpu):
