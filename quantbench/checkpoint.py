@@ -10,11 +10,12 @@ import hashlib
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from quantbench.errors import LoadError, is_out_of_memory
+
+if TYPE_CHECKING:  # only annotations: the parent checks checkpoints (runner.preflight) without importing torch
+    import torch
 
 PROVENANCE_FILE = "quantbench_provenance.json"  # written by `quantbench quantize` next to a variant
 SYNTHETIC_FILE = "quantbench_synthetic.json"  # written beside a saved random-weight real-shape model

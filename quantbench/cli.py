@@ -147,10 +147,15 @@ def run(
                      latency_min_decisions=latency_min_decisions, latency_min_seconds=latency_min_seconds, limit=limit,
                      timeout_s=timeout)
         from quantbench.backend import get_backend
+        from quantbench.runner import preflight
+        from quantbench.store import Store
 
+        # Refused now, in a second, not after the child's imports or the suite: a store that can't take the run,
+        # a --model or --suite that can't be read.
+        Store(_db(db)).check_writable()
+        preflight(spec)
         get_backend(backend)  # an unknown backend is an error before anything is spawned
         run_id, status = _execute_and_store(spec, _db(db))
-        from quantbench.store import Store
 
         out.print(runs_table(Store(_db(db)).read("SELECT * FROM run_summary WHERE run_id = ?", [run_id]),
                              f"run stored in {_db(db)}"))
@@ -197,6 +202,7 @@ def demo(
 
     path = _db(db)
     try:
+        Store(path).check_writable()  # before minutes of building and running
         err.print(f"[bold]embedded default model:[/] {default_model_dir()}")
         installed = set(backend_names())
         ids = []

@@ -101,6 +101,9 @@ def _pump(stream, sink, tail: deque[bytes]) -> None:
 
 
 # -- checks before spawning -----------------------------------------------------------------------------------
+_warned: set[str] = set()
+
+
 def preflight(spec: RunSpec) -> dict[str, Any]:
     """Check in this process, in well under a second, what would otherwise fail only after the child has imported
     torch: --model is a checkpoint directory with a readable config.json and whole safetensors files, --suite
@@ -123,6 +126,8 @@ def preflight(spec: RunSpec) -> dict[str, Any]:
         if auto_map and not spec.trust_remote_code:
             builtin = ", ".join(config.get("architectures") or []) or config.get("model_type") or "?"
             notes["auto_map_ignored"] = {"auto_map": auto_map, "loaded": builtin}
+        if notes.get("auto_map_ignored") and str(root.resolve()) not in _warned:  # once per checkpoint
+            _warned.add(str(root.resolve()))
             print(f"warning: {root / 'config.json'} names its own code (auto_map) but --trust-remote-code is off: "
                   f"loading transformers' built-in {builtin} instead (recorded on the run)", file=sys.stderr)
     if spec.suite is not None:

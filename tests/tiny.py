@@ -102,3 +102,17 @@ class OutOfMemoryBackend(TinyBackend):
         resource.setrlimit(resource.RLIMIT_AS, (mapped + (256 << 20), resource.RLIM_INFINITY))
         torch.empty(8 << 30, dtype=torch.uint8)
         raise AssertionError("8 GiB were allocated under a 256 MiB cap")
+
+
+class DiskFillingBackend(TinyBackend):
+    """Fills the disk holding $QUANTBENCH_TEST_FILL while it loads (the disk fills up during a run), then answers."""
+
+    def load(self, spec, machine):
+        with open(os.environ["QUANTBENCH_TEST_FILL"], "wb") as fh:
+            try:
+                while True:
+                    fh.write(b"\0" * (1 << 20))
+                    fh.flush()
+            except OSError:  # ENOSPC: the disk is full
+                pass
+        return super().load(spec, machine)
