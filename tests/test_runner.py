@@ -335,3 +335,25 @@ def test_mistakes_are_refused_in_the_parent_in_a_second_storing_nothing(tmp_path
     assert words.format(tmp=tmp_path) in " ".join(result.output.split())
     assert not db.exists()  # nothing stored: the shared store gets no row for a typo
     assert seconds < 5  # no child, no torch import: well under the 9-15 s a spawned child took
+
+
+def test_an_auto_map_that_is_not_followed_is_said_once_and_recorded(tmp_path, suite, capsys):
+    from tests.tiny import save_tiny
+
+    path = save_tiny(tmp_path / "m")
+    config = json.loads((path / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_custom.CustomMoeForCausalLM"}
+    (path / "config.json").write_text(json.dumps(config))
+    marker = tmp_path / "ran"
+    (path / "modeling_custom.py").write_text(f"open({str(marker)!r}, 'w').close()\n")  # proof its code never ran
+    result = execute(RunSpec(backend="bf16", model=str(path), suite=suite, gpu="cpu", limit=1, warmup=0,
+                             latency_min_decisions=1, latency_min_seconds=0.0), echo=False)
+    assert result.run["status"] == "ok", result.run.get("error")
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "auto_map" in line]
+    assert warnings == [f"warning: {path / 'config.json'} names its own code (auto_map) but --trust-remote-code is "
+                        "off: loading transformers' built-in Qwen3MoeForCausalLM instead (recorded on the run)"]
+    assert not marker.exists()
+    store = Store(tmp_path / "r.duckdb")
+    store.write_run(result)
+    extra = json.loads(store.read("SELECT extra FROM runs").extra.iloc[0])
+    assert extra["auto_map_ignored"] == {"auto_map": config["auto_map"], "loaded": "Qwen3MoeForCausalLM"}
