@@ -90,7 +90,8 @@ def _execute_and_store(spec, db: Path) -> tuple[str, str]:
         result = execute(spec)
         run_id = Store(db).write_run(result)
     if signum := stop_requested():
-        err.print(f"[red]stopped by {signal.Signals(signum).name}:[/] run {run_id} stored in {db} as failed: interrupted")
+        err.print(f"[red]stopped by {signal.Signals(signum).name}:[/] run {run_id} stored in {db} as failed: interrupted",
+                  soft_wrap=True)
         raise typer.Exit(128 + signum)
     return run_id, result.run["status"]
 

@@ -357,3 +357,30 @@ def test_an_auto_map_that_is_not_followed_is_said_once_and_recorded(tmp_path, su
     store.write_run(result)
     extra = json.loads(store.read("SELECT extra FROM runs").extra.iloc[0])
     assert extra["auto_map_ignored"] == {"auto_map": config["auto_map"], "loaded": "Qwen3MoeForCausalLM"}
+
+
+def test_a_stopped_sweep_stores_its_run_in_flight_as_interrupted_and_starts_no_other(tmp_path, suite):
+    import signal
+    import subprocess
+    import sys
+
+    sweep, pidfile, db = tmp_path / "sweep.toml", tmp_path / "child.pid", tmp_path / "r.duckdb"
+    sweep.write_text(f'suites = ["{suite}"]\ngpus = ["cpu"]\n[defaults]\nwarmup = 0\n'
+                     '[[variants]]\nbackend = "tests.tiny:PidHangBackend"\n'
+                     '[[variants]]\nbackend = "tests.tiny:TinyBackend"\n')
+    parent = subprocess.Popen([sys.executable, "-m", "quantbench", "sweep", str(sweep), "--db", str(db)],
+                              env={**os.environ, "QUANTBENCH_TEST_PIDFILE": str(pidfile)}, cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        assert _wait_for(lambda: pidfile.exists() and pidfile.read_text(), 120), parent.communicate(timeout=5)[0]
+        child = int(pidfile.read_text())
+        parent.send_signal(signal.SIGTERM)
+        output = parent.communicate(timeout=60)[0].decode()
+        assert _wait_for(lambda: not _alive(child), 10)
+    finally:
+        for pid in [parent.pid] + ([child] if pidfile.exists() else []):
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert parent.returncode == 143, output
+    runs = Store(db).read("SELECT backend, status, failure FROM runs")
+    assert runs.values.tolist() == [["tests.tiny:PidHangBackend", "failed", "interrupted"]]  # TinyBackend never ran
