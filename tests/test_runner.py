@@ -384,3 +384,18 @@ def test_a_stopped_sweep_stores_its_run_in_flight_as_interrupted_and_starts_no_o
     assert parent.returncode == 143, output
     runs = Store(db).read("SELECT backend, status, failure FROM runs")
     assert runs.values.tolist() == [["tests.tiny:PidHangBackend", "failed", "interrupted"]]  # TinyBackend never ran
+
+
+def test_a_sweep_run_refused_before_its_child_is_labelled_and_names_the_file(tmp_path, suite):
+    from quantbench.sweep import LocalExecutor, load_sweep, run_sweep
+
+    cut = _truncated_checkpoint(tmp_path)
+    sweep = tmp_path / "sweep.toml"
+    sweep.write_text(f'suites = ["{suite}"]\ngpus = ["cpu"]\n[[models]]\nname = "cut"\npath = "{cut}"\n'
+                     '[[variants]]\nbackend = "bf16"\n')
+    store = Store(tmp_path / "r.duckdb")
+    outcome = run_sweep(load_sweep(sweep), LocalExecutor(), store)
+    assert (outcome.ok, outcome.failed) == (0, 1)
+    row = store.read("SELECT failure, error FROM runs")
+    assert row.failure.tolist() == ["load_error"]
+    assert f"{cut}/model.safetensors: truncated: " in row.error.iloc[0] and "copy or download it again" in row.error.iloc[0]

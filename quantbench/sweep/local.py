@@ -135,7 +135,12 @@ class LocalExecutor:
                     try:
                         result = execute(run.spec, machine=slot.machine, echo=False, env=slot.env)
                     except Exception as e:  # the run is lost, not the sweep
-                        result = failed_result(run.spec, "error", f"{type(e).__name__}: {e}")
+                        from quantbench.errors import ConfigError, LoadError
+
+                        # refused before its child started (runner.preflight): labelled as the child would
+                        kind = "load_error" if isinstance(e, LoadError) else "config_error" if isinstance(
+                            e, ConfigError) else "error"
+                        result = failed_result(run.spec, kind, f"{type(e).__name__}: {e}")
                     events.put(Event("finished", run, result, slot.name))
             finally:
                 events.put(None)
