@@ -152,8 +152,13 @@ _stop = _StopState()
 
 
 def stop_requested() -> int | None:
-    """The signal that asked this process to stop (inside `stop_on_signals`), or None."""
+    """The signal that asked this process to stop during the last `stop_on_signals`, or None."""
     return _stop.signum
+
+
+def stopping() -> bool:
+    """Inside `stop_on_signals`, after a stop signal: runs in flight are ending, no new one may start."""
+    return _stop.installed and _stop.signum is not None
 
 
 def _on_stop_signal(signum: int, frame: Any) -> None:
@@ -281,7 +286,7 @@ def execute(spec: RunSpec, *, machine: Machine | None = None, echo: bool = True,
             deadline = time.monotonic() + spec.timeout_s
             try:
                 while proc.poll() is None:
-                    if _stop.signum is not None:
+                    if stopping():
                         ended = "interrupted"
                     elif time.monotonic() > deadline:
                         ended = "timeout"

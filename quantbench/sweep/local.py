@@ -116,9 +116,9 @@ class LocalExecutor:
         pending, lock, events = list(runs), threading.Lock(), queue.Queue()
 
         def take(slot: Slot) -> PlannedRun | None:
-            from quantbench.runner import stop_requested
+            from quantbench.runner import stopping
 
-            if stop_requested():  # told to stop: the runs in flight end as interrupted, no new one starts
+            if stopping():  # told to stop: the runs in flight end as interrupted, no new one starts
                 return None
             with lock:
                 for i, run in enumerate(pending):
