@@ -10,11 +10,12 @@ import hashlib
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from quantbench.errors import LoadError, is_out_of_memory
 
-from quantbench.errors import LoadError
+if TYPE_CHECKING:  # only annotations: the parent checks checkpoints (runner.preflight) without importing torch
+    import torch
 
 PROVENANCE_FILE = "quantbench_provenance.json"  # written by `quantbench quantize` next to a variant
 SYNTHETIC_FILE = "quantbench_synthetic.json"  # written beside a saved random-weight real-shape model
@@ -73,10 +74,52 @@ def model_identity(path: str | Path) -> dict[str, Any]:
 
 
 def check_safetensors_only(path: Path) -> None:
+    """Refuse a checkpoint without safetensors weights, or with a weights file that is cut short or not
+    safetensors (each file's header is read and checked against the file's size: milliseconds, no tensor read)."""
     if not list(path.glob("*.safetensors")):
         pickled = [f.name for f in path.glob("*.bin")] + [f.name for f in path.glob("*.pt")]
         hint = f" (found {', '.join(pickled)}: pickled weights are never loaded)" if pickled else ""
         raise LoadError(f"{path}: no *.safetensors weights{hint}; convert the checkpoint to safetensors")
+    for f in sorted(path.glob("*.safetensors")):
+        check_safetensors_header(f)
+
+
+def check_safetensors_header(file: Path) -> None:
+    """A safetensors file is an 8-byte header length, a JSON header giving each tensor's byte range, then the
+    bytes: a file shorter than its header says was cut short (an interrupted copy or download)."""
+    fix = "copy or download it again"
+    size = file.stat().st_size
+    with open(file, "rb") as fh:
+        head = fh.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if n < 2 or n > size - 8:
+            raise LoadError(f"{file}: not a complete safetensors file ({size:,} bytes, too short for its "
+                            f"header); {fix}")
+        try:
+            header = json.loads(fh.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise LoadError(f"{file}: its safetensors header is not valid JSON ({e}); {fix}") from None
+    if not isinstance(header, dict):
+        raise LoadError(f"{file}: its safetensors header is not a JSON object; {fix}")
+    ends = [t["data_offsets"][1] for k, t in header.items()
+            if k != "__metadata__" and isinstance(t, dict) and len(t.get("data_offsets") or ()) == 2]
+    need = 8 + n + max(ends, default=0)
+    if size < need:
+        raise LoadError(f"{file}: truncated: {size:,} bytes, its header describes {need:,}; {fix}")
+
+
+def read_config(root: Path) -> dict[str, Any]:
+    """config.json of a checkpoint directory, or a LoadError that names the file and the fix."""
+    file = root / "config.json"
+    if not file.is_file():
+        raise LoadError(f"{root}: no config.json; --model must be a checkpoint directory (config.json + *.safetensors)")
+    try:
+        config = json.loads(file.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise LoadError(f"{file}: not valid JSON ({e}); fix or restore the file") from None
+    if not isinstance(config, dict):
+        raise LoadError(f"{file}: must be a JSON object, got {type(config).__name__}; fix or restore the file")
+    return config
 
 
 def load_causal_lm(path: str | Path, *, dtype: torch.dtype, device: str, trust_remote_code: bool = False, **kwargs: Any):
@@ -84,8 +127,7 @@ def load_causal_lm(path: str | Path, *, dtype: torch.dtype, device: str, trust_r
     from transformers import AutoModelForCausalLM
 
     root = Path(path)
-    if not (root / "config.json").is_file():
-        raise LoadError(f"{root}: no config.json; --model must be a checkpoint directory (config.json + *.safetensors)")
+    read_config(root)
     check_safetensors_only(root)
     try:
         model, info = AutoModelForCausalLM.from_pretrained(
@@ -100,6 +142,8 @@ def load_causal_lm(path: str | Path, *, dtype: torch.dtype, device: str, trust_r
             **kwargs,
         )
     except (ValueError, RuntimeError, OSError) as e:
+        if is_out_of_memory(e):  # the machine, not the checkpoint: labelled oom by the child
+            raise
         if "trust_remote_code" in str(e):
             raise LoadError(f"{root}: the checkpoint needs its own Python code; pass --trust-remote-code to allow it") from e
         # transformers raises on tensor shapes that differ from the config (for MoE checkpoints: an expert short).

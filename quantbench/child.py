@@ -11,7 +11,9 @@ import faulthandler
 import hashlib
 import json
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -24,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from quantbench import lineage, pdl
 from quantbench.backend import LoadedVariant, RunSpec, get_backend
 from quantbench.checkpoint import tensor_bytes
-from quantbench.errors import LoadError, UnsupportedError
+from quantbench.errors import ConfigError, LoadError, RequestError, UnsupportedError, is_out_of_memory
 from quantbench.machine import detect
 from quantbench.memory import MemoryTracker
 from quantbench.moe.engine import kernel_paths, kernel_paths_ran
@@ -197,16 +199,52 @@ def run(spec: RunSpec, out: dict[str, Any]) -> None:
 
 
 def classify(exc: BaseException) -> str:
+    """The failure label of an exception: `oom` only when memory ran out (the error says so), `load_error` for a
+    checkpoint that cannot be loaded, `config_error` for a setting or suite record, `unsupported` for what this
+    machine cannot run, `crashed` for anything else."""
+    if is_out_of_memory(exc):
+        return "oom"
     if isinstance(exc, LoadError):
         return "load_error"
+    if isinstance(exc, ConfigError | RequestError):
+        return "config_error"
     if isinstance(exc, UnsupportedError):
         return "unsupported"
-    if isinstance(exc, torch.OutOfMemoryError | MemoryError):
-        return "oom"
     return "crashed"
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent() -> None:
+    """Be killed (SIGKILL) the moment the parent `quantbench` process dies, however it dies.
+
+    The runner starts this process in a session of its own (so a timeout can kill its whole group), which also
+    means no terminal hang-up or group signal reaches it: without this, a killed parent leaves it computing (and
+    holding GPU memory) with nobody to store its result. The parent passes its pid: a parent that died before the
+    prctl (this process imports for seconds first) is caught by comparing it with the current parent."""
+    expected = int(os.environ.get("QUANTBENCH_PARENT_PID", "0") or 0)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            console.print(f"[yellow]warning:[/] prctl(PR_SET_PDEATHSIG) failed (errno {ctypes.get_errno()}): "
+                          "this run will not stop by itself if quantbench is killed")
+    if expected and os.getppid() != expected:
+        os._exit(1)  # the parent is already gone: nobody would store this run
+    if not sys.platform.startswith("linux") and expected:  # no prctl: watch the parent instead
+
+        def watch() -> None:
+            while os.getppid() == expected:
+                time.sleep(0.5)
+            os.killpg(0, signal.SIGKILL)
+
+        threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def main(argv: list[str]) -> int:
+    die_with_parent()
     spec_path, result_path = Path(argv[0]), Path(argv[1])
     with open(result_path.with_suffix(".faulthandler"), "w") as fh:
         faulthandler.enable(file=fh)  # a segfault in a kernel still leaves a Python traceback for the row

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -31,7 +32,7 @@ def _db(db: Path | None) -> Path:
 
 
 def _fail(e: Exception) -> None:
-    err.print(f"[bold red]error:[/] {e}")
+    err.print(f"[bold red]error:[/] {e}", soft_wrap=True)  # one line: the terminal wraps it, a pipe or log keeps it whole
     raise typer.Exit(2)
 
 
@@ -87,11 +88,16 @@ def _spec(**kw):
 
 
 def _execute_and_store(spec, db: Path) -> tuple[str, str]:
-    from quantbench.runner import execute
+    from quantbench.runner import execute, stop_on_signals, stop_requested
     from quantbench.store import Store
 
-    result = execute(spec)
-    run_id = Store(db).write_run(result)
+    with stop_on_signals():  # SIGTERM / SIGHUP / Ctrl-C: the child is killed, the run stored as interrupted
+        result = execute(spec)
+        run_id = Store(db).write_run(result)
+    if signum := stop_requested():
+        err.print(f"[red]stopped by {signal.Signals(signum).name}:[/] run {run_id} stored in {db} as failed: interrupted",
+                  soft_wrap=True)
+        raise typer.Exit(128 + signum)
     return run_id, result.run["status"]
 
 
@@ -152,10 +158,15 @@ def run(
                      latency_min_decisions=latency_min_decisions, latency_min_seconds=latency_min_seconds, limit=limit,
                      timeout_s=timeout)
         from quantbench.backend import get_backend
+        from quantbench.runner import preflight
+        from quantbench.store import Store
 
+        # Refused now, in a second, not after the child's imports or the suite: a store that can't take the run,
+        # a --model or --suite that can't be read.
+        Store(_db(db)).check_writable()
+        preflight(spec)
         get_backend(backend)  # an unknown backend is an error before anything is spawned
         run_id, status = _execute_and_store(spec, _db(db))
-        from quantbench.store import Store
 
         out.print(runs_table(Store(_db(db)).read("SELECT * FROM run_summary WHERE run_id = ?", [run_id]),
                              f"run stored in {_db(db)}"))
@@ -202,6 +213,7 @@ def demo(
 
     path = _db(db)
     try:
+        Store(path).check_writable()  # before minutes of building and running
         err.print(f"[bold]embedded default model:[/] {default_model_dir()}")
         installed = set(backend_names())
         ids = []
@@ -444,12 +456,17 @@ def sweep(
     db: DbOpt = None,
 ) -> None:
     """Run a matrix of models × variants × GPUs, one fresh process per run, locally or on Ray."""
+    from quantbench.runner import stop_on_signals, stop_requested
     from quantbench.sweep import cli_sweep
 
     try:
-        outcome = cli_sweep(path, executor, address, rerun, str(_db(db)), parquet_dir)
+        with stop_on_signals():  # SIGTERM / SIGHUP / Ctrl-C: runs in flight are stored as interrupted
+            outcome = cli_sweep(path, executor, address, rerun, str(_db(db)), parquet_dir)
     except QuantbenchError as e:
         _fail(e)
+    if signum := stop_requested():
+        err.print(f"[red]stopped by {signal.Signals(signum).name}:[/] the runs in flight were stored as interrupted")
+        raise typer.Exit(128 + signum)
     if getattr(outcome, "failed", 0):
         raise typer.Exit(1)
 

@@ -39,3 +39,23 @@ class GpuMismatchError(QuantbenchError):
 
 class ConfigError(QuantbenchError):
     """A command-line option, suite or sweep file is invalid."""
+
+
+# What allocators say when memory runs out without raising a MemoryError: torch's CPU allocator raises a plain
+# RuntimeError ("DefaultCPUAllocator: can't allocate memory"), CUDA a torch.OutOfMemoryError ("CUDA out of memory").
+_OOM_WORDS = ("can't allocate memory", "cannot allocate memory", "out of memory")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """True when `exc`, or an exception it was raised from, says memory ran out (MemoryError, torch's
+    OutOfMemoryError, an allocator's RuntimeError). Only evidence counts: other failures are not called oom."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":
+            return True
+        if isinstance(e, RuntimeError) and any(w in str(e).lower() for w in _OOM_WORDS):
+            return True
+        e = e.__cause__ or e.__context__
+    return False

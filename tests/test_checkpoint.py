@@ -84,3 +84,14 @@ def test_tensor_bytes_are_measured_from_the_tensors():
     assert tensor_bytes(model) >= 2 * n_params
     experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
     assert experts > 0 and experts_tensor_bytes(model) == 2 * experts
+
+
+@pytest.mark.parametrize("cut", [4, 100, 0.5])
+def test_a_truncated_safetensors_file_is_refused_by_name(tmp_path, cut):
+    path = save_tiny(tmp_path / "m")
+    weights = path / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: int(len(data) * cut) if isinstance(cut, float) else cut])
+    with pytest.raises(LoadError, match="copy or download it again") as e:
+        load_causal_lm(path, dtype=torch.bfloat16, device="cpu")
+    assert str(weights) in str(e.value)

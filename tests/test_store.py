@@ -95,3 +95,82 @@ def test_writer_waits_for_a_reader_in_another_process(tmp_path):
     holder.wait()
     assert len(store.read("SELECT * FROM runs")) == 2
     assert waited > 0.3
+
+
+# -- a store that cannot take a run: refused before it starts; a run it cannot take at the end is kept aside -----
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real small filesystem (tmpfs) to fill up; needs root, as CI has. Yields a factory: size in MiB -> folder."""
+    mounted = []
+
+    def mount(mib: int):
+        folder = tmp_path / f"disk{len(mounted)}"
+        folder.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mib}m", "tmpfs", str(folder)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a small tmpfs here ({done.stderr.strip()}): needs root")
+        mounted.append(folder)
+        return folder
+
+    yield mount
+    for folder in mounted:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def _cli_run(tmp_path, db, backend="tests.tiny:TinyBackend", env=None):
+    """`quantbench run` in a real process (the run's child needs the tests importable), one record."""
+    import os
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    suite = tmp_path / "one.jsonl"
+    suite.write_text('{"id": "r0", "benchmark": "mini", "request": {"state": {"observation": "wall"}, '
+                     '"questions": {"q": {"type": "boolean"}}}}\n')
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "quantbench", "run", "--backend", backend, "--suite", str(suite),
+                           "--gpu", "cpu", "--warmup", "0", "--latency-min-decisions", "1", "--latency-min-seconds",
+                           "0", "--db", str(db)], capture_output=True, text=True, cwd=root,
+                          env={**os.environ, "PYTHONPATH": str(root), **(env or {})})
+    return done, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("case", ["full disk", "not a store", "no folder"])
+def test_a_store_that_cannot_take_a_run_is_refused_before_it_starts(tmp_path, small_disk, case):
+    if case == "full disk":
+        db = small_disk(2) / "r.duckdb"  # 2 MiB: less than a run needs
+        words = f"--db {db}: only 2.0 MiB free on its disk; quantbench wants 16 MiB free before a run"
+    elif case == "not a store":
+        db = tmp_path / "r.duckdb"
+        db.write_text("not a DuckDB file\n" * 100)
+        words = "is not a valid DuckDB database file"
+    else:
+        db = tmp_path / "missing" / "r.duckdb"
+        words = f"--db {db}: the folder {db.parent} does not exist; create it or give another --db"
+    done, seconds = _cli_run(tmp_path, db)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr
+    assert len(lines) == 1 and words in lines[0]
+    assert "Traceback" not in done.stderr and done.stdout == ""  # no child ran: no progress, no runs table
+    assert seconds < 10  # the CLI's imports only (no torch); a run's child imports torch and answers first
+
+
+def test_a_run_the_full_disk_cannot_take_is_kept_whole_for_merge(tmp_path, small_disk, monkeypatch):
+    disk = small_disk(24)  # passes the check (16 MiB); the run then fills it
+    db = disk / "r.duckdb"
+    cache = tmp_path / "cache"
+    done, _ = _cli_run(tmp_path, db, "tests.tiny:DiskFillingBackend",
+                       env={"QUANTBENCH_TEST_FILL": str(disk / "filler"), "QUANTBENCH_CACHE": str(cache)})
+    assert done.returncode == 2, done.stderr
+    kept = list((cache / "unsaved").glob("quantbench-unsaved-*.parquet"))
+    assert len(kept) == 1  # its own folder is full: kept in the cache
+    message = " ".join(done.stderr.split())
+    assert f"the run is kept whole in {kept[0]}: once the store can be written, `quantbench merge {kept[0]} " \
+           f"--db {db}` adds it" in message and "No space left on device" in message
+    (disk / "filler").unlink()
+    from quantbench.store.transfer import merge
+
+    assert merge(Store(db), [kept[0]]).runs_added == 1
+    stored = Store(db).read("SELECT r.status, r.variant, count(a.question) AS answers FROM runs r "
+                            "JOIN answers a USING (run_id) GROUP BY ALL")
+    assert stored.values.tolist() == [["ok", "tiny", 1]]

@@ -81,3 +81,38 @@ class RaiseBackend(TinyBackend):
 class LoadErrorBackend(TinyBackend):
     def load(self, spec, machine):
         raise LoadError("model.safetensors: missing key model.layers.0.mlp.experts.gate_up_proj")
+
+
+class PidHangBackend(TinyBackend):
+    """Writes its pid to $QUANTBENCH_TEST_PIDFILE (so a test can find and kill it), then hangs."""
+
+    def load(self, spec, machine):
+        Path(os.environ["QUANTBENCH_TEST_PIDFILE"]).write_text(str(os.getpid()))
+        time.sleep(3600)
+
+
+class OutOfMemoryBackend(TinyBackend):
+    """Runs out of memory for real: the address space is capped 256 MiB above what the process maps, then the
+    load asks torch's allocator for 8 GiB (it raises, as it would on a host without the memory)."""
+
+    def load(self, spec, machine):
+        import resource
+
+        mapped = int(next(line for line in open("/proc/self/status") if line.startswith("VmSize")).split()[1]) * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (mapped + (256 << 20), resource.RLIM_INFINITY))
+        torch.empty(8 << 30, dtype=torch.uint8)
+        raise AssertionError("8 GiB were allocated under a 256 MiB cap")
+
+
+class DiskFillingBackend(TinyBackend):
+    """Fills the disk holding $QUANTBENCH_TEST_FILL while it loads (the disk fills up during a run), then answers."""
+
+    def load(self, spec, machine):
+        with open(os.environ["QUANTBENCH_TEST_FILL"], "wb") as fh:
+            try:
+                while True:
+                    fh.write(b"\0" * (1 << 20))
+                    fh.flush()
+            except OSError:  # ENOSPC: the disk is full
+                pass
+        return super().load(spec, machine)

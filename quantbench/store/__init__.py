@@ -7,6 +7,7 @@ open read-only per query. A dashboard left open therefore never blocks `quantben
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -26,6 +27,13 @@ from quantbench.store.schema import MIGRATIONS, SCHEMA_VERSION, VIEWS
 
 DEFAULT_DB = "results.duckdb"
 LOCK_RETRY_S = 60.0
+# Free disk asked for before a run: a new store holding one run of the built-in suite (436 answers) is 2.1 MB,
+# as DuckDB allocates 256 KiB blocks per table, plus its write-ahead log; 16 MiB leaves room for its checkpoints.
+MIN_FREE_BYTES = 16 << 20
+UNSAVED_PREFIX = "quantbench-unsaved-"
+# Errors in the rows themselves (a bug, not the disk): raised as they are, never kept aside.
+DATA_ERRORS = (duckdb.ConstraintException, duckdb.ConversionException, duckdb.BinderException,
+               duckdb.CatalogException, duckdb.ParserException, duckdb.InvalidInputException)
 
 
 def default_db() -> str:
@@ -47,6 +55,10 @@ class StoreError(QuantbenchError):
     pass
 
 
+class StoreUnavailableError(StoreError):
+    """The store's file cannot be opened or written (a missing folder, not a DuckDB file, a full disk)."""
+
+
 @dataclass
 class RunResult:
     """One run's rows, made by the runner (or a remote task) and written here in one transaction."""
@@ -58,6 +70,19 @@ class RunResult:
     @property
     def run_id(self) -> str:
         return str(self.run["run_id"])
+
+
+def _is_data_error(e: BaseException) -> bool:
+    """An error in the rows themselves, here or in what led to it (DuckDB reports a refused row again, as an
+    aborted transaction, at the next statement)."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, DATA_ERRORS) or (isinstance(cur, StoreError) and "unknown column" in str(cur)):
+            return True
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return False
 
 
 def _is_lock_error(e: Exception) -> bool:
@@ -83,12 +108,15 @@ class Store:
                 break
             except duckdb.Error as e:
                 if not _is_lock_error(e) or time.monotonic() > deadline:
-                    raise StoreError(f"cannot open {self.path}: {e}") from e
+                    raise StoreUnavailableError(f"cannot open {self.path}: {e}") from e
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
         try:
             if write:
-                self._migrate(con)
+                try:
+                    self._migrate(con)
+                except duckdb.Error as e:  # e.g. no space for the write-ahead log
+                    raise StoreUnavailableError(f"cannot write {self.path}: {e}") from e
             yield con
         finally:
             con.close()
@@ -135,8 +163,65 @@ class Store:
             return self.version_of(con)
 
     # -- writing ---------------------------------------------------------------------------------------------
+    def check_writable(self, min_free: int = MIN_FREE_BYTES) -> None:
+        """Refuse, in well under a second and before any run starts, a store that the run's rows could not be
+        written to: a missing folder, a file that is not a DuckDB store (or is newer than this quantbench), a disk
+        with less than `min_free` bytes free. Creates nothing: a new store is made by the first write."""
+        folder = self.path.absolute().parent
+        fix = "or give another --db"
+        if not folder.is_dir():
+            raise StoreUnavailableError(f"--db {self.path}: the folder {folder} does not exist; create it {fix}")
+        disk = os.statvfs(folder)
+        free = disk.f_bavail * disk.f_frsize
+        if free < min_free:
+            raise StoreUnavailableError(
+                f"--db {self.path}: only {free / 2**20:.1f} MiB free on its disk; quantbench wants {min_free / 2**20:.0f} "
+                f"MiB free before a run (a new store with one run takes 2.1 MB); free some space {fix}")
+        if self.path.exists():
+            with self.connect(write=True):  # opens, migrates: the errors write_run would meet
+                pass
+        elif not os.access(folder, os.W_OK):
+            raise StoreUnavailableError(f"--db {self.path}: the folder {folder} is not writable; fix its permissions {fix}")
+
     def write_run(self, result: RunResult) -> str:
-        """Insert one run and its rows in a single transaction: a run is stored whole or not at all."""
+        """Insert one run and its rows in a single transaction: a run is stored whole or not at all.
+
+        When the store cannot take it (the disk filled up, the file went away, memory ran out, this process was
+        told to stop mid-write), the run is kept whole in a side file that `quantbench merge` takes, and the
+        StoreError says where. A row the schema refuses (a bug, not the disk) raises as it is."""
+        existed = self.path.exists()
+        try:
+            return self._write_run(result)
+        except (StoreUnavailableError, duckdb.Error, OSError, MemoryError) as e:  # a full disk fails in any statement
+            if _is_data_error(e):
+                raise
+            if not existed:  # a store this write began holds nothing, and a half-made file is not a store
+                for leftover in (self.path, self.path.with_name(self.path.name + ".wal")):
+                    with contextlib.suppress(OSError):
+                        leftover.unlink(missing_ok=True)
+            raise StoreError(self._unsaved_message(result, e)) from e
+        except BaseException as e:
+            if isinstance(e, Exception):
+                raise
+            self._unsaved_message(result, e, announce=True)  # KeyboardInterrupt, SystemExit: keep it, then go on
+            raise
+
+    def _unsaved_message(self, result: RunResult, error: BaseException, announce: bool = False) -> str:
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        kept, tried = keep_unsaved(result, [self.path.absolute().parent])
+        if kept is None:
+            message = (f"could not write run {result.run_id} to {self.path} ({first}), nor keep it in a side file "
+                       f"({'; '.join(tried)}): the run is lost")
+        else:
+            message = (f"could not write run {result.run_id} to {self.path} ({first}); the run is kept whole in "
+                       f"{kept}: once the store can be written, `quantbench merge {kept} --db {self.path}` adds it")
+        if announce:
+            import sys
+
+            print(message, file=sys.stderr)
+        return message
+
+    def _write_run(self, result: RunResult) -> str:
         run = dict(result.run)
         run.setdefault("run_id", str(uuid7()))
         for key in ("spec", "extra"):
@@ -151,7 +236,8 @@ class Store:
                 self._insert(con, "latencies", [{**lat, "run_id": rid} for lat in result.latencies])
                 con.execute("COMMIT")
             except Exception:
-                con.execute("ROLLBACK")
+                with contextlib.suppress(duckdb.Error):  # an aborted transaction refuses ROLLBACK: keep the cause
+                    con.execute("ROLLBACK")
                 raise
         return str(run["run_id"])
 
@@ -182,3 +268,46 @@ class Store:
 
     def runs(self) -> pd.DataFrame:
         return self.read("SELECT * FROM run_summary ORDER BY created_at")
+
+
+def unsaved_folders() -> list[Path]:
+    """Where a run that its store could not take is kept, after the store's own folder: the cache, then /tmp."""
+    import tempfile
+
+    cache = Path(os.environ.get("QUANTBENCH_CACHE") or Path.home() / ".cache" / "quantbench")
+    return [cache / "unsaved", Path(tempfile.gettempdir())]
+
+
+def keep_unsaved(result: RunResult, first: list[Path] | None = None) -> tuple[Path | None, list[str]]:
+    """Write one run, whole, as a `quantbench export` Parquet file (what `quantbench merge` takes) in the first
+    folder that can hold it. Built in an in-memory DuckDB: nothing is written to the failing disk but the file.
+    Returns (the file or None, why each folder failed)."""
+    from quantbench.store.transfer import copy_nested
+
+    run = dict(result.run)
+    run.setdefault("run_id", str(uuid7()))
+    for key in ("spec", "extra"):
+        if key in run and not isinstance(run[key], str | type(None)):
+            run[key] = json.dumps(run[key], default=str)
+    tried = []
+    for folder in [*(first or []), *unsaved_folders()]:
+        out = folder / f"{UNSAVED_PREFIX}{run['run_id']}.parquet"
+        partial = out.with_name(out.name + ".partial")
+        con = None
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            con = duckdb.connect(":memory:")
+            Store(":memory:")._migrate(con)
+            Store._insert(con, "runs", [run])
+            Store._insert(con, "answers", [{**a, "run_id": run["run_id"]} for a in result.answers])
+            Store._insert(con, "latencies", [{**lat, "run_id": run["run_id"]} for lat in result.latencies])
+            copy_nested(con, partial, SCHEMA_VERSION)
+            partial.replace(out)
+            return out, tried
+        except (duckdb.Error, OSError, MemoryError) as e:
+            tried.append(f"{folder}: {(str(e).strip().splitlines() or [type(e).__name__])[0]}")
+            partial.unlink(missing_ok=True)
+        finally:
+            if con is not None:
+                con.close()
+    return None, tried

@@ -77,6 +77,7 @@ def run_sweep(sweep: Sweep, executor: Any, store: Store, *, rerun: bool = False,
               console: Console | None = None) -> SweepOutcome:
     """Plan, skip what is finished, make missing variants, run the rest on `executor`, store every result."""
     console = console or Console(stderr=True)
+    store.check_writable()  # refused before any run, not after the matrix
     runs = plan(sweep)
     todo, skipped = split_finished(runs, store, executor.accepts, rerun)
     outcome = SweepOutcome(planned=len(runs), skipped=len(skipped))

@@ -116,6 +116,10 @@ class LocalExecutor:
         pending, lock, events = list(runs), threading.Lock(), queue.Queue()
 
         def take(slot: Slot) -> PlannedRun | None:
+            from quantbench.runner import stopping
+
+            if stopping():  # told to stop: the runs in flight end as interrupted, no new one starts
+                return None
             with lock:
                 for i, run in enumerate(pending):
                     if self.fits(slot, run.spec.gpu):
@@ -131,7 +135,12 @@ class LocalExecutor:
                     try:
                         result = execute(run.spec, machine=slot.machine, echo=False, env=slot.env)
                     except Exception as e:  # the run is lost, not the sweep
-                        result = failed_result(run.spec, "error", f"{type(e).__name__}: {e}")
+                        from quantbench.errors import ConfigError, LoadError
+
+                        # refused before its child started (runner.preflight): labelled as the child would
+                        kind = "load_error" if isinstance(e, LoadError) else "config_error" if isinstance(
+                            e, ConfigError) else "error"
+                        result = failed_result(run.spec, kind, f"{type(e).__name__}: {e}")
                     events.put(Event("finished", run, result, slot.name))
             finally:
                 events.put(None)
