@@ -312,3 +312,25 @@ def test_a_batch_holds_at_most_max_request_tokens_padded_tokens():
             assert [f.result(WAIT_S).status_code for f in futures] == [200] * 5
     # Each is one sequence of 53 tokens: two fit in 110 padded tokens, three do not.
     assert sum(sizes) == 5 and max(sizes) == 2, sizes
+
+
+def test_memory_freed_by_forward_passes_is_given_back_when_the_queue_empties():
+    from fastapi.testclient import TestClient
+
+    from quantbench.backend import LoadedVariant, VariantInfo
+    from quantbench.scoring import TransformersEngine
+    from quantbench.server import create_app, malloc_trim
+    from tests.tiny import tiny_model, tiny_tokenizer
+
+    if malloc_trim() is None:
+        pytest.skip("no glibc malloc_trim on this platform")
+    info = VariantInfo(variant="bf16", weight_format="float32", kernel_path="test", compute_dtype="float32",
+                       model_id="tiny-test", weights="synthetic")
+    loaded = LoadedVariant(TransformersEngine(tiny_model(), tiny_tokenizer()), info, None)
+    with TestClient(create_app(lambda: loaded)) as client:
+        wait_until(lambda: client.get("/healthz").status_code == 200, "the model to load")
+        assert client.post("/v1/systemone", json=CARD).status_code == 200
+        wait_until(lambda: client.get("/metrics").json()["memory_trims"] == 1, "the idle worker to trim")
+        assert client.post("/v1/systemone", json=CARD).status_code == 200
+        time.sleep(0.3)
+        assert client.get("/metrics").json()["memory_trims"] == 1  # at most once a second while idle
