@@ -448,21 +448,44 @@ def decode_request(
 
 
 # A state this many characters per token of context is tokenized only as far as that: a 4 MB state took 13 s to
-# tokenize whole (docs/BENCHMARKS.md) only to be refused as over a 512-token context.
+# tokenize whole (docs/BENCHMARKS.md) only to be refused as over a 512-token context, and with truncation it was
+# tokenized whole twice per question.
 STATE_PREFIX_CHARS_PER_TOKEN = 16
 STATE_PREFIX_MARGIN_TOKENS = 64  # the prefix's cut word and the prompt's template can shift a few tokens
 
 
-def refuse_long_state(engine: Any, decision: DecisionRequest) -> None:
-    """422 for a state that alone is over the model's context, from tokenizing a prefix of it, not all of it.
-    Only for an engine that does not truncate (truncation must read the state it cuts) and says its limit."""
+def state_prefix(state: dict[str, Any], chars: int) -> dict[str, Any]:
+    """The state cut so that it renders (quantbench.prompt.render_state) as the first ~`chars` characters of what
+    the whole state renders: the keys that fit, then the next value's text cut."""
+    out: dict[str, Any] = {}
+    used = len("State:")
+    for key, value in state.items():
+        room = chars - used - len(key) - 3  # "\n" + key + ": "
+        if room <= 0:
+            break
+        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        if len(text) > room:
+            out[key] = text[:room]  # a string renders verbatim, as the value's JSON text did
+            break
+        out[key] = value
+        used += len(key) + 3 + len(text)
+    return out
+
+
+def bound_long_state(engine: Any, decision: DecisionRequest) -> tuple[DecisionRequest, bool]:
+    """A state far longer than the model's context is never tokenized whole. Without truncation: 422 when a
+    prefix of it is already over the context. With truncation: the request with its state cut to that prefix
+    (the engine cuts the rest), and True (its answers must say truncated). Only for an engine that says its
+    tokenizer and limit."""
     tokenizer, limit = getattr(engine, "tokenizer", None), getattr(engine, "max_tokens", None)
-    if tokenizer is None or not isinstance(limit, int) or getattr(engine, "truncate", True):
-        return
+    if tokenizer is None or not isinstance(limit, int):
+        return decision, False
     chars = limit * STATE_PREFIX_CHARS_PER_TOKEN
     text = render_state(decision.state)
     if len(text) <= chars:
-        return  # short enough to tokenize whole with the prompt
+        return decision, False  # short enough to tokenize whole with the prompt
+    if getattr(engine, "truncate", False):
+        return decision.model_copy(update={"state": state_prefix(decision.state, chars)}), True
     head = text[:chars]
     cut = head.rfind(" ")  # a prefix ending between words tokenizes as the whole text does up to there
     tokens = len(tokenizer(head[:cut] if cut > 0 else head, add_special_tokens=False)["input_ids"])
@@ -478,6 +501,7 @@ def refuse_long_state(engine: Any, decision: DecisionRequest) -> None:
                 fix="shorten the state, or start the server with --allow-truncation (recorded on each answer)",
             ),
         )
+    return decision, False
 
 
 # -- deadlines and disconnects ----------------------------------------------------------------------------------
@@ -717,9 +741,11 @@ def create_app(
     def prepare(body: bytes) -> Any:
         """On the preparing thread: parse and check the body, tokenize it, check its tokens (no model work)."""
         engine = state.batcher.engine  # type: ignore[union-attr]  # requests reach here only once loaded
-        decision = decode_request(body, limits=limits)
-        refuse_long_state(engine, decision)
+        decision, cut = bound_long_state(engine, decode_request(body, limits=limits))
         prepared = engine.prepare(decision)
+        if cut:
+            for reader in getattr(prepared, "readers", []):
+                reader.truncated = True  # the state was cut here, before the engine cut it further
         rows, width = padded_tokens(prepared, engine)
         if rows * width > max_request_tokens:
             raise Rejected(

@@ -334,3 +334,34 @@ def test_memory_freed_by_forward_passes_is_given_back_when_the_queue_empties():
         assert client.post("/v1/systemone", json=CARD).status_code == 200
         time.sleep(0.3)
         assert client.get("/metrics").json()["memory_trims"] == 1  # at most once a second while idle
+
+
+def test_with_truncation_a_4_mb_state_is_cut_before_it_is_tokenized_and_answers_as_the_whole_would():
+    from fastapi.testclient import TestClient
+
+    from quantbench.backend import LoadedVariant, VariantInfo
+    from quantbench.protocol import parse_request
+    from quantbench.scoring import TransformersEngine
+    from quantbench.server import create_app
+    from tests.tiny import tiny_model, tiny_tokenizer
+
+    engine = TransformersEngine(tiny_model(), tiny_tokenizer(), truncate=True)
+    info = VariantInfo(variant="bf16", weight_format="float32", kernel_path="test", compute_dtype="float32",
+                       model_id="tiny-test", weights="synthetic")
+    loaded = LoadedVariant(engine, info, None)
+    questions = {f"q{i}": {"type": "boolean"} for i in range(8)}
+    huge = {"state": {"hp": 3, "observation": "wall " * 800_000}, "questions": questions}
+    long = {"state": {"hp": 3, "observation": "wall " * 4_000}, "questions": {"q": {"type": "boolean"}}}
+    whole = engine.forward(engine.prepare(parse_request(long)))["q"]  # the engine cutting the whole state
+    with TestClient(create_app(lambda: loaded, allow_truncation=True)) as client:
+        wait_until(lambda: client.get("/healthz").status_code == 200, "the model to load")
+        t0 = time.perf_counter()
+        r = client.post("/v1/systemone", json=huge)
+        seconds = time.perf_counter() - t0
+        assert r.status_code == 200, r.text[:300]
+        assert all(a["truncated"] for a in r.json()["answers"].values())
+        assert seconds < 5.0, seconds  # tokenized whole, twice per question, it took minutes
+        r = client.post("/v1/systemone", json=long)
+    answer = r.json()["answers"]["q"]
+    assert answer["truncated"] is True
+    assert answer["probabilities"] == pytest.approx(whole.probabilities, abs=1e-6)
