@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from quantbench.errors import ConfigError
+from quantbench.limits import DEFAULT_MAX_OPTIONS
 from quantbench.protocol import QuestionAnswer
 
 ENTRY_POINT_GROUP = "quantbench.backends"
@@ -47,7 +48,7 @@ class RunSpec:
     layers: int | None = None  # synthetic shape: override the layer count (smaller speed runs)
     role: str = "candidate"  # candidate | reference | noise_floor
     trust_remote_code: bool = False
-    max_options: int = 26
+    max_options: int = DEFAULT_MAX_OPTIONS  # quantbench.limits
     max_tokens: int | None = None
     truncate: bool = False
     method: str = "auto"  # auto | continuation

@@ -155,7 +155,7 @@ def run(spec: RunSpec, out: dict[str, Any]) -> None:
     spec.device = device
     run.update(machine.as_row())
     run["device"] = device
-    suite = load_suite(spec.suite)
+    suite = load_suite(spec.suite, max_options=spec.max_options)
     records = suite.records[: spec.limit] if spec.limit else suite.records
     run.update(suite_id=suite.id, suite_hash=suite.hash, n_records=len(records),
                n_questions=sum(len(r.request.questions) for r in records))

@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from quantbench import limits
 from quantbench.errors import ConfigError, QuantbenchError
 
 app = typer.Typer(
@@ -123,7 +124,7 @@ def run(
     reference: Annotated[bool, typer.Option(help="Mark this run as the reference for parity")] = False,
     base_model: Annotated[str | None, typer.Option(help="The BF16 model this variant was made from (its checkpoint dir or model id): the report compares the variant with that model's BF16 run")] = None,
     trust_remote_code: Annotated[bool, typer.Option(help="Allow the checkpoint's own Python code (off by default)")] = False,
-    max_options: Annotated[int, typer.Option(help="Largest number of options a question may have")] = 26,
+    max_options: Annotated[int, typer.Option(help="Largest number of options a question may have (past 26 they are numbered and scored by continuation)")] = limits.DEFAULT_MAX_OPTIONS,
     max_tokens: Annotated[int | None, typer.Option(help="Prompt token limit (default: the model's context)")] = None,
     truncate: Annotated[bool, typer.Option(help="Cut over-long states to fit (recorded per answer) instead of failing")] = False,
     method: Annotated[str, typer.Option(help="auto (label logits when possible) | continuation")] = "auto",
@@ -435,13 +436,23 @@ def serve(
     allow_truncation: Annotated[bool, typer.Option(help="Cut over-long states instead of answering 413")] = False,
     max_batch: Annotated[int, typer.Option(help="Most requests batched into one forward pass")] = 16,
     trust_remote_code: Annotated[bool, typer.Option(help="Allow the checkpoint's own Python code")] = False,
+    max_body_bytes: Annotated[int, typer.Option(help="Largest request body (413 past it)")] = limits.DEFAULT_MAX_BODY_BYTES,
+    max_questions: Annotated[int, typer.Option(help="Most questions per request (413 past it)")] = limits.DEFAULT_MAX_QUESTIONS,
+    max_options: Annotated[int, typer.Option(help="Most options of one question (422 past it; past 26 they are numbered and scored by continuation)")] = limits.DEFAULT_MAX_OPTIONS,
+    max_total_options: Annotated[int, typer.Option(help="Most options over all questions of a request, yes/no counting two (413 past it)")] = limits.DEFAULT_MAX_TOTAL_OPTIONS,
+    max_request_tokens: Annotated[int, typer.Option(help="Most tokens of a request's sequences, padded (413 past it); also the most per batched forward pass")] = limits.DEFAULT_MAX_REQUEST_TOKENS,
+    request_timeout: Annotated[float, typer.Option(help="Seconds from a request's headers to its answer: 408 while its body is read, 504 after (the request is dropped)")] = limits.DEFAULT_REQUEST_TIMEOUT_S,
+    header_timeout: Annotated[float, typer.Option(help="Seconds a connection may take to send a request's headers before it is closed")] = limits.DEFAULT_HEADER_TIMEOUT_S,
 ) -> None:
     """Serve the SystemOne decision API (POST /v1/systemone, GET /healthz) over HTTP."""
     from quantbench.server import cli_serve
 
     try:
         raise typer.Exit(cli_serve(model, backend, host, port, api_key, demo, allow_truncation, max_batch,
-                                   trust_remote_code) or 0)
+                                   trust_remote_code, max_body_bytes=max_body_bytes, max_questions=max_questions,
+                                   max_options=max_options, max_total_options=max_total_options,
+                                   max_request_tokens=max_request_tokens, request_timeout_s=request_timeout,
+                                   header_timeout_s=header_timeout) or 0)
     except QuantbenchError as e:
         _fail(e)
 

@@ -35,7 +35,7 @@ def test_boolean_question_has_yes_and_no():
         (q({"type": "choice", "criteria": {"yes": "1", "YES": "2"}}), "questions.q1.criteria", "duplicates"),
         (q({"type": "choice", "criteria": {" ": "1", "b": "2"}}), "questions.q1.criteria", "empty option key"),
         (q({"type": "ranking", "criteria": {"a": "1", "b": "2"}}), "questions.q1.type", "unknown question type"),
-        (q({"type": "choice", "criteria": {str(i): "o" for i in range(27)}}), "questions.q1.criteria", "limit of 26"),
+        (q({"type": "choice", "criteria": {str(i): "o" for i in range(65)}}), "questions.q1.criteria", "limit of 64"),
         (q({"type": "boolean", "criteria": {"a": "1", "b": "2"}}), "questions.q1.criteria", "yes and no"),
         (q({"type": "choice", "criteria": {"a": "1", "b": 2}}), "questions.q1.criteria.b", "string"),
         ({"state": "hello", "questions": {"q1": {"type": "boolean"}}}, "state", "JSON object"),
@@ -74,3 +74,23 @@ def test_invalid_json_text_says_where():
 def test_media_fields_are_found():
     req = parse_request({"state": {"image": "data:...", "text": "hi"}, "questions": {"q": {"type": "boolean"}}})
     assert req.media_fields() == ["image"]
+
+
+def test_limits_are_checked_on_the_counts_before_any_field_is_validated():
+    from quantbench.protocol import LimitError, Limits
+
+    limits = Limits(max_options=8, max_questions=5, max_total_options=10)
+    cases = [
+        ({f"q{i}": {"type": "boolean", "bad": 1} for i in range(10_000)}, "questions", 5, 413, "--max-questions"),
+        ({"q": {"type": "choice", "criteria": {str(i): "o" for i in range(9)}}}, "questions.q.criteria", 8, 422,
+         "--max-options"),
+        ({f"q{i}": {"type": "boolean"} for i in range(4)} | {"c": {"type": "choice", "criteria": {"a": "", "b": "",
+                                                                                                "c": ""}}},
+         "questions", 10, 413, "--max-total-options"),
+    ]
+    for questions, field, limit, status, flag in cases:
+        with pytest.raises(LimitError) as e:
+            parse_request({"state": {}, "questions": questions}, limits=limits)
+        assert (e.value.field, e.value.limit, e.value.status, e.value.flag) == (field, limit, status, flag)
+        assert flag in str(e.value)
+    parse_request({"state": {}, "questions": {f"q{i}": {"type": "boolean"} for i in range(4)}}, limits=limits)

@@ -1,0 +1,46 @@
+"""The size limits of one decision request, and their defaults: what `quantbench serve` refuses before any model
+work, and what `quantbench run` allows in a suite.
+
+A module of its own, importing nothing heavy, so the CLI can show the defaults in --help without loading pydantic.
+Each limit has the flag that sets it; refusals name both (see quantbench.protocol.LimitError).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from quantbench.errors import ConfigError
+
+# Options of one choice question. Past 26 there are no single-letter labels: the options are numbered and
+# scored by continuation (quantbench.prompt.option_labels), one sequence per option.
+DEFAULT_MAX_OPTIONS = 64
+# Questions of one request: each is its own sequence in the forward pass.
+DEFAULT_MAX_QUESTIONS = 64
+# Options over all questions of one request (a boolean question has two): bounds the sequences of a request.
+DEFAULT_MAX_TOTAL_OPTIONS = 512
+# Tokens of all sequences of one request, padded to the longest (what the forward pass computes over). The server
+# also batches concurrent requests only up to this many padded tokens per forward pass.
+DEFAULT_MAX_REQUEST_TOKENS = 32_768
+DEFAULT_MAX_BODY_BYTES = 4 << 20  # 4 MiB
+DEFAULT_REQUEST_TIMEOUT_S = 60.0  # from the request's headers to its answer
+DEFAULT_HEADER_TIMEOUT_S = 10.0  # a connection that sends no complete request headers this long is closed
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Limits on the shape of one request, checked on the parsed JSON before it is validated field by field."""
+
+    max_options: int = DEFAULT_MAX_OPTIONS
+    max_questions: int = DEFAULT_MAX_QUESTIONS
+    max_total_options: int = DEFAULT_MAX_TOTAL_OPTIONS
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            least = 1 if f.name == "max_questions" else 2  # a choice question has at least two options
+            if getattr(self, f.name) < least:
+                raise ConfigError(f"{flag(f.name)} {getattr(self, f.name)}: use {least} or more")
+
+
+def flag(name: str) -> str:
+    """The command-line flag of a limit: max_total_options -> --max-total-options."""
+    return "--" + name.replace("_", "-")
