@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import importlib.util
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -99,9 +100,8 @@ class Int4Backend:
     summary = "INT4 W4A16 AutoRound checkpoint; quantbench grouped-MoE engine (fused Gluon / Triton kernels on CUDA)"
 
     def availability(self, machine) -> Availability:
-        try:
-            import auto_round  # noqa: F401
-        except ImportError:
+        # Whether it is installed, not imported: importing auto-round takes seconds (`quantbench backends`).
+        if importlib.util.find_spec("auto_round") is None:
             return Availability(False, None, "auto-round is not installed (pip install auto-round)")
         if machine.has_gpu:
             from quantbench.moe.int4 import triton_available

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from quantbench.errors import ConfigError, QuantbenchError
+from quantbench.term import console, rule
 
 app = typer.Typer(
     help="Which quant of a mixture-of-experts model should I use on this GPU? Measured, reproducibly.",
@@ -18,8 +18,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 # Tables are meant to be read whole: when stdout is a file or a pipe, don't squeeze them into 80 columns.
-out = Console(width=None if sys.stdout.isatty() else 220)
-err = Console(stderr=True)
+out = console()
+err = console(stderr=True)
 
 DbOpt = Annotated[Path, typer.Option("--db", help="Results store (DuckDB). Default: $QUANTBENCH_DB or ./results.duckdb")]
 
@@ -198,7 +198,7 @@ def demo(
         for label, kw in DEMO_VARIANTS:
             if kw["backend"] not in installed or (only and kw["backend"] not in only):
                 continue
-            err.rule(f"[bold]{label}")
+            rule(err, f"[bold]{label}")
             if kw.get("role") == "noise_floor":
                 kw = dict(kw, **dict(zip(("experts_impl", "dtype"), noise_floor_kernel("auto"), strict=True)))
             run_id, _ = _execute_and_store(_spec(limit=limit, timeout_s=1800.0, **kw), path)

@@ -520,10 +520,11 @@ def save_synthetic(shape: str, out_dir: Path, *, layers: int | None = None, seed
 # -- CLI ------------------------------------------------------------------------------------------------------
 def main_fixture(rebuild: bool = False, out: Path | None = None) -> FixtureInfo:
     """`quantbench fixture [--rebuild] [--out DIR]`: build (or find) the default model, show where and how good."""
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from quantbench.term import console as make_console
+
+    console = make_console()
     if out is None:
         target = cache_dir() / "models" / f"fixture-{recipe_hash()[:8]}"
     else:
