@@ -4,9 +4,13 @@ to fit 80 columns."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TextIO
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, ProgressColumn, TaskID
@@ -14,6 +18,9 @@ from rich.text import Text
 
 PIPE_WIDTH = 1000  # wider than any table quantbench prints: a table takes its natural width
 LINE_EVERY_S = 10.0  # to a file or a pipe, a long step's progress line this often
+
+
+_terminal: TextIO | None = None  # inside libraries_to(): the stderr quantbench had before, for its own lines
 
 
 def console(stderr: bool = False) -> Console:
@@ -63,3 +70,39 @@ class LineProgress(Progress):
         task = self._tasks[task_id]
         parts = [c(task) for c in self.columns if isinstance(c, ProgressColumn) and not isinstance(c, BarColumn)]
         self.console.print(Text(" ").join(p if isinstance(p, Text) else Text(str(p)) for p in parts))
+
+
+def stderr_console() -> Console:
+    """A console on quantbench's own stderr, also inside libraries_to() (where fd 2 goes to the log)."""
+    stream = _terminal or sys.stderr
+    return Console(file=stream, width=None if stream.isatty() else PIPE_WIDTH)
+
+
+@contextmanager
+def libraries_to(log: Path) -> Iterator[None]:
+    """Send everything the libraries write to `log`: Python logging, warnings, print(), tqdm bars and C code's
+    output alike, by pointing file descriptors 1 and 2 at the file. quantbench's own lines keep going to the
+    terminal (or pipe) through stderr_console()."""
+    global _terminal
+    log.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    before = _terminal
+    _terminal = os.fdopen(os.dup(2), "w", buffering=1)
+    try:
+        with open(log, "a") as fh:
+            os.dup2(fh.fileno(), 1)
+            os.dup2(fh.fileno(), 2)
+            try:
+                yield
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os.dup2(saved[0], 1)
+                os.dup2(saved[1], 2)
+    finally:
+        _terminal.close()
+        _terminal = before
+        for fd in saved:
+            os.close(fd)
