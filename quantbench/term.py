@@ -4,6 +4,7 @@ to fit 80 columns."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -106,3 +107,22 @@ def libraries_to(log: Path) -> Iterator[None]:
         _terminal = before
         for fd in saved:
             os.close(fd)
+
+
+@contextmanager
+def logs_kept(logger_name: str, into: list[str]) -> Iterator[None]:
+    """What the library logs on `logger_name` goes into `into` as plain "LEVEL message" lines (no colours) instead
+    of the terminal: a filter on the logger itself, so it holds even for handlers the library adds on import."""
+
+    class Keep(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            into.append(f"{record.levelname} {record.getMessage()}")
+            return False
+
+    keep = Keep()
+    logger = logging.getLogger(logger_name)
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)
