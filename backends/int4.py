@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import importlib.util
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,6 +27,7 @@ from quantbench.checkpoint import experts_tensor_bytes, load_causal_lm, model_id
 from quantbench.errors import ConfigError, LoadError
 from quantbench.loading import device_of, dtype_of
 from quantbench.scoring import TransformersEngine
+from quantbench.term import logs_kept
 
 
 def read_quant_config(path: Path) -> dict[str, Any]:
@@ -99,9 +101,8 @@ class Int4Backend:
     summary = "INT4 W4A16 AutoRound checkpoint; quantbench grouped-MoE engine (fused Gluon / Triton kernels on CUDA)"
 
     def availability(self, machine) -> Availability:
-        try:
-            import auto_round  # noqa: F401
-        except ImportError:
+        # Whether it is installed, not imported: importing auto-round takes seconds (`quantbench backends`).
+        if importlib.util.find_spec("auto_round") is None:
             return Availability(False, None, "auto-round is not installed (pip install auto-round)")
         if machine.has_gpu:
             from quantbench.moe.int4 import triton_available
@@ -124,7 +125,8 @@ class Int4Backend:
 
             path = default_variant("int4")
         qc = read_quant_config(path)
-        with transformers_state_restored():
+        library_log: list[str] = []  # auto-round's INFO/WARNING lines while loading: kept on the run, not printed
+        with transformers_state_restored(), logs_kept("autoround", library_log):
             model = load_causal_lm(path, dtype=dtype, device=device, trust_remote_code=spec.trust_remote_code)
         if dtype == torch.float32:
             # auto-round casts to fp16 when asked for fp32 (its kernels' dtype list), and transformers forbids
@@ -153,7 +155,8 @@ class Int4Backend:
             native="native",
             disk_bytes=dir_bytes(path),
             experts_bytes=experts_bytes,
-            extra={"source_model_hash": source_hash, "fast_moe": spec.fast_moe},
+            extra={"source_model_hash": source_hash, "fast_moe": spec.fast_moe,
+                   **({"library_log": library_log} if library_log else {})},
             **ident,
         )
         return LoadedVariant(engine=engine, info=info, model=model)

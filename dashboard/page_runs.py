@@ -8,8 +8,11 @@ st.title("Runs")
 sel = url_state.selection()
 runs = store_cache.runs_since(store_cache.runs(*store_cache.current()), sel.since)
 
-only_here = st.toggle(f"Only {sel.model} on {sel.gpu_label}", value=False)
-shown = runs[(runs["gpu_id"] == sel.gpu) & (runs["model_id"] == sel.model)] if only_here else runs
+only_here = st.toggle(f"Only {sel.model} on {sel.gpu_label}" if sel.model else f"Only runs on {sel.gpu_label}",
+                      value=False)
+# Without a model (every run on this machine failed before loading one), "here" is the machine's runs.
+here = (runs["gpu_id"] == sel.gpu) & ((runs["model_id"] == sel.model) if sel.model else True)
+shown = runs[here] if only_here else runs
 shown = shown.sort_values("created_at", ascending=False)
 n_failed = int((shown["status"] != "ok").sum())
 st.caption(f"{len(shown)} runs, {n_failed} failed. Newest first. Every row carries what it ran on and with.")

@@ -35,4 +35,16 @@ with st.sidebar:
     since = url_state.since_input(runs)
     st.session_state["_selection"] = url_state.sidebar(store_cache.runs_since(runs, since), since)
     st.caption(f"{status.n_runs} runs, {status.n_ok} successful; newest {runs['created_at'].max():%Y-%m-%d %H:%M}")
+sel = url_state.selection()
+if sel.model is None and page.url_path != "runs":
+    # Every run on this machine died before loading a model (no model id): there is nothing to compare, only
+    # failures to show. The Runs page lists them with their whole error.
+    st.title(page.title)
+    st.warning(f"Every run on {sel.gpu_label} failed before loading a model, so there is nothing to compare there "
+               "yet. The reasons are below (the whole error on the Runs page); fix them and run again.", icon="⚠️")
+    here = store_cache.runs_since(runs, sel.since)
+    failed = here.loc[here["gpu_id"] == sel.gpu, ["created_at", "gpu_label", "backend", "variant", "failure", "error"]]
+    failed = failed.assign(error=failed["error"].fillna("").str.split("\n").str[0])
+    st.dataframe(failed.iloc[::-1], hide_index=True, width="stretch")
+    st.stop()
 page.run()

@@ -88,7 +88,7 @@ class Selection:
     family: str
     gpu: str  # store_cache.machine_id: the GPU's name, or cpu:HOST
     gpu_label: str
-    model: str
+    model: str | None  # None: every run on this machine failed before loading a model
     since: str | None = None  # only runs made on or after this day (YYYY-MM-DD); None: every run
 
 
@@ -108,8 +108,11 @@ FAMILY_ORDER = ["blackwell", "hopper", "ada", "ampere", "cpu"]
 
 
 def sidebar(runs: pd.DataFrame, since: str | None = None) -> Selection:
-    """Family, GPU and model selectors, from the stored runs (already cut to `since`)."""
-    machines = runs[["family", "gpu_id", "gpu_label", "model_id"]].astype(str).drop_duplicates()
+    """Family, GPU and model selectors, from the stored runs (already cut to `since`).
+
+    A run that failed before loading a model (a missing checkpoint, a timeout, a killed child) has no model id: its
+    machine is still offered, so its failures can be seen, but it adds no model to choose."""
+    machines = runs[["family", "gpu_id", "gpu_label"]].astype(str).drop_duplicates()
     families = sorted(machines["family"].unique(), key=lambda f: (FAMILY_ORDER.index(f) if f in FAMILY_ORDER else 99, f))
     gpu_labels = dict(zip(machines["gpu_id"], machines["gpu_label"], strict=False))
     # A shared link may name only the GPU: start its family from it.
@@ -124,10 +127,13 @@ def sidebar(runs: pd.DataFrame, since: str | None = None) -> Selection:
     # The model a person just ran comes first, trained weights before synthetic ones (those answer "which quant"
     # only for speed and memory); runs come oldest first.
     on_gpu = runs[(runs["family"].astype(str) == family) & (runs["gpu_id"].astype(str) == gpu)].iloc[::-1]
+    on_gpu = on_gpu[on_gpu["model_id"].notna()]
     newest = list(dict.fromkeys(on_gpu["model_id"].astype(str)))
     synthetic = set(on_gpu.loc[on_gpu["weights"].astype(str) == "synthetic", "model_id"].astype(str))
     models = sorted(newest, key=lambda m: (m in synthetic, newest.index(m)))
-    model = bound_select("Model", "model", models)
+    if not models:
+        st.caption("Model: none (every run here failed before loading one)")
+    model = bound_select("Model", "model", models) if models else None
     return Selection(family, gpu, gpu_labels[gpu], model, since)
 
 

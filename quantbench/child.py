@@ -31,6 +31,7 @@ from quantbench.machine import detect
 from quantbench.memory import MemoryTracker
 from quantbench.moe.engine import kernel_paths, kernel_paths_ran
 from quantbench.suite import load_suite
+from quantbench.term import LineProgress
 
 # The parent pipes stderr to keep a tail for failed rows; it asks for live progress when it has a terminal.
 console = Console(stderr=True, force_terminal=os.environ.get("QUANTBENCH_TTY") == "1" or None)
@@ -57,7 +58,7 @@ class Timer:
 
 
 def _progress() -> Progress:
-    return Progress(
+    return LineProgress(  # to a file or a pipe: a plain line every 10 s instead of nothing until the end
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=console, transient=False,
     )

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from quantbench import limits
 from quantbench.errors import ConfigError, QuantbenchError
+from quantbench.term import console, rule
 
 app = typer.Typer(
     help="Which quant of a mixture-of-experts model should I use on this GPU? Measured, reproducibly.",
@@ -20,8 +20,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 # Tables are meant to be read whole: when stdout is a file or a pipe, don't squeeze them into 80 columns.
-out = Console(width=None if sys.stdout.isatty() else 220)
-err = Console(stderr=True)
+out = console()
+err = console(stderr=True)
 
 DbOpt = Annotated[Path, typer.Option("--db", help="Results store (DuckDB). Default: $QUANTBENCH_DB or ./results.duckdb")]
 
@@ -217,15 +217,17 @@ def demo(
         Store(path).check_writable()  # before minutes of building and running
         err.print(f"[bold]embedded default model:[/] {default_model_dir()}")
         installed = set(backend_names())
-        ids = []
+        ids, failed = [], []
         for label, kw in DEMO_VARIANTS:
             if kw["backend"] not in installed or (only and kw["backend"] not in only):
                 continue
-            err.rule(f"[bold]{label}")
+            rule(err, f"[bold]{label}")
             if kw.get("role") == "noise_floor":
                 kw = dict(kw, **dict(zip(("experts_impl", "dtype"), noise_floor_kernel("auto"), strict=True)))
-            run_id, _ = _execute_and_store(_spec(limit=limit, timeout_s=1800.0, **kw), path)
+            run_id, status = _execute_and_store(_spec(limit=limit, timeout_s=1800.0, **kw), path)
             ids.append(run_id)
+            if status != "ok":
+                failed.append((label, run_id))
         df = Store(path).read(
             "SELECT * FROM run_summary WHERE run_id IN (SELECT unnest(?::UUID[])) ORDER BY created_at", [ids])
         out.print(runs_table(df, f"quantbench demo — stored in {path}"))
@@ -233,10 +235,28 @@ def demo(
         from quantbench.report import report_for_this_machine
 
         # Plain print: the report is markdown meant to be pasted, so no wrapping or markup from rich.
-        model = next(iter(df["model_id"].dropna()), None)  # the model the demo just ran, not older ones
-        print(report_for_this_machine(Store(path), detect().gpu_name or "cpu", model=model))
+        # It covers this demo's runs only: an older run of the store never stands in for a variant that failed now.
+        model = next(iter(df.loc[df["status"] == "ok", "model_id"].dropna()), None)
+        if model is not None:
+            print(report_for_this_machine(Store(path), detect().gpu_name or "cpu", model=model, run_ids=set(ids)))
+        if failed:
+            print(demo_failures(Store(path), failed, len(ids)))
+            err.print(f"[red]demo: {len(failed)} of {len(ids)} variants failed[/] "
+                      f"({', '.join(label for label, _ in failed)}); the reasons are above")
+            raise typer.Exit(1)
     except QuantbenchError as e:
         _fail(e)
+
+
+def demo_failures(store, failed: list[tuple[str, str]], n_runs: int) -> str:
+    """A markdown list of the demo's failed variants, each with its failure and the first line of its error."""
+    lines = [f"**{len(failed)} of {n_runs} variants failed in this demo** (the whole errors: "
+             "`quantbench runs`, the dashboard's Runs page):", ""]
+    for label, run_id in failed:
+        row = store.read("SELECT failure, error FROM runs WHERE run_id = ?", [run_id]).iloc[0]
+        first = (_val(row["error"]) or "no error message stored").strip().splitlines()[0]
+        lines.append(f"- {label}: failed ({_val(row['failure']) or 'error'}): {first} (run {run_id[:13]})")
+    return "\n".join(lines) + "\n"
 
 
 @app.command()

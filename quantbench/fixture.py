@@ -15,6 +15,7 @@ weights, straight on the target device, for speed and memory runs; those rows sa
 
 from __future__ import annotations
 
+import datetime as dt
 import fcntl
 import functools
 import hashlib
@@ -23,6 +24,8 @@ import math
 import os
 import random
 import shutil
+import socket
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -138,23 +141,74 @@ def cache_dir() -> Path:
     return Path(os.environ.get("QUANTBENCH_CACHE") or Path.home() / ".cache" / "quantbench")
 
 
+LOCK_REMIND_S = 60.0  # while waiting on another process's lock, say so again this often
+
+
+def _lock_holder(path: Path, fh: Any) -> str:
+    """Who holds the lock on `path`: what the holder wrote into it (pid, host, since when, what for); else, for an
+    older quantbench that wrote nothing, the pid from /proc/locks."""
+    try:
+        holder = json.loads(path.read_text() or "{}")
+    except (OSError, ValueError):
+        holder = {}
+    if holder.get("pid"):
+        return (f"pid {holder['pid']} on {holder.get('host', '?')}, {holder.get('doing', 'building')} since "
+                f"{holder.get('since', '?')}")
+    inode = os.fstat(fh.fileno()).st_ino
+    try:
+        for line in Path("/proc/locks").read_text().splitlines():
+            fields = line.split()
+            if len(fields) > 5 and fields[5].split(":")[-1] == str(inode) and fields[4].isdigit():
+                return f"pid {fields[4]} on this host"
+    except OSError:
+        pass
+    return "another process"
+
+
 @contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """An exclusive fcntl lock on `path` (so two processes never build the same model at once)."""
+def _locked(path: Path, doing: str = "building") -> Iterator[None]:
+    """An exclusive fcntl lock on `path` (so two processes never build the same model at once). While another
+    process holds it, say who (pid, host, since when) and keep saying so every LOCK_REMIND_S seconds; the holder
+    writes those facts into the lock file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+        waited = 0.0
+        started = time.monotonic()
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if waited == 0.0 or time.monotonic() - waited >= LOCK_REMIND_S:
+                    still = f" (waited {time.monotonic() - started:.0f} s)" if waited else ""
+                    print(f"waiting for {path}: held by {_lock_holder(path, fh)}{still}", file=sys.stderr,
+                          flush=True)
+                    waited = time.monotonic()
+                time.sleep(0.5)
+        if waited:
+            print(f"got {path} after {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+        fh.seek(0)
+        fh.truncate()
+        fh.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "doing": doing,
+                             "since": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")}))
+        fh.flush()
         try:
             yield
         finally:
+            fh.seek(0)
+            fh.truncate()
+            fh.flush()
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _build_into(target: Path, *, rebuild: bool, progress: bool, seed: int = 0, steps: int | None = None) -> FixtureInfo | None:
     """Build the fixture at `target` atomically: in a temp sibling, renamed into place. None if already there."""
-    with _locked(target.parent / f".{target.name}.lock"):
+    with _locked(target.parent / f".{target.name}.lock", f"building {target.name}"):
         if (target / FIXTURE_INFO_FILE).is_file() and not rebuild:
             return None
+        if progress:
+            print(f"building the embedded model {target.name} into {target} ({steps or TRAIN['steps']} training "
+                  "steps: about 2 minutes on 2 idle cores; nothing is downloaded)", file=sys.stderr, flush=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
         tmp.chmod(0o755)  # mkdtemp makes it private; the cache is shared like any other
         try:
@@ -346,8 +400,10 @@ def _batches(examples: list[Example], rng: random.Random, size: int) -> Iterator
 
 def _train(model, examples: list[Example], pad_id: int, *, seed: int, steps: int, progress: bool) -> float:
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
     from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+
+    from quantbench.term import LineProgress
 
     cfg = model.config
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
@@ -365,8 +421,9 @@ def _train(model, examples: list[Example], pad_id: int, *, seed: int, steps: int
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
     batches = _batches(examples, random.Random(seed), TRAIN["batch_size"])
     loss_value = float("nan")
-    bar = Progress(TextColumn("training fixture"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
-                   TimeElapsedColumn(), console=Console(stderr=True), disable=not progress, transient=False)
+    bar = LineProgress(TextColumn("training fixture"), BarColumn(), MofNCompleteColumn(),
+                       TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), console=Console(stderr=True),
+                       disable=not progress, transient=False)
     model.train()
     with bar:
         task = bar.add_task("train", total=steps, loss="-")
@@ -452,6 +509,8 @@ def build_fixture(out_dir: Path, *, seed: int = 0, steps: int | None = None, pro
         out_dir.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(out_dir, safe_serialization=True)
         tokenizer.save_pretrained(out_dir)
+        if progress:
+            print("evaluating the embedded model on the built-in suite", file=sys.stderr, flush=True)
         accuracy = evaluate(out_dir)
     parameters = sum(p.numel() for p in model.parameters())
     info = FixtureInfo(
@@ -520,10 +579,11 @@ def save_synthetic(shape: str, out_dir: Path, *, layers: int | None = None, seed
 # -- CLI ------------------------------------------------------------------------------------------------------
 def main_fixture(rebuild: bool = False, out: Path | None = None) -> FixtureInfo:
     """`quantbench fixture [--rebuild] [--out DIR]`: build (or find) the default model, show where and how good."""
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from quantbench.term import console as make_console
+
+    console = make_console()
     if out is None:
         target = cache_dir() / "models" / f"fixture-{recipe_hash()[:8]}"
     else:

@@ -328,7 +328,7 @@ def _superseded_fixtures(runs: list[dict[str, Any]]) -> set[tuple[tuple[str, str
 
 def build_report(store: Store, gpu: str | None = None, model: str | None = None, rules: Rules | None = None, *,
                  host: str | None = None, since: str | None = None, cross_gpu_reference: bool = True,
-                 seed: int = 0, history: bool = False) -> Reports:
+                 seed: int = 0, history: bool = False, run_ids: set[str] | None = None) -> Reports:
     """One GpuReport per (GPU, model, suite) in the store, filtered by `gpu` / `model` / `host` / `since` (runs
     made at or after that time: leaves out runs of an older quantbench whose kernel paths differ).
 
@@ -336,8 +336,11 @@ def build_report(store: Store, gpu: str | None = None, model: str | None = None,
     generations left out) and only the newest build of the embedded fixture per GPU; `history` shows every
     kernel generation's newest run and every fixture build (`quantbench report --all`)."""
     rules = rules or Rules()
-    runs = _pair_with_bases(_load_runs(store))
-    if not history and not model:
+    runs = _load_runs(store)
+    if run_ids is not None:  # only these runs (the demo reports on the runs it just made)
+        runs = [r for r in runs if str(r["run_id"]) in run_ids]
+    runs = _pair_with_bases(runs)
+    if not history and not model and run_ids is None:
         old = _superseded_fixtures(runs)
         runs = [r for r in runs if (parity.gpu_key(r), str(r.get("model_id"))) not in old]
     after = since_filter(since)
@@ -789,12 +792,15 @@ def render(reports: list[GpuReport], fmt: str = "markdown", rules: Rules | None 
 
 # -- entry points for the CLI and the demo -------------------------------------------------------------------
 def report_for_this_machine(store: Store, machine_gpu_name_or_family: str, host: str | None = None,
-                            rules: Rules | None = None, model: str | None = None) -> str:
+                            rules: Rules | None = None, model: str | None = None,
+                            run_ids: set[str] | None = None) -> str:
     """The markdown report for one machine: pass `machine.gpu_name`, or "cpu" (this host's CPU runs unless `host`
-    names another); `model` keeps only that model's tables (the demo reports on the model it just ran)."""
+    names another); `model` keeps only that model's tables, `run_ids` only those runs (the demo reports on the
+    runs it just made, never on older ones of the store)."""
     if machine_gpu_name_or_family.strip().lower() == "cpu" and host is None:
         host = socket.gethostname()
-    reports = build_report(store, gpu=machine_gpu_name_or_family, host=host, rules=rules, model=model)
+    reports = build_report(store, gpu=machine_gpu_name_or_family, host=host, rules=rules, model=model,
+                           run_ids=run_ids)
     if not reports and not reports.failed:
         where = machine_gpu_name_or_family + (f" on {host}" if host else "")
         return f"No successful or failed runs for {where} in {store.path} yet.\n"

@@ -196,3 +196,75 @@ def test_a_real_shape_that_cannot_fit_is_refused_before_allocating_with_the_laye
     monkeypatch.setattr(F, "free_bytes", lambda device: 24 * 2**30)  # a 24 GiB host: 61 GB of BF16 cannot fit
     with pytest.raises(UnsupportedError, match=r"need 56\.9 GiB on cpu, 24\.0 GiB is free; give --layers N .*at most"):
         F.build_synthetic("qwen3-30b-a3b", device="cpu")
+
+
+HOLD = """
+import fcntl, sys, time
+from pathlib import Path
+from quantbench import fixture as F
+path = Path(sys.argv[1])
+if sys.argv[2] == "quantbench":
+    with F._locked(path, "building fixture-test"):
+        print("held", flush=True)
+        sys.stdin.readline()
+else:  # an older quantbench: the lock, and nothing written into it
+    with open(path, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        print("held", flush=True)
+        sys.stdin.readline()
+"""
+
+
+@pytest.mark.parametrize("holder", ["quantbench", "older"])
+def test_waiting_on_the_fixture_lock_says_who_holds_it_and_keeps_saying(holder, tmp_path, monkeypatch, capfd):
+    import os
+    import socket
+    import subprocess
+    import sys
+    import threading
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    lock = tmp_path / ".fixture-test.lock"
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(lock), holder], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        monkeypatch.setattr(F, "LOCK_REMIND_S", 1.0, raising=False)
+        got = threading.Event()
+
+        def wait_for_it():
+            with F._locked(lock):
+                got.set()
+
+        waiter = threading.Thread(target=wait_for_it)
+        waiter.start()
+        assert not got.wait(2.6)  # held: it waits, and says so
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        waiter.join(30)
+        assert got.is_set()
+    finally:
+        proc.kill()
+        proc.wait()
+    said = capfd.readouterr().err.splitlines()
+    who = (f"pid {proc.pid} on {socket.gethostname()}, building fixture-test since 20" if holder == "quantbench"
+           else f"pid {proc.pid} on this host")
+    waits = [line for line in said if line.startswith(f"waiting for {lock}: held by {who}")]
+    assert len(waits) >= 2 and "(waited " in waits[1]  # said at once, then again every LOCK_REMIND_S
+    assert any(line.startswith(f"got {lock} after ") for line in said)
+
+
+def test_a_fixture_build_to_a_pipe_prints_plain_progress_lines_as_it_trains(tmp_path, monkeypatch, capfd):
+    from quantbench import term
+
+    monkeypatch.setattr(term, "LINE_EVERY_S", 0.0, raising=False)  # a line per step instead of one every 10 s
+    monkeypatch.setattr(F, "evaluate", lambda out_dir: {"facts": 0.5})  # the suite's accuracy: not this test's
+    F._build_into(tmp_path / "fixture-test", rebuild=False, progress=True, steps=3)
+    err = capfd.readouterr().err.splitlines()
+    assert err[0].startswith(f"building the embedded model fixture-test into {tmp_path / 'fixture-test'} (3 training")
+    steps = [line for line in err if line.startswith("training fixture ") and "━" not in line]
+    assert [s.split()[2] for s in steps] == ["0/3", "1/3", "2/3", "3/3"]  # plain lines, as it goes
+    assert "loss -" in steps[0] and "loss " in steps[1]
+    assert "evaluating the embedded model on the built-in suite" in err

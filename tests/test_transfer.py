@@ -155,3 +155,26 @@ def test_cli_merge_says_what_came_in(tmp_path, capsys):
     assert "What came in" in out and "NVIDIA H200 (lab-h200)" in out
     transfer.cli_merge([str(tmp_path / "a.parquet")], db=str(tmp_path / "local.duckdb"))
     assert "nothing new" in capsys.readouterr().out
+
+
+def test_a_merge_that_fails_part_way_says_what_it_added_and_exits_2(tmp_path):
+    """Each source commits on its own: when a later one fails, the runs already merged are listed, not hidden."""
+    from typer.testing import CliRunner
+
+    from quantbench.cli import app
+
+    src = Store(tmp_path / "a.duckdb")
+    ids = write_runs(src, "lab-h200", n=2, gpu="NVIDIA H200")
+    transfer.cli_export(str(tmp_path / "a.parquet"), db=str(src.path))
+    con = duckdb.connect()
+    con.execute(f"COPY (SELECT 1 AS x) TO '{tmp_path / 'other.parquet'}' (FORMAT parquet)")
+    con.close()
+    local = tmp_path / "local.duckdb"
+    done = CliRunner().invoke(app, ["merge", str(tmp_path / "a.parquet"), str(tmp_path / "other.parquet"),
+                                    "--db", str(local)])
+    assert done.exit_code == 2
+    assert "What came in" in done.stdout and "NVIDIA H200 (lab-h200)" in done.stdout
+    said = " ".join(done.stderr.split())
+    assert "other.parquet: not a quantbench export" in said
+    assert "Merged before it: 2 new run(s) from 1 source(s)" in said and "merge again" in said
+    assert sorted(Store(local).read("SELECT CAST(run_id AS VARCHAR) AS id FROM runs").id) == sorted(ids)

@@ -30,6 +30,7 @@ from typing import Any
 
 from quantbench.checkpoint import PROVENANCE_FILE, fingerprint, model_identity
 from quantbench.errors import ConfigError, QuantbenchError
+from quantbench.term import libraries_to, stderr_console
 
 SCHEMES = ("int4", "nvfp4", "fp8")
 LIBRARIES = ("torch", "transformers", "auto-round", "nvidia-modelopt", "quantbench")
@@ -127,13 +128,17 @@ def quantize(
     layers: int | None = None,
     weights_seed: int = 0,
     opt_rtn: bool = True,
+    log: str | Path | None = None,
 ) -> Path:
     """Quantize the BF16 checkpoint `source_dir` with `scheme` into `out_dir`; returns the checkpoint directory.
     What `quantbench quantize --model --scheme --iters --nsamples --group-size --experts-only/--all --out` does.
 
     With `shape` instead of `source_dir` (int4): the synthetic real-shape model of `quantbench run --shape` (the
     same seeded weights, `layers` and `weights_seed`: built on the GPU when there is one, as the runs build it) is
-    quantized from memory, so no BF16 checkpoint is written first (the 30B one is 61 GB)."""
+    quantized from memory, so no BF16 checkpoint is written first (the 30B one is 61 GB).
+
+    What the libraries print (auto-round's and ModelOpt's logging, transformers' bars, warnings) goes to `log`
+    (default: OUT.quantize.log beside the checkpoint); the terminal gets one line per step and the progress bar."""
     recipe = Recipe(scheme, iters, nsamples, seqlen, group_size, experts_only, seed, opt_rtn)
     if (source_dir is None) == (shape is None):
         raise ConfigError("give --model (a BF16 checkpoint directory) or --shape (a synthetic model built in memory)")
@@ -149,30 +154,51 @@ def quantize(
             raise ConfigError(f"--out {out} is not empty; give a new directory (or remove it)")
         shutil.rmtree(out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    log = Path(log) if log is not None else library_log(out)
+    say = stderr_console()
+    library = "auto-round" if scheme == "int4" else "nvidia-modelopt"
+    method = "calibrated" if scheme != "int4" else f"SignRound, {iters} iterations" if iters else \
+        "optimized RTN" if opt_rtn else "plain RTN"
+    say.print(f"{scheme}: quantizing {source or shape} with {library} {library_versions().get(library) or ''} "
+              f"({method}, {nsamples} samples of {seqlen} tokens); the libraries' own log: {log}", highlight=False)
     started = time.perf_counter()
-    if shape is not None:
-        model, tokenizer, origin = _synthetic_source(shape, layers, weights_seed)
-        from quantbench.quantize.autoround import quantize_autoround
+    try:
+        with libraries_to(log):
+            if shape is not None:
+                model, tokenizer, origin = _synthetic_source(shape, layers, weights_seed)
+                from quantbench.quantize.autoround import quantize_autoround
 
-        details = quantize_autoround(None, out, recipe, progress=progress, model=model, tokenizer=tokenizer)
-    else:
-        ident = model_identity(source)
-        origin = {**ident, "path": str(source.resolve()), "hash": ident["model_hash"]}
-        if scheme == "int4":
-            from quantbench.quantize.autoround import quantize_autoround
+                details = quantize_autoround(None, out, recipe, progress=progress, model=model, tokenizer=tokenizer)
+            else:
+                ident = model_identity(source)
+                origin = {**ident, "path": str(source.resolve()), "hash": ident["model_hash"]}
+                if scheme == "int4":
+                    from quantbench.quantize.autoround import quantize_autoround
 
-            details = quantize_autoround(source, out, recipe, progress=progress)
-        else:
-            from transformers import AutoTokenizer
+                    details = quantize_autoround(source, out, recipe, progress=progress)
+                else:
+                    from transformers import AutoTokenizer
 
-            from quantbench.quantize.modelopt import quantize_modelopt
+                    from quantbench.quantize.modelopt import quantize_modelopt
 
-            texts = calibration_texts(AutoTokenizer.from_pretrained(source), nsamples, seqlen, seed)
-            made = quantize_modelopt(source, scheme, out, texts=texts, nsamples=nsamples, seqlen=seqlen,
-                                     experts_only=experts_only, progress=progress)
-            details = {"checkpoint": str(made)} if made is not None else {}
-    write_provenance(out, origin, recipe, time.perf_counter() - started, details)
+                    texts = calibration_texts(AutoTokenizer.from_pretrained(source), nsamples, seqlen, seed)
+                    made = quantize_modelopt(source, scheme, out, texts=texts, nsamples=nsamples, seqlen=seqlen,
+                                             experts_only=experts_only, progress=progress)
+                    details = {"checkpoint": str(made)} if made is not None else {}
+    except BaseException:
+        say.print(f"{scheme}: quantizing failed; the libraries' own log: {log}", highlight=False)
+        raise
+    seconds = time.perf_counter() - started
+    write_provenance(out, origin, recipe, seconds, details)
+    say.print(f"{scheme}: quantized in {seconds:.1f} s", highlight=False)
     return out
+
+
+def library_log(out: str | Path) -> Path:
+    """Where the libraries' own output of quantizing into `out` goes: beside it, outside the checkpoint (whose
+    fingerprint would otherwise change with every log line)."""
+    out = Path(out)
+    return out.with_name(f"{out.name}.quantize.log")
 
 
 def _synthetic_source(shape: str, layers: int | None, weights_seed: int) -> tuple[Any, Any, dict[str, Any]]:
@@ -238,12 +264,15 @@ def cached_variant(source_dir: str | Path, scheme: str, **opts: Any) -> Path:
         return target
     staging = target.with_name(f"{target.name}.tmp-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
-    args = {"source_dir": str(source_dir), "out_dir": str(staging), **recipe.to_dict()}
+    log = library_log(target)  # beside the variant's final place: the staging folder's name is never shown
+    log.unlink(missing_ok=True)
+    args = {"source_dir": str(source_dir), "out_dir": str(staging), "log": str(log), **recipe.to_dict()}
     code = "import json, sys; from quantbench.quantize import quantize; quantize(**json.loads(sys.argv[1]))"
     done = subprocess.run([sys.executable, "-c", code, json.dumps(args)], stdout=sys.stderr, check=False)
     if done.returncode != 0 or not (staging / PROVENANCE_FILE).is_file():
         shutil.rmtree(staging, ignore_errors=True)
-        raise QuantbenchError(f"quantizing {source_dir} to {scheme} failed (exit {done.returncode}); see the log above")
+        raise QuantbenchError(f"quantizing {source_dir} to {scheme} failed (exit {done.returncode}); see the lines "
+                              f"above and the libraries' own log, {log}")
     try:
         staging.rename(target)  # atomic: a concurrent run that finished first wins, this copy is dropped
     except OSError:

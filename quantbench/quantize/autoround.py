@@ -10,7 +10,6 @@ keeps the router `mlp.gate` in 16 bits. AutoRound writes into a subfolder of the
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +23,14 @@ class _RichBar:
     """Stands in for the tqdm bar AutoRound's block loop drives: the same calls, drawn by rich on stderr."""
 
     def __init__(self, iterable: Any = None, total: int | None = None, **_: Any):
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+
+        from quantbench.term import LineProgress, stderr_console
 
         total = total if total is not None else (len(iterable) if iterable is not None else None)
         self._iterable = iterable
-        self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                  TimeElapsedColumn(), console=Console(stderr=True), transient=False)
+        self._progress = LineProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                      TimeElapsedColumn(), console=stderr_console(), transient=False)
         self._task = self._progress.add_task("AutoRound: quantizing layers", total=total)
         self._progress.start()
 
@@ -98,5 +98,4 @@ def quantize_autoround(source: Path | None, out: Path, recipe: Any, *, progress:
     for item in made.iterdir():
         shutil.move(str(item), out / item.name)
     shutil.rmtree(staging, ignore_errors=True)
-    print(f"int4 checkpoint: {out}", file=sys.stderr)
     return {"autoround_subfolder": made.name, "calibration_texts": len(texts)}

@@ -12,7 +12,6 @@ so the model is loaded with that implementation for calibration.
 from __future__ import annotations
 
 import copy
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -51,11 +50,12 @@ def calibration_batches(tokenizer: Any, texts: list[str], seqlen: int, batch: in
 
 
 def _progress(total: int, enabled: bool):
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
-    return Progress(TextColumn("ModelOpt: calibrating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=Console(stderr=True), disable=not enabled, transient=False)
+    from quantbench.term import LineProgress, stderr_console
+
+    return LineProgress(TextColumn("ModelOpt: calibrating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=stderr_console(), disable=not enabled, transient=False)
 
 
 def quantize_modelopt(
@@ -102,8 +102,10 @@ def quantize_modelopt(
 
     mtq.quantize(model, cfg, forward_loop)
     if progress:
-        print(f"ModelOpt: {scheme} quantizers calibrated on {sum(len(b) for b in batches)} samples; exporting to {out}",
-              file=sys.stderr)
+        from quantbench.term import stderr_console
+
+        stderr_console().print(f"ModelOpt: {scheme} quantizers calibrated on {sum(len(b) for b in batches)} samples; "
+                               "exporting", highlight=False)
     out.mkdir(parents=True, exist_ok=True)
     export_hf_checkpoint(model, export_dir=out)
     tokenizer.save_pretrained(out)

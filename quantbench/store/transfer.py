@@ -20,9 +20,9 @@ from pathlib import Path
 
 import duckdb
 import pandas as pd
-from rich.console import Console
 from rich.table import Table
 
+from quantbench import term
 from quantbench.store import SCHEMA_VERSION, Store, StoreError
 
 VERSION_KEY = "quantbench_schema_version"
@@ -111,6 +111,15 @@ class MergeSummary:
     @property
     def runs_present(self) -> int:
         return sum(s.runs_present for s in self.sources)
+
+
+class PartialMergeError(StoreError):
+    """A source failed after the ones before it were merged (each source commits on its own): `summary` says what
+    was added, so the caller can show it beside the error."""
+
+    def __init__(self, message: str, summary: MergeSummary) -> None:
+        super().__init__(message)
+        self.summary = summary
 
 
 def expand_sources(store: Store, sources: list[str | os.PathLike[str]]) -> tuple[list[Path], list[str]]:
@@ -211,21 +220,32 @@ def merge(store: Store, sources: list[str | os.PathLike[str]]) -> MergeSummary:
     result = MergeSummary(skipped=skipped)
     frames = []
     with store.connect(write=True) as con:
-        for path in files:
+        for i, path in enumerate(files):
             kind = SOURCE_SUFFIXES[path.suffix]
             try:
-                version = _stage_parquet(con, path) if kind == "parquet" else _stage_duckdb(con, path)
-                if version > SCHEMA_VERSION:
-                    raise StoreError(f"{path} has schema version {version}, newer than this quantbench "
-                                     f"({SCHEMA_VERSION}); upgrade quantbench to merge it")
-                summary = SourceSummary(str(path), kind, version)
-                frames.append(_merge_staged(con, summary))
-                result.sources.append(summary)
-            except duckdb.Error as e:
-                raise StoreError(f"{path}: merge failed ({e}); nothing from this file was added") from e
-            finally:
-                if kind == "duckdb":
-                    con.execute("DETACH DATABASE IF EXISTS _src")
+                try:
+                    version = _stage_parquet(con, path) if kind == "parquet" else _stage_duckdb(con, path)
+                    if version > SCHEMA_VERSION:
+                        raise StoreError(f"{path} has schema version {version}, newer than this quantbench "
+                                         f"({SCHEMA_VERSION}); upgrade quantbench to merge it")
+                    summary = SourceSummary(str(path), kind, version)
+                    frames.append(_merge_staged(con, summary))
+                    result.sources.append(summary)
+                except duckdb.Error as e:
+                    raise StoreError(f"{path}: merge failed ({e}); nothing from this file was added") from e
+                finally:
+                    if kind == "duckdb":
+                        con.execute("DETACH DATABASE IF EXISTS _src")
+            except StoreError as e:
+                if not result.sources:
+                    raise
+                # The sources before this one are committed: say so, and what they added.
+                result.added = pd.concat(frames, ignore_index=True)
+                rest = len(files) - i - 1
+                raise PartialMergeError(
+                    f"{e}. Merged before it: {result.runs_added} new run(s) from {len(result.sources)} source(s) "
+                    f"(listed above); not merged: {path}" + (f" and the {rest} source(s) after it" if rest else "")
+                    + ". Fix it and merge again: runs already merged are skipped.", result) from e
     result.added = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     return result
 
@@ -235,7 +255,7 @@ def cli_export(out: str, db: str | None = None) -> list[Path]:
     """`quantbench export --out PATH`."""
     store = Store(db)
     paths = export(store, out)
-    console = Console()
+    console = term.console()
     for p in paths:
         con = duckdb.connect()
         try:
@@ -251,8 +271,18 @@ def cli_export(out: str, db: str | None = None) -> list[Path]:
 def cli_merge(sources: list[str], db: str | None = None) -> MergeSummary:
     """`quantbench merge SRC...`: prints what came in, per source and per machine."""
     store = Store(db)
-    summary = merge(store, sources)
-    console = Console()
+    try:
+        summary = merge(store, sources)
+    except PartialMergeError as e:
+        print_merged(store, e.summary)
+        raise
+    print_merged(store, summary)
+    return summary
+
+
+def print_merged(store: Store, summary: MergeSummary) -> None:
+    """What a merge added, per source and per machine."""
+    console = term.console()
     t = Table(title=f"Merged into {store.path}")
     for col in ("Source", "Kind", "Schema", "Runs", "Added", "Already here", "Answers", "Latencies"):
         t.add_column(col, justify="left" if col in ("Source", "Kind") else "right", overflow="fold")
@@ -264,7 +294,7 @@ def cli_merge(sources: list[str], db: str | None = None) -> MergeSummary:
         console.print(f"skipped {note}")
     if summary.added.empty:
         console.print("nothing new: every run was already in the store")
-        return summary
+        return
     added = summary.added.copy()
     added["where"] = [f"CPU ({h})" if d == "cpu" or not isinstance(g, str) else f"{g} ({h})"
                       for d, g, h in zip(added["device"], added["gpu_name"], added["host"], strict=True)]
@@ -275,4 +305,3 @@ def cli_merge(sources: list[str], db: str | None = None) -> MergeSummary:
     for row in grouped.itertuples(index=False):
         w.add_row(*(str(x) for x in row))
     console.print(w)
-    return summary

@@ -1,0 +1,26 @@
+"""Test-only backends (loaded by import path, `tests.failing_backends:KilledBackend`) for the failure kinds
+`tests.tiny` does not cover: a child killed by SIGKILL (what the kernel's OOM killer does), an out-of-memory
+error, an unsupported variant."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from quantbench.errors import UnsupportedError
+from tests.tiny import TinyBackend
+
+
+class KilledBackend(TinyBackend):
+    def load(self, spec, machine):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class OutOfMemoryBackend(TinyBackend):
+    def load(self, spec, machine):
+        raise MemoryError("could not allocate 56.9 GiB for the experts")
+
+
+class UnsupportedBackend(TinyBackend):
+    def load(self, spec, machine):
+        raise UnsupportedError("nvfp4 packed needs compute capability 10.0 here; use --nvfp4 unpacked")

@@ -1,0 +1,149 @@
+"""The dashboard in chromium over stores holding failed runs that quantbench itself made (no model id, no suite):
+`streamlit run dashboard` in a subprocess, every page, no exception, the failures explained."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from quantbench.backend import RunSpec
+from quantbench.machine import detect
+from quantbench.runner import execute
+from quantbench.store import Store
+from tests import dashboard_store as ds
+from tests.test_dashboard_browser import ARGS, CHROMIUM, VIEWPORT, WAIT_MS, free_port, no_exception, shoot
+
+ROOT = Path(__file__).resolve().parent.parent
+HERE = f"cpu:{detect().host}"
+PAGES = [("", "Which quant should I use?"), ("latency", "Latency"), ("parity", "Parity detail"), ("runs", "Runs")]
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.skipif(not Path(CHROMIUM).exists(),
+                       reason="chromium is not installed (apt-get install -y chromium); the browser tests need it"),
+]
+
+
+@pytest.fixture(scope="module")
+def failed(tmp_path_factory) -> list:
+    """A run with a missing checkpoint, one past its timeout and one whose child was SIGKILLed, made for real."""
+    suite = tmp_path_factory.mktemp("suite") / "mini.jsonl"
+    suite.write_text('{"id": "r0", "benchmark": "mini", "request": {"state": {"observation": "a wall"}, '
+                     '"questions": {"q": {"type": "boolean"}}}}\n')
+    machine = detect()
+    kinds = [("bf16", {"model": "/nonexistent"}), ("tests.tiny:HangBackend", {"timeout_s": 3}),
+             ("tests.failing_backends:KilledBackend", {})]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+        with ThreadPoolExecutor(3) as pool:
+            results = list(pool.map(lambda k: execute(RunSpec(backend=k[0], suite=str(suite), gpu="cpu", **k[1]),
+                                                      machine=machine, echo=False), kinds))
+    assert [r.run["failure"] for r in results] == ["load_error", "timeout", "oom"]
+    return results
+
+
+def serve(db: Path, log: Path) -> Iterator[str]:
+    port = free_port()
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "streamlit", "run", "dashboard", "--server.headless", "true", "--server.port",
+             str(port), "--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer"],
+            cwd=ROOT, env={**os.environ, "QUANTBENCH_DB": str(db)}, stdout=out, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if httpx.get(f"{url}/_stcore/health", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"streamlit did not come up (exit {proc.poll()}); see {log}")
+                time.sleep(0.3)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture(scope="module")
+def mixed_server(failed, tmp_path_factory) -> Iterator[str]:
+    """The test store (three machines, every variant) plus this host's failed runs."""
+    d = tmp_path_factory.mktemp("mixed")
+    store = ds.build(d / "results.duckdb")
+    for r in failed:
+        store.write_run(r)
+    yield from serve(store.path, d / "streamlit.log")
+
+
+@pytest.fixture(scope="module")
+def failed_server(failed, tmp_path_factory) -> Iterator[str]:
+    """A store holding only one failed run without a model id (`quantbench run --model /nonexistent`)."""
+    d = tmp_path_factory.mktemp("failed")
+    store = Store(d / "results.duckdb")
+    store.write_run(failed[0])
+    yield from serve(store.path, d / "streamlit.log")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def page(browser):
+    p = browser.new_page(viewport=VIEWPORT)
+    p.set_default_timeout(WAIT_MS)
+    yield p
+    p.close()
+
+
+def open_page(page, url: str, title: str) -> None:
+    page.goto(url)
+    page.locator('[data-testid="stMain"] h1').first.wait_for(state="visible")
+    page.get_by_role("combobox", name="GPU", exact=True).wait_for(state="visible")
+    page.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=WAIT_MS)
+    page.wait_for_timeout(300)
+    no_exception(page)
+    assert page.locator('[data-testid="stMain"] h1').first.inner_text().strip() == title
+
+
+def test_every_page_of_a_machine_whose_runs_all_failed_explains_them(page, mixed_server):
+    for path, title in PAGES:
+        open_page(page, f"{mixed_server}/{path}?gpu={HERE}", title)
+        assert page.get_by_role("combobox", name="Model", exact=True).count() == 0
+        if path != "runs":
+            assert page.get_by_text("failed before loading a model").count() == 1, path
+        if path == "":
+            shoot(page, "failed-runs-machine")
+    for path, title in PAGES:  # the default view (the newest GPU) beside them
+        open_page(page, f"{mixed_server}/{path}", title)
+
+
+def test_a_store_of_one_failed_run_shows_the_every_run_failed_notice(page, failed_server):
+    for path, title in PAGES:
+        open_page(page, f"{failed_server}/{path}", title)
+    open_page(page, failed_server, PAGES[0][1])
+    assert page.get_by_text("nothing to compare").count() == 1
+    shoot(page, "failed-runs-only")
