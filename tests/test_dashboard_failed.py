@@ -19,6 +19,7 @@ from quantbench.backend import RunSpec
 from quantbench.machine import detect
 from quantbench.runner import execute
 from quantbench.store import RunResult, Store
+from quantbench.sweep.executor import failed_result
 from tests import dashboard_store as ds
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +33,7 @@ KINDS: dict[str, tuple[str, dict, str, str]] = {
     "missing model": ("bf16", {"model": "/nonexistent"}, "load_error", "no config.json"),
     "load error": ("tests.tiny:LoadErrorBackend", {}, "load_error", "missing key"),
     "timeout": ("tests.tiny:HangBackend", {"timeout_s": 3}, "timeout", "timeout of 3 s"),
-    "killed child": ("tests.failing_backends:KilledBackend", {}, "oom", "SIGKILL"),
+    "killed child": ("tests.failing_backends:KilledBackend", {}, "killed", "SIGKILL"),
     "crashed child": ("tests.tiny:CrashBackend", {}, "crashed", "SIGABRT"),
     "out of memory": ("tests.failing_backends:OutOfMemoryBackend", {}, "oom", "56.9 GiB"),
     "unsupported": ("tests.failing_backends:UnsupportedBackend", {}, "unsupported", "compute capability"),
@@ -49,6 +50,13 @@ def failed_runs(tmp_path_factory) -> dict[str, RunResult]:
     machine = detect()
 
     def one(backend: str, extra: dict) -> RunResult:
+        if extra.get("model") == "/nonexistent":
+            # `run` now refuses a missing model in the parent and stores nothing; a store made before that check
+            # (or by another tool) still holds the child's load_error, with the machine and no model id.
+            spec = RunSpec(backend=backend, suite=str(suite), gpu="cpu", **extra)
+            result = failed_result(spec, "load_error", "LoadError: /nonexistent: no config.json (not a checkpoint)")
+            result.run.update(machine.as_row())
+            return result
         return execute(RunSpec(backend=backend, suite=str(suite), gpu="cpu", warmup=0, latency_min_decisions=1,
                                latency_min_seconds=0.0, **extra), machine=machine, echo=False)
 
@@ -136,5 +144,5 @@ def test_a_machine_whose_every_run_failed_before_loading_says_so(failed_runs, tm
     assert not [s for s in at.selectbox if s.key == "model"]  # no model to choose here
     warnings = " ".join(w.value for w in at.warning)
     assert "Every run on" in warnings and "failed before loading a model" in warnings
-    assert sorted(at.dataframe[0].value["failure"].tolist()) == ["load_error", "oom", "timeout"]
+    assert sorted(at.dataframe[0].value["failure"].tolist()) == ["killed", "load_error", "timeout"]
     every_page(at)
