@@ -7,7 +7,8 @@
 Starts `quantbench serve` (the real CLI) on a free loopback port and measures, with real HTTP clients:
 
 1. `questions`: one 0.3 MB body with 10,000 yes/no questions. Its status and time, the server's peak RSS while it is
-   handled, and the wait of another client whose small request is sent 0.5 s after it.
+   handled, and the wait of another client whose small request is sent 0.5 s after it (and the same request's
+   time with nothing else running).
 2. `near_limit_*`: bodies just under the 4 MiB body limit that are refused (422/413): one question with ~180,000
    options, ~40,000 questions, a 4 MB state. Time to the refusal each.
 3. `rss`: the server's RSS over `--requests` valid requests of varied shape (seeded) from 4 clients, sampled
@@ -106,6 +107,7 @@ def big_request(url: str, pid: int, timeout: float, n: int) -> dict:
     before = rss_bytes(pid)
     with httpx.Client(base_url=url, timeout=timeout) as big, httpx.Client(base_url=url, timeout=timeout) as other:
         other.post(PATH, json=CARD)  # connection warm: the other client's wait is the server's, not a handshake
+        _, alone_s, _ = timed_post(other, json.dumps(CARD).encode())  # the same request with nothing else running
         with RssSampler(pid) as sampler, ThreadPoolExecutor(1) as pool:
             future = pool.submit(timed_post, big, body)
             time.sleep(0.5)
@@ -114,7 +116,7 @@ def big_request(url: str, pid: int, timeout: float, n: int) -> dict:
     return {
         "body_bytes": len(body), "questions": n, "status": status, "seconds": round(seconds, 3),
         "answer": text, "rss_before_gb": round(before / 1e9, 3), "rss_peak_gb": round(sampler.peak / 1e9, 3),
-        "other_status": other_status, "other_wait_s": round(other_s, 3),
+        "other_status": other_status, "other_wait_s": round(other_s, 3), "other_alone_s": round(alone_s, 3),
     }
 
 

@@ -9,6 +9,8 @@ in micro-batches: requests that queued while the model was busy (and, with `max_
 that much later), up to `max_batch` of them, go through ONE `engine.forward_many` call, on one worker thread
 so the event loop never runs the model. A full queue answers 503 with Retry-After; bad input gets a 4xx
 naming the field, and the server keeps serving.
+A response's `model_ms` is the forward pass that answered it (shared by its batch; the batch size is in the
+X-Quantbench-Batch header, and GET /metrics counts batch sizes).
 
 One request cannot take the server down (quantbench.limits, each a flag of `quantbench serve`): the body size,
 the questions, the options per question and in total are checked on the parsed JSON (413 / 422 naming the limit
@@ -17,8 +19,7 @@ tokenizing run on their own thread, so a large request does not hold up the forw
 holds at most max_request_tokens padded tokens. Every request has a deadline (--request-timeout: 408 while its
 body is read, 504 after); a request whose client has gone, or whose deadline has passed, is dropped before its
 forward pass. A connection that sends no complete request headers within --header-timeout is closed.
-A response's `model_ms` is the forward pass that answered it (shared by its batch; the batch size is in the
-X-Quantbench-Batch header, and GET /metrics counts batch sizes).
+The model worker gives memory that malloc kept back to the OS when the queue empties (see TRIM_MIN_INTERVAL_S).
 """
 
 from __future__ import annotations

@@ -190,6 +190,8 @@ def slow_server(model_dir, tmp_path) -> Iterator:
         port = free_port()
         argv = [sys.executable, "-c", SLOW_SERVER, str(model_dir), str(port), str(forward_delay), json.dumps(settings)]
         servers.append(Server(argv, port, tmp_path / f"log{len(servers)}"))
+        if settings.get("api_key"):
+            servers[-1].client.headers["Authorization"] = f"Bearer {settings['api_key']}"
         return servers[-1].wait_ready()
 
     yield start
@@ -204,14 +206,16 @@ def wait_until(predicate, what: str, timeout: float = WAIT_S) -> None:
         time.sleep(0.05)
 
 
-def test_requests_of_clients_that_disconnected_are_dropped_not_computed(slow_server):
-    server = slow_server(2.0)
+@pytest.mark.parametrize("api_key", [None, "k3y"], ids=["open", "behind_the_api_key_middleware"])
+def test_requests_of_clients_that_disconnected_are_dropped_not_computed(slow_server, api_key):
+    server = slow_server(2.0, api_key=api_key)
+    auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     with ThreadPoolExecutor(4) as pool:
         first = pool.submit(post, server, CARD)  # holds the model for 2 s
         wait_until(lambda: server.metrics()["pending"] == 1, "the first request to be taken")
 
         def give_up(i: int) -> str:
-            with httpx.Client(base_url=server.url, timeout=0.5) as impatient:
+            with httpx.Client(base_url=server.url, timeout=0.5, headers=auth) as impatient:
                 try:
                     impatient.post("/v1/systemone", json={**CARD, "state": {"n": i}})
                 except httpx.ReadTimeout:
