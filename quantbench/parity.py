@@ -20,6 +20,7 @@ from rich.table import Table
 
 from quantbench import analysis as an
 from quantbench import lineage
+from quantbench import term
 from quantbench.analysis import ParityError
 from quantbench.store import Store
 
@@ -326,7 +327,7 @@ def _dist_txt(d: an.Dist, digits: int = 4, low_tail: bool = False) -> str:
 
 
 def print_comparison(comp: Comparison, console: Console | None = None) -> None:
-    console = console or Console()
+    console = console or term.console()  # to a pipe: whole rows, not wrapped to 80 columns
     c, r = comp.candidate, comp.reference
     console.print(f"[bold]{describe(c)}[/] vs reference [bold]{describe(r)}[/] ({comp.reference_how})")
     console.print(f"model {c.get('model_id')}, suite {c.get('suite_id')}, {gpu_label(c)}")

@@ -71,3 +71,27 @@ def test_backends_answers_without_importing_the_quantization_libraries():
     assert "IMPORTED []" in done.stdout
     int4 = next(row for row in table_rows(done.stdout) if row.startswith("│ int4"))
     assert "│ yes " in int4 and "native" in int4
+
+
+def test_compare_to_a_pipe_prints_each_statistic_on_one_line(tmp_path):
+    from tests import dashboard_store as ds
+
+    store = ds.build(tmp_path / "r.duckdb")
+    int4 = store.read("SELECT CAST(run_id AS VARCHAR) AS id FROM runs WHERE variant = 'int4' AND gpu_family = "
+                      "'blackwell'").id.iloc[0]
+    done = quantbench("compare", int4[:13], "--db", str(store.path))
+    assert done.returncode == 0, done.stderr
+    rows = table_rows(done.stdout)
+    agreement = next(r for r in rows if "Top-answer agreement (95% Wilson)" in r)
+    assert f"({ds.N_QUESTIONS - 13}/{ds.N_QUESTIONS})" in agreement  # 13 flips: the whole cell, same line
+    assert any("Flips on gold (ref right → cand wrong / reverse)" in r for r in rows)
+
+
+def test_a_sweeps_summary_to_a_pipe_prints_every_run_whole(tmp_path, capsys):
+    from quantbench.sweep.driver import SweepOutcome, print_summary
+
+    store = store_with_long_rows(tmp_path / "r.duckdb")
+    ids = store.read("SELECT CAST(run_id AS VARCHAR) AS id FROM runs ORDER BY created_at").id.tolist()
+    print_summary(store, SweepOutcome(planned=2, run_ids=ids, ok=1, failed=1))
+    rows = table_rows(capsys.readouterr().out)
+    assert KERNEL in rows[0] and "failed: load_error" in rows[1] and "nvfp4-unpacked" in rows[1]

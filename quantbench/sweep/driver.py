@@ -14,6 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from quantbench import term
 from quantbench.errors import ConfigError, QuantbenchError
 from quantbench.store import RunResult, Store
 from quantbench.sweep.executor import Event, failed_result
@@ -123,7 +124,7 @@ def run_sweep(sweep: Sweep, executor: Any, store: Store, *, rerun: bool = False,
 
 def print_summary(store: Store, outcome: SweepOutcome, out: Console | None = None) -> None:
     """The runs this sweep stored, then the which-quant report for each GPU they ran on."""
-    out = out or Console()
+    out = out or term.console()  # to a pipe: whole rows, not cut to 80 columns ("sta…", "var…")
     if not outcome.run_ids:
         out.print(f"Nothing ran: {outcome.skipped} of {outcome.planned} runs were already finished "
                   f"(--rerun runs them again), {len(outcome.unplaceable)} could not be placed.")
@@ -138,7 +139,8 @@ def print_summary(store: Store, outcome: SweepOutcome, out: Console | None = Non
         from quantbench.report import report_for_this_machine
     except ImportError:
         return
-    for gpu, host in dict.fromkeys(zip(df.gpu_name.map(text_or_none), df.host.map(text_or_none), strict=True)):
+    # map() over the lists, not the Series: a text Series turns the None of a CPU run back into NaN (truthy).
+    for gpu, host in dict.fromkeys(zip(map(text_or_none, df.gpu_name), map(text_or_none, df.host), strict=True)):
         try:
             out.print(report_for_this_machine(store, gpu or "cpu", None if gpu else host), markup=False, soft_wrap=True)
         except QuantbenchError as e:
