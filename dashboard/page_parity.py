@@ -52,8 +52,11 @@ b.metric("Mean TV", f"{c.tv_ci.mean:.4f}", help=f"95% bootstrap interval {c.tv_c
 fl = c.flips
 f.metric("Flips on gold answers", f"{fl.ref_right_cand_wrong} / {fl.ref_wrong_cand_right}",
          help=f"BF16 right → variant wrong / the reverse, over {fl.n_gold} questions with a gold answer")
-v.metric("Against the noise floor", c.verdict.label)
+v.metric("Against the noise floor", c.verdict.label,
+         help=f"margins: {c.verdict.margins.describe()}" if c.verdict.margins else None)
 with st.expander("Why this verdict"):
+    if c.verdict.label == "inconclusive":
+        st.markdown(f"- Inconclusive: {c.verdict.short().split('(', 1)[1].rstrip(')')}.")
     for reason in c.verdict.reasons:
         st.markdown(f"- {reason}")
     if c.floor is not None:
