@@ -3,6 +3,7 @@
 import streamlit as st
 
 from dashboard import figures, store_cache, url_state
+from quantbench.analysis import n_needed_text
 from quantbench.report import SYNTHETIC_NOTE
 
 
@@ -56,7 +57,7 @@ v.metric("Against the noise floor", c.verdict.label,
          help=f"margins: {c.verdict.margins.describe()}" if c.verdict.margins else None)
 with st.expander("Why this verdict"):
     if c.verdict.label == "inconclusive":
-        st.markdown(f"- Inconclusive: {c.verdict.short().split('(', 1)[1].rstrip(')')}.")
+        st.markdown(f"- Inconclusive: {n_needed_text(c.verdict.n_needed)}.")
     for reason in c.verdict.reasons:
         st.markdown(f"- {reason}")
     if c.floor is not None:

@@ -12,6 +12,8 @@ Conventions, so the numbers can be checked by hand:
 - the reference's confidence is its margin, p(top) − p(second): a near-tie has a small margin;
 - percentiles interpolate linearly (DuckDB's quantile_cont, numpy's default);
 - bootstrap intervals are percentile intervals over `n_boot` resamples from `numpy.random.default_rng(seed)`.
+- the verdict (`parity_verdict`) compares a candidate's pairing with the reference to the noise floor's on the same
+  questions: the excess and its 95% interval against stated margins (MARGIN_AGREEMENT, MARGIN_TV).
 """
 
 from __future__ import annotations
@@ -130,7 +132,7 @@ class Verdict:
     def short(self) -> str:
         """The verdict in a table cell."""
         if self.label == INCONCLUSIVE:
-            return f"{INCONCLUSIVE} ({_n_needed_txt(self.n_needed)})"
+            return f"{INCONCLUSIVE} ({n_needed_text(self.n_needed)})"
         return self.label
 
 
@@ -332,7 +334,7 @@ def paired_difference_ci(b: float, c: float, n: float, z: float = Z95) -> tuple[
     return (lower, upper)
 
 
-def _classify(diff: float, lo: float, hi: float, margin: float) -> str:
+def _classify(lo: float, hi: float, margin: float) -> str:
     if lo > margin:
         return WORSE
     if hi <= margin:
@@ -346,7 +348,7 @@ MAX_N_NEEDED = 10_000_000
 def _n_needed(n: int, interval_at, margin: float) -> int | None:
     """The fewest questions (≥ n) at which `interval_at(N)` — the interval were the observed rates to hold on N
     questions — no longer straddles the margin; None when no practical number would (the difference sits on it)."""
-    decided = lambda m: _classify(math.nan, *interval_at(m), margin) != INCONCLUSIVE  # noqa: E731
+    decided = lambda m: _classify(*interval_at(m), margin) != INCONCLUSIVE  # noqa: E731
     hi = n
     while not decided(hi):
         if hi >= MAX_N_NEEDED:
@@ -359,7 +361,7 @@ def _n_needed(n: int, interval_at, margin: float) -> int | None:
     return hi
 
 
-def _n_needed_txt(n: int | None) -> str:
+def n_needed_text(n: int | None) -> str:
     if n is None:
         return "the difference sits on the margin: more questions would not settle it; choose the margin"
     return f"about {n:,} questions would tell"
@@ -371,7 +373,7 @@ def _excess_agreement(both: pd.DataFrame, margin: float) -> Excess:
     b, c = int((cand_off & ~floor_off).sum()), int((floor_off & ~cand_off).sum())
     lo, hi = paired_difference_ci(b, c, n)
     diff = (b - c) / n
-    label = _classify(diff, lo, hi, margin)
+    label = _classify(lo, hi, margin)
     need = None
     if label == INCONCLUSIVE:
         need = _n_needed(n, lambda m: paired_difference_ci(b * m / n, c * m / n, m), margin)
@@ -382,7 +384,7 @@ def _excess_agreement(both: pd.DataFrame, margin: float) -> Excess:
 def _excess_tv(both: pd.DataFrame, margin: float, seed: int) -> Excess:
     d = both["tv_c"].to_numpy(dtype=float) - both["tv_f"].to_numpy(dtype=float)
     ci = bootstrap_mean(d, seed)  # paired: a resampled question keeps both its TVs
-    label = _classify(ci.mean, ci.lo, ci.hi, margin)
+    label = _classify(ci.lo, ci.hi, margin)
     need = None
     if label == INCONCLUSIVE:
         n = ci.n
@@ -402,7 +404,7 @@ def _excess_txt(e: Excess) -> str:
     why = {INDISTINGUISHABLE: "within the margin and not detectably above the floor",
            WITHIN_MARGIN: "detectably above the floor, but within the margin",
            WORSE: "wholly beyond the margin",
-           INCONCLUSIVE: f"the interval straddles the margin; {_n_needed_txt(e.n_needed)}"}[e.label]
+           INCONCLUSIVE: f"the interval straddles the margin; {n_needed_text(e.n_needed)}"}[e.label]
     return f"{head} (n = {e.n}) → {e.label}: {why}"
 
 
