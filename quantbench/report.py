@@ -635,7 +635,7 @@ def verdict_notes(report: GpuReport) -> list[str]:
         figures = "; ".join(
             f"disagreement {100 * e.diff:+.1f} pts [{100 * e.lo:+.1f}, {100 * e.hi:+.1f}]" if e.statistic ==
             "disagreement" else f"TV {e.diff:+.4f} [{e.lo:+.4f}, {e.hi:+.4f}]" for e in v.parts)
-        notes.append(f"{r.label}: {v.short()} ({figures}).")
+        notes.append(f"{r.label}: {v.short()}; {figures}.")
     return notes
 
 
