@@ -601,8 +601,9 @@ def _markdown_one(report: GpuReport) -> str:
             f"{str(f.run['run_id'])[:13]}) agrees on {_pct(f.agreement.rate)} ({100 * f.agreement.lo:.1f}–"
             f"{100 * f.agreement.hi:.1f}) of the questions, TV {f.tv.mean:.3f}."
         )
-        if parity.floor_note(f):
-            notes.append("Note: " + parity.floor_note(f) + ".")
+        margins = next((r.comparison.verdict.margins for r in report.rows if r.comparison is not None), None)
+        if parity.floor_note(f, margins):
+            notes.append("Note: " + parity.floor_note(f, margins) + ".")
         notes += verdict_notes(report)
     elif ref is not None and not any(r.quality == SYNTHETIC_NOTE for r in report.rows):
         notes.append("No noise-floor run: make one with `quantbench run --noise-floor` to judge how close is close.")
@@ -761,7 +762,7 @@ def flat_rows(reports: list[GpuReport]) -> pd.DataFrame:
                 "tv_mean": c.tv.mean if c else None, "kl_mean": c.kl.mean if c else None,
                 "verdict": c.verdict.label if c else None,
                 "verdict_n_needed": c.verdict.n_needed if c else None,
-                **{f"excess_{e.statistic.replace(' ', '_')}{k}": getattr(e, v) if c else None
+                **{f"excess_{e.statistic.lower().replace(' ', '_')}{k}": getattr(e, v)
                    for e in (c.verdict.parts if c else ()) for k, v in (("", "diff"), ("_lo", "lo"), ("_hi", "hi"))},
                 "delta_accuracy": m.mean if m else None, "delta_accuracy_lo": m.lo if m else None,
                 "delta_accuracy_hi": m.hi if m else None,

@@ -202,6 +202,9 @@ def test_the_margin_flags_change_the_verdict_and_refuse_nonsense(cpu_lab):
     worse = parity.compare(lab.store, ids["nvfp4"])
     tv = worse.verdict.parts[1]
     assert worse.verdict.label == "worse" and tv.lo > 0.01
+    flat = report.flat_rows(report.build_report(lab.store)).set_index("variant")  # csv and json carry the figures
+    assert flat.at["nvfp4-packed", "verdict"] == "worse"
+    assert flat.at["nvfp4-packed", "excess_mean_tv_lo"] == pytest.approx(tv.lo)
     wide = parity.compare(lab.store, ids["nvfp4"], margins=an.Margins(tv=tv.hi + 0.01))
     assert wide.verdict.label == "different, within margin"
     db = ["--db", str(lab.store.path)]
