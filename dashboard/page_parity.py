@@ -3,6 +3,7 @@
 import streamlit as st
 
 from dashboard import figures, store_cache, url_state
+from quantbench.analysis import n_needed_text
 from quantbench.report import SYNTHETIC_NOTE
 
 
@@ -52,8 +53,11 @@ b.metric("Mean TV", f"{c.tv_ci.mean:.4f}", help=f"95% bootstrap interval {c.tv_c
 fl = c.flips
 f.metric("Flips on gold answers", f"{fl.ref_right_cand_wrong} / {fl.ref_wrong_cand_right}",
          help=f"BF16 right → variant wrong / the reverse, over {fl.n_gold} questions with a gold answer")
-v.metric("Against the noise floor", c.verdict.label)
+v.metric("Against the noise floor", c.verdict.label,
+         help=f"margins: {c.verdict.margins.describe()}" if c.verdict.margins else None)
 with st.expander("Why this verdict"):
+    if c.verdict.label == "inconclusive":
+        st.markdown(f"- Inconclusive: {n_needed_text(c.verdict.n_needed)}.")
     for reason in c.verdict.reasons:
         st.markdown(f"- {reason}")
     if c.floor is not None:

@@ -89,7 +89,7 @@ def column_config(rep: GpuReport) -> dict:
 
 
 # What decides first (quality, speed, memory, the verdict), then the details a wide screen also shows.
-ORDER = ["Variant", DIFFERS, AGREEMENT, AGREE_TEXT, "Latency p50 / p90 (per decision)", "VRAM (weights)",
+ORDER = ["Variant", DIFFERS, AGREEMENT, AGREE_TEXT, "Verdict", "Latency p50 / p90 (per decision)", "VRAM (weights)",
          "Weights (host memory)", "Peak VRAM", "Peak host RSS", "Native here?", "Best for", "Kernel", "Δ accuracy vs BF16", "TV",
          "Size on disk", "Format"]
 

@@ -12,6 +12,8 @@ Conventions, so the numbers can be checked by hand:
 - the reference's confidence is its margin, p(top) − p(second): a near-tie has a small margin;
 - percentiles interpolate linearly (DuckDB's quantile_cont, numpy's default);
 - bootstrap intervals are percentile intervals over `n_boot` resamples from `numpy.random.default_rng(seed)`.
+- the verdict (`parity_verdict`) compares a candidate's pairing with the reference to the noise floor's on the same
+  questions: the excess and its 95% interval against stated margins (MARGIN_AGREEMENT, MARGIN_TV).
 """
 
 from __future__ import annotations
@@ -22,14 +24,23 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from quantbench.errors import QuantbenchError
+from quantbench.errors import ConfigError, QuantbenchError
 
 Z95 = 1.959963984540054
 KL_FLOOR = 1e-12
 N_BOOT = 2000
-# Mean-TV differences this small count as noise even against a floor that moved nothing: on a CPU, eager and
-# grouped_mm experts can be bit-identical, and a float32 vs bfloat16 difference should not read as "worse".
-TV_SLACK = 0.005
+# The practical margins of the verdict: how much further from BF16 than the noise floor a variant may be before it
+# is worse by a margin that matters. Stated, not derived from the floor's own spread: when the second kernel adds no
+# noise (deterministic kernels, the H200's eager vs grouped_mm) the floor's interval is a point, and a margin taken
+# from it would call a correct INT4 and a broken copy by the same word. `--margin-agreement` / `--margin-tv` set them.
+MARGIN_AGREEMENT = 0.02  # top-answer agreement: 2 points
+MARGIN_TV = 0.01  # mean total variation
+# Verdict words, from best to worst.
+INDISTINGUISHABLE = "indistinguishable"  # the excess over the floor is within the margin and not detectably above 0
+WITHIN_MARGIN = "different, within margin"  # detectably above the floor, but bounded within the margin
+INCONCLUSIVE = "inconclusive"  # the interval straddles the margin: too few questions to tell
+WORSE = "worse"  # the whole interval lies beyond the margin
+NO_FLOOR = "no noise floor"
 # Margin buckets: near-ties (margin < 0.05) are where two equally valid kernels already disagree.
 MARGIN_EDGES = (0.0, 0.05, 0.1, 0.2, 0.4, 0.7, 1.0)
 
@@ -78,9 +89,51 @@ class Flips:
 
 
 @dataclass(frozen=True)
+class Margins:
+    """How far beyond the noise floor still counts as equivalent: agreement in points (a fraction), mean TV."""
+    agreement: float = MARGIN_AGREEMENT
+    tv: float = MARGIN_TV
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.agreement < 1.0 or math.isnan(self.agreement):
+            raise ConfigError(f"--margin-agreement {self.agreement}: give a fraction between 0 and 1 "
+                              "(0.02 allows 2 points of agreement below the noise floor)")
+        if not 0.0 < self.tv < 1.0 or math.isnan(self.tv):
+            raise ConfigError(f"--margin-tv {self.tv}: give a mean total variation between 0 and 1 (e.g. 0.01)")
+
+    def describe(self) -> str:
+        return f"agreement within {100 * self.agreement:g} points and mean TV within {self.tv:g} of the noise floor"
+
+
+@dataclass(frozen=True)
+class Excess:
+    """How much further from the reference the candidate is than the noise floor, on one statistic, paired on the
+    same questions: `diff` = candidate − floor (disagreement rate, or mean TV), positive = further away."""
+    statistic: str  # disagreement | mean TV
+    n: int
+    candidate: float
+    floor: float
+    diff: float
+    lo: float  # 95% interval of diff (score interval for paired proportions; paired bootstrap for TV)
+    hi: float
+    margin: float
+    label: str  # INDISTINGUISHABLE | WITHIN_MARGIN | INCONCLUSIVE | WORSE
+    n_needed: int | None = None  # inconclusive: about how many questions would decide, were the rates to hold
+
+
+@dataclass(frozen=True)
 class Verdict:
-    label: str  # indistinguishable | worse | no noise floor
+    label: str  # INDISTINGUISHABLE | WITHIN_MARGIN | INCONCLUSIVE | WORSE | NO_FLOOR
     reasons: tuple[str, ...]
+    margins: Margins | None = None
+    parts: tuple[Excess, ...] = ()
+    n_needed: int | None = None  # inconclusive: the questions that would decide every undecided statistic
+
+    def short(self) -> str:
+        """The verdict in a table cell."""
+        if self.label == INCONCLUSIVE:
+            return f"{INCONCLUSIVE} ({n_needed_text(self.n_needed)})"
+        return self.label
 
 
 @dataclass(frozen=True)
@@ -254,26 +307,141 @@ def paired_accuracy(paired: pd.DataFrame, seed: int = 0, n_boot: int = N_BOOT) -
     return PairedAccuracy(by, MeanCI(n=int(by["n"].sum()), mean=float(by["delta"].mean()), lo=float(lo), hi=float(hi)))
 
 
-def noise_floor_verdict(cand_agree: Agreement, cand_tv: MeanCI, floor_agree: Agreement | None,
-                        floor_tv: MeanCI | None) -> Verdict:
-    """`worse` when the candidate's interval lies wholly on the bad side of the floor's — lower agreement, or
-    higher mean TV by more than TV_SLACK (a variant can keep every top answer yet flatten its probabilities) —
-    else `indistinguishable`."""
-    if floor_agree is None or floor_tv is None or floor_agree.n == 0:
-        return Verdict("no noise floor", ("no noise-floor run for this reference: make one with "
-                                          "`quantbench run --noise-floor` (BF16 under a second experts kernel)",))
-    reasons = []
-    agree_txt = (f"agreement {cand_agree.rate:.1%} [{cand_agree.lo:.1%}, {cand_agree.hi:.1%}] vs floor "
-                 f"{floor_agree.rate:.1%} [{floor_agree.lo:.1%}, {floor_agree.hi:.1%}]")
-    tv_txt = (f"mean TV {cand_tv.mean:.4f} [{cand_tv.lo:.4f}, {cand_tv.hi:.4f}] vs floor "
-              f"{floor_tv.mean:.4f} [{floor_tv.lo:.4f}, {floor_tv.hi:.4f}]")
-    worse_agree = cand_agree.hi < floor_agree.lo
-    worse_tv = cand_tv.lo > floor_tv.hi + TV_SLACK
-    if worse_agree:
-        reasons.append(agree_txt + ": below the floor, intervals do not overlap")
-    if worse_tv:
-        reasons.append(tv_txt + f": above the floor by more than {TV_SLACK} (intervals apart)")
-    if reasons:
-        return Verdict("worse", tuple(reasons))
-    return Verdict("indistinguishable", (agree_txt + ": overlaps or above",
-                                         tv_txt + f": overlaps, below, or within {TV_SLACK} of it"))
+def paired_difference_ci(b: float, c: float, n: float, z: float = Z95) -> tuple[float, float]:
+    """Score interval (Tango 1998) for the difference of two paired proportions, (b − c) / n, where b questions
+    count for the first only and c for the second only. Sensible at b = c = 0, where it reduces to the Wilson
+    bound of 0/n, unlike the Wald interval or squaring-and-adding the two marginal Wilson intervals."""
+    if n <= 0:
+        return (math.nan, math.nan)
+    est = (b - c) / n
+
+    def score(theta: float) -> float:
+        # The constrained MLE of the second-only share given the difference theta, then the score statistic.
+        a2, b2, c2 = 2 * n, -b - c + (2 * n - b + c) * theta, -c * theta * (1 - theta)
+        q = (-b2 + math.sqrt(max(b2 * b2 - 4 * a2 * c2, 0.0))) / (2 * a2)
+        var = max(2 * q + theta - theta * theta, 1e-300)
+        return (b - c - n * theta) / math.sqrt(n * var)
+
+    def solve(lo: float, hi: float, target: float) -> float:  # score() decreases in theta
+        for _ in range(80):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if score(mid) > target else (lo, mid)
+        return (lo + hi) / 2
+
+    edge = 1 - 1e-12
+    lower = -edge if score(-edge) <= z else solve(-edge, est, z)
+    upper = edge if score(edge) >= -z else solve(est, edge, -z)
+    return (lower, upper)
+
+
+def _classify(lo: float, hi: float, margin: float) -> str:
+    if lo > margin:
+        return WORSE
+    if hi <= margin:
+        return INDISTINGUISHABLE if lo <= 0 else WITHIN_MARGIN
+    return INCONCLUSIVE
+
+
+MAX_N_NEEDED = 10_000_000
+
+
+def _n_needed(n: int, interval_at, margin: float) -> int | None:
+    """The fewest questions (≥ n) at which `interval_at(N)` — the interval were the observed rates to hold on N
+    questions — no longer straddles the margin; None when no practical number would (the difference sits on it)."""
+    decided = lambda m: _classify(*interval_at(m), margin) != INCONCLUSIVE  # noqa: E731
+    hi = n
+    while not decided(hi):
+        if hi >= MAX_N_NEEDED:
+            return None
+        hi = min(hi * 2, MAX_N_NEEDED)
+    lo = max(n, hi // 2)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if decided(mid) else (mid + 1, hi)
+    return hi
+
+
+def n_needed_text(n: int | None) -> str:
+    if n is None:
+        return "the difference sits on the margin: more questions would not settle it; choose the margin"
+    return f"about {n:,} questions would tell"
+
+
+def _excess_agreement(both: pd.DataFrame, margin: float) -> Excess:
+    cand_off, floor_off = ~both["agree_c"].astype(bool), ~both["agree_f"].astype(bool)
+    n = len(both)
+    b, c = int((cand_off & ~floor_off).sum()), int((floor_off & ~cand_off).sum())
+    lo, hi = paired_difference_ci(b, c, n)
+    diff = (b - c) / n
+    label = _classify(lo, hi, margin)
+    need = None
+    if label == INCONCLUSIVE:
+        need = _n_needed(n, lambda m: paired_difference_ci(b * m / n, c * m / n, m), margin)
+    return Excess("disagreement", n, float(cand_off.mean()), float(floor_off.mean()), diff, lo, hi, margin, label,
+                  need)
+
+
+def _excess_tv(both: pd.DataFrame, margin: float, seed: int) -> Excess:
+    d = both["tv_c"].to_numpy(dtype=float) - both["tv_f"].to_numpy(dtype=float)
+    ci = bootstrap_mean(d, seed)  # paired: a resampled question keeps both its TVs
+    label = _classify(ci.lo, ci.hi, margin)
+    need = None
+    if label == INCONCLUSIVE:
+        n = ci.n
+        need = _n_needed(n, lambda m: (ci.mean - (ci.mean - ci.lo) * math.sqrt(n / m),
+                                       ci.mean + (ci.hi - ci.mean) * math.sqrt(n / m)), margin)
+    return Excess("mean TV", ci.n, float(both["tv_c"].mean()), float(both["tv_f"].mean()), ci.mean, ci.lo, ci.hi,
+                  margin, label, need)
+
+
+def _excess_txt(e: Excess) -> str:
+    if e.statistic == "disagreement":
+        head = (f"agreement {1 - e.candidate:.1%} vs the floor's {1 - e.floor:.1%}: {100 * e.diff:+.1f} points more "
+                f"disagreement, 95% interval [{100 * e.lo:+.1f}, {100 * e.hi:+.1f}], margin {100 * e.margin:g} points")
+    else:
+        head = (f"mean TV {e.candidate:.4f} vs the floor's {e.floor:.4f}: {e.diff:+.4f}, 95% interval "
+                f"[{e.lo:+.4f}, {e.hi:+.4f}], margin {e.margin:g}")
+    why = {INDISTINGUISHABLE: "within the margin and not detectably above the floor",
+           WITHIN_MARGIN: "detectably above the floor, but within the margin",
+           WORSE: "wholly beyond the margin",
+           INCONCLUSIVE: f"the interval straddles the margin; {n_needed_text(e.n_needed)}"}[e.label]
+    return f"{head} (n = {e.n}) → {e.label}: {why}"
+
+
+ORDER = (INDISTINGUISHABLE, WITHIN_MARGIN, INCONCLUSIVE, WORSE)
+
+
+def parity_verdict(candidate: pd.DataFrame, floor: pd.DataFrame | None, margins: Margins | None = None,
+                   seed: int = 0) -> Verdict:
+    """The verdict on per-question data: `candidate` = pair(reference, candidate run), `floor` = pair(reference,
+    noise-floor run). Questions both answered are paired; pass the rows of any subset (a benchmark, a modality)
+    to judge that subset.
+
+    For each statistic — disagreement with the reference's top answer, and mean TV — the excess over the floor on
+    the same questions gets a 95% interval (a two-one-sided-tests equivalence test at 2.5% a side against the
+    margin): wholly beyond the margin → worse; at or below it → indistinguishable when the interval also reaches
+    0, else different, within margin; straddling it → inconclusive, with how many questions would tell. The worst
+    statistic decides."""
+    margins = margins or Margins()
+    if floor is None or floor.empty:
+        return Verdict(NO_FLOOR, ("no noise-floor run for this reference: make one with `quantbench run "
+                                  "--noise-floor` (BF16 under a second experts kernel)",), margins)
+    keys = ["record_id", "question"]
+    both = candidate[keys + ["agree", "tv"]].merge(floor[keys + ["agree", "tv"]], on=keys, suffixes=("_c", "_f"))
+    if both.empty:
+        return Verdict(NO_FLOOR, ("the noise-floor run answered none of these questions: run it on the same suite",),
+                       margins)
+    parts = (_excess_agreement(both, margins.agreement), _excess_tv(both, margins.tv, seed))
+    label = max((p.label for p in parts), key=ORDER.index)
+    need = None
+    if label == INCONCLUSIVE:
+        needs = [p.n_needed for p in parts if p.label == INCONCLUSIVE]
+        need = None if None in needs else max(needs)
+    return Verdict(label, tuple(_excess_txt(p) for p in parts), margins, parts, need)
+
+
+def verdicts_by(candidate: pd.DataFrame, floor: pd.DataFrame | None, column: str, margins: Margins | None = None,
+                seed: int = 0) -> dict[str, Verdict]:
+    """One verdict per value of `column` (benchmark; later a modality): the same rule on each subset."""
+    return {str(key): parity_verdict(grp, floor, margins, seed)
+            for key, grp in sorted(candidate.groupby(candidate[column].fillna("(none)")), key=lambda kv: str(kv[0]))}

@@ -380,19 +380,27 @@ def quantize(
         _fail(e)
 
 
+MARGIN_AGREEMENT_HELP = ("Verdict: top-answer agreement a variant may lose beyond the noise floor's and still count "
+                         "as equivalent, a fraction (0.02 = 2 points)")
+MARGIN_TV_HELP = "Verdict: mean total variation a variant may add beyond the noise floor's and still count as equivalent"
+
+
 @app.command()
 def compare(
     run_id: Annotated[str, typer.Argument(help="Candidate run id (or a unique prefix)")],
     reference: Annotated[str | None, typer.Option(help="Reference run (default: BF16 of the same model, suite, GPU)")] = None,
     noise_floor: Annotated[str | None, typer.Option(help="Noise-floor run (default: the reference's)")] = None,
     fmt: Annotated[str, typer.Option("--format", help="table | json")] = "table",
+    margin_agreement: Annotated[float, typer.Option(help=MARGIN_AGREEMENT_HELP)] = 0.02,
+    margin_tv: Annotated[float, typer.Option(help=MARGIN_TV_HELP)] = 0.01,
     db: DbOpt = None,
 ) -> None:
     """Parity of one run with its BF16 reference, beside the noise floor, with a verdict."""
+    from quantbench.analysis import Margins
     from quantbench.parity import cli_compare
 
     try:
-        cli_compare(run_id, reference, noise_floor, str(_db(db)), fmt)
+        cli_compare(run_id, reference, noise_floor, str(_db(db)), fmt, margins=Margins(margin_agreement, margin_tv))
     except QuantbenchError as e:
         _fail(e)
 
@@ -406,13 +414,16 @@ def report(
     min_agreement: Annotated[float | None, typer.Option(help="Rule: minimum agreement with BF16 (0.95 or 95)")] = None,
     since: Annotated[str | None, typer.Option(help="Only runs made at or after this date / ISO time (UTC)")] = None,
     history: Annotated[bool, typer.Option("--all", help="Every kernel generation's newest run and every fixture build, not only the newest of each variant")] = False,
+    margin_agreement: Annotated[float, typer.Option(help=MARGIN_AGREEMENT_HELP)] = 0.02,
+    margin_tv: Annotated[float, typer.Option(help=MARGIN_TV_HELP)] = 0.01,
     db: DbOpt = None,
 ) -> None:
     """The "Which quant should I use?" table, one per GPU, from the store."""
     from quantbench.report import cli_report
 
     try:
-        cli_report(str(_db(db)), fmt, gpu, model, vram_budget_gib, min_agreement, since=since, history=history)
+        cli_report(str(_db(db)), fmt, gpu, model, vram_budget_gib, min_agreement, since=since, history=history,
+                   margin_agreement=margin_agreement, margin_tv=margin_tv)
     except QuantbenchError as e:
         _fail(e)
 

@@ -162,6 +162,7 @@ class FloorStats:
     agreement: an.Agreement
     tv: an.Dist
     tv_ci: an.MeanCI
+    per_question: pd.DataFrame | None = None  # pair(reference, floor): the verdict pairs it with the candidate's
 
 
 @dataclass
@@ -201,7 +202,10 @@ class Comparison:
             "noise_floor": None if self.floor is None else {
                 "run": brief(self.floor.run), "agreement": asdict(self.floor.agreement), "tv": asdict(self.floor.tv),
                 "tv_mean_ci": asdict(self.floor.tv_ci)},
-            "verdict": self.verdict.label, "verdict_reasons": list(self.verdict.reasons), "notes": self.notes,
+            "verdict": self.verdict.label, "verdict_reasons": list(self.verdict.reasons),
+            "verdict_margins": asdict(self.verdict.margins) if self.verdict.margins else None,
+            "verdict_excess": [asdict(p) for p in self.verdict.parts],
+            "verdict_n_needed": self.verdict.n_needed, "notes": self.notes,
         })
 
 
@@ -233,19 +237,20 @@ def floor_stats(ref: dict[str, Any], ref_answers: pd.DataFrame, floor: dict[str,
     fp = an.pair(ref_answers, floor_answers)
     if fp.empty:
         raise ParityError(f"noise-floor run {floor['run_id']} answered no question in common with the reference")
-    return FloorStats(floor, an.agreement(fp), an.distribution(fp["tv"]), an.bootstrap_mean(fp["tv"], seed))
+    return FloorStats(floor, an.agreement(fp), an.distribution(fp["tv"]), an.bootstrap_mean(fp["tv"], seed), fp)
 
 
-def floor_note(floor: FloorStats | None) -> str | None:
+def floor_note(floor: FloorStats | None, margins: an.Margins | None = None) -> str | None:
     if floor is None or floor.tv.max > 0:
         return None
     return (f"the noise-floor run answered exactly as the reference (TV 0 on all {floor.tv.n} questions): here the "
-            f"second kernel adds no noise, so only the TV slack of {an.TV_SLACK} separates noise from a difference")
+            "second kernel adds no noise, so the verdict rests on the stated margins "
+            f"({(margins or an.Margins()).describe()})")
 
 
 def compare_loaded(cand: dict[str, Any], cand_answers: pd.DataFrame, ref: dict[str, Any], ref_answers: pd.DataFrame,
                    floor: FloorStats | None = None, *, reference_how: str = "given", seed: int = 0,
-                   allow_synthetic: bool = False) -> Comparison:
+                   allow_synthetic: bool = False, margins: an.Margins | None = None) -> Comparison:
     """The comparison of runs already loaded (the report reuses the reference's answers and floor across rows)."""
     check_comparable(cand, ref, allow_synthetic)
     paired = an.pair(ref_answers, cand_answers)
@@ -261,8 +266,8 @@ def compare_loaded(cand: dict[str, Any], cand_answers: pd.DataFrame, ref: dict[s
         notes.append("synthetic (random) weights: numerical parity of the kernels only, not model quality")
     if gpu_key(ref) != gpu_key(cand):
         notes.append(f"reference ran on {gpu_label(ref)}, the candidate on {gpu_label(cand)}")
-    if floor_note(floor):
-        notes.append(floor_note(floor))
+    if floor_note(floor, margins):
+        notes.append(floor_note(floor, margins))
     tv_ci = an.bootstrap_mean(paired["tv"], seed)
     agree = an.agreement(paired)
     return Comparison(
@@ -272,14 +277,14 @@ def compare_loaded(cand: dict[str, Any], cand_answers: pd.DataFrame, ref: dict[s
         agreement=agree, tv=an.distribution(paired["tv"]), tv_ci=tv_ci, kl=an.distribution(paired["kl"]),
         dp=an.distribution(paired["dp"]), flips=an.flips(paired), buckets=an.confidence_buckets(paired),
         accuracy=_accuracy_table(ref_answers, cand_answers), paired=an.paired_accuracy(paired, seed), floor=floor,
-        verdict=an.noise_floor_verdict(agree, tv_ci, floor.agreement if floor else None, floor.tv_ci if floor else None),
+        verdict=an.parity_verdict(paired, floor.per_question if floor else None, margins, seed),
         notes=notes,
     )
 
 
 def compare(store: Store, candidate_run_id: str, reference_run_id: str | None = None,
             noise_floor_run_id: str | None = None, *, seed: int = 0, allow_synthetic: bool = False,
-            any_gpu_reference: bool = False) -> Comparison:
+            any_gpu_reference: bool = False, margins: an.Margins | None = None) -> Comparison:
     """Compare a run with its reference (default: the BF16 run of its model, suite and GPU) and noise floor."""
     cand = resolve_run(store, candidate_run_id)
     if cand.get("status") != "ok":  # before looking for its reference: a failed run may not know its model
@@ -307,7 +312,7 @@ def compare(store: Store, candidate_run_id: str, reference_run_id: str | None = 
         floor = floor_stats(ref, ref_answers, floor_run, load_answers(store, str(floor_run["run_id"])), seed,
                             allow_synthetic)
     return compare_loaded(cand, load_answers(store, str(cand["run_id"])), ref, ref_answers, floor,
-                          reference_how=how, seed=seed, allow_synthetic=allow_synthetic)
+                          reference_how=how, seed=seed, allow_synthetic=allow_synthetic, margins=margins)
 
 
 # -- printing ------------------------------------------------------------------------------------------------
@@ -355,8 +360,10 @@ def print_comparison(comp: Comparison, console: Console | None = None) -> None:
     if comp.n_candidate_only or comp.n_reference_only:
         console.print(f"questions only the candidate answered: {comp.n_candidate_only}; only the reference: "
                       f"{comp.n_reference_only} (left out)")
-    colour = {"indistinguishable": "green", "worse": "red"}.get(comp.verdict.label, "yellow")
-    console.print(f"Verdict: [bold {colour}]{comp.verdict.label}[/]")
+    colour = {an.INDISTINGUISHABLE: "green", an.WITHIN_MARGIN: "green", an.WORSE: "red"}.get(comp.verdict.label,
+                                                                                            "yellow")
+    console.print(f"Verdict: [bold {colour}]{comp.verdict.label}[/]"
+                  + (f" (margins: {comp.verdict.margins.describe()})" if comp.verdict.parts else ""))
     for reason in comp.verdict.reasons:
         console.print(f"  - {reason}")
 
@@ -385,11 +392,12 @@ def print_comparison(comp: Comparison, console: Console | None = None) -> None:
 
 
 def cli_compare(run: str, reference: str | None = None, noise_floor: str | None = None, db: str | None = None,
-                fmt: str = "table", seed: int = 0) -> Comparison:
-    """`quantbench compare RUN [--reference RUN] [--noise-floor RUN] [--format table|json]`."""
+                fmt: str = "table", seed: int = 0, margins: an.Margins | None = None) -> Comparison:
+    """`quantbench compare RUN [--reference RUN] [--noise-floor RUN] [--format table|json] [--margin-agreement F]
+    [--margin-tv F]`."""
     if fmt not in ("table", "json"):
         raise ParityError(f"--format {fmt!r}: use table or json")
-    comp = compare(Store(db), run, reference, noise_floor, seed=seed)
+    comp = compare(Store(db), run, reference, noise_floor, seed=seed, margins=margins)
     if fmt == "json":
         print(json.dumps(comp.to_dict(), indent=2, default=str))
     else:

@@ -45,6 +45,7 @@ class Rules:
     vram_budget_gib: float | None = None  # peak memory must fit (VRAM; host RSS on a CPU)
     prefer_native: bool = True  # drop emulated variants when a native one passes
     objective: str = "memory"  # memory (smallest weights) | latency (lowest p50)
+    margins: an.Margins = field(default_factory=an.Margins)  # the verdict's practical margins over the noise floor
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_agreement <= 1.0:
@@ -408,7 +409,7 @@ def _build_one(store, group, rows_runs, rules, answers_of, cross_gpu_reference, 
             except ParityError as e:
                 notes.append(f"noise floor run {str(floor_run['run_id'])[:13]} not used: {e}")
     for row in rows:
-        _fill_quality(row, reference, floor, answers_of, seed)
+        _fill_quality(row, reference, floor, answers_of, seed, rules.margins)
     ref_acc = None
     if reference is not None and not synthetic:
         by_bench = an.accuracy_by_benchmark(answers_of(reference))
@@ -424,7 +425,7 @@ def _build_one(store, group, rows_runs, rules, answers_of, cross_gpu_reference, 
     return report
 
 
-def _fill_quality(row: Row, reference, floor, answers_of, seed) -> None:
+def _fill_quality(row: Row, reference, floor, answers_of, seed, margins: an.Margins | None = None) -> None:
     run = row.run
     if not row.ok:
         row.quality = f"failed ({run.get('failure') or 'error'})"
@@ -437,7 +438,7 @@ def _fill_quality(row: Row, reference, floor, answers_of, seed) -> None:
     else:
         try:
             row.comparison = parity.compare_loaded(run, answers_of(run), reference, answers_of(reference), floor,
-                                                   seed=seed)
+                                                   seed=seed, margins=margins)
         except ParityError as e:
             row.quality = f"not comparable ({str(e).split(':')[0]})"  # the cause; `quantbench compare` says more
 
@@ -459,8 +460,8 @@ def _recommend(report: GpuReport, rules: Rules, synthetic: bool) -> None:
             else:
                 if c.agreement.rate < rules.min_agreement:
                     r.excluded.append(f"agreement {c.agreement.rate:.1%} < {rules.min_agreement:.1%}")
-                if rules.use_noise_floor and c.verdict.label == "worse":
-                    r.excluded.append("worse than the noise floor")
+                if rules.use_noise_floor and c.verdict.label == an.WORSE:
+                    r.excluded.append("worse than the noise floor by more than the margin")
         if rules.vram_budget_gib is not None:
             if r.peak_bytes is None:
                 r.excluded.append("peak memory unknown")
@@ -547,6 +548,7 @@ def cells(row: Row, report: GpuReport) -> dict[str, str]:
             f"reference (mean accuracy {_pct(report.reference_accuracy)})")
     else:
         agree, tv, acc = row.quality or "n/a", "—", "—"
+    verdict = c.verdict.short() if c is not None else "—"
     native = {"native": "yes", "emulated": "no (emulated)"}.get(run.get("native") or "", "—")
     lat = "n/a" if row.p50 is None else f"{fmt_ms(row.p50)} / {fmt_ms(_num(run.get('p90_ms')))} ms"
     peak = fmt_bytes(row.peak_bytes) + ("*" if row.peak_source == "torch_reserved" else "")
@@ -559,6 +561,7 @@ def cells(row: Row, report: GpuReport) -> dict[str, str]:
         "Latency p50 / p90 (per decision)": lat,
         "Agrees with BF16 (95% CI)": agree,
         "TV": tv,
+        "Verdict": verdict,
         "Δ accuracy vs BF16": acc,
         "Native here?": native,
         "Best for": row.best_for,
@@ -599,11 +602,12 @@ def _markdown_one(report: GpuReport) -> str:
         notes.append(
             f"Noise floor: BF16 against itself under another kernel ({f.run.get('kernel_path')}, run "
             f"{str(f.run['run_id'])[:13]}) agrees on {_pct(f.agreement.rate)} ({100 * f.agreement.lo:.1f}–"
-            f"{100 * f.agreement.hi:.1f}) of the questions, TV {f.tv.mean:.3f}: a variant whose intervals overlap "
-            "it is indistinguishable from BF16 at this precision."
+            f"{100 * f.agreement.hi:.1f}) of the questions, TV {f.tv.mean:.3f}."
         )
-        if parity.floor_note(f):
-            notes.append("Note: " + parity.floor_note(f) + ".")
+        margins = next((r.comparison.verdict.margins for r in report.rows if r.comparison is not None), None)
+        if parity.floor_note(f, margins):
+            notes.append("Note: " + parity.floor_note(f, margins) + ".")
+        notes += verdict_notes(report)
     elif ref is not None and not any(r.quality == SYNTHETIC_NOTE for r in report.rows):
         notes.append("No noise-floor run: make one with `quantbench run --noise-floor` to judge how close is close.")
     if report.cpu:
@@ -615,6 +619,28 @@ def _markdown_one(report: GpuReport) -> str:
     notes.append("Size on disk is in GB (10⁹ bytes), memory in GiB; n/a means not measured, — not applicable.")
     lines += [f"- {_md_escape(n)}" for n in notes]
     return "\n".join(lines)
+
+
+def verdict_notes(report: GpuReport) -> list[str]:
+    """The rule behind the Verdict column, then each variant's figures: the excess over the floor and its interval."""
+    compared = [r for r in report.rows if r.comparison is not None and r.comparison.verdict.parts]
+    if not compared:
+        return []
+    m = compared[0].comparison.verdict.margins
+    notes = [
+        f"Verdict: each variant's excess over the noise floor on the same questions (disagreement with BF16, mean "
+        f"TV) with a 95% interval, against stated margins ({m.describe()}): indistinguishable = within the margin "
+        "and not detectably above the floor; different, within margin = detectably above it but within the margin; "
+        "worse = wholly beyond the margin; inconclusive = the interval straddles the margin, with how many "
+        "questions would tell. `--margin-agreement` / `--margin-tv` change the margins."
+    ]
+    for r in compared:
+        v = r.comparison.verdict
+        figures = "; ".join(
+            f"disagreement {100 * e.diff:+.1f} pts [{100 * e.lo:+.1f}, {100 * e.hi:+.1f}]" if e.statistic ==
+            "disagreement" else f"TV {e.diff:+.4f} [{e.lo:+.4f}, {e.hi:+.4f}]" for e in v.parts)
+        notes.append(f"{r.label}: {v.short()}; {figures}.")
+    return notes
 
 
 def _summary_rows(reports: list[GpuReport]) -> list[dict[str, str]]:
@@ -738,6 +764,9 @@ def flat_rows(reports: list[GpuReport]) -> pd.DataFrame:
                 "agreement_hi": c.agreement.hi if c else None, "n_questions": c.agreement.n if c else None,
                 "tv_mean": c.tv.mean if c else None, "kl_mean": c.kl.mean if c else None,
                 "verdict": c.verdict.label if c else None,
+                "verdict_n_needed": c.verdict.n_needed if c else None,
+                **{f"excess_{e.statistic.lower().replace(' ', '_')}{k}": getattr(e, v)
+                   for e in (c.verdict.parts if c else ()) for k, v in (("", "diff"), ("_lo", "lo"), ("_hi", "hi"))},
                 "delta_accuracy": m.mean if m else None, "delta_accuracy_lo": m.lo if m else None,
                 "delta_accuracy_hi": m.hi if m else None,
                 "reference_run_id": str(rep.reference["run_id"]) if rep.reference else None,
@@ -809,12 +838,13 @@ def report_for_this_machine(store: Store, machine_gpu_name_or_family: str, host:
 
 def cli_report(db: str | None = None, fmt: str = "markdown", gpu: str | None = None, model: str | None = None,
                vram_budget_gib: float | None = None, min_agreement: float | None = None,
-               host: str | None = None, since: str | None = None, history: bool = False) -> str:
+               host: str | None = None, since: str | None = None, history: bool = False,
+               margin_agreement: float = an.MARGIN_AGREEMENT, margin_tv: float = an.MARGIN_TV) -> str:
     """`quantbench report`: prints the report (plain text, so it pastes into a model card) and returns it;
     `history` (`--all`) keeps superseded kernel generations and fixture builds."""
     if min_agreement is not None and 1.0 < min_agreement <= 100.0:
         min_agreement /= 100.0  # --min-agreement 95 means 95%
-    rules = Rules(vram_budget_gib=vram_budget_gib,
+    rules = Rules(vram_budget_gib=vram_budget_gib, margins=an.Margins(margin_agreement, margin_tv),
                   **({"min_agreement": min_agreement} if min_agreement is not None else {}))
     if fmt not in FORMATS:
         raise ConfigError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")

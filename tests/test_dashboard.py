@@ -186,6 +186,18 @@ def test_parity_page_lists_the_flips_and_searches_them(store):
     assert deltas["delta"].tolist() == pytest.approx((100 * comp.paired.by_benchmark["delta"]).tolist())
 
 
+def test_parity_page_shows_the_verdict_with_its_margins_and_intervals(store):
+    at = app(gpu="NVIDIA H200", variant="nvfp4-packed")
+    at.switch_page("page_parity.py").run()
+    comp = next(r.comparison for r in build_report(store, gpu="NVIDIA H200", model=ds.MODEL)[0].rows
+                if r.label == "nvfp4-packed")
+    metric = next(m for m in at.metric if m.label == "Against the noise floor")
+    assert metric.value == comp.verdict.label and comp.verdict.label != "no noise floor"
+    why = [m.value for m in next(e for e in at.expander if e.label == "Why this verdict").markdown]
+    assert any("95% interval [" in w and "margin 2 points" in w for w in why)
+    assert any("margin 0.01" in w for w in why)
+
+
 @pytest.mark.parametrize("make, expect", [
     (None, "No results store at"),
     (ds.build_empty, "has no runs yet"),

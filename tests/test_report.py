@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from quantbench import analysis as an
 from quantbench import parity, report
 from quantbench.analysis import ParityError
 from quantbench.errors import ConfigError, QuantbenchError
@@ -181,12 +182,41 @@ def test_without_any_bf16_run_compare_says_how_to_make_one(tmp_path):
 def test_cli_compare_prints_the_verdict_and_writes_valid_json(cpu_lab, capsys):
     lab, ids = cpu_lab
     parity.cli_compare(ids["nvfp4"], db=str(lab.store.path))
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps at the console's width
     assert "Verdict: worse" in out and "mean over benchmarks" in out
+    assert "margins: agreement within 2 points and mean TV within 0.01 of the noise floor" in out
+    assert "95% interval [" in out and "→ worse: wholly beyond the margin" in out
     parity.cli_compare(ids["int4"], db=str(lab.store.path), fmt="json")
     data = json.loads(capsys.readouterr().out)
     assert data["agreement"]["n"] == 300 and data["noise_floor"]["run"]["run_id"] == ids["floor"]
-    assert data["verdict"] in ("indistinguishable", "worse")
+    assert data["verdict"] == "indistinguishable" and data["verdict_margins"] == {"agreement": 0.02, "tv": 0.01}
+    agree, tv = data["verdict_excess"]
+    assert agree["statistic"] == "disagreement" and agree["lo"] <= 0 < agree["hi"] <= 0.02 and tv["hi"] <= 0.01
+
+
+def test_the_margin_flags_change_the_verdict_and_refuse_nonsense(cpu_lab):
+    from typer.testing import CliRunner
+
+    from quantbench.cli import app
+    lab, ids = cpu_lab
+    worse = parity.compare(lab.store, ids["nvfp4"])
+    tv = worse.verdict.parts[1]
+    assert worse.verdict.label == "worse" and tv.lo > 0.01
+    flat = report.flat_rows(report.build_report(lab.store)).set_index("variant")  # csv and json carry the figures
+    assert flat.at["nvfp4-packed", "verdict"] == "worse"
+    assert flat.at["nvfp4-packed", "excess_mean_tv_lo"] == pytest.approx(tv.lo)
+    wide = parity.compare(lab.store, ids["nvfp4"], margins=an.Margins(tv=tv.hi + 0.01))
+    assert wide.verdict.label == "different, within margin"
+    db = ["--db", str(lab.store.path)]
+    result = CliRunner().invoke(app, ["compare", ids["nvfp4"], "--margin-tv", str(tv.hi + 0.01), *db],
+                                terminal_width=250)
+    assert result.exit_code == 0 and "Verdict: different, within margin" in result.output
+    result = CliRunner().invoke(app, ["report", "--margin-tv", str(tv.hi + 0.01), *db], terminal_width=250)
+    assert result.exit_code == 0
+    nvfp4 = next(line for line in result.output.splitlines() if line.startswith("| nvfp4-packed "))
+    assert "| different, within margin |" in nvfp4 and "worse than the noise floor" not in nvfp4
+    result = CliRunner().invoke(app, ["report", "--margin-agreement", "2", *db])
+    assert result.exit_code != 0 and "--margin-agreement 2.0: give a fraction between 0 and 1" in result.output
 
 
 # -- report --------------------------------------------------------------------------------------------------
@@ -201,7 +231,7 @@ def test_the_report_recommends_the_smallest_variant_that_passes_the_quality_rule
     assert list(rows) == ["bf16", "int2", "int4", "nvfp4-packed"]  # the noise floor is not a row
     assert rep.recommended is rows["int4"]
     assert rows["int4"].comparison.verdict.label == "indistinguishable"
-    assert "worse than the noise floor" in rows["nvfp4-packed"].excluded
+    assert "worse than the noise floor by more than the margin" in rows["nvfp4-packed"].excluded
     assert any(e.startswith("agreement") for e in rows["int2"].excluded)
     assert rows["bf16"].is_reference and rows["bf16"].best_for.startswith("Reference quality")
     assert rep.rule.startswith("the smallest weights in host memory among variants with agreement with BF16 ≥ 95.0%")
@@ -236,7 +266,7 @@ def test_the_markdown_table_has_the_card_columns_and_cpu_memory_labels(cpu_lab):
     text = report.render(report.build_report(lab.store), "markdown")
     header = next(line for line in text.splitlines() if line.startswith("| Variant"))
     assert header == ("| Variant | Format | Size on disk | Weights (host memory) | Peak host RSS | Latency p50 / p90 "
-                      "(per decision) | Agrees with BF16 (95% CI) | TV | Δ accuracy vs BF16 | Native here? | Best for | Kernel |")
+                      "(per decision) | Agrees with BF16 (95% CI) | TV | Verdict | Δ accuracy vs BF16 | Native here? | Best for | Kernel |")
     assert "VRAM" not in header
     fp8 = next(line for line in text.splitlines() if line.startswith("| fp8 "))
     assert fp8.count("n/a") >= 3 and " 0 B" not in fp8  # unknown is n/a, never 0
@@ -359,8 +389,11 @@ def test_a_floor_identical_to_the_reference_is_called_out(tmp_path):
     lab.run(role="noise_floor", kernel_path="transformers experts=eager")  # bit-identical, as on a CPU
     rid = lab.run(lab.answers(noise=0.001), backend="bf16", variant="float32", weight_format="float32")
     c = parity.compare(lab.store, rid)
-    assert c.floor.tv.max == 0 and c.verdict.label == "indistinguishable"
-    assert any("answered exactly as the reference" in n for n in c.notes)
+    # 40 questions: a 2-point agreement margin is beyond what they can show, even for a near-copy.
+    assert c.floor.tv.max == 0 and c.verdict.label == "inconclusive" and c.verdict.n_needed == 189
+    # TV: float32 vs bfloat16 moves every question a little, detectably, but far inside the 0.01 margin.
+    assert c.verdict.parts[1].label == "different, within margin" and c.verdict.parts[1].hi < 0.002
+    assert any("answered exactly as the reference" in n and "agreement within 2 points" in n for n in c.notes)
     assert "Note: the noise-floor run answered exactly" in report.render(report.build_report(lab.store))
 
 
