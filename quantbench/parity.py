@@ -19,8 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from quantbench import analysis as an
-from quantbench import lineage
-from quantbench import term
+from quantbench import lineage, term
 from quantbench.analysis import ParityError
 from quantbench.store import Store
 
