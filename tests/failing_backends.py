@@ -24,3 +24,13 @@ class OutOfMemoryBackend(TinyBackend):
 class UnsupportedBackend(TinyBackend):
     def load(self, spec, machine):
         raise UnsupportedError("nvfp4 packed needs compute capability 10.0 here; use --nvfp4 unpacked")
+
+
+def model_less_load_error(spec, machine):
+    """The row an older quantbench (before `run` checked --model in the parent) stored for a missing checkpoint:
+    the child's load_error, with the machine and no model id. Stores made then still hold such rows."""
+    from quantbench.sweep.executor import failed_result
+
+    result = failed_result(spec, "load_error", f"LoadError: {spec.model}: no config.json (not a checkpoint)")
+    result.run.update(machine.as_row())
+    return result

@@ -19,8 +19,8 @@ from quantbench.backend import RunSpec
 from quantbench.machine import detect
 from quantbench.runner import execute
 from quantbench.store import RunResult, Store
-from quantbench.sweep.executor import failed_result
 from tests import dashboard_store as ds
+from tests.failing_backends import model_less_load_error
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = str(ROOT / "dashboard" / "streamlit_app.py")
@@ -50,13 +50,8 @@ def failed_runs(tmp_path_factory) -> dict[str, RunResult]:
     machine = detect()
 
     def one(backend: str, extra: dict) -> RunResult:
-        if extra.get("model") == "/nonexistent":
-            # `run` now refuses a missing model in the parent and stores nothing; a store made before that check
-            # (or by another tool) still holds the child's load_error, with the machine and no model id.
-            spec = RunSpec(backend=backend, suite=str(suite), gpu="cpu", **extra)
-            result = failed_result(spec, "load_error", "LoadError: /nonexistent: no config.json (not a checkpoint)")
-            result.run.update(machine.as_row())
-            return result
+        if extra.get("model") == "/nonexistent":  # `run` now refuses it in the parent: an older store's row
+            return model_less_load_error(RunSpec(backend=backend, suite=str(suite), gpu="cpu", **extra), machine)
         return execute(RunSpec(backend=backend, suite=str(suite), gpu="cpu", warmup=0, latency_min_decisions=1,
                                latency_min_seconds=0.0, **extra), machine=machine, echo=False)
 

@@ -262,6 +262,12 @@ warmup = 0
     log = console.export_text()
     assert log.count("ready: the int4 variant of tiny") == 1, log  # made once for both variants
     assert (first.ok, first.failed) == (2, 0), log
+    # Not a terminal (the bar is not drawn): each run says when it starts, before the line that it finished.
+    starts = [line for line in log.splitlines() if line.startswith("▶ ") and " started (" in line]
+    assert len(starts) == 2, log
+    for line in starts:
+        label = line[2:line.index(" started (")]
+        assert log.index(line) < log.index(f"✓ {label} ("), log
     made = next((tmp_path / "variants").glob("tiny-int4-*"))
     assert (made / "quantbench_provenance.json").is_file() and (made / "config.json").is_file()
     rows = store.read("SELECT spec, weight_format FROM runs")

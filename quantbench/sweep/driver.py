@@ -57,6 +57,8 @@ class _Display:
 
     def started(self, event: Event) -> None:
         self.running += 1
+        if not self.console.is_terminal:  # to a file or a pipe the bar is not drawn: say when each run starts
+            self.progress.console.print(f"▶ {event.run.label} started ({event.where})")
         self.progress.update(self.task, running=self.running)
 
     def finished(self, event: Event) -> None:
