@@ -5,17 +5,14 @@ Screenshots of every page go to test-artifacts/ (and to $QUANTBENCH_SCREENSHOTS 
 
 import os
 import shutil
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests import dashboard_store as ds
+from tests.streamlit_server import dashboard
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -31,12 +28,6 @@ pytestmark = [
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     return ds.build(tmp_path_factory.mktemp("browser") / "results.duckdb")
@@ -44,35 +35,9 @@ def store(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(store, tmp_path_factory) -> Iterator[str]:
-    port = free_port()
-    log = (tmp_path_factory.mktemp("streamlit") / "streamlit.log").open("w")
-    env = {**os.environ, "QUANTBENCH_DB": str(store.path)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "dashboard", "--server.headless", "true", "--server.address",
-         "127.0.0.1", "--server.port", str(port), "--browser.gatherUsageStats", "false",
-         "--client.toolbarMode", "viewer"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/_stcore/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"streamlit did not come up (exit {proc.poll()}); see {log.name}")
-            time.sleep(0.3)
+    log = tmp_path_factory.mktemp("streamlit") / "streamlit.log"
+    with dashboard(store.path, log, "--server.address", "127.0.0.1", "--client.toolbarMode", "viewer") as (url, _):
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 @pytest.fixture(scope="module")

@@ -4,14 +4,10 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
 import pytest
 
 from quantbench.backend import RunSpec
@@ -20,7 +16,8 @@ from quantbench.runner import execute
 from quantbench.store import Store
 from tests import dashboard_store as ds
 from tests.failing_backends import model_less_load_error
-from tests.test_dashboard_browser import ARGS, CHROMIUM, VIEWPORT, WAIT_MS, free_port, no_exception, shoot
+from tests.streamlit_server import dashboard
+from tests.test_dashboard_browser import ARGS, CHROMIUM, VIEWPORT, WAIT_MS, no_exception, shoot
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = f"cpu:{detect().host}"
@@ -57,32 +54,8 @@ def failed(tmp_path_factory) -> list:
 
 
 def serve(db: Path, log: Path) -> Iterator[str]:
-    port = free_port()
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", "dashboard", "--server.headless", "true", "--server.port",
-             str(port), "--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer"],
-            cwd=ROOT, env={**os.environ, "QUANTBENCH_DB": str(db)}, stdout=out, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if httpx.get(f"{url}/_stcore/health", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"streamlit did not come up (exit {proc.poll()}); see {log}")
-                time.sleep(0.3)
-            yield url
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    with dashboard(db, log, "--client.toolbarMode", "viewer") as (url, _):
+        yield url
 
 
 @pytest.fixture(scope="module")
