@@ -35,18 +35,11 @@ from pathlib import Path
 
 import httpx
 
+from quantbench.server import DEMO_REQUEST
+
 ROOT = Path(__file__).resolve().parents[1]
 PATH = "/v1/systemone"
-CARD = {
-    "model": "clef-omni",
-    "state": {"observation": "The player is facing a wall."},
-    "questions": {
-        "action": {
-            "type": "choice",
-            "criteria": {"left": "Turn left", "right": "Turn right", "forward": "Move forward"},
-        }
-    },
-}
+CARD = DEMO_REQUEST  # the reference card's curl example
 
 
 def free_port() -> int:
