@@ -9,3 +9,28 @@ def fixture_model_dir() -> Path:
     from quantbench.fixture import default_model_dir
 
     return default_model_dir(progress=False)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's chromium through Playwright (never `playwright install`: no browser downloads here)."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.streamlit_server import ARGS, CHROMIUM
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def page(browser):
+    from tests.streamlit_server import VIEWPORT, WAIT_MS
+
+    p = browser.new_page(viewport=VIEWPORT)
+    p.set_default_timeout(WAIT_MS)
+    yield p
+    p.close()

@@ -1,8 +1,10 @@
-"""`streamlit run dashboard` from this checkout in a subprocess, for the tests that need a real server."""
+"""`streamlit run dashboard` from this checkout in a subprocess, and Debian's chromium to look at it: for the tests
+that need a real server or a real browser (the `browser` and `page` fixtures are in conftest.py)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -15,6 +17,10 @@ import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
+WAIT_MS = 60_000
+VIEWPORT = {"width": 1600, "height": 1000}
 
 
 def free_port() -> int:

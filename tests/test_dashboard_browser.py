@@ -4,7 +4,6 @@ Screenshots of every page go to test-artifacts/ (and to $QUANTBENCH_SCREENSHOTS 
 """
 
 import os
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,13 +11,9 @@ from pathlib import Path
 import pytest
 
 from tests import dashboard_store as ds
-from tests.streamlit_server import dashboard
+from tests.streamlit_server import CHROMIUM, VIEWPORT, WAIT_MS, dashboard
 
 ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
-WAIT_MS = 60_000
-VIEWPORT = {"width": 1600, "height": 1000}
 
 pytestmark = [
     pytest.mark.browser,
@@ -38,26 +33,6 @@ def server(store, tmp_path_factory) -> Iterator[str]:
     log = tmp_path_factory.mktemp("streamlit") / "streamlit.log"
     with dashboard(store.path, log, "--server.address", "127.0.0.1", "--client.toolbarMode", "viewer") as (url, _):
         yield url
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
-@pytest.fixture
-def page(browser):
-    p = browser.new_page(viewport=VIEWPORT)
-    p.set_default_timeout(WAIT_MS)
-    yield p
-    p.close()
 
 
 def settled(page) -> None:

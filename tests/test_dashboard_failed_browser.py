@@ -16,8 +16,8 @@ from quantbench.runner import execute
 from quantbench.store import Store
 from tests import dashboard_store as ds
 from tests.failing_backends import model_less_load_error
-from tests.streamlit_server import dashboard
-from tests.test_dashboard_browser import ARGS, CHROMIUM, VIEWPORT, WAIT_MS, no_exception, shoot
+from tests.streamlit_server import CHROMIUM, WAIT_MS, dashboard
+from tests.test_dashboard_browser import no_exception, shoot
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = f"cpu:{detect().host}"
@@ -75,26 +75,6 @@ def failed_server(failed, tmp_path_factory) -> Iterator[str]:
     store = Store(d / "results.duckdb")
     store.write_run(failed[0])
     yield from serve(store.path, d / "streamlit.log")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
-@pytest.fixture
-def page(browser):
-    p = browser.new_page(viewport=VIEWPORT)
-    p.set_default_timeout(WAIT_MS)
-    yield p
-    p.close()
 
 
 def open_page(page, url: str, title: str) -> None:
