@@ -12,12 +12,12 @@ from pathlib import Path
 
 import torch
 
-from quantbench.backend import Availability, LoadedVariant, RunSpec, VariantInfo, dir_bytes
-from quantbench.checkpoint import experts_tensor_bytes, load_causal_lm, model_identity
+from quantbench.engine.moe import experts_nbytes
+from quantbench.engine.scoring import TransformersEngine
 from quantbench.errors import ConfigError
-from quantbench.loading import dtype_of
-from quantbench.moe import experts_nbytes
-from quantbench.scoring import TransformersEngine
+from quantbench.models.checkpoint import experts_tensor_bytes, load_causal_lm, model_identity
+from quantbench.models.loading import dtype_of
+from quantbench.run.backend import Availability, LoadedVariant, RunSpec, VariantInfo, dir_bytes
 
 QUANTBENCH_IMPL = "quantbench"
 
@@ -26,7 +26,7 @@ def set_experts_implementation(model, name: str) -> str:
     """Switch the MoE experts kernel through transformers' own registry (or, for "quantbench", swap every MoE
     block for quantbench's grouped-MoE engine over the same weights); returns what runs, for the kernel path."""
     if name == QUANTBENCH_IMPL:
-        from quantbench.moe import DenseExperts, install_grouped_moe
+        from quantbench.engine.moe import DenseExperts, install_grouped_moe
 
         def same_weights(_layer, experts):
             if not hasattr(experts, "gate_up_proj"):
@@ -56,7 +56,7 @@ class Bf16Backend:
     def load(self, spec: RunSpec, machine) -> LoadedVariant:
         dtype = dtype_of(spec)
         if spec.shape:
-            from quantbench.fixture import build_synthetic, synthetic_id
+            from quantbench.models.fixture import build_synthetic, synthetic_id
 
             model, tokenizer = build_synthetic(spec.shape, layers=spec.layers, device=spec.device, dtype=dtype,
                                                seed=spec.seed)
@@ -69,7 +69,7 @@ class Bf16Backend:
             if spec.model:
                 path = Path(spec.model)
             else:
-                from quantbench.fixture import default_model_dir
+                from quantbench.models.fixture import default_model_dir
 
                 path = default_model_dir()
             model = load_causal_lm(path, dtype=dtype, device=spec.device, trust_remote_code=spec.trust_remote_code)

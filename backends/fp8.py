@@ -1,5 +1,5 @@
 """FP8 (E4M3, W8A8): ModelOpt FP8 or compressed-tensors float-quantized checkpoints (per-tensor or per-channel
-weight scales), read by quantbench.modelopt_loader into quantbench's grouped-MoE engine.
+weight scales), read by quantbench.models.modelopt into quantbench's grouped-MoE engine.
 
 Native where the GPU has FP8 tensor cores (compute capability >= 8.9: Ada, Hopper, Blackwell): dense FP8 layers
 run `torch._scaled_mm`, the experts a Triton grouped GEMM with E4M3 operands. Elsewhere (older GPUs, the CPU)
@@ -17,15 +17,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from quantbench.backend import Availability, LoadedVariant, RunSpec, VariantInfo, dir_bytes
+from quantbench.engine.moe.engine import experts_nbytes, kernel_paths
+from quantbench.engine.scoring import TransformersEngine
 from quantbench.errors import ConfigError
-from quantbench.loading import build_synthetic_quantized, device_of, dtype_of, load_checkpoint
-from quantbench.moe.engine import experts_nbytes, kernel_paths
-from quantbench.scoring import TransformersEngine
+from quantbench.models.loading import build_synthetic_quantized, device_of, dtype_of, load_checkpoint
+from quantbench.run.backend import Availability, LoadedVariant, RunSpec, VariantInfo, dir_bytes
 
 
 def native_here(device: str, activations: str) -> bool:
-    from quantbench.moe.fp8 import native_fp8
+    from quantbench.engine.moe.fp8 import native_fp8
 
     return activations == "static" and native_fp8(device)
 
@@ -72,8 +72,8 @@ class Fp8Backend:
         return LoadedVariant(engine=engine, info=info, model=model)
 
     def _synthetic(self, spec: RunSpec, dtype: torch.dtype) -> dict[str, Any]:
-        from quantbench.fixture import synthetic_id
-        from quantbench.moe.fp8 import E4M3_MAX, Fp8Experts
+        from quantbench.engine.moe.fp8 import E4M3_MAX, Fp8Experts
+        from quantbench.models.fixture import synthetic_id
 
         def make(weight: Tensor, amax: Tensor):
             return Fp8Experts.from_weights(weight, input_scale=(amax.float() / E4M3_MAX).reshape(1))

@@ -20,9 +20,9 @@ from typing import Any
 
 import httpx
 
-from quantbench.backend import Availability, LoadedVariant, RunSpec, VariantInfo
 from quantbench.errors import ConfigError, LoadError, QuantbenchError
 from quantbench.protocol import DecisionRequest, DecisionResponse, QuestionAnswer
+from quantbench.run.backend import Availability, LoadedVariant, RunSpec, VariantInfo
 
 API_KEY_ENV = "QUANTBENCH_API_KEY"
 PATH = "/v1/systemone"

@@ -22,11 +22,11 @@ from typing import Any
 
 import torch
 
-from quantbench.backend import Availability, LoadedVariant, RunSpec, VariantInfo, dir_bytes
-from quantbench.checkpoint import experts_tensor_bytes, load_causal_lm, model_identity
+from quantbench.engine.scoring import TransformersEngine
 from quantbench.errors import ConfigError, LoadError
-from quantbench.loading import device_of, dtype_of
-from quantbench.scoring import TransformersEngine
+from quantbench.models.checkpoint import experts_tensor_bytes, load_causal_lm, model_identity
+from quantbench.models.loading import device_of, dtype_of
+from quantbench.run.backend import Availability, LoadedVariant, RunSpec, VariantInfo, dir_bytes
 from quantbench.term import logs_kept
 
 
@@ -105,7 +105,7 @@ class Int4Backend:
         if importlib.util.find_spec("auto_round") is None:
             return Availability(False, None, "auto-round is not installed (pip install auto-round)")
         if machine.has_gpu:
-            from quantbench.moe.int4 import triton_available
+            from quantbench.engine.moe.int4 import triton_available
 
             path = "fused int4 kernels (gluon-wgmma on sm_90, triton elsewhere)" if triton_available() \
                 else "dequant+grouped_mm (no triton)"
@@ -121,7 +121,7 @@ class Int4Backend:
         if spec.model:
             path = Path(spec.model)
         else:
-            from quantbench.quantize import default_variant
+            from quantbench.models.quantize import default_variant
 
             path = default_variant("int4")
         qc = read_quant_config(path)
@@ -165,9 +165,9 @@ class Int4Backend:
         if not spec.fast_moe:
             raise ConfigError("--shape with --backend int4 runs the grouped-MoE engine only; drop --no-fast-moe "
                               "(a per-expert synthetic run needs a checkpoint: `quantbench quantize --scheme int4`)")
-        from quantbench.fixture import build_synthetic, synthetic_id
-        from quantbench.moe import install_grouped_moe
-        from quantbench.moe.int4 import rtn_experts
+        from quantbench.engine.moe import install_grouped_moe
+        from quantbench.engine.moe.int4 import rtn_experts
+        from quantbench.models.fixture import build_synthetic, synthetic_id
 
         model, tokenizer = build_synthetic(spec.shape, layers=spec.layers, device=device, dtype=dtype, seed=spec.seed)
         path = install_grouped_moe(
@@ -191,8 +191,8 @@ class Int4Backend:
 
 def install_int4_engine(model: torch.nn.Module, qc: dict[str, Any], kernel: str = "auto") -> str:
     """Regroup every MoE layer's per-expert int4 QuantLinears into stacked tensors and swap in the engine."""
-    from quantbench.moe import install_grouped_moe
-    from quantbench.moe.int4 import regroup_experts
+    from quantbench.engine.moe import install_grouped_moe
+    from quantbench.engine.moe.int4 import regroup_experts
 
     sym = qc.get("sym", True)
     return install_grouped_moe(model, lambda i, ex: regroup_experts(ex, sym=sym, name=f"layers.{i}.mlp.experts"),
@@ -200,6 +200,6 @@ def install_int4_engine(model: torch.nn.Module, qc: dict[str, Any], kernel: str 
 
 
 def _engine_bytes(model: torch.nn.Module) -> int:
-    from quantbench.moe import experts_nbytes
+    from quantbench.engine.moe import experts_nbytes
 
     return experts_nbytes(model)

@@ -1,4 +1,4 @@
-"""NVFP4 (W4A4): ModelOpt, compressed-tensors or auto-round NVFP4 checkpoints, read by quantbench.modelopt_loader
+"""NVFP4 (W4A4): ModelOpt, compressed-tensors or auto-round NVFP4 checkpoints, read by quantbench.models.modelopt
 (transformers cannot run them) into quantbench's grouped-MoE engine.
 
 `--nvfp4 packed` (default): the experts stay packed in memory (4.5 bits per weight with their scales) and are
@@ -22,11 +22,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from quantbench.backend import Availability, LoadedVariant, RunSpec, VariantInfo, dir_bytes
+from quantbench.engine.moe.engine import experts_nbytes, kernel_paths
+from quantbench.engine.scoring import TransformersEngine
 from quantbench.errors import ConfigError
-from quantbench.loading import build_synthetic_quantized, dtype_of, load_checkpoint
-from quantbench.moe.engine import experts_nbytes, kernel_paths
-from quantbench.scoring import TransformersEngine
+from quantbench.models.loading import build_synthetic_quantized, dtype_of, load_checkpoint
+from quantbench.run.backend import Availability, LoadedVariant, RunSpec, VariantInfo, dir_bytes
 
 
 # -- the backend ----------------------------------------------------------------------------------------------------
@@ -39,7 +39,7 @@ class Nvfp4Backend:
             return Availability(True, "native", f"{machine.gpu_name}: FP4 tensor cores, a native path would apply; "
                                 "quantbench emulates (packed weights decoded in its grouped GEMM)")
         where = machine.gpu_name if machine.has_gpu else "CPU"
-        from quantbench.moe.nvfp4 import triton_available
+        from quantbench.engine.moe.nvfp4 import triton_available
 
         path = "triton-fused-nvfp4" if machine.has_gpu and triton_available() else (
             "dequant+grouped_mm" if machine.has_gpu else "cpu-vectorised")
@@ -79,8 +79,8 @@ class Nvfp4Backend:
         return LoadedVariant(engine=engine, info=info, model=model)
 
     def _synthetic(self, spec: RunSpec, dtype: torch.dtype, mode: str, activations: bool) -> dict[str, Any]:
-        from quantbench.fixture import synthetic_id
-        from quantbench.moe.nvfp4 import Nvfp4Experts, global_scale_of
+        from quantbench.engine.moe.nvfp4 import Nvfp4Experts, global_scale_of
+        from quantbench.models.fixture import synthetic_id
 
         def make(weight: Tensor, amax: Tensor):
             fmt = Nvfp4Experts.from_weights(weight, input_scale=global_scale_of(amax).reshape(1), activations=activations)

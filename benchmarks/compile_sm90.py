@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from quantbench.moe import fp8, int4, int4_wgmma, nvfp4, nvfp4_wgmma  # noqa: E402
+from quantbench.engine.moe import fp8, int4, int4_wgmma, nvfp4, nvfp4_wgmma  # noqa: E402
 
 E, H, INTER, TOP_K = 128, 2048, 768, 8
 FEATURES = {  # the projections as the engine calls them
@@ -41,7 +41,7 @@ def compile_sm90(fn, pointer_types: dict[str, str], constexprs: dict, num_warps:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    if "PDL" in fn.arg_names:  # as launched on an sm_90 GPU: programmatic dependent launch (quantbench.pdl)
+    if "PDL" in fn.arg_names:  # as launched on an sm_90 GPU: programmatic dependent launch (quantbench.engine.pdl)
         constexprs = {"PDL": True, **constexprs}
     if getattr(fn, "is_gluon", lambda: False)():  # Gluon kernels take num_warps as a constexpr of their own
         from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
@@ -86,7 +86,7 @@ def sass_instructions(sass: str) -> list[tuple[int, str]]:
 
 
 def pdl_order(sass: str) -> str:
-    """Where the kernel waits for the one before it (quantbench.pdl): "first" when griddepcontrol.wait (SASS
+    """Where the kernel waits for the one before it (quantbench.engine.pdl): "first" when griddepcontrol.wait (SASS
     ACQBULK) comes before every global memory access and the next kernel's launch (PREEXIT) after it; "-" with no
     wait; otherwise what comes first (a kernel launched early must not touch memory before its wait)."""
     ops = [words[1] if words[0].startswith("@") else words[0]  # past a predicate (@P0)

@@ -1,4 +1,4 @@
-"""quantbench.fused_ops against transformers' own ops on a GPU: how many elements are bit-identical, the largest
+"""quantbench.engine.fused.ops against transformers' own ops on a GPU: how many elements are bit-identical, the largest
 difference, and the time of each (one kernel against transformers' op chain), at the Qwen3-30B-A3B shapes of one
 512-token decision.
 
@@ -14,7 +14,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from quantbench.fused_ops import apply_rope, rms_norm  # noqa: E402
+from quantbench.engine.fused.ops import apply_rope, rms_norm  # noqa: E402
 
 
 def same(label: str, want: torch.Tensor, got: torch.Tensor) -> None:

@@ -3,7 +3,7 @@
     python benchmarks/int4_lab.py [--tokens 512]
 
 Variants of gate_up + SwiGLU (same int4 weights, same routing, 30B-A3B shape), each with its time (triton
-do_bench, median) and its largest difference from the production kernel (quantbench.moe.int4):
+do_bench, median) and its largest difference from the production kernel (quantbench.engine.moe.int4):
   prod         as the engine calls it (tokens gathered through the row index), and on pre-gathered rows;
   kdot         the 8 nibble slices of a packed block dequantized as one [128, N] tile: one K=128 dot per block;
   interleaved  gate and up in one K loop: each x slice loaded once feeds two independent dot chains;
@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from quantbench.moe.int4 import int4_grouped_mm, rtn_experts  # noqa: E402
+from quantbench.engine.moe.int4 import int4_grouped_mm, rtn_experts  # noqa: E402
 
 E, H, INTER, TOP_K = 128, 2048, 768, 8
 
@@ -36,7 +36,7 @@ def lab_kernel():
     import triton
     import triton.language as tl
 
-    from quantbench.moe.nvfp4 import expert_tile, tile_rows
+    from quantbench.engine.moe.nvfp4 import expert_tile, tile_rows
 
     globals().update(expert_tile=expert_tile, tile_rows=tile_rows)
 

@@ -11,9 +11,9 @@ import argparse
 import json
 import random
 
-from quantbench.fixture import build_tokenizer
-from quantbench.prompt import render_prompt
-from quantbench.suite import load_suite
+from quantbench.models.fixture import build_tokenizer
+from quantbench.protocol.prompt import render_prompt
+from quantbench.protocol.suite import load_suite
 
 WORDS = ("the report notes that the weather, the schedule and the budget changed again after the meeting "
          "while the team reviewed every open ticket and the customer asked for a short summary").split()

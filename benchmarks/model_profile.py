@@ -23,10 +23,10 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.moe_int4 import build_model, decision_forward  # noqa: E402
-from quantbench import fused_ops  # noqa: E402
-from quantbench.moe import engine, install_grouped_moe  # noqa: E402
-from quantbench.moe.engine import triton_available  # noqa: E402
-from quantbench.moe.int4 import rtn_experts  # noqa: E402
+from quantbench.engine.fused import ops as fused_ops  # noqa: E402
+from quantbench.engine.moe import engine, install_grouped_moe  # noqa: E402
+from quantbench.engine.moe.engine import triton_available  # noqa: E402
+from quantbench.engine.moe.int4 import rtn_experts  # noqa: E402
 
 
 def graph_ms(model, ids) -> float:
@@ -65,8 +65,8 @@ def compare(label: str, a: torch.Tensor, b: torch.Tensor) -> None:
 
 def quantized_engine(model, fmt: str) -> None:
     """Swap every MoE block for quantbench's engine over `fmt` experts quantized from the model's own weights."""
-    from quantbench.moe.fp8 import E4M3_MAX, Fp8Experts
-    from quantbench.moe.nvfp4 import Nvfp4Experts
+    from quantbench.engine.moe.fp8 import E4M3_MAX, Fp8Experts
+    from quantbench.engine.moe.nvfp4 import Nvfp4Experts
 
     def make(weight):
         if fmt == "int4":

@@ -1,4 +1,4 @@
-"""Speed of the INT4 grouped-MoE engine (quantbench.moe), against auto-round's per-expert path and BF16.
+"""Speed of the INT4 grouped-MoE engine (quantbench.engine.moe), against auto-round's per-expert path and BF16.
 
     python benchmarks/moe_int4.py cpu [--records 40] [--dtype bfloat16] [--chunks 24,18]
         The embedded default model's INT4 variant on the CPU: per-decision latency of the fast path and of
@@ -31,8 +31,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from quantbench.moe import DenseExperts, GroupedMoE, experts_nbytes, install_grouped_moe  # noqa: E402
-from quantbench.moe.int4 import Int4Experts, int4_grouped_mm, pick_config, rtn_experts  # noqa: E402
+from quantbench.engine.moe import DenseExperts, GroupedMoE, experts_nbytes, install_grouped_moe  # noqa: E402
+from quantbench.engine.moe.int4 import Int4Experts, int4_grouped_mm, pick_config, rtn_experts  # noqa: E402
 
 SHAPE = {"hidden": 2048, "inter": 768, "experts": 128, "top_k": 8, "group": 128}
 
@@ -62,9 +62,9 @@ def bench_cpu(records: int, dtype: str, chunks: list[int] | None = None) -> None
 
     from backends.bf16 import Bf16Backend
     from backends.int4 import Int4Backend
-    from quantbench.backend import RunSpec
-    from quantbench.moe import int4
-    from quantbench.suite import load_suite
+    from quantbench.engine.moe import int4
+    from quantbench.protocol.suite import load_suite
+    from quantbench.run.backend import RunSpec
 
     requests = [r.request for r in load_suite(None).records[:records]]
     machine = SimpleNamespace(has_gpu=False, gpu_name=None)
@@ -189,7 +189,7 @@ def sweep(device: str, tokens: int, log: list[str]) -> dict[str, dict]:
     weights), at `tokens` tokens; the best goes into int4.TUNED for the layer and model runs that follow."""
     from triton.testing import do_bench
 
-    from quantbench.moe import int4
+    from quantbench.engine.moe import int4
 
     s = SHAPE
     best = {}
@@ -297,7 +297,7 @@ def bench_layer(device: str, tokens: int, log: list[str]) -> dict[str, float]:
 
 
 def build_model(layers: int, device: str):
-    from quantbench.fixture import SYNTHETIC_SHAPES, _config, _new_model
+    from quantbench.models.fixture import SYNTHETIC_SHAPES, _config, _new_model
 
     config = _config(dict(SYNTHETIC_SHAPES["qwen3-30b-a3b"], num_hidden_layers=layers))
     return _new_model(config, device, torch.bfloat16, seed=0).eval()

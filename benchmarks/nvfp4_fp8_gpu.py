@@ -28,8 +28,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from quantbench.moe import fp8, nvfp4  # noqa: E402
-from quantbench.moe.engine import DenseExperts, GroupedMoE, _grouped_matmul  # noqa: E402
+from quantbench.engine.moe import fp8, nvfp4  # noqa: E402
+from quantbench.engine.moe.engine import DenseExperts, GroupedMoE, _grouped_matmul  # noqa: E402
 
 E, H, INTER, TOKENS, TOP_K = 128, 2048, 768, 512, 8
 DEV = "cuda"
@@ -281,8 +281,8 @@ def kernels() -> dict:
 
 def whole_model(layers: int) -> None:
     """One 512-token decision forward (batch 1, logits of the last token) of the random-weight 30B-A3B shape."""
-    from quantbench.fixture import SYNTHETIC_SHAPES, _config, _new_model
-    from quantbench.moe.engine import install_grouped_moe
+    from quantbench.engine.moe.engine import install_grouped_moe
+    from quantbench.models.fixture import SYNTHETIC_SHAPES, _config, _new_model
 
     dims = dict(SYNTHETIC_SHAPES["qwen3-30b-a3b"], num_hidden_layers=layers)
     t0 = time.perf_counter()

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gluon_vs_triton import HEADER, engine_inputs, grouped_reference, judge, parse_tiles, time_tiles  # noqa: E402
 from moe_int4 import SHAPE  # noqa: E402
 
-from quantbench.moe import nvfp4, nvfp4_wgmma  # noqa: E402
+from quantbench.engine.moe import nvfp4, nvfp4_wgmma  # noqa: E402
 
 S = SHAPE
 GATE_UP, DOWN = (2 * S["inter"], S["hidden"]), (S["hidden"], S["inter"])

@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from quantbench.moe.int4 import int4_grouped_mm, pick_config, rtn_experts  # noqa: E402
+from quantbench.engine.moe.int4 import int4_grouped_mm, pick_config, rtn_experts  # noqa: E402
 
 E, H, INTER, TOKENS, TOP_K = 128, 2048, 768, 512, 8
 

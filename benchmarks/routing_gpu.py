@@ -1,4 +1,4 @@
-"""The routing kernels (quantbench.moe.routing) against torch's CUDA ops on a GPU: exactness and speed.
+"""The routing kernels (quantbench.engine.moe.routing) against torch's CUDA ops on a GPU: exactness and speed.
 
     python3 benchmarks/routing_gpu.py
 
@@ -19,9 +19,9 @@ import torch.nn.functional as F
 import triton
 from triton.testing import do_bench_cudagraph
 
-import quantbench.moe.engine as eng
-from quantbench.moe import routing
-from quantbench.moe.routing import route_topk, sum_slots
+import quantbench.engine.moe.engine as eng
+from quantbench.engine.moe import routing
+from quantbench.engine.moe.routing import route_topk, sum_slots
 
 dev = "cuda"
 print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__, torch.cuda.get_device_name())

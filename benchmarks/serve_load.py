@@ -24,9 +24,9 @@ from pathlib import Path
 import httpx
 
 from backends.http import HttpBackend
-from quantbench.backend import RunSpec
+from quantbench.protocol.suite import load_suite
+from quantbench.run.backend import RunSpec
 from quantbench.server import DEFAULT_MAX_BATCH, DEFAULT_MAX_WAIT_MS
-from quantbench.suite import load_suite
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVE = (

@@ -1,9 +1,9 @@
-"""Parity detail: one variant against its BF16 reference, from `quantbench.parity`'s comparison."""
+"""Parity detail: one variant against its BF16 reference, from `quantbench.analysis.parity`'s comparison."""
 
 import streamlit as st
 
 from dashboard import figures, store_cache, url_state
-from quantbench.analysis import n_needed_text
+from quantbench.analysis.stats import n_needed_text
 from quantbench.report import SYNTHETIC_NOTE
 
 

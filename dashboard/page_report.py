@@ -34,7 +34,7 @@ history = st.toggle("History: every kernel generation", key="history",
 url_state.publish("history", to_url=lambda v: "1" if v else "0", default=False)
 reports = store_cache.reports_for(db, mtime, rules, sel.since, history=history)
 mine = [r for r in reports if store_cache.report_key(r) == sel.gpu and r.model_id == sel.model]
-# A variant made elsewhere (its own model id in the sidebar) sits in its BF16 base's table (quantbench.lineage).
+# A variant made elsewhere (its own model id in the sidebar) sits in its BF16 base's table (quantbench.models.lineage).
 bases = sorted({r.model_id for r in reports if store_cache.report_key(r) == sel.gpu
                 for row in r.rows if row.run.get("own_model_id") == sel.model})
 if not mine and bases:

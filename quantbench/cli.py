@@ -83,13 +83,13 @@ def runs_table(df, title: str) -> Table:
 
 
 def _spec(**kw):
-    from quantbench.backend import RunSpec
+    from quantbench.run.backend import RunSpec
 
     return RunSpec(**kw)
 
 
 def _execute_and_store(spec, db: Path) -> tuple[str, str]:
-    from quantbench.runner import execute, stop_on_signals, stop_requested
+    from quantbench.run.runner import execute, stop_on_signals, stop_requested
     from quantbench.store import Store
 
     with stop_on_signals():  # SIGTERM / SIGHUP / Ctrl-C: the child is killed, the run stored as interrupted
@@ -148,7 +148,7 @@ def run(
         _fail(QuantbenchError(f"--fused-ops {fused_ops!r}: use auto (fused RMSNorm, rotary and q/k/v projections on a GPU) or off"))
     try:
         if base_model is not None:
-            from quantbench.lineage import resolve_given_base
+            from quantbench.models.lineage import resolve_given_base
 
             base_model = resolve_given_base(base_model)
         spec = _spec(backend=backend, model=model, suite=suite, gpu=gpu, device=device, dtype=dtype, base_model=base_model,
@@ -158,8 +158,8 @@ def run(
                      truncate=truncate, method=method, cuda_graph=cuda_graph, fused_ops=fused_ops, warmup=warmup,
                      latency_min_decisions=latency_min_decisions, latency_min_seconds=latency_min_seconds, limit=limit,
                      timeout_s=timeout)
-        from quantbench.backend import get_backend
-        from quantbench.runner import preflight
+        from quantbench.run.backend import get_backend
+        from quantbench.run.runner import preflight
         from quantbench.store import Store
 
         # Refused now, in a second, not after the child's imports or the suite: a store that can't take the run,
@@ -185,7 +185,7 @@ def noise_floor_kernel(gpu: str) -> tuple[str, str]:
     On a GPU that is transformers' `eager` experts loop instead of `grouped_mm` (the card's floor). On a CPU the
     two compute bit-identical answers, which would make a floor of zero noise, so there the second kernel is
     float32 arithmetic over the same bf16 weights: what bf16 rounding alone moves."""
-    from quantbench.machine import detect
+    from quantbench.run.machine import detect
 
     on_cpu = gpu.strip().lower() == "cpu" or not detect().has_gpu
     return ("grouped_mm", "float32") if on_cpu else ("eager", "bfloat16")
@@ -208,8 +208,8 @@ def demo(
     only: Annotated[list[str] | None, typer.Option(help="Run only these backends (repeatable)")] = None,
 ) -> None:
     """Build the embedded default model if needed, run every variant on it, store the results, print the table."""
-    from quantbench.backend import backend_names
-    from quantbench.fixture import default_model_dir
+    from quantbench.models.fixture import default_model_dir
+    from quantbench.run.backend import backend_names
     from quantbench.store import Store
 
     path = _db(db)
@@ -231,8 +231,8 @@ def demo(
         df = Store(path).read(
             "SELECT * FROM run_summary WHERE run_id IN (SELECT unnest(?::UUID[])) ORDER BY created_at", [ids])
         out.print(runs_table(df, f"quantbench demo — stored in {path}"))
-        from quantbench.machine import detect
         from quantbench.report import report_for_this_machine
+        from quantbench.run.machine import detect
 
         # Plain print: the report is markdown meant to be pasted, so no wrapping or markup from rich.
         # It covers this demo's runs only: an older run of the store never stands in for a variant that failed now.
@@ -262,8 +262,8 @@ def demo_failures(store, failed: list[tuple[str, str]], n_runs: int) -> str:
 @app.command()
 def backends() -> None:
     """List installed backends (entry points) and what each can do on this machine."""
-    from quantbench.backend import backend_names, get_backend
-    from quantbench.machine import detect
+    from quantbench.run.backend import backend_names, get_backend
+    from quantbench.run.machine import detect
 
     machine = detect()
     t = Table(title=f"backends on {machine.label}", title_justify="left")
@@ -318,7 +318,7 @@ def fixture(
     seed: Annotated[int, typer.Option(help="--shape: the random weights' seed")] = 0,
 ) -> None:
     """Build (or show) the embedded default model: a small trained Qwen3-MoE with its own tokenizer."""
-    from quantbench.fixture import SYNTHETIC_SHAPES, main_fixture, save_synthetic, synthetic_id
+    from quantbench.models.fixture import SYNTHETIC_SHAPES, main_fixture, save_synthetic, synthetic_id
 
     try:
         if shape is None:
@@ -362,13 +362,13 @@ def quantize(
                                           "calibration pass)")] = True,
 ) -> None:
     """Make a quantized variant with the library that owns the format (auto-round, nvidia-modelopt)."""
-    from quantbench.quantize import quantize as do_quantize
+    from quantbench.models.quantize import quantize as do_quantize
 
     try:
         if model is not None and shape is not None:
             raise ConfigError("give --model or --shape, not both")
         if model is None and shape is None:
-            from quantbench.fixture import default_model_dir
+            from quantbench.models.fixture import default_model_dir
 
             model = str(default_model_dir())
         path = do_quantize(model, scheme, out_dir, iters=iters, nsamples=nsamples, seqlen=seqlen,
@@ -396,8 +396,8 @@ def compare(
     db: DbOpt = None,
 ) -> None:
     """Parity of one run with its BF16 reference, beside the noise floor, with a verdict."""
-    from quantbench.analysis import Margins
-    from quantbench.parity import cli_compare
+    from quantbench.analysis.parity import cli_compare
+    from quantbench.analysis.stats import Margins
 
     try:
         cli_compare(run_id, reference, noise_floor, str(_db(db)), fmt, margins=Margins(margin_agreement, margin_tv))
@@ -498,7 +498,7 @@ def sweep(
     db: DbOpt = None,
 ) -> None:
     """Run a matrix of models × variants × GPUs, one fresh process per run, locally or on Ray."""
-    from quantbench.runner import stop_on_signals, stop_requested
+    from quantbench.run.runner import stop_on_signals, stop_requested
     from quantbench.sweep import cli_sweep
 
     try:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 from quantbench.errors import ConfigError
 
 # Options of one choice question. Past 26 there are no single-letter labels: the options are numbered and
-# scored by continuation (quantbench.prompt.option_labels), one sequence per option.
+# scored by continuation (quantbench.protocol.prompt.option_labels), one sequence per option.
 DEFAULT_MAX_OPTIONS = 64
 # Questions of one request: each is its own sequence in the forward pass.
 DEFAULT_MAX_QUESTIONS = 64

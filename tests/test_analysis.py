@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from quantbench import analysis as an
+from quantbench.analysis import stats as an
 
 
 def answers(rows):

@@ -6,14 +6,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from quantbench.checkpoint import (
+from quantbench.errors import LoadError
+from quantbench.models.checkpoint import (
     experts_tensor_bytes,
     fingerprint,
     load_causal_lm,
     model_identity,
     tensor_bytes,
 )
-from quantbench.errors import LoadError
 from tests.tiny import save_tiny, tiny_model
 
 

@@ -55,7 +55,7 @@ def test_the_gluon_kernels_keep_one_mma_in_flight(compiled):
 
 
 def test_the_grouped_kernels_wait_before_touching_memory(compiled):
-    """Launched with PDL on Hopper (quantbench.pdl), a kernel starts while the one before it still runs: its wait
+    """Launched with PDL on Hopper (quantbench.engine.pdl), a kernel starts while the one before it still runs: its wait
     (SASS ACQBULK) must come before its first global load, store or atomic, and the next kernel's launch after."""
     for key, r in compiled.items():
         assert r["pdl"] == "first", (key, r["pdl"])
@@ -64,8 +64,8 @@ def test_the_grouped_kernels_wait_before_touching_memory(compiled):
 def _small_kernels():
     """The other kernels a decision runs (norms, rotary, routing, grouping, activation codes, dequantize), with
     pointer types and constexprs at the 30B shape."""
-    from quantbench import fused_ops
-    from quantbench.moe import align, fp8, int4, nvfp4, routing
+    from quantbench.engine.fused import ops as fused_ops
+    from quantbench.engine.moe import align, fp8, int4, nvfp4, routing
 
     b16, i32, i64, f32 = "*bf16", "*i32", "*i64", "fp32"
     norm, rope = fused_ops._kernels()

@@ -1,12 +1,12 @@
-"""CUDA graphs around the decision forward (quantbench.cudagraph): the bucket shapes, and the claim that makes
+"""CUDA graphs around the decision forward (quantbench.engine.cudagraph): the bucket shapes, and the claim that makes
 them safe: padding a batch up to its bucket changes no hidden state the engine reads. Capture itself needs a GPU;
 it is exercised on the H200 (docs/BENCHMARKS.md)."""
 
 import pytest
 import torch
 
-from quantbench.cudagraph import GraphedDecoder, bucket
-from quantbench.moe.engine import DenseExperts, install_grouped_moe
+from quantbench.engine.cudagraph import GraphedDecoder, bucket
+from quantbench.engine.moe.engine import DenseExperts, install_grouped_moe
 from tests.tiny import tiny_model
 
 

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 import quantbench.cli as cli
-import quantbench.fixture
+import quantbench.models.fixture
 from quantbench.store import RunResult, Store
 from tests import dashboard_store as ds
 
@@ -50,7 +50,7 @@ def demo_store(tmp_path, monkeypatch):
         return run_id, result.run["status"]
 
     monkeypatch.setattr(cli, "_execute_and_store", execute_and_store)
-    monkeypatch.setattr(quantbench.fixture, "default_model_dir", lambda: tmp_path / "fixture")
+    monkeypatch.setattr(quantbench.models.fixture, "default_model_dir", lambda: tmp_path / "fixture")
     return store, old_int4
 
 

@@ -4,10 +4,10 @@ import json
 import pytest
 import torch
 
-from quantbench import fixture as F
-from quantbench.checkpoint import SYNTHETIC_FILE, load_causal_lm, model_identity
-from quantbench.prompt import CHOICE_LABELS
-from quantbench.suite import load_suite
+from quantbench.models import fixture as F
+from quantbench.models.checkpoint import SYNTHETIC_FILE, load_causal_lm, model_identity
+from quantbench.protocol.prompt import CHOICE_LABELS
+from quantbench.protocol.suite import load_suite
 
 
 def _sha(path) -> str:
@@ -20,7 +20,7 @@ def test_labels_are_single_distinct_tokens():
     assert all(len(i) == 1 for i in ids)
     assert len({i[0] for i in ids}) == len(ids)
     assert tok.pad_token_id is not None and tok.eos_token_id is not None
-    assert not getattr(tok, "chat_template", None)  # the plain template of quantbench.prompt applies
+    assert not getattr(tok, "chat_template", None)  # the plain template of quantbench.protocol.prompt applies
 
 
 def test_tokenizer_splits_numbers_into_digits():
@@ -87,7 +87,7 @@ def test_default_model_beats_chance_on_every_held_out_family(fixture_model_dir):
 def test_default_model_answers_are_peaked(fixture_model_dir):
     from transformers import AutoTokenizer
 
-    from quantbench.scoring import TransformersEngine
+    from quantbench.engine.scoring import TransformersEngine
 
     model = load_causal_lm(fixture_model_dir, dtype=torch.bfloat16, device="cpu")
     engine = TransformersEngine(model, AutoTokenizer.from_pretrained(fixture_model_dir))
@@ -201,7 +201,7 @@ def test_a_real_shape_that_cannot_fit_is_refused_before_allocating_with_the_laye
 HOLD = """
 import fcntl, sys, time
 from pathlib import Path
-from quantbench import fixture as F
+from quantbench.models import fixture as F
 path = Path(sys.argv[1])
 if sys.argv[2] == "quantbench":
     with F._locked(path, "building fixture-test"):

@@ -11,9 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from quantbench.engine.moe import fp8
+from quantbench.engine.moe.nvfp4 import expert_of_rows, triton
 from quantbench.errors import LoadError
-from quantbench.moe import fp8
-from quantbench.moe.nvfp4 import expert_of_rows, triton
 from tests.interpreted import run_interpreted
 from tests.test_nvfp4 import IDS, logits, modelopt_variants, rewrite
 
@@ -49,7 +49,7 @@ def test_activation_fake_quant_equals_modelopts_fp8_eager():
 
 
 def test_grouped_engine_runs_fp8_experts_like_a_per_expert_loop():
-    from quantbench.moe.engine import GroupedMoE, route
+    from quantbench.engine.moe.engine import GroupedMoE, route
 
     torch.manual_seed(2)
     e, h, i = 5, 64, 32
@@ -77,8 +77,8 @@ def test_grouped_engine_runs_fp8_experts_like_a_per_expert_loop():
 def test_fused_triton_kernel_matches_the_dequantized_reference_under_the_interpreter():
     code = """
 import torch
-from quantbench.moe import fp8
-from quantbench.moe.nvfp4 import expert_of_rows
+from quantbench.engine.moe import fp8
+from quantbench.engine.moe.nvfp4 import expert_of_rows
 torch.manual_seed(3)
 for per_channel in (False, True):
     fmt = fp8.Fp8Experts.from_weights(torch.randn(5, 48, 64), per_channel=per_channel, input_scale=torch.tensor([0.01]))
@@ -101,7 +101,7 @@ def test_fused_steps_match_the_unfused_reference_in_both_orientations_under_the_
     scatter back to (token, slot) order of down, with the weights on the MMA's M side (SWAP_AB) and without."""
     run_interpreted("""
 import torch
-from quantbench.moe import fp8
+from quantbench.engine.moe import fp8
 from tests.interpreted import check_fused_steps
 torch.manual_seed(3)
 fmt = fp8.Fp8Experts.from_weights(torch.randn(5, 48, 64), input_scale=torch.tensor([0.01]))
@@ -118,7 +118,7 @@ def test_e4m3_codes_between_the_projections_change_no_bit_under_the_interpreter(
     orientations, both fused-step sets). The E4M3 casts here are the interpreter's, the same in both paths."""
     run_interpreted("""
 import torch
-from quantbench.moe import fp8
+from quantbench.engine.moe import fp8
 torch.manual_seed(5)
 gu = fp8.Fp8Experts.from_weights(torch.randn(5, 64, 64), input_scale=torch.tensor([0.02]))
 dn = fp8.Fp8Experts.from_weights(torch.randn(5, 48, 32), input_scale=torch.tensor([0.05]))
@@ -153,8 +153,8 @@ def test_one_input_scale_is_what_lets_inputs_come_as_codes():
 def test_modelopt_fp8_export_loads_exactly_and_dequantizes_as_modelopt_does():
     from modelopt.torch.quantization.qtensor.fp8_tensor import FP8QTensor
 
-    from quantbench.modelopt_loader import load_quantized
-    from quantbench.moe.fp8 import Fp8Linear
+    from quantbench.engine.moe.fp8 import Fp8Linear
+    from quantbench.models.modelopt import load_quantized
 
     paths = modelopt_variants()
     got = load_quantized(paths["fp8-full"], scheme="fp8")
@@ -196,7 +196,7 @@ def _ct_fp8(src: Path, dst: Path, *, per_channel: bool, dynamic: bool) -> Path:
 
 @pytest.mark.parametrize("per_channel, dynamic", [(True, False), (False, True)])
 def test_compressed_tensors_fp8_per_channel_and_dynamic_layouts_load(tmp_path, per_channel, dynamic):
-    from quantbench.modelopt_loader import load_quantized
+    from quantbench.models.modelopt import load_quantized
 
     src = modelopt_variants()["fp8"]
     ct = load_quantized(_ct_fp8(src, tmp_path / "ct", per_channel=per_channel, dynamic=dynamic), scheme="fp8")
@@ -211,7 +211,7 @@ def test_compressed_tensors_fp8_per_channel_and_dynamic_layouts_load(tmp_path, p
 
 
 def test_block_wise_fp8_scales_are_refused(tmp_path):
-    from quantbench.modelopt_loader import load_quantized
+    from quantbench.models.modelopt import load_quantized
 
     src = modelopt_variants()["fp8"]
     config = {"quant_method": "compressed-tensors", "format": "float-quantized",
@@ -247,9 +247,9 @@ def test_backend_says_native_from_ada_on_and_emulated_before():
 
 def test_backend_loads_the_checkpoint_and_records_emulated_w8a8_on_the_cpu():
     from backends.fp8 import Fp8Backend
-    from quantbench.backend import RunSpec
-    from quantbench.machine import detect
     from quantbench.protocol import parse_request
+    from quantbench.run.backend import RunSpec
+    from quantbench.run.machine import detect
 
     loaded = Fp8Backend().load(RunSpec(backend="fp8", model=str(modelopt_variants()["fp8"]), device="cpu"), detect())
     assert loaded.info.variant == "fp8" and loaded.info.native == "emulated"
@@ -259,7 +259,7 @@ def test_backend_loads_the_checkpoint_and_records_emulated_w8a8_on_the_cpu():
     answer = loaded.engine.forward(loaded.engine.prepare(request))["ok"]
     assert set(answer.probabilities) == {"yes", "no"}
     with pytest.raises(LoadError, match="--backend fp8"):
-        from quantbench.modelopt_loader import load_quantized
+        from quantbench.models.modelopt import load_quantized
 
         load_quantized(modelopt_variants()["fp8"], scheme="nvfp4")
     assert json.loads((modelopt_variants()["fp8"] / "config.json").read_text())["quantization_config"]["quant_algo"] == "FP8"

@@ -1,4 +1,4 @@
-"""quantbench.fused_layer: the decoder layer's residual adds and the q/k norms folded into the kernels beside them.
+"""quantbench.engine.fused.layer: the decoder layer's residual adds and the q/k norms folded into the kernels beside them.
 The kernels run under Triton's CPU interpreter (a fresh process each), on a tiny Qwen3-MoE; their GPU figures are in
 docs/BENCHMARKS.md. The interpreter's float32 -> bfloat16 cast truncates, so where a path rounds with a cast and the
 other in integer arithmetic (round_bf16), bfloat16 results are compared within one rounding step."""
@@ -13,8 +13,8 @@ pytest.importorskip("triton")
 
 KERNELS = """
 import torch
-from quantbench.fused_ops import add_rms_norm, apply_rope, rms_norm
-from quantbench.moe.routing import sum_slots, sum_slots_norm
+from quantbench.engine.fused.ops import add_rms_norm, apply_rope, rms_norm
+from quantbench.engine.moe.routing import sum_slots, sum_slots_norm
 
 torch.manual_seed(0)
 for dtype in (torch.float32, torch.bfloat16):
@@ -61,10 +61,10 @@ def test_add_norm_slot_sum_and_qk_norm_rope_kernels_match_the_unfused_ops():
 LAYERS = """
 import functools
 import torch
-from quantbench import fused_layer
-from quantbench import fused_ops
-from quantbench.moe import install_grouped_moe
-from quantbench.moe.engine import DenseExperts
+from quantbench.engine.fused import layer as fused_layer
+from quantbench.engine.fused import ops as fused_ops
+from quantbench.engine.moe import install_grouped_moe
+from quantbench.engine.moe.engine import DenseExperts
 from tests.tiny import tiny_model
 
 for dtype in (torch.float32, torch.bfloat16):

@@ -1,4 +1,4 @@
-"""quantbench.fused_ops (RMSNorm, rotary) and quantbench.moe.align (expert grouping): the Triton kernels run
+"""quantbench.engine.fused.ops (RMSNorm, rotary) and quantbench.engine.moe.align (expert grouping): the Triton kernels run
 under Triton's CPU interpreter here (the same source the GPU compiles; their GPU figures are in BENCHMARKS.md).
 The interpreter rounds float32 -> bfloat16 toward zero where the GPU rounds to nearest, so bfloat16 results are
 compared within one rounding step here and bit for bit on the GPU (benchmarks/fused_ops_check.py)."""
@@ -15,8 +15,8 @@ import torch
 INTERPRETED = """
 import torch
 from transformers.models.qwen3_moe import modeling_qwen3_moe as mq
-from quantbench.fused_ops import apply_rope, rms_norm
-from quantbench.moe.align import ONE_LAUNCH_PAIRS, group_by_expert
+from quantbench.engine.fused.ops import apply_rope, rms_norm
+from quantbench.engine.moe.align import ONE_LAUNCH_PAIRS, group_by_expert
 
 torch.manual_seed(0)
 for n, shape in ((256, (3, 5, 256)), (64, (2, 9, 4, 64)), (48, (7, 48))):
@@ -84,7 +84,7 @@ def test_kernels_match_transformers_and_group_every_pair_under_the_triton_interp
 def test_install_leaves_a_cpu_model_alone_and_rejects_an_unknown_mode():
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    from quantbench import fused_ops
+    from quantbench.engine.fused import ops as fused_ops
 
     config = Qwen3MoeConfig(vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
                             num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
@@ -99,7 +99,7 @@ def test_install_leaves_a_cpu_model_alone_and_rejects_an_unknown_mode():
 
 
 def test_rms_norm_reads_a_strided_slice_of_the_fused_projection_without_a_copy():
-    from quantbench.fused_ops import _rows
+    from quantbench.engine.fused.ops import _rows
 
     qkv = torch.randn(2, 9, (32 + 2 * 4) * 128)
     for h, x in ((32, qkv[..., :32 * 128].view(2, 9, 32, 128)), (4, qkv[..., 32 * 128:36 * 128].view(2, 9, 4, 128))):
@@ -117,7 +117,7 @@ def test_rms_norm_reads_a_strided_slice_of_the_fused_projection_without_a_copy()
 
 
 def test_run_spec_and_sweep_accept_fused_ops_and_refuse_other_values():
-    from quantbench.backend import RunSpec
+    from quantbench.run.backend import RunSpec
     from quantbench.sweep.spec import CHOICES
 
     assert RunSpec(backend="bf16").fused_ops == "auto"
@@ -135,8 +135,8 @@ def test_the_cli_names_the_flag_when_fused_ops_is_wrong(tmp_path):
 
 
 def test_grouped_moe_on_cpu_still_takes_the_sort_path():
-    from quantbench.moe.align import triton_available
-    from quantbench.moe.engine import DenseExperts, GroupedMoE
+    from quantbench.engine.moe.align import triton_available
+    from quantbench.engine.moe.engine import DenseExperts, GroupedMoE
 
     torch.manual_seed(0)
     gate = torch.nn.Linear(16, 4, bias=False)
@@ -159,7 +159,7 @@ def test_grouped_moe_on_cpu_still_takes_the_sort_path():
 
 def test_a_probe_that_fails_to_run_keeps_the_original_op_and_says_why():
     """An optional kernel that does not compile on some GPU must not end the run: the probe says no, with a warning."""
-    from quantbench import fused_ops
+    from quantbench.engine.fused import ops as fused_ops
 
     def broken(*_):
         raise RuntimeError("PTX too new for this driver")

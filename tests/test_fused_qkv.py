@@ -1,4 +1,4 @@
-"""quantbench.fused_ops.fuse_qkv: q_proj, k_proj, v_proj as one GEMM over views of one weight. install does this only
+"""quantbench.engine.fused.ops.fuse_qkv: q_proj, k_proj, v_proj as one GEMM over views of one weight. install does this only
 on a GPU after a probe; the mechanism itself is plain PyTorch and is tested here on CPU."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from quantbench import fused_ops
+from quantbench.engine.fused import ops as fused_ops
 from tests.tiny import tiny_model
 
 

@@ -19,16 +19,16 @@ import uvicorn
 import backends.http as http_backend
 from backends.bf16 import Bf16Backend
 from backends.http import HttpBackend, RemoteError, check_answers
-from quantbench.backend import LoadedVariant, RunSpec, VariantInfo, get_backend
+from quantbench.engine.scoring import TransformersEngine
 from quantbench.errors import ConfigError, LoadError
-from quantbench.fixture import default_model_dir
-from quantbench.machine import detect
+from quantbench.models.fixture import default_model_dir
 from quantbench.protocol import QuestionAnswer, parse_request
-from quantbench.runner import execute
-from quantbench.scoring import TransformersEngine
+from quantbench.protocol.suite import load_suite
+from quantbench.run.backend import LoadedVariant, RunSpec, VariantInfo, get_backend
+from quantbench.run.machine import detect
+from quantbench.run.runner import execute
 from quantbench.server import create_app
 from quantbench.store import Store
-from quantbench.suite import load_suite
 from tests.test_server import CARD_BODY, ServerProcess, free_port, request_for
 from tests.tiny import tiny_model, tiny_tokenizer
 

@@ -13,11 +13,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from backends.int4 import Int4Backend
-from quantbench.backend import RunSpec
-from quantbench.checkpoint import PROVENANCE_FILE, fingerprint, load_causal_lm
+from quantbench.engine.moe.int4 import pack_k, pack_rows, regroup_experts, rtn_experts, unpack_cols, unpack_k
 from quantbench.errors import ConfigError, LoadError
-from quantbench.moe.int4 import pack_k, pack_rows, regroup_experts, rtn_experts, unpack_cols, unpack_k
-from quantbench.quantize import Recipe, cached_variant, calibration_texts, quantize
+from quantbench.models.checkpoint import PROVENANCE_FILE, fingerprint, load_causal_lm
+from quantbench.models.quantize import Recipe, cached_variant, calibration_texts, quantize
+from quantbench.run.backend import RunSpec
 
 CPU = SimpleNamespace(has_gpu=False, gpu_name=None)
 
@@ -78,7 +78,7 @@ def test_regrouped_experts_compute_what_autorounds_own_kernel_computes(sym):
 def test_cpu_dequantize_is_bit_identical_to_the_formula_in_every_layout(e, n, k, g, k_block):
     """(q - z) * s in float32, rounded once: slice by slice (dequantize_slices), or by the whole-block fallback
     where a group does not hold whole 16-row slices (g = 40), asymmetric zero points, any subset of experts."""
-    from quantbench.moe.int4 import Int4Experts
+    from quantbench.engine.moe.int4 import Int4Experts
 
     torch.manual_seed(e + k)
     q = torch.randint(0, 16, (e, k, n))
@@ -138,7 +138,7 @@ def test_rtn_rounds_each_weight_to_within_half_a_step():
 INTERPRETED_KERNEL_CHECK = """
 import torch
 from torch.nn.functional import silu
-from quantbench.moe.int4 import Int4Experts, int4_grouped_mm, triton_dequantize
+from quantbench.engine.moe.int4 import Int4Experts, int4_grouped_mm, triton_dequantize
 torch.manual_seed(0)
 worst = 0.0
 cases = [(False, 128, (4, 256, 96), [5, 0, 16, 9], None), (True, 32, (3, 128, 64), [40, 1, 0], "swap"),
@@ -194,9 +194,9 @@ def test_fused_kernel_matches_the_reference_under_the_triton_interpreter():
 
 # -- calibration and the quantize verb --------------------------------------------------------------------------
 def test_calibration_texts_are_rendered_train_records_of_at_least_seqlen_tokens():
-    from quantbench.fixture import build_tokenizer
-    from quantbench.prompt import answer_text, render_prompt
-    from quantbench.suitegen import generate, split_of
+    from quantbench.models.fixture import build_tokenizer
+    from quantbench.protocol.prompt import answer_text, render_prompt
+    from quantbench.protocol.suitegen import generate, split_of
 
     tokenizer = build_tokenizer()
     texts = calibration_texts(tokenizer, 4, 128)
@@ -249,9 +249,9 @@ def test_quantize_takes_a_checkpoint_or_a_synthetic_shape_and_says_which_when_ne
 SYNTHETIC_QUANTIZE = """
 import json, sys
 from pathlib import Path
-from quantbench import fixture
-from quantbench.checkpoint import model_identity
-from quantbench.quantize import quantize
+from quantbench.models import fixture
+from quantbench.models.checkpoint import model_identity
+from quantbench.models.quantize import quantize
 import auto_round
 
 made_with, real = {}, auto_round.AutoRound  # what AutoRound was asked for: --plain-rtn must reach it
@@ -293,7 +293,7 @@ RECIPE = {"nsamples": 8, "seqlen": 128}
 
 @pytest.fixture(scope="module")
 def source():
-    from quantbench.fixture import default_model_dir
+    from quantbench.models.fixture import default_model_dir
 
     return default_model_dir(progress=False)
 
@@ -347,7 +347,7 @@ def test_the_cached_variant_is_reused_not_requantized(source, variant):
 
 @pytest.mark.slow
 def test_fast_path_agrees_with_autorounds_per_expert_path_on_the_default_suite(variant):
-    from quantbench.suite import load_suite
+    from quantbench.protocol.suite import load_suite
 
     records = load_suite(None).records
     engines = {fast: load(variant, fast).engine for fast in (True, False)}

@@ -12,7 +12,7 @@ import re
 import pytest
 import torch
 
-from quantbench.moe import int4, int4_wgmma
+from quantbench.engine.moe import int4, int4_wgmma
 
 MASK = 0xFFFFFFFF
 

@@ -1,4 +1,4 @@
-"""Variants made elsewhere meet their BF16 base (issue #22 item 12): the evidence a run records (quantbench.lineage)
+"""Variants made elsewhere meet their BF16 base (issue #22 item 12): the evidence a run records (quantbench.models.lineage)
 on checkpoints made by auto-round and ModelOpt directly, with no quantbench provenance, and the report / compare
 pairing a variant with its base by that evidence."""
 
@@ -11,10 +11,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from quantbench import lineage, parity, report
-from quantbench.backend import RunSpec
+from quantbench import report
+from quantbench.analysis import parity
 from quantbench.errors import ConfigError
-from quantbench.runner import execute
+from quantbench.models import lineage
+from quantbench.run.backend import RunSpec
+from quantbench.run.runner import execute
 from quantbench.store import Store
 from tests.test_report import Lab
 

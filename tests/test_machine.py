@@ -3,7 +3,7 @@
 import pytest
 
 from quantbench.errors import GpuMismatchError
-from quantbench.machine import Machine, check_gpu, detect, family_of
+from quantbench.run.machine import Machine, check_gpu, detect, family_of
 
 HOST = dict(host="h", cpu_model="cpu", host_memory_bytes=1, os="Linux", python_version="3.11")
 H200 = Machine(device="cuda:0", gpu_name="NVIDIA H200", gpu_family="hopper", gpu_uuid="GPU-1", gpu_cc="9.0",

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from quantbench.backend import RunSpec
 from quantbench.errors import ConfigError
-from quantbench.runner import execute
-from quantbench.suite import load_suite
+from quantbench.protocol.suite import load_suite
+from quantbench.run.backend import RunSpec
+from quantbench.run.runner import execute
 
 ROOT = Path(__file__).resolve().parent.parent
 

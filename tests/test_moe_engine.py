@@ -6,8 +6,15 @@ import pytest
 import torch
 from torch import nn
 
+from quantbench.engine.moe import (
+    DenseExperts,
+    GroupedMoE,
+    experts_nbytes,
+    install_grouped_moe,
+    moe_blocks,
+    route,
+)
 from quantbench.errors import ConfigError, UnsupportedError
-from quantbench.moe import DenseExperts, GroupedMoE, experts_nbytes, install_grouped_moe, moe_blocks, route
 from tests.tiny import tiny_model
 
 
@@ -100,7 +107,7 @@ def test_bf16_experts_impl_quantbench_runs_the_same_weights_through_the_engine_a
 
 def test_the_paths_a_forward_took_are_what_a_run_records():
     """A run records the kernel paths its forwards took (a large batch may take another than the one planned)."""
-    from quantbench.moe.engine import DenseExperts, GroupedMoE, kernel_paths, kernel_paths_ran
+    from quantbench.engine.moe.engine import DenseExperts, GroupedMoE, kernel_paths, kernel_paths_ran
 
     torch.manual_seed(0)
     moe = GroupedMoE(torch.nn.Linear(16, 4, bias=False), DenseExperts(torch.randn(4, 16, 16)),
@@ -114,8 +121,8 @@ def test_the_paths_a_forward_took_are_what_a_run_records():
 def test_forwards_before_the_run_are_not_what_it_ran():
     """The install probes' and a calibration's forwards are forgotten when the scoring engine is built: the run
     then records only what its own forwards took (a probe's 38 tokens may take another kernel than the run)."""
-    from quantbench.moe.engine import kernel_paths_ran
-    from quantbench.scoring import TransformersEngine
+    from quantbench.engine.moe.engine import kernel_paths_ran
+    from quantbench.engine.scoring import TransformersEngine
     from tests.tiny import tiny_tokenizer
 
     model = tiny_model()
@@ -130,7 +137,7 @@ def test_h_goes_to_down_as_e4m3_codes_only_when_both_fp8_kernels_take_them(monke
     """The choice made before gate_up runs (the kernels themselves run on a GPU; tests/test_fp8.py checks them
     under the interpreter): codes only for a bf16 model, both projections on their native fused FP8 kernels, and
     one input scale for every expert of down."""
-    from quantbench.moe import fp8
+    from quantbench.engine.moe import fp8
 
     monkeypatch.setattr(fp8.Fp8Experts, "_native", lambda self, device: True)
     one, per_expert = torch.tensor([0.02]), torch.tensor([0.02, 0.03, 0.02, 0.02])

@@ -17,8 +17,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from quantbench.engine.moe import nvfp4 as nv
 from quantbench.errors import LoadError
-from quantbench.moe import nvfp4 as nv
 from tests.interpreted import run_interpreted
 from tests.tiny import save_tiny
 
@@ -36,7 +36,7 @@ def modelopt_variants() -> dict[str, Path]:
     root = Path(tempfile.mkdtemp(prefix="quantbench-modelopt-"))
     atexit.register(shutil.rmtree, root, True)
     src = save_tiny(root / "bf16")
-    code = ("import sys, json; from quantbench.quantize.modelopt import quantize_modelopt\n"
+    code = ("import sys, json; from quantbench.models.quantize.modelopt import quantize_modelopt\n"
             "for out, (scheme, experts_only) in json.loads(sys.argv[2]).items():\n"
             "    quantize_modelopt(sys.argv[1], scheme, out, nsamples=4, seqlen=64, experts_only=experts_only,"
             " progress=False, device='cpu')")
@@ -161,7 +161,7 @@ def test_fused_triton_kernels_match_their_references_under_the_interpreter():
     the activation fake-quant (shared and per-expert scales) against the torch definition, element for element."""
     code = """
 import torch
-from quantbench.moe import nvfp4 as nv
+from quantbench.engine.moe import nvfp4 as nv
 torch.manual_seed(1)
 e, n, k = 5, 48, 64
 fmt = nv.Nvfp4Experts.from_weights(torch.randn(e, n, k))
@@ -193,7 +193,7 @@ def test_fused_steps_match_the_unfused_reference_in_both_orientations_under_the_
     back to (token, slot) order for down, with the weights on the MMA's M side (SWAP_AB) and without."""
     run_interpreted("""
 import torch
-from quantbench.moe import nvfp4 as nv
+from quantbench.engine.moe import nvfp4 as nv
 from tests.interpreted import check_fused_steps
 torch.manual_seed(2)
 fmt = nv.Nvfp4Experts.from_weights(torch.randn(5, 48, 64))
@@ -232,7 +232,7 @@ def _loop_reference(x, gate_up, down, index, weights, s_in, s_down):
 
 @pytest.mark.parametrize("activations", [True, False])
 def test_grouped_engine_quantizes_each_projections_input_like_a_per_expert_loop(activations):
-    from quantbench.moe.engine import GroupedMoE, route
+    from quantbench.engine.moe.engine import GroupedMoE, route
 
     torch.manual_seed(2)
     e, h, i, tokens = 6, 64, 32, 20
@@ -264,8 +264,8 @@ def test_modelopt_export_loads_and_matches_modelopt_dequantized_experts_layer_by
     weights dequantized by ModelOpt's NVFP4QTensor from the exported tensors."""
     from modelopt.torch.quantization.qtensor.nvfp4_tensor import NVFP4QTensor
 
-    from quantbench.checkpoint import load_causal_lm
-    from quantbench.modelopt_loader import load_quantized
+    from quantbench.models.checkpoint import load_causal_lm
+    from quantbench.models.modelopt import load_quantized
 
     mine = load_quantized(nvfp4_dir, scheme="nvfp4", activations=False).model
     ref = load_causal_lm(tiny_dir, dtype=torch.bfloat16, device="cpu", experts_implementation="eager")
@@ -295,8 +295,8 @@ def test_modelopt_export_loads_and_matches_modelopt_dequantized_experts_layer_by
 
 
 def test_packed_and_unpacked_give_identical_logits_and_unpacked_is_bf16_sized(nvfp4_dir):
-    from quantbench.modelopt_loader import load_quantized
-    from quantbench.moe.engine import experts_nbytes
+    from quantbench.engine.moe.engine import experts_nbytes
+    from quantbench.models.modelopt import load_quantized
 
     packed = load_quantized(nvfp4_dir, scheme="nvfp4", mode="packed").model
     unpacked = load_quantized(nvfp4_dir, scheme="nvfp4", mode="unpacked").model
@@ -333,7 +333,7 @@ AR_CONFIG = {"quant_method": "auto-round", "packing_format": "auto_round:llm_com
 
 @pytest.mark.parametrize("config", [CT_CONFIG, AR_CONFIG], ids=["compressed-tensors", "auto-round"])
 def test_compressed_tensors_and_autoround_layouts_load_to_the_same_model(nvfp4_dir, tmp_path, config):
-    from quantbench.modelopt_loader import load_quantized
+    from quantbench.models.modelopt import load_quantized
 
     other = rewrite(nvfp4_dir, tmp_path / "other", config=config, rename=_ct_rename)
     got = load_quantized(other, scheme="nvfp4")
@@ -343,7 +343,7 @@ def test_compressed_tensors_and_autoround_layouts_load_to_the_same_model(nvfp4_d
 
 
 def test_a_missing_tensor_is_refused_by_name(nvfp4_dir, tmp_path):
-    from quantbench.modelopt_loader import load_quantized
+    from quantbench.models.modelopt import load_quantized
 
     broken = rewrite(nvfp4_dir, tmp_path / "broken", drop="model.layers.1.mlp.experts.3.up_proj.weight_scale")
     with pytest.raises(LoadError, match=r"model\.layers\.1\.mlp\.experts\.3\.up_proj\.weight_scale is missing"):
@@ -354,7 +354,7 @@ def test_a_missing_tensor_is_refused_by_name(nvfp4_dir, tmp_path):
 
 
 def test_leftover_and_misshapen_tensors_are_refused_by_name(nvfp4_dir, tmp_path):
-    from quantbench.modelopt_loader import load_quantized
+    from quantbench.models.modelopt import load_quantized
 
     extra = rewrite(nvfp4_dir, tmp_path / "extra", add={"model.layers.0.mlp.experts.0.gate_proj.k_scale": torch.ones(())})
     with pytest.raises(LoadError, match=r"no place for: model\.layers\.0\.mlp\.experts\.0\.gate_proj\.k_scale"):
@@ -374,7 +374,7 @@ def test_leftover_and_misshapen_tensors_are_refused_by_name(nvfp4_dir, tmp_path)
     ({"quant_method": "modelopt", "quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8"}, "kv_cache_quant_algo"),
 ])
 def test_formats_it_does_not_read_are_refused_with_the_reason(nvfp4_dir, tmp_path, config, message):
-    from quantbench.modelopt_loader import load_quantized
+    from quantbench.models.modelopt import load_quantized
 
     other = rewrite(nvfp4_dir, tmp_path / "other", config=config)
     with pytest.raises(LoadError, match=message):
@@ -382,7 +382,7 @@ def test_formats_it_does_not_read_are_refused_with_the_reason(nvfp4_dir, tmp_pat
 
 
 def test_an_nvfp4_checkpoint_given_to_fp8_names_the_right_backend(nvfp4_dir, tiny_dir):
-    from quantbench.modelopt_loader import load_quantized
+    from quantbench.models.modelopt import load_quantized
 
     with pytest.raises(LoadError, match="--backend nvfp4"):
         load_quantized(nvfp4_dir, scheme="fp8")
@@ -391,8 +391,8 @@ def test_an_nvfp4_checkpoint_given_to_fp8_names_the_right_backend(nvfp4_dir, tin
 
 
 def test_full_variant_quantizes_attention_too_and_still_loads_exactly():
-    from quantbench.modelopt_loader import load_quantized
-    from quantbench.moe.nvfp4 import Nvfp4Linear
+    from quantbench.engine.moe.nvfp4 import Nvfp4Linear
+    from quantbench.models.modelopt import load_quantized
 
     full = modelopt_variants()["nvfp4-full"]
     got = load_quantized(full, scheme="nvfp4")
@@ -405,9 +405,9 @@ def test_full_variant_quantizes_attention_too_and_still_loads_exactly():
 # -- the backend ---------------------------------------------------------------------------------------------------------
 def test_backend_records_packed_emulated_w4a4_and_answers(nvfp4_dir):
     from backends.nvfp4 import Nvfp4Backend
-    from quantbench.backend import RunSpec
-    from quantbench.machine import detect
     from quantbench.protocol import parse_request
+    from quantbench.run.backend import RunSpec
+    from quantbench.run.machine import detect
 
     machine = detect()
     backend = Nvfp4Backend()
@@ -444,9 +444,9 @@ def test_backend_availability_says_native_only_on_blackwell():
 @pytest.mark.slow
 def test_default_variant_packed_and_unpacked_agree_on_every_question_of_the_default_suite():
     from backends.nvfp4 import Nvfp4Backend
-    from quantbench.backend import RunSpec
-    from quantbench.machine import detect
-    from quantbench.suite import load_suite
+    from quantbench.protocol.suite import load_suite
+    from quantbench.run.backend import RunSpec
+    from quantbench.run.machine import detect
 
     machine, backend = detect(), Nvfp4Backend()
     packed = backend.load(RunSpec(backend="nvfp4", device="cpu"), machine).engine

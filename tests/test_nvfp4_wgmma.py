@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quantbench.moe import nvfp4, nvfp4_wgmma
+from quantbench.engine.moe import nvfp4, nvfp4_wgmma
 
 MASK = 0xFFFFFFFF
 

@@ -1,8 +1,8 @@
-"""quantbench.pdl: when kernels launch early, and that a launch gets the wait with the attribute (never alone)."""
+"""quantbench.engine.pdl: when kernels launch early, and that a launch gets the wait with the attribute (never alone)."""
 
 import torch
 
-from quantbench import pdl
+from quantbench.engine import pdl
 
 
 def test_off_on_cpus_and_under_the_interpreter(monkeypatch):

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from quantbench.checkpoint import fingerprint
-from quantbench.quantize import cached_variant, library_log
+from quantbench.models.checkpoint import fingerprint
+from quantbench.models.quantize import cached_variant, library_log
 from quantbench.term import libraries_to
 from tests.tiny import save_tiny
 
@@ -62,8 +62,8 @@ def test_a_failed_quantization_names_the_libraries_log(tiny_source, tmp_path, mo
 
 
 def test_an_int4_run_keeps_auto_rounds_load_messages_on_the_run_instead_of_printing_them(tiny_int4, tmp_path, capfd):
-    from quantbench.backend import RunSpec
-    from quantbench.runner import execute
+    from quantbench.run.backend import RunSpec
+    from quantbench.run.runner import execute
 
     suite = tmp_path / "mini.jsonl"
     suite.write_text('{"id": "r0", "benchmark": "mini", "request": {"state": {"observation": "a wall"}, '

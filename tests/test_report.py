@@ -9,9 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from quantbench import analysis as an
-from quantbench import parity, report
-from quantbench.analysis import ParityError
+from quantbench import report
+from quantbench.analysis import parity
+from quantbench.analysis import stats as an
+from quantbench.analysis.stats import ParityError
 from quantbench.errors import ConfigError, QuantbenchError
 from quantbench.report import Rules
 from quantbench.store import RunResult, Store, uuid7

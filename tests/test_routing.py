@@ -1,4 +1,4 @@
-"""quantbench.moe.routing: the route kernel (softmax + top-k + renormalisation + cast) and the sum over the k slots,
+"""quantbench.engine.moe.routing: the route kernel (softmax + top-k + renormalisation + cast) and the sum over the k slots,
 run under Triton's CPU interpreter against the engine's torch ops and against the order each kernel documents.
 
 Under the interpreter exp is numpy's, not CUDA's expf, so the kernel is compared bit for bit with that order spelled
@@ -59,7 +59,7 @@ def distinct_logits(t, e, dtype):  # no two experts of a row tie (a permutation 
 def test_route_kernel_matches_torch_and_its_documented_order_under_the_interpreter():
     pytest.importorskip("triton")
     run_interpreted(ORDER + """
-from quantbench.moe.routing import route_topk
+from quantbench.engine.moe.routing import route_topk
 
 torch.manual_seed(0)
 ulps = cases = 0
@@ -87,7 +87,7 @@ print("ok")
 def test_route_kernel_lists_tied_experts_lowest_first_under_the_interpreter():
     pytest.importorskip("triton")
     run_interpreted(ORDER + """
-from quantbench.moe.routing import route_topk
+from quantbench.engine.moe.routing import route_topk
 
 torch.manual_seed(1)
 logits = torch.randint(-2, 3, (16, 64)).float()  # about 13 experts per value: ties inside and across the k-th
@@ -110,7 +110,7 @@ def test_sum_slots_adds_the_slots_in_order_in_float32_and_rounds_once_under_the_
     pytest.importorskip("triton")
     run_interpreted("""
 import torch
-from quantbench.moe.routing import sum_slots
+from quantbench.engine.moe.routing import sum_slots
 
 torch.manual_seed(2)
 for t, k, h in ((1, 1, 64), (7, 2, 100), (3, 8, 2048)):
@@ -128,8 +128,8 @@ print("ok")
 
 
 def test_the_engine_keeps_torchs_ops_on_the_cpu(monkeypatch):
-    from quantbench.moe import engine
-    from quantbench.moe.engine import DenseExperts, GroupedMoE, route
+    from quantbench.engine.moe import engine
+    from quantbench.engine.moe.engine import DenseExperts, GroupedMoE, route
 
     def no_kernel(*_):
         raise AssertionError("a routing kernel ran on the CPU")
@@ -151,7 +151,7 @@ def test_the_engine_keeps_torchs_ops_on_the_cpu(monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_the_kernels_match_torchs_cuda_ops_bit_for_bit():
     pytest.importorskip("triton")
-    from quantbench.moe.routing import route_topk, sum_slots
+    from quantbench.engine.moe.routing import route_topk, sum_slots
 
     def bits(v):
         return v.view(torch.int16 if v.element_size() == 2 else torch.int32)

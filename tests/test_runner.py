@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from quantbench.backend import RunSpec
 from quantbench.errors import GpuMismatchError
-from quantbench.runner import execute
+from quantbench.run.backend import RunSpec
+from quantbench.run.runner import execute
 from quantbench.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,7 +80,7 @@ def test_a_child_past_its_timeout_is_killed_and_recorded(suite):
 
 
 def test_a_gpu_mismatch_is_refused_before_anything_runs(suite):
-    from quantbench.machine import detect
+    from quantbench.run.machine import detect
 
     if detect().has_gpu:
         pytest.skip("this test needs a CPU-only host")
@@ -109,8 +109,8 @@ def test_throughput_mode_batches_decisions_into_one_forward(suite):
 def test_tokenizer_hash_is_the_sha256_of_the_token_ids_the_model_was_given(suite):
     import hashlib
 
-    from quantbench.scoring import TransformersEngine
-    from quantbench.suite import load_suite
+    from quantbench.engine.scoring import TransformersEngine
+    from quantbench.protocol.suite import load_suite
     from tests.tiny import tiny_model, tiny_tokenizer
 
     engine = TransformersEngine(tiny_model(), tiny_tokenizer())
@@ -178,7 +178,7 @@ def test_a_killed_parent_takes_its_child_with_it(tmp_path, suite, sig):
         assert "told to stop (SIGTERM)" in runs.error.iloc[0] and "interrupted" in output
         assert not run_dirs[0].exists()
     else:  # nothing could clean up; the next run removes the dead parent's folder
-        from quantbench.runner import _clear_orphaned_tmp
+        from quantbench.run.runner import _clear_orphaned_tmp
 
         assert parent.returncode == -9 and run_dirs[0].exists()
         _clear_orphaned_tmp()
@@ -202,7 +202,7 @@ def _execute_and_kill_child(tmp_path, suite, monkeypatch):
 
 
 def test_an_outside_sigkill_is_labelled_killed_not_oom(tmp_path, suite, monkeypatch):
-    import quantbench.runner as runner
+    import quantbench.run.runner as runner
 
     monkeypatch.setattr(runner, "oom_kill_count", lambda: 0)  # the cgroup's counter, unchanged
     run = _execute_and_kill_child(tmp_path, suite, monkeypatch)
@@ -215,7 +215,7 @@ def test_a_sigkill_with_an_oom_kill_recorded_in_the_cgroup_is_labelled_oom(tmp_p
     # (an OOM kill for real would hit every process of this machine's cgroup).
     import itertools
 
-    import quantbench.runner as runner
+    import quantbench.run.runner as runner
 
     counts = itertools.count(3)
     monkeypatch.setattr(runner, "oom_kill_count", lambda: next(counts))
@@ -225,7 +225,7 @@ def test_a_sigkill_with_an_oom_kill_recorded_in_the_cgroup_is_labelled_oom(tmp_p
 
 
 def test_an_unreadable_oom_counter_is_no_evidence(tmp_path, suite, monkeypatch):
-    import quantbench.runner as runner
+    import quantbench.run.runner as runner
 
     monkeypatch.setattr(runner, "oom_kill_count", lambda: None)
     assert _execute_and_kill_child(tmp_path, suite, monkeypatch)["failure"] == "killed"
@@ -268,8 +268,8 @@ def test_a_bad_setting_found_in_the_child_is_labelled_config_error(tmp_path, sui
 def test_classify_names_out_of_memory_only_with_evidence():
     import torch
 
-    from quantbench.child import classify
     from quantbench.errors import ConfigError, LoadError, UnsupportedError
+    from quantbench.run.child import classify
 
     assert classify(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")) == "oom"
     assert classify(MemoryError()) == "oom"

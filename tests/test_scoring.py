@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from quantbench.engine.scoring import TransformersEngine
 from quantbench.errors import ContextLengthError
 from quantbench.protocol import parse_request
-from quantbench.scoring import TransformersEngine
 from tests.tiny import tiny_model, tiny_tokenizer
 
 REQUEST = {

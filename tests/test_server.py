@@ -23,10 +23,10 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from quantbench.backend import LoadedVariant, VariantInfo
+from quantbench.engine.scoring import TransformersEngine
 from quantbench.errors import LoadError
 from quantbench.protocol import DecisionRequest, DecisionResponse, parse_request
-from quantbench.scoring import TransformersEngine
+from quantbench.run.backend import LoadedVariant, VariantInfo
 from quantbench.server import DEMO_REQUEST, cli_serve, create_app, demo
 from tests.tiny import save_tiny, tiny_model, tiny_tokenizer
 
@@ -370,8 +370,8 @@ SERVER = """
 import sys, time
 import torch
 torch.set_num_threads(1)  # the tests measure behaviour, not speed: one thread keeps a busy 2-core machine usable
-from quantbench.backend import RunSpec, get_backend
-from quantbench.machine import detect
+from quantbench.run.backend import RunSpec, get_backend
+from quantbench.run.machine import detect
 from quantbench.server import create_app, serve
 
 model, port, key, load_delay, forward_delay, max_queue = sys.argv[1:7]

@@ -160,8 +160,8 @@ SLOW_SERVER = """
 import json, sys, time
 import torch
 torch.set_num_threads(1)
-from quantbench.backend import RunSpec, get_backend
-from quantbench.machine import detect
+from quantbench.run.backend import RunSpec, get_backend
+from quantbench.run.machine import detect
 from quantbench.server import create_app, serve
 
 model, port, forward_delay, settings = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), json.loads(sys.argv[4])
@@ -287,8 +287,8 @@ def test_a_batch_holds_at_most_max_request_tokens_padded_tokens():
 
     from fastapi.testclient import TestClient
 
-    from quantbench.backend import LoadedVariant, VariantInfo
-    from quantbench.scoring import TransformersEngine
+    from quantbench.engine.scoring import TransformersEngine
+    from quantbench.run.backend import LoadedVariant, VariantInfo
     from quantbench.server import create_app
     from tests.tiny import tiny_model, tiny_tokenizer
 
@@ -321,8 +321,8 @@ def test_a_batch_holds_at_most_max_request_tokens_padded_tokens():
 def test_memory_freed_by_forward_passes_is_given_back_when_the_queue_empties():
     from fastapi.testclient import TestClient
 
-    from quantbench.backend import LoadedVariant, VariantInfo
-    from quantbench.scoring import TransformersEngine
+    from quantbench.engine.scoring import TransformersEngine
+    from quantbench.run.backend import LoadedVariant, VariantInfo
     from quantbench.server import create_app, malloc_trim
     from tests.tiny import tiny_model, tiny_tokenizer
 
@@ -343,9 +343,9 @@ def test_memory_freed_by_forward_passes_is_given_back_when_the_queue_empties():
 def test_with_truncation_a_4_mb_state_is_cut_before_it_is_tokenized_and_answers_as_the_whole_would():
     from fastapi.testclient import TestClient
 
-    from quantbench.backend import LoadedVariant, VariantInfo
+    from quantbench.engine.scoring import TransformersEngine
     from quantbench.protocol import parse_request
-    from quantbench.scoring import TransformersEngine
+    from quantbench.run.backend import LoadedVariant, VariantInfo
     from quantbench.server import create_app
     from tests.tiny import tiny_model, tiny_tokenizer
 

@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 
 from quantbench.errors import ConfigError
-from quantbench.prompt import render_prompt
-from quantbench.suite import BUILTIN_SUITE, BUILTIN_SUITE_ID, load_suite
-from quantbench.suitegen import DEFAULT_EVAL_SIZE, FAMILIES, dumps, generate, request_text, split_of
+from quantbench.protocol.prompt import render_prompt
+from quantbench.protocol.suite import BUILTIN_SUITE, BUILTIN_SUITE_ID, load_suite
+from quantbench.protocol.suitegen import DEFAULT_EVAL_SIZE, FAMILIES, dumps, generate, request_text, split_of
 
 GOOD = {
     "id": "r1",

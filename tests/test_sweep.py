@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from quantbench.backend import RunSpec
 from quantbench.errors import ConfigError
-from quantbench.machine import detect
-from quantbench.runner import spec_hash
+from quantbench.run.backend import RunSpec
+from quantbench.run.machine import detect
+from quantbench.run.runner import spec_hash
 from quantbench.store import RunResult, Store, uuid7
 from quantbench.sweep import LocalExecutor, Slot, load_sweep, plan, run_sweep, split_finished
 from tests.tiny import TinyBackend, save_tiny

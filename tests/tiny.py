@@ -11,9 +11,9 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from quantbench.backend import Availability, LoadedVariant, VariantInfo
+from quantbench.engine.scoring import TransformersEngine
 from quantbench.errors import LoadError
-from quantbench.scoring import TransformersEngine
+from quantbench.run.backend import Availability, LoadedVariant, VariantInfo
 
 CORPUS = ["State: Question: Answer: A B C D E yes no left right forward wall player observation alpha beta"] * 50
 

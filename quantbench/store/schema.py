@@ -99,7 +99,7 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE runs ADD COLUMN model_tensor_bytes BIGINT;
     """,
-    # 4: what a variant's BF16 base is and how that is known (quantbench.lineage), so the report pairs variants
+    # 4: what a variant's BF16 base is and how that is known (quantbench.models.lineage), so the report pairs variants
     # made elsewhere with their base: base_model_how is quantbench | given | model_card.
     """
     ALTER TABLE runs ADD COLUMN base_model VARCHAR;

@@ -13,7 +13,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from quantbench.backend import RunSpec
+from quantbench.run.backend import RunSpec
 from quantbench.store import RunResult, uuid7
 from quantbench.sweep.planning import PlannedRun
 
@@ -29,7 +29,7 @@ class Event:
 def failed_result(spec: RunSpec, failure: str, error: str, **extra: Any) -> RunResult:
     """A `failed` row for a run that never produced one itself (a lost Ray worker, a variant that could not be
     made). It has no spec_hash: only ok runs count as finished."""
-    from quantbench.runner import provenance
+    from quantbench.run.runner import provenance
 
     now = dt.datetime.now(dt.UTC)
     return RunResult(run={

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from quantbench.errors import GpuMismatchError
-from quantbench.machine import Machine, check_gpu, detect
+from quantbench.run.machine import Machine, check_gpu, detect
 from quantbench.sweep.executor import Event, failed_result
 from quantbench.sweep.planning import PlannedRun
 
@@ -116,7 +116,7 @@ class LocalExecutor:
         pending, lock, events = list(runs), threading.Lock(), queue.Queue()
 
         def take(slot: Slot) -> PlannedRun | None:
-            from quantbench.runner import stopping
+            from quantbench.run.runner import stopping
 
             if stopping():  # told to stop: the runs in flight end as interrupted, no new one starts
                 return None
@@ -127,7 +127,7 @@ class LocalExecutor:
             return None
 
         def work(slot: Slot) -> None:
-            from quantbench.runner import execute
+            from quantbench.run.runner import execute
 
             try:
                 while (run := take(slot)) is not None:

@@ -27,7 +27,7 @@ def _quantize(source: str, scheme: str, out: str, options: dict[str, Any]) -> No
     checkpoint that a later sweep would take for a finished one)."""
     import shutil
 
-    from quantbench.quantize import quantize
+    from quantbench.models.quantize import quantize
 
     target = Path(out)
     staging = target.with_name(f".{target.name}.tmp-{os.getpid()}")
@@ -41,7 +41,7 @@ def _quantize(source: str, scheme: str, out: str, options: dict[str, Any]) -> No
 
 def _make(make: Make) -> None:
     if make.source is None:
-        from quantbench.quantize import default_variant
+        from quantbench.models.quantize import default_variant
 
         default_variant(make.scheme)  # cached; quantizes in its own child process on first use
         return

@@ -16,9 +16,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from quantbench.backend import RunSpec
 from quantbench.errors import ConfigError
-from quantbench.lineage import base_model_id
+from quantbench.models.lineage import base_model_id
+from quantbench.run.backend import RunSpec
 from quantbench.store import Store
 from quantbench.sweep.spec import SCHEMES, Model, Sweep, checkpoint_ready, made_variant_dir
 
@@ -112,7 +112,7 @@ def split_finished(runs: list[PlannedRun], store: Store, accepts: Accepts, rerun
                    ) -> tuple[list[PlannedRun], list[PlannedRun]]:
     """(to run, already finished). A stored ok run counts when its spec_hash is this run's hash on the machine
     that stored it and the executor accepts that machine for this run; `repeats` wants that many of them."""
-    from quantbench.runner import spec_hash
+    from quantbench.run.runner import spec_hash
 
     if rerun or not store.path.exists():
         return list(runs), []

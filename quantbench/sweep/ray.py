@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from quantbench.backend import RunSpec
-from quantbench.machine import KNOWN_FAMILIES
+from quantbench.run.backend import RunSpec
+from quantbench.run.machine import KNOWN_FAMILIES
 from quantbench.store import RunResult
 from quantbench.sweep.executor import Event, failed_result
 from quantbench.sweep.planning import PlannedRun
@@ -37,7 +37,7 @@ FAMILY_TYPES = {
 
 def run_task(spec: dict[str, Any], parquet_dir: str | None = None) -> RunResult:
     """What one Ray task does on its node: one run in a fresh child process; its RunResult goes back."""
-    from quantbench.runner import execute
+    from quantbench.run.runner import execute
 
     result = execute(RunSpec.from_dict(spec), echo=False)
     if parquet_dir:

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from quantbench.backend import RunSpec, backend_names, get_backend
 from quantbench.errors import ConfigError
-from quantbench.machine import KNOWN_FAMILIES
+from quantbench.run.backend import RunSpec, backend_names, get_backend
+from quantbench.run.machine import KNOWN_FAMILIES
 
 # Backends whose checkpoint `quantbench quantize --scheme <scheme>` makes from a BF16 checkpoint.
 SCHEMES = {"int4": "int4", "nvfp4": "nvfp4", "fp8": "fp8"}
@@ -83,7 +83,7 @@ class Sweep:
 
 def made_variant_dir(sweep: Sweep, model: Model, scheme: str) -> Path:
     """variants_dir/<model>-<scheme>-<recipe hash>: another recipe is another checkpoint (and another config)."""
-    from quantbench.quantize import Recipe
+    from quantbench.models.quantize import Recipe
 
     return sweep.variants_dir / f"{model.name}-{scheme}-{Recipe(scheme, **sweep.quantize).hash[:8]}"
 
@@ -200,7 +200,7 @@ class _Parser:
                       gpus=self.gpus(data), variants_dir=variants_dir, repeats=repeats,
                       quantize_missing=quantize_missing, quantize=quantize, defaults=self.settings(defaults, "defaults"), ray=ray)
         if quantize:
-            from quantbench.quantize import Recipe
+            from quantbench.models.quantize import Recipe
 
             try:
                 Recipe("int4", **quantize)
@@ -237,7 +237,7 @@ class _Parser:
             elif kinds == ["path"]:
                 model.path = self.checkpoint_dir(item["path"], f"{where}.path", "BF16 checkpoint")
             else:
-                from quantbench.fixture import SYNTHETIC_SHAPES
+                from quantbench.models.fixture import SYNTHETIC_SHAPES
 
                 model.shape = self.typed(item["shape"], str, f"{where}.shape", "a string")
                 if model.shape not in SYNTHETIC_SHAPES:
@@ -301,7 +301,7 @@ class _Parser:
         return out
 
     def suites(self, data: dict[str, Any]) -> list[str | None]:
-        from quantbench.suite import load_suite
+        from quantbench.protocol.suite import load_suite
 
         items = self.typed(data.get("suites", ["builtin"]), list, "suites", 'a list, e.g. ["builtin"]')
         if not items:

@@ -1,0 +1,1 @@
+"""quantbench.engine.fused."""

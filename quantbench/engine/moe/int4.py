@@ -1,0 +1,587 @@
+"""INT4 (W4A16) expert weights from AutoRound's `auto_round:auto_gptq` checkpoints, stacked per layer.
+
+For one projection of E experts with K inputs and N outputs (gate_up: gate rows then up rows, as transformers):
+
+    qweight int32   [E, K/8, N]   8 int4 codes per word, packed along K (layout below)
+    scales  float16 [E, ⌈K/G⌉, N] kept as stored (fp16 even in a BF16 model); AutoRound's can be negative
+    zeros   uint8   [E, ⌈K/G⌉, N] the zero points, unpacked from qzeros (which store zero point − 1)
+
+    W[e, n, k] = scales[e, k//G, n] · (q[e, k, n] − zeros[e, k//G, n])
+
+Packing along K, in blocks of `k_block` rows: word r of block b holds, in nibble j, row b·k_block + j·(k_block/8)
++ r. With k_block = 8 that is exactly auto_gptq's packing (row 8r + j); the regrouped tensors use k_block = 128
+whenever K allows, so that the fused kernel loads each word once and nibble j is a contiguous 16-row slice: eight
+K=16 tensor-core dots per block, no shuffles. Same bytes, same codes, only their order within a block differs.
+
+Three ways to multiply: `dequantize` (vectorised torch, used by the CPU path and the GPU fallback), and on CUDA
+`grouped_mm`, a Triton grouped GEMM that unpacks the int4 words in registers inside the K loop, so no BF16 copy
+of the weights is ever written to memory.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from quantbench.engine import pdl
+from quantbench.engine.moe import int4_wgmma
+from quantbench.engine.moe.align import triton_available
+from quantbench.engine.moe.engine import stored_nbytes
+from quantbench.errors import LoadError
+
+FUSED_KERNEL = "triton-fused-int4"
+FUSED_K_BLOCK = 128  # the layout the kernel reads: 8 slices of 16 rows per block
+_DEQUANT_CHUNK = 1 << 18  # elements per dequantize chunk: the float32 scratch (1 MiB) stays in cache (see BENCHMARKS)
+
+
+def _shifts(device: torch.device, dtype: torch.dtype = torch.int32) -> Tensor:
+    return torch.arange(0, 32, 4, dtype=dtype, device=device)
+
+
+def unpack_k(packed: Tensor, k_block: int = 8) -> Tensor:
+    """int32 [..., K/8, N] packed along K (layout in the module doc) -> int32 codes [..., K, N]."""
+    *lead, words, n = packed.shape
+    sub = k_block // 8
+    blocks = packed.reshape(*lead, words // sub, 1, sub, n)
+    q = (blocks >> _shifts(packed.device).view(8, 1, 1)) & 0xF  # [..., blocks, 8, sub, N]
+    return q.reshape(*lead, words * 8, n)
+
+
+def pack_k(q: Tensor, k_block: int = 8) -> Tensor:
+    """Inverse of unpack_k: codes 0..15 [..., K, N] -> int32 [..., K/8, N]."""
+    *lead, k, n = q.shape
+    sub = k_block // 8
+    q = q.to(torch.int64).reshape(*lead, k // k_block, 8, sub, n)
+    words = (q << _shifts(q.device, torch.int64).view(8, 1, 1)).sum(dim=-3)  # [..., blocks, sub, N]
+    words = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
+    return words.reshape(*lead, k // 8, n)
+
+
+def unpack_rows(packed: Tensor) -> Tensor:
+    """auto_gptq's qweight [..., K/8, N] (row 8r + j in nibble j of word r) -> codes [..., K, N]."""
+    return unpack_k(packed, 8)
+
+
+def pack_rows(q: Tensor) -> Tensor:
+    return pack_k(q, 8)
+
+
+def unpack_cols(packed: Tensor) -> Tensor:
+    """int32 [..., R, C] packed 8 nibbles per word along C -> int32 [..., R, 8C] (nibble j of word c = col 8c+j)."""
+    q = (packed.unsqueeze(-1) >> _shifts(packed.device)) & 0xF
+    return q.reshape(*packed.shape[:-1], packed.shape[-1] * 8)
+
+
+def fused_layout(k: int) -> int:
+    """The k_block regrouped tensors get: the kernel's layout when K is a multiple of it, else auto_gptq's."""
+    return FUSED_K_BLOCK if k % FUSED_K_BLOCK == 0 else 8
+
+
+class Int4Experts(nn.Module):
+    """One projection of all E experts of a layer, int4 + fp16 scales + uint8 zero points, as buffers."""
+
+    fused_kernel = FUSED_KERNEL
+    fused_features = frozenset({"gather", "swiglu", "row_scale", "scatter"})
+
+    def __init__(self, qweight: Tensor, scales: Tensor, zeros: Tensor, group_size: int, sym: bool, name: str = "",
+                 k_block: int = 8):
+        super().__init__()
+        e, k8, n = qweight.shape
+        groups = -(-k8 * 8 // group_size)
+        for tname, t, dtype in (("qweight", qweight, torch.int32), ("zeros", zeros, torch.uint8)):
+            if t.dtype != dtype:
+                raise LoadError(f"{name}.{tname}: dtype {t.dtype}, expected {dtype}")
+        if scales.shape != (e, groups, n) or zeros.shape != (e, groups, n):
+            raise LoadError(f"{name}.scales/zeros: shapes {tuple(scales.shape)} / {tuple(zeros.shape)} do not match "
+                            f"qweight {tuple(qweight.shape)} with group size {group_size} (expected {(e, groups, n)})")
+        if (k8 * 8) % k_block:
+            raise LoadError(f"{name}.qweight: {k8 * 8} inputs are not a multiple of the packing block {k_block}")
+        self.register_buffer("qweight", qweight.contiguous())
+        self.register_buffer("scales", scales.contiguous())
+        self.register_buffer("zeros", zeros.contiguous())
+        self.num_experts, self.in_features, self.out_features = e, k8 * 8, n
+        self.group_size, self.sym, self.k_block = group_size, sym, k_block
+        self.format = f"int4-g{group_size}-{'sym' if sym else 'asym'}"
+        self.ran_kernel: str | None = None  # the kernel the last grouped_mm ran (int4_wgmma or this file's)
+
+    # -- building from a loaded auto-round checkpoint ------------------------------------------------------------
+    @classmethod
+    def from_quant_linears(cls, experts: list[list[nn.Module]], *, group_size: int, sym: bool, name: str) -> Int4Experts:
+        """Stack per-expert QuantLinears; `experts[e]` is [gate_proj, up_proj] (concatenated along N) or [down_proj].
+        The codes are repacked into the kernel's block layout when K allows (same bytes)."""
+        qweights, scales, zeros = [], [], []
+        for e, parts in enumerate(experts):
+            qweights.append(torch.cat([_tensor(p, "qweight", f"{name}.{e}") for p in parts], dim=-1))
+            scales.append(torch.cat([_tensor(p, "scales", f"{name}.{e}") for p in parts], dim=-1))
+            zeros.append(torch.cat([_zeros_of(p, f"{name}.{e}") for p in parts], dim=-1))
+        shapes = {tuple(q.shape) for q in qweights}
+        if len(shapes) != 1:
+            raise LoadError(f"{name}: experts have different qweight shapes {sorted(shapes)}")
+        qweight = torch.stack(qweights)
+        k_block = fused_layout(qweight.shape[1] * 8)
+        if k_block != 8:
+            qweight = torch.stack([pack_k(unpack_rows(q), k_block) for q in qweight])  # one expert at a time
+        return cls(qweight, torch.stack(scales), torch.stack(zeros), group_size, sym, name, k_block)
+
+    # -- the ExpertWeights contract ------------------------------------------------------------------------------
+    def dequantize(self, dtype: torch.dtype, experts: Tensor | None = None, *, use_triton: bool = True) -> Tensor:
+        """[E', N, K] in `dtype` (a transposed view of a contiguous [E', K, N]); in float32 math, by a Triton
+        kernel on CUDA (one pass over the words) or vectorised torch in chunks."""
+        qw, sc, zp = self.qweight, self.scales, self.zeros
+        if experts is not None:
+            qw, sc, zp = qw[experts], sc[experts], zp[experts]
+        e, k, n, g = qw.shape[0], self.in_features, self.out_features, self.group_size
+        out = torch.empty(e, k, n, dtype=dtype, device=qw.device)
+        if use_triton and qw.is_cuda and triton_available() and e:
+            return triton_dequantize(qw, sc, zp, g, self.k_block, out).transpose(-2, -1)
+        if k % self.k_block == 0 and g % (self.k_block // 8) == 0 and k % g == 0:
+            return dequantize_slices(qw, sc, zp, g, self.k_block, out).transpose(-2, -1)
+        step = max(1, _DEQUANT_CHUNK // max(1, k * n))
+        for i in range(0, e, step):
+            q = unpack_k(qw[i : i + step], self.k_block)
+            s, z = sc[i : i + step].float(), zp[i : i + step].float()
+            if k % g == 0:  # broadcast over each group's rows
+                w = (q.view(-1, k // g, g, n) - z.unsqueeze(2)) * s.unsqueeze(2)
+            else:
+                w = (q - z.repeat_interleave(g, dim=1)[:, :k]) * s.repeat_interleave(g, dim=1)[:, :k]
+            out[i : i + step] = w.view(-1, k, n)
+        return out.transpose(-2, -1)
+
+    def nbytes(self) -> int:
+        return stored_nbytes(self)
+
+    def grouped_mm(self, x_sorted: Tensor, offsets: Tensor, kernel: str, *, row_index: Tensor | None = None,
+                   act: str | None = None, row_scale: Tensor | None = None,
+                   row_dest: Tensor | None = None) -> Tensor | None:
+        """The fused Triton kernel (see the engine's contract for row_index / act / row_scale / row_dest), or None."""
+        if not (x_sorted.is_cuda and x_sorted.dtype in (torch.bfloat16, torch.float16) and triton_available()):
+            return None
+        if not fused_supported(self.in_features, self.group_size, self.k_block) or act not in (None, "swiglu"):
+            return None
+        rows = x_sorted.shape[0] if row_index is None else row_index.shape[0]
+        if rows // 16 + self.num_experts > 65535:
+            return None  # the M tiles live on grid axis 1, which CUDA caps at 65535
+        if kernel == "auto" and rows >= DEQUANT_FROM_ROWS.get((self.out_features, self.in_features), 1 << 62) * self.num_experts:
+            return None  # compute-bound: one dequantized copy + a CUTLASS grouped GEMM wins (TUNED's comment)
+        config = pick_config(rows, self.num_experts, self.out_features, self.in_features, self.group_size,
+                             act == "swiglu", x_sorted.device)
+        self.ran_kernel = int4_wgmma.KERNEL if config.get("KERNEL") == "gluon" else FUSED_KERNEL  # recorded per run
+        return int4_grouped_mm(x_sorted, self.qweight, self.scales, self.zeros, offsets, self.group_size, config,
+                               row_index=row_index, swiglu=act == "swiglu", row_scale=row_scale, row_dest=row_dest)
+
+    def extra_repr(self) -> str:
+        return f"{self.format}, experts={self.num_experts}, out={self.out_features}, in={self.in_features}"
+
+
+def dequantize_slices(qweight: Tensor, scales: Tensor, zeros: Tensor, group_size: int, k_block: int,
+                      out: Tensor) -> Tensor:
+    """[E, K, N] weights into `out`, one nibble slice at a time (vectorised torch: the CPU path). Slice j of a
+    packed block is nibble j of its words, rows b·k_block + j·sub .. + sub, all in one group (group_size is a
+    multiple of sub), so it takes one row of scales: q·s − z·s in float32, then rounded to out's dtype, bit for
+    bit what (q − z)·s gives (each product is exact in float32: an fp16 scale times a 4-bit integer). Against the
+    whole-block version (unpack every nibble, then subtract and multiply full-size arrays) the working arrays are an
+    eighth the size and stay in cache: 1.6x faster on 2 CPU threads at the 30B shape (16 experts' gate_up, 64-69
+    against 101-112 ms)."""
+    e, words, n = qweight.shape
+    sub = k_block // 8
+    blocks = words // sub
+    first = torch.arange(blocks)[:, None] * k_block + torch.arange(8)[None, :] * sub  # each slice's first row
+    group = (first // group_size).to(qweight.device)  # [blocks, 8]
+    step = max(1, _DEQUANT_CHUNK // max(1, words * n))  # experts per chunk: each slice's arrays stay cache-sized
+    for i in range(0, e, step):
+        q = qweight[i : i + step].view(-1, blocks, sub, n)
+        s = scales[i : i + step].float()
+        c = zeros[i : i + step].float() * s
+        o = out[i : i + step].view(-1, blocks, 8, sub, n)
+        codes = torch.empty(q.shape, dtype=torch.int32, device=q.device)
+        vals = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+        for j in range(8):
+            torch.bitwise_right_shift(q, 4 * j, out=codes).bitwise_and_(0xF)
+            vals.copy_(codes)
+            vals.mul_(s[:, group[:, j]].unsqueeze(2)).sub_(c[:, group[:, j]].unsqueeze(2))
+            o[:, :, j].copy_(vals)
+    return out
+
+
+def _tensor(module: nn.Module, attr: str, name: str) -> Tensor:
+    t = getattr(module, attr, None)
+    if not isinstance(t, Tensor):
+        raise LoadError(f"{name}.{attr}: missing; an int4 auto_round:auto_gptq expert needs qweight, qzeros and scales")
+    return t
+
+
+def _zeros_of(module: nn.Module, name: str) -> Tensor:
+    """Zero points [K/G, N] as uint8, from qzeros int32 [K/G, N/8] that store zero point − 1."""
+    qz = _tensor(module, "qzeros", name)
+    return (unpack_cols(qz) + 1).to(torch.uint8)
+
+
+# -- the fused Triton kernel ------------------------------------------------------------------------------------
+def fused_supported(k: int, group_size: int, k_block: int = FUSED_K_BLOCK) -> bool:
+    """The kernel reads the 128-row block layout; a group never straddles one of its 16-row slices."""
+    if k_block != FUSED_K_BLOCK or k % FUSED_K_BLOCK:
+        return False
+    return group_size % FUSED_K_BLOCK == 0 if group_size >= FUSED_K_BLOCK else group_size % 16 == 0
+
+
+# Block sizes measured best on an H200 (benchmarks/moe_int4.py sweep, 2026-11-29) per (N, K, swiglu, rows-per-
+# expert bucket); other shapes use the heuristic below. At the Qwen3-30B-A3B shape, 512 tokens: gate_up + SwiGLU
+# 188 us with gate and up in one K loop (216 us as two loops; benchmarks/int4_lab.py, 2026-11-30), down + routing
+# weights 128 us (scaling after the dot, in a second accumulator: 268 + 144 us; the first version, x @ W with 8
+# redundant word loads: 426 + 235 us).
+# At 16,384 tokens ("large", ~1,024 rows per expert; benchmarks/kernel_sweep.py, 2026-11-30) the down projection
+# runs best in the plain orientation with 128 x 128 tiles (1,597 us against 2,272 with the mid configuration), and
+# gate_up + SwiGLU is faster as dequantize + torch._grouped_mm (2,390 us) than fused (2,918 us at best): from
+# DEQUANT_FROM_ROWS[(N, K)] rows per expert the format declines its fused kernel and the engine dequantizes.
+_H200_BEST = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "SWAP_AB": True, "EVICT": False}
+TUNED: dict[tuple[int, int, bool, str], dict[str, Any]] = {
+    (1536, 2048, True, "mid"): _H200_BEST,
+    (2048, 768, False, "mid"): dict(_H200_BEST, num_stages=2),
+    (2048, 768, False, "large"): dict(_H200_BEST, BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2, SWAP_AB=False),
+}
+DEQUANT_FROM_ROWS: dict[tuple[int, int], int] = {(1536, 2048): 512}
+# The Gluon kernel's tiles per rows-per-expert bucket (BLOCK_N weight rows, gate and up stacked for SwiGLU, x
+# BLOCK_M tokens; one warpgroup; AHEAD blocks of tokens and words copied ahead), measured on an H200 at the
+# Qwen3-30B-A3B shape (.dev sweeps recorded in docs/BENCHMARKS.md, 2026-11-30, fifth session):
+# - small (128 tokens): 16 x 128, gate_up 76.6 / down 47.6 us (16 x 64: 84.9 / 51.8; Triton: 155.9 / 110.5);
+#   the model's 128-token decision 8.1 ms;
+# - mid (512 tokens): on uniform random routing 32 x 128 is fastest alone (129.5 / 70.1 us; 64 x 128: 126.8 /
+#   79.8), but inside the model, whose routing sends most tokens to a few experts, 64 x 128 wins (8 layers:
+#   2.478 ms against 2.490; the 48-layer decision 13.6 ms against 14.4);
+# - large (batch 8 and 32): 64 x 128, as measured with the kernel before staging (session 6).
+WGMMA_TILES: dict[str, dict[str, Any]] = {
+    "small": dict(BLOCK_M=16, BLOCK_N=128, AHEAD=2),
+    "mid": dict(BLOCK_M=64, BLOCK_N=128, AHEAD=2),
+    "large": dict(BLOCK_M=64, BLOCK_N=128, AHEAD=2),
+}
+
+
+def rows_bucket(rows: int, experts: int) -> str:
+    per_expert = rows / max(1, experts)
+    return "small" if per_expert <= 12 else "mid" if per_expert <= 48 else "large"
+
+
+def pick_config(rows: int, experts: int, n: int, k: int, group_size: int, swiglu: bool = False,
+                device: torch.device | None = None) -> dict[str, Any]:
+    """Block sizes for `rows` sorted rows over `experts` experts (a batch-1 decision of 512 tokens at top-8 of
+    128 experts gives each expert about 32 rows: the "mid" bucket). The weights take the tensor core's M side
+    (SWAP_AB): a token tile of 16..64 rows is then a legal, full MMA N. On an sm_90 `device` it is the Gluon
+    kernel's tile (int4_wgmma; faster than this file's Triton kernel in every bucket measured)."""
+    bucket = rows_bucket(rows, experts)
+    if device is not None and int4_wgmma.available(device, group_size, k):
+        return dict(WGMMA_TILES[bucket], KERNEL="gluon")
+    tuned = TUNED.get((n, k, swiglu, bucket))
+    if tuned:
+        return dict(tuned)
+    return dict(_H200_BEST, BLOCK_M=16 if bucket == "small" else 64)
+
+
+@functools.cache
+def _kernel() -> Any:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def dequant_slice(q, j: tl.constexpr, s, c):
+        """Rows of nibble j of the words q, as float32 s * (q - z) (c = (z + 128) s). No int->float conversion:
+        the code sits in the mantissa of 128.0 (0x43000000 | q << 16 is the float 128 + q) and one FMA takes the
+        bias and zero point off exactly: (128 + q) s - (128 + z) s."""
+        v = ((((q >> (4 * j)) & 0xF) << 16) | 0x43000000).to(tl.float32, bitcast=True)
+        return v * s[None, :] - c[None, :]
+
+    @triton.jit
+    def mma(w, x, acc, SWAP_AB: tl.constexpr):
+        if SWAP_AB:  # weights as the MMA's M side (x^T as B): small token tiles still fill the tensor core
+            return tl.dot(tl.trans(w), x, acc)
+        else:
+            return tl.dot(x, w, acc)
+
+    @triton.jit
+    def int4_tile(x_ptr, qw_ptr, s_ptr, z_ptr, x_rows, rmask, e, cols, cmask, HALF,
+                  stride_qe, stride_qk, stride_se, stride_sg,
+                  K: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  SWAP_AB: tl.constexpr, EVICT: tl.constexpr, SWIGLU: tl.constexpr):
+        """x[rows] @ W[e][:, cols] as float32 [BLOCK_M, BLOCK_N] (or its transpose when SWAP_AB). SWIGLU:
+        silu(x @ W[:, cols]) * (x @ W[:, HALF + cols]) from one K loop, each x slice feeding both dots: two
+        independent accumulator chains (Triton waits for every tensor-core dot before the next; measured on the
+        H200, one loop for both takes gate_up + SwiGLU from 216 to 188 us)."""
+        KB: tl.constexpr = 128  # rows per packed block (FUSED_K_BLOCK)
+        SUB: tl.constexpr = 16  # rows per nibble slice
+        sub = tl.arange(0, SUB)
+        q_ptrs = qw_ptr + e * stride_qe + sub[:, None] * stride_qk + cols[None, :]
+        sz_off = e * stride_se + cols
+        if SWAP_AB:
+            x_ptrs = x_ptr + x_rows[None, :] + sub[:, None]
+            xmask = rmask[None, :]
+            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        else:
+            x_ptrs = x_ptr + x_rows[:, None] + sub[None, :]
+            xmask = rmask[:, None]
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        up = tl.zeros_like(acc)
+        for kb in range(0, K, KB):
+            # one load of the block's 16 x BLOCK_N words; nibble j holds rows kb + 16j .. kb + 16j + 15
+            # (EVICT: weights stream through once; keep x, re-read by every column block, in L2)
+            if EVICT:
+                q = tl.load(q_ptrs + (kb // 8) * stride_qk, mask=cmask[None, :], other=0, eviction_policy="evict_first")
+            else:
+                q = tl.load(q_ptrs + (kb // 8) * stride_qk, mask=cmask[None, :], other=0)
+            if SWIGLU:
+                qu = tl.load(q_ptrs + HALF + (kb // 8) * stride_qk, mask=cmask[None, :], other=0)
+            for j in tl.static_range(8):
+                if j == 0 or G < KB:  # a group spans whole 16-row slices (fused_supported)
+                    g_off = sz_off + ((kb + j * SUB) // G) * stride_sg
+                    s = tl.load(s_ptr + g_off, mask=cmask, other=0.0).to(tl.float32)
+                    c = (tl.load(z_ptr + g_off, mask=cmask, other=0).to(tl.float32) + 128.0) * s
+                    if SWIGLU:
+                        su = tl.load(s_ptr + g_off + HALF, mask=cmask, other=0.0).to(tl.float32)
+                        cu = (tl.load(z_ptr + g_off + HALF, mask=cmask, other=0).to(tl.float32) + 128.0) * su
+                x = tl.load(x_ptrs + kb + j * SUB, mask=xmask, other=0.0)
+                # W = s * (q - z) rounded to x's dtype, as dequantize() writes it, straight into the accumulator
+                acc = mma(dequant_slice(q, j, s, c).to(x.dtype), x, acc, SWAP_AB)
+                if SWIGLU:
+                    up = mma(dequant_slice(qu, j, su, cu).to(x.dtype), x, up, SWAP_AB)
+        if SWIGLU:
+            acc = acc * tl.sigmoid(acc) * up
+        return acc
+
+    from quantbench.engine.moe.nvfp4 import (  # the M-tile helpers every grouped kernel shares
+        expert_tile,
+        tile_rows,
+    )
+
+    # Triton resolves a jitted callee through the caller's module globals, not through this closure.
+    globals().update(dequant_slice=dequant_slice, mma=mma, int4_tile=int4_tile)
+    pdl_open = pdl.triton_open()  # the first statement of each kernel here (quantbench.engine.pdl)
+    globals().update(expert_tile=expert_tile, tile_rows=tile_rows, pdl_open=pdl_open)
+
+    @triton.jit
+    def int4_grouped_mm_kernel(
+        x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, offs_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr,
+        N_OUT, HALF,
+        stride_xm, stride_qe, stride_qk, stride_se, stride_sg, stride_ym,
+        K: tl.constexpr, E: tl.constexpr, E_P2: tl.constexpr, G: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr, EVICT: tl.constexpr,
+        GATHER: tl.constexpr, SWIGLU: tl.constexpr, ROW_SCALE: tl.constexpr, SCATTER: tl.constexpr,
+        PDL: tl.constexpr,
+    ):
+        pdl_open(PDL)  # launched early (quantbench.engine.pdl): wait for the kernel before, first
+        # Axis 0 walks N so that programs running side by side share one M tile of x (it stays in L2).
+        pid_n = tl.program_id(0)
+        e, row_start, row_end = expert_tile(offs_ptr, tl.program_id(1), E, E_P2, BLOCK_M)
+        if e >= E:  # a spare M tile past the last expert's rows
+            return
+        rows, rmask, x_rows = tile_rows(rowidx_ptr, row_start, row_end, stride_xm, BLOCK_M, GATHER)
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        cmask = cols < N_OUT
+        e64 = e.to(tl.int64)
+        # SWIGLU: gate columns c and up columns HALF + c in one program: silu(gate) * up, half the output
+        out = int4_tile(x_ptr, qw_ptr, s_ptr, z_ptr, x_rows, rmask, e64, cols, cmask, HALF, stride_qe, stride_qk,
+                        stride_se, stride_sg, K, G, BLOCK_M, BLOCK_N, SWAP_AB, EVICT, SWIGLU)
+        if ROW_SCALE:  # the routing weight of each (token, expert) row
+            rs = tl.load(rowscale_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
+            if SWAP_AB:
+                out = out * rs[None, :]
+            else:
+                out = out * rs[:, None]
+        if SCATTER:  # sorted row r is written to row row_dest[r] of y: results land in the caller's order
+            y_rows = tl.load(rowdest_ptr + rows, mask=rmask, other=0).to(tl.int64)
+        else:
+            y_rows = rows.to(tl.int64)
+        if SWAP_AB:
+            y_ptrs = y_ptr + y_rows[None, :] * stride_ym + cols[:, None]
+            tl.store(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=rmask[None, :] & cmask[:, None])
+        else:
+            y_ptrs = y_ptr + y_rows[:, None] * stride_ym + cols[None, :]
+            tl.store(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
+
+    return int4_grouped_mm_kernel
+
+
+def int4_grouped_mm(
+    x: Tensor,
+    qweight: Tensor,
+    scales: Tensor,
+    zeros: Tensor,
+    offsets: Tensor,
+    group_size: int,
+    config: dict[str, Any] | None = None,
+    out: Tensor | None = None,
+    *,
+    row_index: Tensor | None = None,
+    swiglu: bool = False,
+    row_scale: Tensor | None = None,
+    row_dest: Tensor | None = None,
+) -> Tensor:
+    """y[r] = x[r] @ W[e(r)].T for rows sorted by expert (offsets: cumulative row counts, int32); W int4 in the
+    128-row block layout. Rows past offsets[-1] are not written. `out` ([S, N], x's dtype) receives the result.
+    row_index [S]: read x[row_index[r]] (x unsorted). swiglu: silu(x @ Wg.T) * (x @ Wu.T) for W = [Wg; Wu],
+    [S, N/2]. row_scale [S]: multiply row r of the result by row_scale[r]. row_dest [S]: write row r of the
+    result to row row_dest[r] of y (a permutation of 0..S-1)."""
+    import triton
+
+    k = x.shape[1]
+    s_rows = x.shape[0] if row_index is None else row_index.shape[0]
+    e, _, n = qweight.shape
+    if not fused_supported(k, group_size):
+        raise ValueError(f"int4 fused kernel: K={k}, group size {group_size} unsupported (see fused_supported)")
+    n_out = n // 2 if swiglu else n
+    x = x.contiguous()
+    y = torch.empty(s_rows, n_out, dtype=x.dtype, device=x.device) if out is None else out
+    if s_rows == 0:
+        return y
+    cfg = dict(config or pick_config(s_rows, e, n, k, group_size, swiglu, x.device))
+    if cfg.pop("KERNEL", "triton") == "gluon":
+        if not int4_wgmma.available(x.device, group_size, k):
+            raise ValueError(f"int4 kernel: the Gluon wgmma kernel needs an sm_90 GPU and 128-row groups ({x.device}, "
+                             f"group size {group_size}); pass a Triton configuration or none")
+        int4_grouped_mm.last_compiled = int4_wgmma.launch(
+            x, qweight, scales, zeros, y, offsets, cfg, row_index=row_index, swiglu=swiglu,
+            row_scale=row_scale, row_dest=row_dest)
+        return y
+    cfg.setdefault("SWAP_AB", False)
+    cfg.setdefault("EVICT", False)
+    # enough M tiles for any split of the rows: each expert wastes at most one partial tile
+    grid = (triton.cdiv(n_out, cfg["BLOCK_N"]), triton.cdiv(s_rows, cfg["BLOCK_M"]) + e)
+    compiled = _kernel()[grid](
+        x, qweight, scales, zeros, y, offsets,
+        offsets if row_index is None else row_index, offsets if row_scale is None else row_scale,
+        offsets if row_dest is None else row_dest, n_out, n // 2,
+        x.stride(0), qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1), y.stride(0),
+        K=k, E=e, E_P2=triton.next_power_of_2(e), G=group_size,
+        GATHER=row_index is not None, SWIGLU=swiglu, ROW_SCALE=row_scale is not None, SCATTER=row_dest is not None,
+        **cfg, **pdl.launch_args(x.device),
+    )
+    int4_grouped_mm.last_compiled = compiled  # registers, spills and assembly, for benchmarks/profile_kernels.py
+    return y
+
+
+@functools.cache
+def _dequant_kernel() -> Any:
+    import triton
+    import triton.language as tl
+
+    pdl_open = pdl.triton_open()  # the first statement of each kernel here (quantbench.engine.pdl)
+    globals().update(pdl_open=pdl_open)
+
+    @triton.jit
+    def int4_dequant_kernel(qw_ptr, s_ptr, z_ptr, out_ptr, N, WORDS, stride_qe, stride_se, stride_oe,
+                            SUB: tl.constexpr, G: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr,
+                            PDL: tl.constexpr):
+        pdl_open(PDL)
+        e = tl.program_id(2).to(tl.int64)
+        words = tl.program_id(0) * BLOCK_W + tl.arange(0, BLOCK_W)
+        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask = (words < WORDS)[:, None] & (cols < N)[None, :]
+        q = tl.load(qw_ptr + e * stride_qe + words[:, None] * N + cols[None, :], mask=mask, other=0)
+        for j in tl.static_range(8):
+            rows = (words // SUB) * (8 * SUB) + j * SUB + words % SUB  # the block layout (module doc)
+            sz = e * stride_se + (rows // G)[:, None] * N + cols[None, :]
+            s = tl.load(s_ptr + sz, mask=mask, other=0.0).to(tl.float32)
+            z = tl.load(z_ptr + sz, mask=mask, other=0).to(tl.float32)
+            w = (((q >> (4 * j)) & 0xF).to(tl.float32) - z) * s
+            tl.store(out_ptr + e * stride_oe + rows[:, None] * N + cols[None, :], w.to(out_ptr.dtype.element_ty),
+                     mask=mask)
+
+    return int4_dequant_kernel
+
+
+def triton_dequantize(qweight: Tensor, scales: Tensor, zeros: Tensor, group_size: int, k_block: int,
+                      out: Tensor) -> Tensor:
+    """[E, K, N] weights into `out` in one pass over the int4 words (the GPU fallback's unpacking)."""
+    import triton
+
+    e, words, n = qweight.shape
+    grid = (triton.cdiv(words, 16), triton.cdiv(n, 128), e)
+    _dequant_kernel()[grid](qweight, scales.contiguous(), zeros.contiguous(), out, n, words, qweight.stride(0),
+                            scales.stride(0), out.stride(0), SUB=k_block // 8, G=group_size, BLOCK_W=16, BLOCK_N=128,
+                            **pdl.launch_args(qweight.device))
+    return out
+
+
+# -- synthetic weights ------------------------------------------------------------------------------------------
+def rtn_experts(weight: Tensor, group_size: int = 128) -> Int4Experts:
+    """Symmetric round-to-nearest int4 of stacked weights [E, N, K] (zero point 8, fp16 scales), in chunks of
+    experts. For synthetic real-shape runs, where quantizing random weights with AutoRound would take minutes."""
+    e, n, k = weight.shape
+    groups = -(-k // group_size)
+    k_block = fused_layout(k)
+    qweight = torch.empty(e, k // 8, n, dtype=torch.int32, device=weight.device)
+    scales = torch.empty(e, groups, n, dtype=torch.float16, device=weight.device)
+    step = max(1, _DEQUANT_CHUNK // max(1, k * n))
+    for i in range(0, e, step):
+        w = weight[i : i + step].float().transpose(-2, -1)  # [e', K, N]
+        wg = torch.nn.functional.pad(w, (0, 0, 0, groups * group_size - k)).view(-1, groups, group_size, n)
+        scale = (wg.abs().amax(dim=2) / 7).clamp(min=1e-8).half()  # [e', groups, N]
+        q = torch.round(wg / scale.float().unsqueeze(2)).clamp(-8, 7) + 8
+        qweight[i : i + step] = pack_k(q.view(-1, groups * group_size, n)[:, :k], k_block)
+        scales[i : i + step] = scale
+    zeros = torch.full((e, groups, n), 8, dtype=torch.uint8, device=weight.device)
+    return Int4Experts(qweight, scales, zeros, group_size, sym=True, name="rtn", k_block=k_block)
+
+
+# -- regrouping a loaded auto-round checkpoint ------------------------------------------------------------------
+def _is_int4_linear(module: nn.Module) -> bool:
+    return all(isinstance(getattr(module, a, None), Tensor) for a in ("qweight", "qzeros", "scales"))
+
+
+def regroup_experts(experts: nn.Module, *, sym: bool | None, name: str = "experts") -> tuple[nn.Module, nn.Module]:
+    """(gate_up, down) for one layer from auto-round's per-expert MLPs (a ModuleList of gate_proj / up_proj /
+    down_proj). Int4 QuantLinears become Int4Experts; projections left in 16 bits become DenseExperts. Bits,
+    group size and (a)symmetry come from each QuantLinear, i.e. from the checkpoint's config, and are checked
+    against the tensors: a mismatch is a LoadError naming the tensor."""
+    from quantbench.engine.moe.engine import DenseExperts
+
+    if not isinstance(experts, nn.ModuleList) or not len(experts):
+        raise LoadError(f"{name}: expected auto-round's per-expert ModuleList, found {type(experts).__name__}")
+    out = []
+    for projs in (("gate_proj", "up_proj"), ("down_proj",)):
+        per_expert = [[getattr(mlp, p, None) for p in projs] for mlp in experts]
+        flat = [m for parts in per_expert for m in parts]
+        missing = [f"{name}.{e}.{p}" for e, parts in enumerate(per_expert) for p, m in zip(projs, parts, strict=True)
+                   if m is None]
+        if missing:
+            raise LoadError(f"{missing[0]}: missing from the loaded experts ({len(missing)} projections missing)")
+        label = f"{name}.*.{'+'.join(projs)}"
+        if all(_is_int4_linear(m) for m in flat):
+            _check_int4(flat, name, projs)
+            group_size = int(flat[0].group_size)
+            out.append(Int4Experts.from_quant_linears(per_expert, group_size=group_size, sym=bool(sym), name=label))
+            if sym:
+                bad = out[-1].zeros != 8
+                if bool(bad.any()):
+                    e = int(bad.nonzero()[0, 0])
+                    raise LoadError(f"{name}.{e}.{projs[0]}.qzeros: the config says sym=true but the zero points are "
+                                    "not 8; the checkpoint's config does not match its tensors")
+        elif all(isinstance(getattr(m, "weight", None), Tensor) and m.weight.dim() == 2 for m in flat):
+            weight = torch.stack([torch.cat([m.weight for m in parts], dim=0) for parts in per_expert])
+            out.append(DenseExperts(weight))
+        else:
+            raise LoadError(f"{label}: experts mix int4 and 16-bit weights within one projection; "
+                            "the grouped-MoE engine cannot stack them (run with --no-fast-moe)")
+    return out[0], out[1]
+
+
+def _check_int4(linears: list[nn.Module], name: str, projs: tuple[str, ...]) -> None:
+    for i, m in enumerate(linears):
+        where = f"{name}.{i // len(projs)}.{projs[i % len(projs)]}"
+        bits, group = int(getattr(m, "bits", 4)), int(getattr(m, "group_size", 0) or 0)
+        if bits != 4:
+            raise LoadError(f"{where}: {bits}-bit weights; the int4 backend reads 4-bit auto_round:auto_gptq only")
+        k, n = int(m.infeatures), int(m.outfeatures)
+        if group <= 0:
+            group = k
+        groups = -(-k // group)
+        expect = {"qweight": (k // 8, n), "scales": (groups, n), "qzeros": (groups, n // 8)}
+        for attr, shape in expect.items():
+            t = getattr(m, attr)
+            if tuple(t.shape) != shape:
+                raise LoadError(f"{where}.{attr}: shape {tuple(t.shape)}, expected {shape} for {k} inputs, {n} "
+                                f"outputs, {bits} bits, group size {group} (as the config says)")
+        g_idx = getattr(m, "g_idx", None)
+        if isinstance(g_idx, Tensor) and not torch.equal(g_idx.cpu().long(), torch.arange(k) // group):
+            raise LoadError(f"{where}.g_idx: act-order (desc_act) group indices are not supported by the "
+                            "grouped-MoE engine; run with --no-fast-moe")

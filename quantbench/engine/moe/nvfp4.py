@@ -1,0 +1,679 @@
+"""NVFP4 expert weights, exactly as NVIDIA ModelOpt defines them, stacked per layer.
+
+NVFP4 is W4A4: weights and activations are both FP4 E2M1 values in blocks of 16 along K, each block with an FP8
+E4M3 scale, times one FP32 scale per tensor (the two-level scale). For one projection of E experts with K inputs
+and N outputs (gate_up: gate rows then up rows, as transformers fuses them):
+
+    packed       uint8   [E, N, K/2]   two E2M1 codes per byte: element 2j in the low nibble, 2j+1 in the high
+    block_scale  float8  [E, N, K/16]  E4M3, one per 16 elements
+    global_scale float32 [E, N]        ModelOpt's `weight_scale_2`, one per row (gate and up may differ)
+    input_scale  float32 [E]           the activation's per-tensor scale (amax / (6 · 448)), or absent
+
+    code = sign << 3 | idx,  idx -> {0, 0.5, 1, 1.5, 2, 3, 4, 6}
+    W[e, n, k] = e2m1(code) · (block_scale[e, n, k // 16] · global_scale[e, n])     (in float32, then cast)
+
+`dequantize` reproduces ModelOpt's `NVFP4QTensor.dequantize` bit for bit; `quantize` its `NVFP4QTensor.quantize`
+(used for synthetic real-shape models and tests); `fake_quantize_activations` its `fp4_fake_quant_block`, the
+dynamic per-block activation quantization its fake-quant forward applies to every quantized layer's input.
+On CUDA, `grouped_mm` is a grouped GEMM that decodes the codes in registers inside the K loop (Gluon on sm_90,
+nvfp4_wgmma.py; Triton elsewhere): the experts stay packed in memory (4.5 bits per weight) and no BF16 copy of them
+is ever written. For the Gluon kernel the codes are rewritten in place, once, at its first call, into the order it
+reads (`nvfp4_wgmma.repack`; `Nvfp4Experts.layout` says which, and `dequantize` reads either).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+try:  # Triton is optional: without it (a CPU-only install) the engine dequantizes instead
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = None
+
+from quantbench.engine import pdl
+from quantbench.engine.moe import nvfp4_wgmma
+from quantbench.engine.moe.engine import DenseExperts, stored_nbytes
+from quantbench.engine.moe.int4 import rows_bucket
+from quantbench.errors import LoadError
+
+BLOCK = 16
+E2M1_MAX = 6.0
+E4M3_MAX = 448.0
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+# Rounding to E2M1 (ModelOpt's `_cast_fp4`): nearest magnitude, ties to the even code (0.25 -> 0, 0.75 -> 1,
+# 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4), everything above 5 -> 6.
+_BOUNDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+_ODD_BOUNDS = (0.75, 1.75, 3.5)
+FUSED_KERNEL = "triton-fused-nvfp4"
+_DEQUANT_CHUNK = 1 << 24  # elements per dequantize chunk: bounds the float32 scratch to 64 MiB
+
+
+# -- E2M1 codes ---------------------------------------------------------------------------------------------------
+def unpack_codes(packed: Tensor) -> Tensor:
+    """uint8 [..., K/2] -> uint8 codes [..., K]: byte j holds element 2j (low nibble) and 2j+1 (high nibble)."""
+    return torch.stack((packed & 0xF, packed >> 4), dim=-1).flatten(-2)
+
+
+def pack_codes(codes: Tensor) -> Tensor:
+    """uint8 codes [..., K] (K even) -> uint8 [..., K/2], the inverse of unpack_codes."""
+    codes = codes.to(torch.uint8)
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+@functools.cache
+def _table(values: tuple[float, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A constant tensor made once per device: no host-to-device copy inside a forward (CUDA graphs forbid it)."""
+    return torch.tensor(values, dtype=dtype, device=device)
+
+
+def decode_e2m1(codes: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    return _table(E2M1_VALUES, torch.float32, codes.device)[codes.long()].to(dtype)
+
+
+def round_to_codes(scaled: Tensor) -> Tensor:
+    """float values already divided by their scale -> uint8 E2M1 codes (ModelOpt's rounding, saturating at 6)."""
+    bounds = _table(_BOUNDS, scaled.dtype, scaled.device)
+    mag = scaled.abs()
+    idx = torch.searchsorted(bounds, mag, out_int32=True)
+    for b in _ODD_BOUNDS:  # searchsorted puts a value equal to a bound below it; these ties round up to even
+        idx += (mag == b).int()
+    return ((scaled < 0).int() << 3 | idx).to(torch.uint8)
+
+
+def round_to_e2m1(scaled: Tensor) -> Tensor:
+    """The nearest E2M1 value (same rounding as round_to_codes), as float32."""
+    return decode_e2m1(round_to_codes(scaled))
+
+
+# -- two-level scales -----------------------------------------------------------------------------------------------
+def global_scale_of(amax: Tensor) -> Tensor:
+    """Per-tensor scale from the tensor's absolute maximum: amax / (6 · 448) (`weight_scale_2`, `input_scale`)."""
+    return amax.float() / (E2M1_MAX * E4M3_MAX)
+
+
+def dequantize(packed: Tensor, block_scale: Tensor, global_scale: Tensor, dtype: torch.dtype) -> Tensor:
+    """[..., N, K/2] codes, [..., N, K/16] E4M3 scales, global scale broadcastable to [..., N] -> [..., N, K].
+
+    In float32 and in ModelOpt's order (block scale times global scale first, then the value), then cast."""
+    values = decode_e2m1(unpack_codes(packed))
+    scale = block_scale.float() * global_scale.float().unsqueeze(-1)
+    return (values.unflatten(-1, (-1, BLOCK)) * scale.unsqueeze(-1)).flatten(-2).to(dtype)
+
+
+def quantize(weight: Tensor, global_scale: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """ModelOpt's NVFP4QTensor.quantize over the last two dims of `weight` [..., N, K]: one global scale per
+    [N, K] matrix (from its amax unless given, shape [...]). Returns (packed, block_scale, global_scale)."""
+    if weight.shape[-1] % BLOCK:
+        raise ValueError(f"NVFP4 needs K divisible by {BLOCK}; got a weight of shape {tuple(weight.shape)}")
+    w = weight.float()
+    if global_scale is None:
+        global_scale = global_scale_of(w.abs().amax(dim=(-2, -1)))
+    gs = global_scale.float().reshape(*global_scale.shape, 1, 1)
+    blocks = w.unflatten(-1, (-1, BLOCK))
+    block_scale = blocks.abs().amax(-1) / (E2M1_MAX * gs)
+    block_scale[block_scale == 0] = 1.0
+    block_scale = block_scale.clamp(min=2**-9, max=E4M3_MAX).to(torch.float8_e4m3fn)
+    scaled = blocks / (block_scale.float() * gs).unsqueeze(-1)
+    return pack_codes(round_to_codes(scaled.flatten(-2))), block_scale, global_scale.float()
+
+
+def fake_quantize_activations(x: Tensor, global_scale: Tensor) -> Tensor:
+    """ModelOpt's dynamic NVFP4 activation fake-quant (`fp4_fake_quant_block`) in torch: per 16-element block of
+    each row, scale = e4m3(min(amax / (6 · gs), 448)) · gs (1 where that is below 1e-5), values rounded to E2M1.
+    `global_scale` is the calibrated `input_scale`: a scalar, or one per row ([S] or [S, 1])."""
+    rows = x.float().unflatten(-1, (-1, BLOCK))
+    gs = global_scale.float()
+    gs = torch.where(gs > 0, gs, torch.full_like(gs, 1e-12))
+    gs = gs.reshape(-1, 1, 1) if gs.numel() > 1 else gs.reshape(())
+    amax = rows.abs().amax(-1, keepdim=True)
+    scale = (amax / (E2M1_MAX * gs)).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn).float() * gs
+    scale = torch.where(scale >= 1e-5, scale, torch.ones_like(scale))
+    q = round_to_e2m1(rows.abs() / scale) * scale
+    return torch.where(rows >= 0, q, -q).flatten(-2).to(x.dtype)
+
+
+def expert_of_rows(offsets: Tensor, rows: int) -> Tensor:
+    """For rows sorted by expert (offsets: cumulative row counts), the expert of each row; no host sync."""
+    return torch.searchsorted(offsets, torch.arange(rows, device=offsets.device, dtype=offsets.dtype), right=True)
+
+
+def quantize_input_rows(x: Tensor, offsets: Tensor | None, input_scale: Tensor) -> Tensor:
+    """Fake-quantize rows sorted by expert with their expert's input scale (one scale for all when they are
+    equal). On CUDA (compute capability >= 8.9) one fused Triton pass, elsewhere the torch definition."""
+    per_expert = input_scale.numel() > 1
+    if fused_act_quant_ok(x):
+        return fake_quantize_activations_fused(x, input_scale, offsets if per_expert else None)
+    if not per_expert:
+        return fake_quantize_activations(x, input_scale)
+    return fake_quantize_activations(x, input_scale[expert_of_rows(offsets, x.shape[0])])
+
+
+# -- the ExpertWeights format -----------------------------------------------------------------------------------------
+class Nvfp4Experts(nn.Module):
+    """One projection of all E experts of a layer in packed NVFP4, as buffers (see the module docstring)."""
+
+    fused_kernel = FUSED_KERNEL
+    fused_features = frozenset({"gather", "swiglu", "row_scale", "scatter"})
+
+    def __init__(self, packed: Tensor, block_scale: Tensor, global_scale: Tensor, input_scale: Tensor | None = None,
+                 *, activations: bool = True, name: str = ""):
+        super().__init__()
+        e, n, k2 = packed.shape
+        k = 2 * k2
+        checks = (("packed", packed, torch.uint8, (e, n, k2)),
+                  ("block_scale", block_scale, torch.float8_e4m3fn, (e, n, k // BLOCK)),
+                  ("global_scale", global_scale, torch.float32, (e, n)))
+        for tname, t, dtype, shape in checks:
+            if t.dtype != dtype or tuple(t.shape) != shape:
+                raise LoadError(f"{name}.{tname}: {t.dtype} {tuple(t.shape)}, expected {dtype} {shape} for NVFP4 "
+                                f"weights of {e} experts x [{n}, {k}] (K must be a multiple of {BLOCK})")
+        self.register_buffer("packed", packed.contiguous())
+        self.register_buffer("block_scale", block_scale.contiguous())
+        self.register_buffer("global_scale", global_scale.contiguous())
+        self.register_buffer("input_scale", None if input_scale is None else input_scale.float().reshape(-1).contiguous())
+        self.num_experts, self.out_features, self.in_features = e, n, k
+        self.activations = activations and input_scale is not None
+        self.format = "nvfp4"
+        self.ran_kernel: str | None = None  # the kernel the last grouped_mm ran (nvfp4_wgmma or this file's)
+        # "modelopt" (as stored) or "wgmma": repacked in place for the Gluon kernel at its first call
+        self.layout = "modelopt"
+
+    @classmethod
+    def from_weights(cls, weight: Tensor, *, input_scale: Tensor | None = None, activations: bool = True) -> Nvfp4Experts:
+        """Quantize stacked weights [E, N, K] as ModelOpt would (one global scale per expert)."""
+        packed, block_scale, gs = quantize(weight)
+        return cls(packed, block_scale, gs.reshape(-1, 1).expand(-1, weight.shape[1]).contiguous(), input_scale,
+                   activations=activations)
+
+    # -- the ExpertWeights contract ------------------------------------------------------------------------------
+    def dequantize(self, dtype: torch.dtype, experts: Tensor | None = None) -> Tensor:
+        packed, bs, gs = self.packed, self.block_scale, self.global_scale
+        if experts is not None:
+            packed, bs, gs = packed[experts], bs[experts], gs[experts]
+        out = torch.empty(packed.shape[0], self.out_features, self.in_features, dtype=dtype, device=packed.device)
+        step = max(1, _DEQUANT_CHUNK // max(1, self.out_features * self.in_features))
+        for i in range(0, packed.shape[0], step):
+            chunk = packed[i : i + step]
+            chunk = nvfp4_wgmma.unpack(chunk) if self.layout == "wgmma" else chunk
+            out[i : i + step] = dequantize(chunk, bs[i : i + step], gs[i : i + step], dtype)
+        return out
+
+    def nbytes(self) -> int:
+        return stored_nbytes(self)
+
+    def quantize_input(self, x_sorted: Tensor, offsets: Tensor) -> Tensor:
+        """The A4 of W4A4: the activations entering this projection, fake-quantized as ModelOpt does."""
+        if not self.activations:
+            return x_sorted
+        return quantize_input_rows(x_sorted, offsets, self.input_scale)
+
+    @property
+    def input_quant_rowwise(self) -> bool:
+        """Each row's activation quantization depends on that row alone (one input scale for every expert), so
+        the engine may quantize the tokens before they are gathered and routed (8x fewer rows at top-8)."""
+        return not self.activations or self.input_scale.numel() == 1
+
+    def grouped_mm(self, x_sorted: Tensor, offsets: Tensor, kernel: str, *, row_index: Tensor | None = None,
+                   act: str | None = None, row_scale: Tensor | None = None,
+                   row_dest: Tensor | None = None) -> Tensor | None:
+        """The fused kernel, with the engine's fused steps (row_index / act / row_scale / row_dest, see its
+        contract) when asked; x already quantized where this format quantizes activations."""
+        if not (x_sorted.is_cuda and x_sorted.dtype in (torch.bfloat16, torch.float16) and triton_available()):
+            return None
+        if act not in (None, "swiglu"):
+            return None
+        rows = x_sorted.shape[0] if row_index is None else row_index.shape[0]
+        config = pick_config(rows, self.num_experts, self.out_features, self.in_features, x_sorted.device)
+        gluon = config.get("KERNEL") == "gluon"
+        if gluon != (self.layout == "wgmma"):
+            self._relayout("wgmma" if gluon else "modelopt")
+        self.ran_kernel = nvfp4_wgmma.KERNEL if gluon else FUSED_KERNEL  # recorded per run
+        return nvfp4_grouped_mm(x_sorted, self.packed, self.block_scale, self.global_scale, offsets, config,
+                                row_index=row_index, swiglu=act == "swiglu", row_scale=row_scale, row_dest=row_dest,
+                                layout=self.layout)
+
+    @torch.no_grad()
+    def _relayout(self, layout: str) -> None:
+        """The codes rewritten in place into `layout` (same bytes of memory): once, at the first call of the
+        Gluon kernel, which is never inside a CUDA graph's capture (the engine runs a forward before capturing)."""
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("nvfp4: the codes' layout would change inside a CUDA graph capture; run one forward "
+                               "outside the capture first")
+        convert = nvfp4_wgmma.repack if layout == "wgmma" else nvfp4_wgmma.unpack
+        self.packed.copy_(convert(self.packed))
+        self.layout = layout
+
+    def unpacked(self, dtype: torch.dtype) -> Nvfp4UnpackedExperts:
+        """The same weights dequantized once (what `--nvfp4 unpacked` keeps: BF16-sized)."""
+        return Nvfp4UnpackedExperts(self.dequantize(dtype), self.input_scale, activations=self.activations)
+
+    def extra_repr(self) -> str:
+        acts = "w4a4" if self.activations else "w4a16"
+        return f"nvfp4 {acts}, experts={self.num_experts}, out={self.out_features}, in={self.in_features}"
+
+
+class Nvfp4UnpackedExperts(DenseExperts):
+    """NVFP4 weights dequantized at load (BF16-sized in memory); activations still fake-quantized when on."""
+
+    def __init__(self, weight: Tensor, input_scale: Tensor | None, *, activations: bool = True):
+        super().__init__(weight)
+        self.register_buffer("input_scale", None if input_scale is None else input_scale.float().reshape(-1))
+        self.activations = activations and input_scale is not None
+        self.format = "nvfp4-unpacked"
+
+    def quantize_input(self, x_sorted: Tensor, offsets: Tensor) -> Tensor:
+        if not self.activations:
+            return x_sorted
+        return quantize_input_rows(x_sorted, offsets, self.input_scale)
+
+
+# -- dense layers (a full, not experts-only, variant quantizes attention too) ---------------------------------------
+class Nvfp4Linear(nn.Module):
+    """A quantized nn.Linear: packed NVFP4 (dequantized per call) or unpacked; input fake-quantized when on."""
+
+    def __init__(self, packed: Tensor, block_scale: Tensor, global_scale: Tensor, input_scale: Tensor | None,
+                 bias: Tensor | None, *, activations: bool, unpacked_dtype: torch.dtype | None = None):
+        super().__init__()
+        self.out_features, self.in_features = packed.shape[0], packed.shape[1] * 2
+        gs = global_scale.float().reshape(-1)
+        gs = gs.expand(self.out_features) if gs.numel() == 1 else gs
+        if unpacked_dtype is None:
+            self.register_buffer("packed", packed.contiguous())
+            self.register_buffer("block_scale", block_scale.contiguous())
+            self.register_buffer("global_scale", gs.contiguous())
+            self.register_buffer("weight_unpacked", None)
+        else:
+            self.register_buffer("weight_unpacked", dequantize(packed, block_scale, gs, unpacked_dtype))
+        self.register_buffer("input_scale", None if input_scale is None else input_scale.float().reshape(()))
+        self.register_buffer("bias", bias)
+        self.activations = activations and input_scale is not None
+
+    def weight_as(self, dtype: torch.dtype) -> Tensor:
+        if self.weight_unpacked is not None:
+            return self.weight_unpacked.to(dtype)
+        return dequantize(self.packed, self.block_scale, self.global_scale, dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.activations:
+            x = fake_quantize_activations(x, self.input_scale)
+        return nn.functional.linear(x, self.weight_as(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+
+    def extra_repr(self) -> str:
+        kind = "unpacked" if self.weight_unpacked is not None else "packed"
+        return f"nvfp4 {kind}, in={self.in_features}, out={self.out_features}, activations={self.activations}"
+
+
+# -- the fused Triton kernel ------------------------------------------------------------------------------------------
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@functools.cache
+def triton_available() -> bool:
+    """A GPU and Triton (or Triton's CPU interpreter, which the tests use)."""
+    return triton is not None and (torch.cuda.is_available() or interpreting())
+
+
+# The Gluon kernel's tiles (nvfp4_wgmma: BLOCK_N weight rows, gate and up stacked for SwiGLU, x BLOCK_M tokens,
+# one warpgroup, AHEAD blocks of 128 columns copied ahead) per rows-per-expert bucket, as int4.WGMMA_TILES.
+WGMMA_TILES: dict[str, dict[str, Any]] = {
+    "small": dict(BLOCK_M=16, BLOCK_N=128, AHEAD=1),
+    "mid": dict(BLOCK_M=64, BLOCK_N=128, AHEAD=1),
+    "large": dict(BLOCK_M=64, BLOCK_N=128, AHEAD=1),
+}
+
+
+def pick_config(rows: int, experts: int, n: int, k: int, device: torch.device | None = None) -> dict[str, Any]:
+    """Block sizes. On an sm_90 `device`: the Gluon kernel's tile (nvfp4_wgmma) for the rows per expert
+    (int4.rows_bucket: small up to 12, mid up to 48). Otherwise this file's Triton kernel, measured on an H200 at the Qwen3-30B-A3B layer
+    shape (512 tokens top-8, about 32 rows per expert; benchmarks/nvfp4_fp8_gpu.py, 2026-11-29): M64 N128 K128,
+    8 warps, 3 stages: gate_up 0.288 ms, down 0.156 ms, against 0.385 / 0.210 ms for M32 N64 K128 with 4 warps.
+    BLOCK_K is a multiple of the 16-element scale block and divides K. With the fused steps (2026-11-30,
+    `benchmarks/kernel_sweep.py --formats nvfp4`, 512 tokens): gate_up + gather + SwiGLU 300.6 us with the
+    weights on the wgmma M side (SWAP_AB, M64 N64, 4 warps, 2 stages) against 354.2 us for the tile above; down +
+    routing weights + scatter 158.8 / 159.5 us, no better.)"""
+    bucket = rows_bucket(rows, experts)
+    if device is not None and nvfp4_wgmma.available(device, k):
+        return dict(WGMMA_TILES[bucket], KERNEL="gluon")
+    block_k = 128 if k % 128 == 0 else 64 if k % 64 == 0 else 32 if k % 32 == 0 else 16
+    if (n, k) == (1536, 2048) and bucket != "large":  # gate_up, gather + SwiGLU: 300.6 against 354.2 us
+        return {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 2, "SWAP_AB": True}
+    return {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": block_k, "num_warps": 8, "num_stages": 3, "SWAP_AB": False}
+
+
+def fused_act_quant_ok(x: Tensor) -> bool:
+    """The fused activation fake-quant: CUDA with FP8 conversions in hardware (8.9+), Triton, K in 16-blocks."""
+    return (x.is_cuda and triton_available() and x.shape[-1] % BLOCK == 0
+            and torch.cuda.get_device_capability(x.device) >= (8, 9))
+
+
+def fake_quantize_activations_fused(x: Tensor, input_scale: Tensor, offsets: Tensor | None = None) -> Tensor:
+    """fake_quantize_activations in one Triton pass; `offsets` given: rows sorted by expert, scale per expert."""
+    shape = x.shape
+    rows = x.reshape(-1, shape[-1])
+    if not rows.is_contiguous():
+        rows = rows.contiguous()
+    y = torch.empty_like(rows)
+    s, k = rows.shape
+    if s == 0:
+        return y.reshape(shape)
+    per_expert = offsets is not None
+    e = offsets.numel() if per_expert else 1
+    block_c = 128 if k % 128 == 0 else 64 if k % 64 == 0 else 32 if k % 32 == 0 else 16
+    grid = (triton.cdiv(s, 16), triton.cdiv(k, block_c))
+    nvfp4_act_quant_kernel[grid](
+        rows, y, input_scale, offsets if per_expert else input_scale, s, rows.stride(0), y.stride(0),
+        K=k, PER_EXPERT=per_expert, E=e, E_P2=triton.next_power_of_2(e), BLOCK_R=16, BLOCK_C=block_c,
+        **pdl.launch_args(rows.device),
+    )
+    return y.reshape(shape)
+
+
+if triton is not None:
+    pdl_open = pdl.triton_open()  # the first statement of each kernel launched with pdl.launch_args
+
+    @triton.jit
+    def round_bf16(v):
+        """float32 -> the nearest bfloat16 value (ties to even), kept in float32: what a GPU's cast does, spelled
+        out for the Triton interpreter, whose casts truncate."""
+        bits = v.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def expert_tile(offs_ptr, pid_m, E: tl.constexpr, E_P2: tl.constexpr, BLOCK_M: tl.constexpr):
+        """Which expert and rows M tile `pid_m` covers (the tiles of expert e follow those of expert e-1):
+        (e, first row, end of the expert's rows); e == E for a spare tile past the last one."""
+        eidx = tl.arange(0, E_P2)
+        emask = eidx < E
+        ends = tl.load(offs_ptr + eidx, mask=emask, other=0)
+        starts = tl.load(offs_ptr + eidx - 1, mask=emask & (eidx > 0), other=0)
+        tiles = tl.where(emask, (ends - starts + BLOCK_M - 1) // BLOCK_M, 0)
+        tile_end = tl.cumsum(tiles, 0)
+        e = tl.sum((tile_end <= pid_m).to(tl.int32), 0)
+        sel = eidx == e
+        first_tile = tl.sum(tl.where(sel, tile_end - tiles, 0), 0)
+        row_start = tl.sum(tl.where(sel, starts, 0), 0) + (pid_m - first_tile) * BLOCK_M
+        row_end = tl.sum(tl.where(sel, ends, 0), 0)
+        return e, row_start, row_end
+
+    @triton.jit
+    def mma_nt(w, x, acc, SWAP_AB: tl.constexpr):
+        """acc += x @ w.T for a weight tile w [BLOCK_N, BLOCK_K] and a token tile x [BLOCK_M, BLOCK_K], or its
+        transpose with SWAP_AB: the weights then take the MMA's M side (64 rows for Hopper's wgmma), so a tile of
+        16..64 tokens still runs on wgmma (Triton lowers a dot whose M side is under 64 to mma.sync on sm_90, and
+        an FP8 one to fp16 mma.sync, upcasting both operands). Shared by the nvfp4 and fp8 grouped kernels."""
+        if SWAP_AB:
+            return tl.dot(w, tl.trans(x), acc)
+        else:
+            return tl.dot(x, tl.trans(w), acc)
+
+    @triton.jit
+    def accumulator(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr):
+        """A float32 accumulator for mma_nt: [BLOCK_N, BLOCK_M] with SWAP_AB, else [BLOCK_M, BLOCK_N]."""
+        if SWAP_AB:
+            return tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        else:
+            return tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+
+    @triton.jit
+    def e4m3_codes(v, scale):
+        """float32 v -> E4M3 codes with `scale`, saturating at ±448: how an FP8 kernel rounds its input, and how
+        an epilogue writes codes for the next one (one expression, so both give the same bits)."""
+        return tl.minimum(tl.maximum(v / scale, -448.0), 448.0).to(tl.float8e4nv)
+
+    @triton.jit
+    def column_vector(v, SWAP_AB: tl.constexpr):
+        """A per-output-column vector broadcast against the accumulator ([BLOCK_N, BLOCK_M] with SWAP_AB)."""
+        if SWAP_AB:
+            return v[:, None]
+        else:
+            return v[None, :]
+
+    @triton.jit
+    def row_vector(v, SWAP_AB: tl.constexpr):
+        """A per-row (token) vector broadcast against the accumulator."""
+        if SWAP_AB:
+            return v[None, :]
+        else:
+            return v[:, None]
+
+    @triton.jit
+    def fused_epilogue(acc, up, y_ptr, rows, rmask, cols, cmask, rowscale_ptr, rowdest_ptr, stride_ym,
+                       SWAP_AB: tl.constexpr, SWIGLU: tl.constexpr, ROW_SCALE: tl.constexpr, SCATTER: tl.constexpr,
+                       ROUND_BF16: tl.constexpr, codes_scale=1.0, OUT_CODES: tl.constexpr = False):
+        """The engine's fused steps after the K loop (quantbench.engine.moe.engine's contract): silu(gate) * up, the
+        routing weight of each row, and the store, to row row_dest[r] of y with SCATTER. ROUND_BF16 (a bf16
+        model): every intermediate rounded to bfloat16 where the unfused path rounds (the GEMM outputs, silu, the
+        product), so that a W4A4 / W8A8 format's next activation rounding sees the values the unfused path and
+        ModelOpt's fake-quant forward see (rounding once in float32 moved a W4A4 layer's output by 2.4e-2 on the
+        H200, FP4's coarse steps amplifying the last bit). OUT_CODES: y holds E4M3 codes of the (rounded) output
+        with `codes_scale`, as the next FP8 projection's kernel would round its input (quantbench.engine.moe.fp8)."""
+        if ROUND_BF16:
+            acc = round_bf16(acc)
+        if SWIGLU:
+            if ROUND_BF16:
+                u = round_bf16(up)
+                out = round_bf16(round_bf16(acc * tl.sigmoid(acc)) * u)
+            else:
+                out = acc * tl.sigmoid(acc) * up
+        else:
+            out = acc
+        if ROW_SCALE:
+            out = out * row_vector(tl.load(rowscale_ptr + rows, mask=rmask, other=0.0).to(tl.float32), SWAP_AB)
+        if OUT_CODES:
+            out = e4m3_codes(out, codes_scale)
+        if SCATTER:
+            y_rows = tl.load(rowdest_ptr + rows, mask=rmask, other=0).to(tl.int64)
+        else:
+            y_rows = rows.to(tl.int64)
+        if SWAP_AB:
+            tl.store(y_ptr + y_rows[None, :] * stride_ym + cols[:, None], out.to(y_ptr.dtype.element_ty),
+                     mask=rmask[None, :] & cmask[:, None])
+        else:
+            tl.store(y_ptr + y_rows[:, None] * stride_ym + cols[None, :], out.to(y_ptr.dtype.element_ty),
+                     mask=rmask[:, None] & cmask[None, :])
+
+    @triton.jit
+    def tile_rows(rowidx_ptr, row_start, row_end, stride_xm, BLOCK_M: tl.constexpr, GATHER: tl.constexpr):
+        """An M tile's sorted rows (from expert_tile), which of them are real, and where each reads x: with GATHER
+        sorted row r reads token row_index[r] of the unsorted x (no gathered copy of x), else row r. Shared by the
+        int4, fp8 and nvfp4 grouped kernels."""
+        rows = row_start + tl.arange(0, BLOCK_M)
+        rmask = rows < row_end
+        if GATHER:
+            x_rows = tl.load(rowidx_ptr + rows, mask=rmask, other=0).to(tl.int64) * stride_xm
+        else:
+            x_rows = rows.to(tl.int64) * stride_xm
+        return rows, rmask, x_rows
+
+    @triton.jit
+    def e2m1_round(a):
+        """|x| / scale -> the nearest E2M1 magnitude (ModelOpt's fp4_round_magnitude, ties to even)."""
+        return tl.where(a <= 0.25, 0.0, tl.where(a < 0.75, 0.5, tl.where(a <= 1.25, 1.0, tl.where(
+            a < 1.75, 1.5, tl.where(a <= 2.5, 2.0, tl.where(a < 3.5, 3.0, tl.where(a <= 5.0, 4.0, 6.0)))))))
+
+    @triton.jit
+    def nvfp4_act_quant_kernel(
+        x_ptr, y_ptr, gs_ptr, offs_ptr, S, stride_x, stride_y,
+        K: tl.constexpr, PER_EXPERT: tl.constexpr, E: tl.constexpr, E_P2: tl.constexpr,
+        BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr,
+    ):
+        """ModelOpt's fp4_fake_quant_block, op for op, with a global scale per row's expert when PER_EXPERT."""
+        pdl_open(PDL)  # launched early (quantbench.engine.pdl): wait for the kernel before, first
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        mask = (rows < S)[:, None] & (cols < K)[None, :]
+        x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_x + cols[None, :], mask=mask, other=0.0)
+        x = x.to(tl.float32)
+        if PER_EXPERT:
+            eidx = tl.arange(0, E_P2)
+            ends = tl.load(offs_ptr + eidx, mask=eidx < E, other=2147483647)
+            expert = tl.sum((ends[None, :] <= rows[:, None]).to(tl.int32), 1)
+            gs = tl.load(gs_ptr + tl.minimum(expert, E - 1))
+        else:
+            gs = tl.load(gs_ptr + tl.zeros((BLOCK_R,), dtype=tl.int32))
+        gs = tl.where(gs > 0.0, gs, 1e-12)[:, None, None]
+        xb = tl.reshape(x, (BLOCK_R, BLOCK_C // 16, 16))
+        amax = tl.max(tl.abs(xb), axis=2, keep_dims=True)
+        scale = tl.minimum(amax / (6.0 * gs), 448.0).to(tl.float8e4nv).to(tl.float32) * gs
+        scale = tl.where(scale >= 1e-5, scale, 1.0)
+        q = e2m1_round(tl.abs(xb) / scale) * scale
+        q = tl.reshape(tl.where(xb >= 0, q, -q), (BLOCK_R, BLOCK_C))
+        tl.store(y_ptr + rows[:, None].to(tl.int64) * stride_y + cols[None, :], q.to(y_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def decode_e2m1_f32(codes):
+        """E2M1 codes -> float32 values times 2^-14: float16 bits with the sign at bit 15 and the 3-bit magnitude
+        code at bits 11..9 read as e2m1 · 2^-14 (the subnormal 0.5 lands on float16's subnormal range, which
+        converts exactly)."""
+        bits = ((codes & 8).to(tl.uint16) << 12) | ((codes & 7).to(tl.uint16) << 9)
+        return bits.to(tl.float16, bitcast=True).to(tl.float32)
+
+    @triton.jit
+    def nvfp4_weights(p_ptrs, b_ptrs, gs, cmask, dtype: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      DOT_F32: tl.constexpr):
+        """One [BLOCK_N, BLOCK_K] weight tile decoded in registers: E2M1 codes times their E4M3 block scale times
+        the global scale (gs already times 2^14, which undoes decode_e2m1_f32's bit trick; a power of two, so
+        block_scale · global_scale rounds as in dequantize), in the dot's dtype."""
+        p = tl.load(p_ptrs, mask=cmask[:, None], other=0)
+        s = tl.load(b_ptrs, mask=cmask[:, None], other=0.0).to(tl.float32) * gs[:, None]
+        # interleave the low (even k) and high (odd k) nibbles back into K order; decoding them into two
+        # half-K dots against x's even and odd columns instead was 3-4x slower on an H200
+        v = decode_e2m1_f32(tl.reshape(tl.join(p & 0xF, p >> 4), (BLOCK_N, BLOCK_K)))
+        w = tl.reshape(tl.reshape(v, (BLOCK_N, BLOCK_K // 16, 16)) * s[:, :, None], (BLOCK_N, BLOCK_K))
+        if DOT_F32:  # the Triton interpreter: its bf16 dot is wrong and its casts truncate
+            return round_bf16(w)
+        else:
+            return w.to(dtype)
+
+    @triton.jit
+    def nvfp4_grouped_mm_kernel(
+        x_ptr, p_ptr, bs_ptr, gs_ptr, y_ptr, offs_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr,
+        N_OUT, HALF,
+        stride_xm, stride_pe, stride_pn, stride_be, stride_bn, stride_ge, stride_ym,
+        K: tl.constexpr, E: tl.constexpr, E_P2: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr,
+        SWAP_AB: tl.constexpr, GATHER: tl.constexpr, SWIGLU: tl.constexpr, ROW_SCALE: tl.constexpr,
+        SCATTER: tl.constexpr, PDL: tl.constexpr,
+    ):
+        # the same grid and fused steps as the int4 and fp8 kernels: axis 0 walks N (programs side by side share
+        # one M tile of x in L2), axis 1 the M tiles
+        pdl_open(PDL)
+        pid_n = tl.program_id(0)
+        e, row_start, row_end = expert_tile(offs_ptr, tl.program_id(1), E, E_P2, BLOCK_M)
+        if e >= E:
+            return
+        rows, rmask, x_rows = tile_rows(rowidx_ptr, row_start, row_end, stride_xm, BLOCK_M, GATHER)
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        cmask = cols < N_OUT
+        ks = tl.arange(0, BLOCK_K)
+        kb = tl.arange(0, BLOCK_K // 2)
+        ksc = tl.arange(0, BLOCK_K // 16)
+        e64 = e.to(tl.int64)
+        x_ptrs = x_ptr + x_rows[:, None] + ks[None, :]
+        p_ptrs = p_ptr + e64 * stride_pe + cols[:, None].to(tl.int64) * stride_pn + kb[None, :]
+        b_ptrs = bs_ptr + e64 * stride_be + cols[:, None].to(tl.int64) * stride_bn + ksc[None, :]
+        gs = tl.load(gs_ptr + e64 * stride_ge + cols, mask=cmask, other=0.0) * 16384.0
+        if SWIGLU:  # gate rows c and up rows HALF + c in one K loop, each x tile loaded once
+            gsu = tl.load(gs_ptr + e64 * stride_ge + HALF + cols, mask=cmask, other=0.0) * 16384.0
+        else:
+            gsu = gs
+        acc = accumulator(BLOCK_M, BLOCK_N, SWAP_AB)
+        up = tl.zeros_like(acc)
+        for kk in range(0, K, BLOCK_K):
+            x = tl.load(x_ptrs + kk, mask=rmask[:, None], other=0.0)
+            if DOT_F32:
+                xd = x.to(tl.float32)
+            else:
+                xd = x
+            w = nvfp4_weights(p_ptrs + kk // 2, b_ptrs + kk // 16, gs, cmask, x.dtype, BLOCK_N, BLOCK_K, DOT_F32)
+            acc = mma_nt(w, xd, acc, SWAP_AB)
+            if SWIGLU:
+                wu = nvfp4_weights(p_ptrs + HALF * stride_pn + kk // 2, b_ptrs + HALF * stride_bn + kk // 16, gsu,
+                                   cmask, x.dtype, BLOCK_N, BLOCK_K, DOT_F32)
+                up = mma_nt(wu, xd, up, SWAP_AB)
+        if DOT_F32:
+            acc = round_bf16(acc)
+            up = round_bf16(up)
+        fused_epilogue(acc, up, y_ptr, rows, rmask, cols, cmask, rowscale_ptr, rowdest_ptr, stride_ym,
+                       SWAP_AB, SWIGLU, ROW_SCALE, SCATTER, y_ptr.dtype.element_ty == tl.bfloat16)
+
+
+def launch_grouped(kernel: Any, name: str, x: Tensor, weights: tuple[Tensor, ...], weight_strides: tuple[int, ...],
+                   offsets: Tensor, n: int, pick: Callable[[int], dict], config: dict | None, *,
+                   row_index: Tensor | None, swiglu: bool, row_scale: Tensor | None, row_dest: Tensor | None,
+                   out_dtype: torch.dtype | None = None, **constexprs: Any) -> Tensor:
+    """The host side the nvfp4 and fp8 grouped kernels share: the output, the configuration (`pick(rows)` unless
+    given), the grid and the engine's fused steps (row_index / swiglu / row_scale / row_dest, as
+    `int4_grouped_mm` takes them). A kernel takes x, its weight tensors, y, offsets, row index, row scale, row
+    destination, N_OUT, HALF, x's row stride, its weight strides, y's row stride, then the constexprs."""
+    k = x.shape[1]
+    s_rows = x.shape[0] if row_index is None else row_index.shape[0]
+    e = weights[0].shape[0]
+    n_out = n // 2 if swiglu else n
+    x = x.contiguous()
+    y = torch.empty(s_rows, n_out, dtype=out_dtype or x.dtype, device=x.device)
+    if s_rows == 0:
+        return y
+    cfg = dict(config or pick(s_rows))
+    cfg.setdefault("SWAP_AB", False)
+    if k % cfg["BLOCK_K"]:
+        raise ValueError(f"{name}: K={k} is not a multiple of BLOCK_K={cfg['BLOCK_K']}")
+    interpret = interpreting()
+    if interpret:
+        cfg.pop("num_warps", None), cfg.pop("num_stages", None)
+    # enough M tiles for any split of the rows: each expert wastes at most one partial tile
+    grid = (triton.cdiv(n_out, cfg["BLOCK_N"]), triton.cdiv(s_rows, cfg["BLOCK_M"]) + e)
+    kernel[grid](
+        x, *weights, y, offsets,
+        offsets if row_index is None else row_index, offsets if row_scale is None else row_scale,
+        offsets if row_dest is None else row_dest, n_out, n // 2, x.stride(0), *weight_strides, y.stride(0),
+        K=k, E=e, E_P2=triton.next_power_of_2(e), DOT_F32=interpret,
+        GATHER=row_index is not None, SWIGLU=swiglu, ROW_SCALE=row_scale is not None, SCATTER=row_dest is not None,
+        **constexprs, **cfg, **pdl.launch_args(x.device),
+    )
+    return y
+
+
+def nvfp4_grouped_mm(x: Tensor, packed: Tensor, block_scale: Tensor, global_scale: Tensor, offsets: Tensor,
+                     config: dict[str, Any] | None = None, *, row_index: Tensor | None = None, swiglu: bool = False,
+                     row_scale: Tensor | None = None, row_dest: Tensor | None = None,
+                     layout: str = "modelopt") -> Tensor:
+    """y[r] = x[r] @ W[e(r)].T for rows sorted by expert (offsets: cumulative row counts, int32), W packed NVFP4.
+    row_index / swiglu / row_scale / row_dest: the engine's fused steps, as `int4_grouped_mm` takes them. A
+    config with KERNEL="gluon" (pick_config's on an sm_90 GPU) runs nvfp4_wgmma's kernel, any other this file's.
+    layout: the codes' order, "modelopt" (as stored) or "wgmma" (nvfp4_wgmma.repack's, what the Gluon kernel
+    reads; ModelOpt's codes are repacked per call for it, a cost for benchmarks only: Nvfp4Experts keeps them
+    repacked)."""
+    e, n, _ = packed.shape
+    k = x.shape[1]
+    if layout not in ("modelopt", "wgmma"):
+        raise ValueError(f"nvfp4_grouped_mm: layout {layout!r}: use modelopt or wgmma")
+    if config is not None and config.get("KERNEL") == "gluon":
+        if not nvfp4_wgmma.available(x.device, k):
+            raise ValueError(f"nvfp4 kernel: the Gluon wgmma kernel needs an sm_90 GPU and K a multiple of "
+                             f"{nvfp4_wgmma.K_BLOCK} ({x.device}, K={k}); pass a Triton configuration or none")
+        packed = nvfp4_wgmma.repack(packed) if layout == "modelopt" else packed
+        x = x.contiguous()
+        s_rows = x.shape[0] if row_index is None else row_index.shape[0]
+        y = torch.empty(s_rows, n // 2 if swiglu else n, dtype=x.dtype, device=x.device)
+        if s_rows:
+            nvfp4_wgmma.launch(x, packed, block_scale, global_scale, y, offsets, config, row_index=row_index,
+                               swiglu=swiglu, row_scale=row_scale, row_dest=row_dest)
+        return y
+    if layout != "modelopt":
+        raise ValueError("nvfp4_grouped_mm: the Triton kernel reads ModelOpt's layout; unpack the codes "
+                         "(nvfp4_wgmma.unpack) or pass a Gluon configuration")
+    return launch_grouped(
+        nvfp4_grouped_mm_kernel, "nvfp4_grouped_mm", x, (packed, block_scale, global_scale),
+        (packed.stride(0), packed.stride(1), block_scale.stride(0), block_scale.stride(1), global_scale.stride(0)),
+        offsets, n, lambda rows: pick_config(rows, e, n, k), config,
+        row_index=row_index, swiglu=swiglu, row_scale=row_scale, row_dest=row_dest)

@@ -1,0 +1,209 @@
+"""Which BF16 model a variant was made from, and how that is known: the evidence a run records so the report can
+pair a variant made elsewhere (an INT4 published by someone else, an NVFP4 made with ModelOpt directly) with the
+BF16 run of its base, not only the variants `quantbench quantize` made.
+
+A run records (`runs` columns, schema version 4):
+  base_model           the base's model id (what a BF16 run of it records as model_id), or the id a model card
+                       names (a Hugging Face id such as Qwen/Qwen3-30B-A3B);
+  base_model_how       how that is known: `quantbench` (the provenance `quantbench quantize` writes), `given`
+                       (`run --base-model DIR|ID`) or `model_card` (`base_model` in the checkpoint's README.md
+                       front matter, as on the Hugging Face hub);
+  shared_tensors_hash  sha256 over the tensors quantization leaves alone: the token embeddings, every norm and the
+                       MoE router (`mlp.gate`). auto-round and ModelOpt both copy them byte for byte (checked on
+                       checkpoints each made directly), so a variant and its base have the same hash. Attention
+                       and lm_head are not part of it: auto-round's default quantizes attention, and some
+                       quantizers quantize lm_head.
+
+`pair_runs` (used by the report and by `compare`) pairs a run whose own model has no BF16 run with the BF16 run
+of its base, in that order of evidence: the base named on the run, else identical shared tensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import struct
+from pathlib import Path
+from typing import Any
+
+from quantbench.errors import ConfigError
+
+HOWS = ("quantbench", "given", "model_card")  # recorded on the run; `tensors` is found at report time
+SHARED_TENSOR = re.compile(r"(^|\.)embed_tokens\.weight$|norm\.weight$|(^|\.)mlp\.gate\.weight$")
+_CHUNK = 16 << 20
+
+
+def base_model_id(path: Path) -> str:
+    """The model id a BF16 run of the checkpoint at `path` records (quantbench.models.checkpoint.model_identity's rule,
+    without hashing the checkpoint)."""
+    def read(name: str) -> dict[str, Any]:
+        f = path / name
+        return json.loads(f.read_text()) if f.is_file() else {}
+
+    prov, synth, config = read("quantbench_provenance.json"), read("quantbench_synthetic.json"), read("config.json")
+    return (prov.get("source_model_id") or synth.get("model_id") or config.get("quantbench_model_id")
+            or config.get("_name_or_path") or path.resolve().name)
+
+
+def resolve_given_base(base: str) -> str:
+    """`run --base-model DIR|ID`: a checkpoint directory becomes the model id its BF16 runs record; anything else
+    is taken as a model id (a Hugging Face id, or the id `quantbench runs` shows). Checked in the parent, before a
+    child is spawned."""
+    text = base.strip()
+    if not text:
+        raise ConfigError("--base-model is empty: give the BF16 checkpoint's directory or its model id")
+    path = Path(text).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"--base-model {text}: the directory has no config.json; give the BF16 checkpoint's "
+                              "directory (config.json + *.safetensors) or its model id")
+        return base_model_id(path)
+    if path.exists():
+        raise ConfigError(f"--base-model {text}: a file, not a checkpoint directory; give the BF16 checkpoint's "
+                          "directory or its model id")
+    return text
+
+
+def model_card_base(path: Path) -> str | None:
+    """`base_model` from the YAML front matter of the checkpoint's README.md (the Hugging Face model card), or
+    None. A list (a merge of several bases) gives its first entry."""
+    card = path / "README.md"
+    if not card.is_file():
+        return None
+    text = card.read_text(errors="replace")
+    match = re.match(r"\A---\s*\n(.*?)\n---\s*(\n|\Z)", text, re.S)
+    if not match:
+        return None
+    import yaml
+
+    try:
+        meta = yaml.safe_load(match.group(1))
+    except yaml.YAMLError:
+        return None  # a card that does not parse is no evidence, not a failed run
+    base = meta.get("base_model") if isinstance(meta, dict) else None
+    if isinstance(base, list):
+        base = base[0] if base else None
+    text = str(base).strip() if base else ""
+    return text or None
+
+
+def _safetensors_index(file: Path) -> tuple[int, dict[str, Any]]:
+    with open(file, "rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(n))
+    header.pop("__metadata__", None)
+    return 8 + n, header
+
+
+def shared_tensors_hash(path: Path) -> str | None:
+    """sha256 over the name, dtype, shape and bytes of every tensor quantization leaves alone (see the module
+    doc), read straight from the safetensors files (nothing is unpickled or converted); None when the checkpoint
+    has no such tensor or its files cannot be read."""
+    try:
+        entries = []
+        for file in sorted(path.glob("*.safetensors")):
+            start, header = _safetensors_index(file)
+            entries += [(name, file, start, meta) for name, meta in header.items() if SHARED_TENSOR.search(name)]
+        if not entries:
+            return None
+        h = hashlib.sha256()
+        for name, file, start, meta in sorted(entries, key=lambda e: e[0]):
+            h.update(f"{name}|{meta['dtype']}|{meta['shape']}|".encode())
+            begin, end = meta["data_offsets"]
+            with open(file, "rb") as fh:
+                fh.seek(start + begin)
+                left = end - begin
+                while left > 0:
+                    chunk = fh.read(min(_CHUNK, left))
+                    if not chunk:
+                        return None  # a truncated file: no evidence
+                    h.update(chunk)
+                    left -= len(chunk)
+        return h.hexdigest()
+    except (OSError, ValueError, KeyError, struct.error):
+        return None
+
+
+def evidence(model_path: str | None, given_base: str | None) -> dict[str, Any]:
+    """The run columns that say what the run's base is: `given_base` (already resolved by resolve_given_base)
+    first, then the provenance of `quantbench quantize`, then the model card; and the shared tensors' hash."""
+    out: dict[str, Any] = {"base_model": None, "base_model_how": None, "shared_tensors_hash": None}
+    root = Path(model_path) if model_path else None
+    local = root is not None and root.is_dir()
+    if given_base:
+        out.update(base_model=given_base, base_model_how="given")
+    elif local and (root / "quantbench_provenance.json").is_file():
+        prov = json.loads((root / "quantbench_provenance.json").read_text())
+        if prov.get("source_model_id"):
+            out.update(base_model=prov["source_model_id"], base_model_how="quantbench")
+    if out["base_model"] is None and local:
+        card = model_card_base(root)
+        if card:
+            out.update(base_model=card, base_model_how="model_card")
+    if local:
+        out["shared_tensors_hash"] = shared_tensors_hash(root)
+    return out
+
+
+# -- pairing at report time ------------------------------------------------------------------------------------
+def _name(text: str) -> str:
+    """The last component of a model id or path, lower case: `Qwen/Qwen3-30B-A3B` and a directory named
+    `Qwen3-30B-A3B` name the same model."""
+    return text.rstrip("/").rsplit("/", 1)[-1].strip().lower()
+
+
+def names_base(base: str, bf16_run: dict[str, Any]) -> bool:
+    """Whether `base` (a run's base_model) names the model of `bf16_run`: its model id, or its checkpoint's
+    directory, in full or by the last component."""
+    names = {str(bf16_run.get("model_id") or "")}
+    if bf16_run.get("model_path"):
+        names.add(str(bf16_run["model_path"]))
+    names.discard("")
+    return base in names or _name(base) in {_name(n) for n in names}
+
+
+def how_text(how: str, base: str | None) -> str:
+    """How a pairing was made, in words, for the report's notes and `compare`."""
+    return {
+        "quantbench": f"made by `quantbench quantize` from {base}",
+        "given": f"`run --base-model {base}`",
+        "model_card": f"its model card's base_model ({base})",
+        "tensors": "identical embeddings, norms and router weights (the tensors quantization leaves alone)",
+    }.get(how, how)
+
+
+def pair(run: dict[str, Any], bf16_runs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
+    """The BF16 runs `run` pairs with and how: by the base named on the run, else by identical shared tensors.
+    Runs of the bf16 backend and runs already sharing a model id with a BF16 run are not paired (their model id
+    already says it)."""
+    if run.get("backend") == "bf16":
+        return [], None
+    base, how = run.get("base_model"), run.get("base_model_how")
+    if base:
+        named = [b for b in bf16_runs if names_base(str(base), b)]
+        if named:
+            return named, str(how or "given")
+    digest = run.get("shared_tensors_hash")
+    if digest:
+        same = [b for b in bf16_runs if b.get("shared_tensors_hash") == digest]
+        if same:
+            return same, "tensors"
+    return [], None
+
+
+def pair_runs(runs: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
+    """run_id → (the BF16 model id it pairs with, how) for every run whose own model id has no successful BF16
+    run among `runs` but whose evidence names or matches one (the newest such BF16 run's model id)."""
+    bf16 = [r for r in runs if r.get("status") == "ok" and r.get("backend") == "bf16"
+            and (r.get("role") or "candidate") != "noise_floor" and r.get("weights") != "synthetic"]
+    have_reference = {r.get("model_id") for r in bf16}
+    out = {}
+    for run in runs:
+        if run.get("model_id") in have_reference:
+            continue
+        matches, how = pair(run, bf16)
+        if matches:
+            newest = max(matches, key=lambda b: str(b.get("created_at")))
+            out[str(run["run_id"])] = (str(newest.get("model_id")), str(how))
+    return out

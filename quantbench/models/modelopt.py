@@ -1,0 +1,455 @@
+"""Loading NVFP4 and FP8 checkpoints onto a transformers model, exactly or not at all.
+
+transformers does not run these checkpoints itself, so quantbench reads them: the model is built from its config
+on the meta device (no random weights are ever made), every tensor comes from the checkpoint's *.safetensors,
+and the load is refused with a LoadError naming the tensor if anything is missing, left over, misshapen or of a
+format this module does not know. Three producers write the same NVFP4 numbers under different names:
+
+    producer (config.json quantization_config)            weight          block scale    global scale           activation scale
+    ModelOpt (quant_method modelopt, quant_algo NVFP4)    weight uint8    weight_scale   weight_scale_2         input_scale
+    compressed-tensors (format nvfp4-pack-quantized)      weight_packed   weight_scale   weight_global_scale⁻¹  input_global_scale⁻¹
+    auto-round (packing_format auto_round:llm_compressor) weight_packed   weight_scale   weight_global_scale⁻¹  input_global_scale⁻¹
+
+(⁻¹: stored as the reciprocal, 448 · 6 / amax.) FP8: ModelOpt (quant_algo FP8: `weight` E4M3, `weight_scale`
+per tensor, `input_scale`) and compressed-tensors (format float-quantized: per-tensor or per-channel
+`weight_scale`, static `input_scale` or dynamic per-token activations).
+
+MoE experts (`<block>.experts.<e>.{gate,up,down}_proj.*`) become one quantbench.engine.moe format per projection and
+layer (gate and up stacked as transformers fuses them) inside the grouped-MoE engine; other quantized Linears
+(a full variant's attention) become Nvfp4Linear / Fp8Linear.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from quantbench.engine.moe.engine import DenseExperts, install_grouped_moe, moe_blocks
+from quantbench.errors import LoadError
+from quantbench.models.checkpoint import check_safetensors_only
+
+PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one checkpoint stores its quantized Linears."""
+
+    scheme: str  # nvfp4 | fp8
+    producer: str  # modelopt | compressed-tensors | auto-round
+    weight: str  # name of the quantized weight tensor within a Linear
+    global_scale: str | None  # nvfp4: the per-tensor scale
+    input_scale: str | None  # the static activation scale
+    reciprocal: bool  # global and input scales stored as 1 / scale
+    activations: str  # static | dynamic | none
+    detail: str  # e.g. "modelopt 0.47.0, quant_algo NVFP4, group 16"
+
+    @property
+    def weight_format(self) -> str:
+        acts = {"nvfp4": {"static": "w4a4", "none": "w4a16"}, "fp8": {"static": "w8a8", "dynamic": "w8a8 dynamic",
+                                                                           "none": "w8a16"}}[self.scheme][self.activations]
+        return f"{self.scheme} {acts}{' g16' if self.scheme == 'nvfp4' else ''} ({self.detail})"
+
+
+def _unsupported(path: Path, what: str, fix: str) -> LoadError:
+    return LoadError(f"{path}/config.json quantization_config: {what}; {fix}")
+
+
+def read_layout(path: str | Path) -> Layout:
+    """The quantization layout of checkpoint `path`, from config.json (and hf_quant_config.json)."""
+    root = Path(path)
+    if not (root / "config.json").is_file():
+        raise LoadError(f"{root}: no config.json; --model must be a checkpoint directory (config.json + *.safetensors)")
+    config = json.loads((root / "config.json").read_text())
+    qc = config.get("quantization_config")
+    hf_quant = root / "hf_quant_config.json"
+    if qc is None and hf_quant.is_file():  # older ModelOpt exports keep it beside config.json only
+        q = json.loads(hf_quant.read_text()).get("quantization", {})
+        qc = {"quant_method": "modelopt", "quant_algo": q.get("quant_algo"), "kv_cache_quant_algo": q.get("kv_cache_quant_algo")}
+    if not qc:
+        raise LoadError(f"{root}: not a quantized checkpoint (config.json has no quantization_config); run it with "
+                        "--backend bf16, or make a variant with `quantbench quantize --scheme nvfp4|fp8`")
+    method = qc.get("quant_method")
+    if method == "modelopt":
+        return _modelopt_layout(root, qc)
+    if method == "compressed-tensors":
+        return _compressed_tensors_layout(root, qc)
+    if method in ("auto-round", "auto_round", "intel/auto-round"):
+        return _autoround_layout(root, qc)
+    if method == "fp8":
+        raise _unsupported(root, f"quant_method fp8 with weight_block_size {qc.get('weight_block_size')} (block-wise "
+                           "`weight_scale_inv`)", "quantbench's fp8 backend reads per-tensor and per-channel FP8 "
+                           "(ModelOpt FP8, compressed-tensors float-quantized)")
+    raise _unsupported(root, f"quant_method {method!r} is not NVFP4 or FP8", "the int4 backend reads AutoRound int4; "
+                       "nvfp4 / fp8 read ModelOpt, compressed-tensors and auto-round NVFP4 checkpoints")
+
+
+def _modelopt_layout(root: Path, qc: dict[str, Any]) -> Layout:
+    algo = qc.get("quant_algo")
+    if qc.get("kv_cache_quant_algo"):
+        raise _unsupported(root, f"kv_cache_quant_algo {qc['kv_cache_quant_algo']!r}",
+                           "KV-cache quantization is not emulated: export without it")
+    producer = (qc.get("producer") or {}).get("version", "")
+    if algo == "NVFP4":
+        group = (qc.get("config_groups", {}).get("group_0", {}).get("weights") or {}).get("group_size", 16)
+        if group != 16:
+            raise _unsupported(root, f"NVFP4 group_size {group}", "NVFP4 blocks are 16 elements")
+        return Layout("nvfp4", "modelopt", "weight", "weight_scale_2", "input_scale", False, "static",
+                      f"modelopt {producer}".strip())
+    if algo == "FP8":
+        return Layout("fp8", "modelopt", "weight", None, "input_scale", False, "static", f"modelopt {producer}".strip())
+    raise _unsupported(root, f"ModelOpt quant_algo {algo!r}", "quantbench reads quant_algo NVFP4 and FP8")
+
+
+def _ct_groups(root: Path, qc: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    groups = list((qc.get("config_groups") or {}).values())
+    schemes = {json.dumps({k: g.get(k) for k in ("weights", "input_activations")}, sort_keys=True) for g in groups}
+    if len(schemes) != 1:
+        raise _unsupported(root, f"{len(groups)} config_groups with {len(schemes)} different schemes",
+                           "quantbench reads checkpoints with one scheme for every quantized Linear")
+    return groups[0].get("weights") or {}, groups[0].get("input_activations")
+
+
+def _compressed_tensors_layout(root: Path, qc: dict[str, Any]) -> Layout:
+    fmt = qc.get("format")
+    weights, acts = _ct_groups(root, qc)
+    if fmt == "nvfp4-pack-quantized":
+        if weights.get("num_bits") != 4 or weights.get("type") != "float" or weights.get("group_size") != 16:
+            raise _unsupported(root, f"nvfp4-pack-quantized weights {weights}", "expected 4-bit float, group_size 16")
+        return Layout("nvfp4", "compressed-tensors", "weight_packed", "weight_global_scale", "input_global_scale",
+                      True, "static" if acts else "none", "compressed-tensors nvfp4-pack-quantized")
+    if fmt == "float-quantized":
+        if weights.get("num_bits") != 8 or weights.get("type") != "float":
+            raise _unsupported(root, f"float-quantized weights {weights}", "expected 8-bit float (E4M3)")
+        if weights.get("strategy") not in ("tensor", "channel"):
+            raise _unsupported(root, f"FP8 weight strategy {weights.get('strategy')!r}",
+                               "quantbench reads per-tensor and per-channel FP8 weight scales")
+        mode = "none" if not acts else "dynamic" if acts.get("dynamic") else "static"
+        return Layout("fp8", "compressed-tensors", "weight", None, "input_scale", False, mode,
+                      f"compressed-tensors float-quantized, {weights.get('strategy')} scales")
+    raise _unsupported(root, f"compressed-tensors format {fmt!r}",
+                       "quantbench reads nvfp4-pack-quantized (NVFP4) and float-quantized (FP8)")
+
+
+def _autoround_layout(root: Path, qc: dict[str, Any]) -> Layout:
+    data_type, bits = str(qc.get("data_type", "")), qc.get("bits")
+    if data_type in ("nv_fp", "nv_fp4") and bits == 4 and qc.get("packing_format") == "auto_round:llm_compressor":
+        if qc.get("group_size", 16) != 16:
+            raise _unsupported(root, f"auto-round NVFP4 group_size {qc.get('group_size')}", "NVFP4 blocks are 16")
+        acts = "static" if (qc.get("act_bits") or 16) <= 4 else "none"
+        return Layout("nvfp4", "auto-round", "weight_packed", "weight_global_scale", "input_global_scale", True, acts,
+                      f"auto-round {qc.get('autoround_version', '')} {qc.get('packing_format')}".strip())
+    raise _unsupported(root, f"auto-round data_type {data_type!r}, bits {bits}, packing_format {qc.get('packing_format')!r}",
+                       "for AutoRound int4 use --backend int4; nvfp4 reads data_type nv_fp, auto_round:llm_compressor")
+
+
+# -- reading the tensors ------------------------------------------------------------------------------------------------
+class Checkpoint:
+    """Every tensor of a safetensors checkpoint by name, read on demand; remembers which were used."""
+
+    def __init__(self, root: Path, device: str):
+        from safetensors import safe_open
+
+        check_safetensors_only(root)
+        self.root = root
+        self.files: dict[str, Any] = {}
+        self.where: dict[str, str] = {}
+        for f in sorted(root.glob("*.safetensors")):
+            handle = safe_open(str(f), framework="pt", device=device)
+            self.files[f.name] = handle
+            for key in handle.keys():
+                if key in self.where:
+                    raise LoadError(f"{root}: tensor {key} is in both {self.where[key]} and {f.name}")
+                self.where[key] = f.name
+        self.used: set[str] = set()
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.where
+
+    def take(self, key: str, what: str = "") -> Tensor:
+        if key not in self.where:
+            raise LoadError(f"{self.root}: tensor {key} is missing{' (' + what + ')' if what else ''}; the checkpoint "
+                            "is incomplete or not in the layout its config.json declares")
+        self.used.add(key)
+        return self.files[self.where[key]].get_tensor(key)
+
+    def maybe(self, key: str) -> Tensor | None:
+        return self.take(key) if key in self.where else None
+
+    def unused(self) -> list[str]:
+        return sorted(set(self.where) - self.used)
+
+
+def _scalar(t: Tensor, key: str, reciprocal: bool) -> Tensor:
+    if t.numel() != 1:
+        raise LoadError(f"tensor {key}: {tuple(t.shape)}, expected one per-tensor scale")
+    t = t.float().reshape(())
+    if not torch.isfinite(t) or t <= 0:
+        raise LoadError(f"tensor {key}: {t.item()}, expected a positive finite scale")
+    return 1.0 / t if reciprocal else t
+
+
+@dataclass
+class QuantLinearTensors:
+    """One quantized Linear as read: weight [N, K/2] uint8 (nvfp4) or [N, K] E4M3 (fp8), scales, bias."""
+
+    weight: Tensor
+    block_scale: Tensor | None  # nvfp4 only
+    scale: Tensor  # nvfp4: global scale (scalar); fp8: [N] per-row scales
+    input_scale: Tensor | None
+    bias: Tensor | None = None
+
+
+def read_linear(ck: Checkpoint, prefix: str, layout: Layout, in_features: int | None = None) -> QuantLinearTensors:
+    wkey = f"{prefix}.{layout.weight}"
+    w = ck.take(wkey, f"the {layout.scheme} weight of {prefix}")
+    skey = f"{prefix}.weight_scale"
+    ws = ck.take(skey, f"the weight scale of {prefix}")
+    ikey = f"{prefix}.{layout.input_scale}" if layout.input_scale else None
+    inp = ck.maybe(ikey) if ikey else None
+    if layout.activations == "static" and inp is None:
+        raise LoadError(f"{ck.root}: tensor {ikey} is missing (the static activation scale of {prefix})")
+    inp = None if inp is None else _scalar(inp, ikey, layout.reciprocal)
+    if layout.scheme == "nvfp4":
+        if w.dtype != torch.uint8 or w.dim() != 2:
+            raise LoadError(f"tensor {wkey}: {w.dtype} {tuple(w.shape)}, expected uint8 [out, in/2] (two E2M1 per byte)")
+        n, k = w.shape[0], w.shape[1] * 2
+        if in_features is not None and k != in_features:
+            raise LoadError(f"tensor {wkey}: {tuple(w.shape)} packs {k} inputs, the model's layer has {in_features}")
+        if ws.dtype != torch.float8_e4m3fn or tuple(ws.shape) != (n, k // 16):
+            raise LoadError(f"tensor {skey}: {ws.dtype} {tuple(ws.shape)}, expected float8_e4m3fn {(n, k // 16)}")
+        gkey = f"{prefix}.{layout.global_scale}"
+        gs = _scalar(ck.take(gkey, f"the global scale of {prefix}"), gkey, layout.reciprocal)
+        return QuantLinearTensors(w, ws, gs, inp)
+    if w.dtype != torch.float8_e4m3fn or w.dim() != 2:
+        raise LoadError(f"tensor {wkey}: {w.dtype} {tuple(w.shape)}, expected float8_e4m3fn [out, in]")
+    n, k = w.shape
+    if in_features is not None and k != in_features:
+        raise LoadError(f"tensor {wkey}: {tuple(w.shape)} has {k} inputs, the model's layer has {in_features}")
+    if ws.numel() == 1:
+        scale = ws.float().reshape(1).expand(n)
+    elif ws.numel() == n:
+        scale = ws.float().reshape(n)
+    else:
+        raise LoadError(f"tensor {skey}: {tuple(ws.shape)}, expected one scale per tensor or one per output row ({n})")
+    return QuantLinearTensors(w, None, scale.contiguous(), inp)
+
+
+# -- experts ------------------------------------------------------------------------------------------------------------
+def _same_input_scale(parts: list[QuantLinearTensors], where: str) -> Tensor | None:
+    scales = [p.input_scale for p in parts]
+    if scales[0] is None:
+        return None
+    if any(not torch.equal(s, scales[0]) for s in scales[1:]):
+        raise LoadError(f"{where}: gate_proj and up_proj have different activation scales; quantbench runs them as "
+                        "one fused projection over one quantized input (re-export with shared input scales)")
+    return scales[0]
+
+
+def _expert_input_scales(scales: list[Tensor | None], where: str) -> Tensor | None:
+    if all(s is None for s in scales):
+        return None
+    if any(s is None for s in scales):
+        raise LoadError(f"{where}: some experts have an activation scale and some do not")
+    stacked = torch.stack(scales)
+    return stacked[:1] if torch.all(stacked == stacked[0]) else stacked  # one shared scale: the common case
+
+
+def build_experts(ck: Checkpoint, prefix: str, num_experts: int, layout: Layout, *, mode: str, activations: bool,
+                  dtype: torch.dtype) -> tuple[nn.Module, nn.Module]:
+    """(gate_up, down) formats for the experts under `prefix` (`<block>.experts`)."""
+    from quantbench.engine.moe.fp8 import Fp8Experts
+    from quantbench.engine.moe.nvfp4 import Nvfp4Experts
+
+    fused: dict[str, list[list[QuantLinearTensors]]] = {"gate_up": [], "down": []}
+    for e in range(num_experts):
+        parts = {p: read_linear(ck, f"{prefix}.{e}.{p}", layout) for p in PROJECTIONS}
+        fused["gate_up"].append([parts["gate_proj"], parts["up_proj"]])
+        fused["down"].append([parts["down_proj"]])
+    out = []
+    for name, experts in fused.items():
+        where = f"{prefix}.*.{name}"
+        shapes = {tuple(torch.cat([p.weight for p in parts]).shape) for parts in experts}
+        if len(shapes) != 1:
+            raise LoadError(f"{where}: the experts' {layout.weight} tensors differ in shape ({sorted(shapes)})")
+        weight = torch.stack([torch.cat([p.weight for p in parts]) for parts in experts])
+        in_scale = _expert_input_scales([_same_input_scale(parts, f"{prefix}.{e}") for e, parts in enumerate(experts)],
+                                        where)
+        if layout.scheme == "nvfp4":
+            block = torch.stack([torch.cat([p.block_scale for p in parts]) for parts in experts])
+            rows = torch.stack([torch.cat([p.scale.expand(p.weight.shape[0]) for p in parts]) for parts in experts])
+            fmt = Nvfp4Experts(weight, block, rows.contiguous(), in_scale, activations=activations, name=where)
+            out.append(fmt.unpacked(dtype) if mode == "unpacked" else fmt)
+        else:
+            rows = torch.stack([torch.cat([p.scale for p in parts]) for parts in experts])
+            out.append(Fp8Experts(weight, rows.contiguous(), in_scale, activations=layout.activations, name=where))
+    return out[0], out[1]
+
+
+def _dense_experts(ck: Checkpoint, prefix: str, num_experts: int, dtype: torch.dtype) -> tuple[nn.Module, nn.Module]:
+    """BF16 experts of a layer the checkpoint left unquantized (per-expert tensors, fused as transformers does)."""
+    def w(e: int, p: str) -> Tensor:
+        return ck.take(f"{prefix}.{e}.{p}.weight").to(dtype)
+
+    gate_up = torch.stack([torch.cat([w(e, "gate_proj"), w(e, "up_proj")]) for e in range(num_experts)])
+    down = torch.stack([w(e, "down_proj") for e in range(num_experts)])
+    return DenseExperts(gate_up), DenseExperts(down)
+
+
+# -- the model ----------------------------------------------------------------------------------------------------------
+@dataclass
+class LoadedQuant:
+    model: nn.Module
+    layout: Layout
+    kernel_path: str
+    quantized_linears: list[str] = field(default_factory=list)  # dense Linears replaced (a full variant's attention)
+
+
+def _set_module(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent, _, attr = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, attr, module)
+
+
+def _quantized_prefixes(ck: Checkpoint, layout: Layout) -> set[str]:
+    suffix = f".{layout.weight}"
+    return {k[: -len(suffix)] for k in ck.where if k.endswith(suffix) and f"{k[: -len(suffix)]}.weight_scale" in ck}
+
+
+def _fill_remaining(model: nn.Module, ck: Checkpoint, dtype: torch.dtype, built: set[int]) -> None:
+    """Every parameter and persistent buffer not built above gets its tensor from the checkpoint, or the load fails."""
+    owners: dict[int, list[tuple[nn.Module, str, str, bool]]] = {}
+    for mname, module in model.named_modules(remove_duplicate=False):
+        for pname, p in module.named_parameters(recurse=False):
+            owners.setdefault(id(p), []).append((module, pname, f"{mname}.{pname}".lstrip("."), True))
+        for bname, b in module.named_buffers(recurse=False):
+            if b is None or bname in module._non_persistent_buffers_set:
+                continue
+            owners.setdefault(id(b), []).append((module, bname, f"{mname}.{bname}".lstrip("."), False))
+    missing = []
+    for tid, places in owners.items():
+        if tid in built:
+            continue
+        names = [n for _, _, n, _ in places]
+        key = next((n for n in names if n in ck), None)
+        if key is None:
+            missing.append(names[0])
+            continue
+        current = places[0][0]._parameters.get(places[0][1]) if places[0][3] else places[0][0]._buffers[places[0][1]]
+        t = ck.take(key)
+        for other in names:  # tied weights: every alias the checkpoint also stores is used up
+            if other in ck:
+                ck.take(other)
+        if tuple(t.shape) != tuple(current.shape):
+            raise LoadError(f"tensor {key}: shape {tuple(t.shape)}, the model expects {tuple(current.shape)}")
+        if t.is_floating_point():
+            t = t.to(current.dtype)
+        value = nn.Parameter(t, requires_grad=False) if places[0][3] else t
+        for module, attr, _, is_param in places:
+            (module._parameters if is_param else module._buffers)[attr] = value
+    if missing:
+        shown = ", ".join(missing[:6]) + (f" … (+{len(missing) - 6} more)" if len(missing) > 6 else "")
+        raise LoadError(f"{ck.root}: the checkpoint has no tensor for {shown}; refusing to run with made-up weights")
+
+
+def _init_non_persistent(model: nn.Module, device: str) -> None:
+    """Non-persistent buffers (rotary inv_freq) are computed, not stored: transformers' own init computes them."""
+    for name, module in model.named_modules():
+        metas = [b for b, t in module._buffers.items() if t is not None and t.is_meta]
+        if not metas:
+            continue
+        if any(True for _ in module.parameters(recurse=False)):
+            raise LoadError(f"{name}: computed buffers {metas} on a module with weights; cannot initialise them safely")
+        for b in metas:
+            module._buffers[b] = torch.empty_like(module._buffers[b], device=device)
+        model._init_weights(module)
+
+
+def load_quantized(
+    path: str | Path,
+    *,
+    scheme: str,
+    mode: str = "packed",
+    activations: bool = True,
+    dtype: torch.dtype = torch.bfloat16,
+    device: str = "cpu",
+    kernel: str = "auto",
+    trust_remote_code: bool = False,
+) -> LoadedQuant:
+    """Load an NVFP4 (`mode` packed | unpacked, `activations` on | off) or FP8 checkpoint onto its transformers
+    model with quantbench's grouped-MoE engine; every tensor from the checkpoint, or a LoadError."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    root = Path(path)
+    layout = read_layout(root)
+    if layout.scheme != scheme:
+        raise LoadError(f"{root}: a {layout.scheme} checkpoint ({layout.detail}); run it with --backend {layout.scheme}")
+    if mode not in ("packed", "unpacked"):
+        raise LoadError(f"--nvfp4 {mode!r}: use packed or unpacked")
+    if not activations and layout.scheme == "nvfp4":
+        layout = replace(layout, activations="none")
+    config = AutoConfig.from_pretrained(root, trust_remote_code=trust_remote_code)
+    for attr in ("quantization_config",):
+        if hasattr(config, attr):
+            delattr(config, attr)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+    ck = Checkpoint(root, device)
+    quantized = _quantized_prefixes(ck, layout)
+    acts_on = layout.activations != "none"
+
+    # experts: one format per projection and layer, swapped in by the grouped-MoE engine
+    built: dict[int, tuple[nn.Module, nn.Module]] = {}
+    expert_prefixes = []
+    for ref in moe_blocks(model):
+        prefix = f"{ref.name}.experts"
+        expert_prefixes.append(prefix + ".")
+        num = int(getattr(ref.block.experts, "num_experts", None) or len(ref.block.experts))
+        if f"{prefix}.0.gate_proj" in quantized:
+            built[ref.layer_index] = build_experts(ck, prefix, num, layout, mode=mode, activations=acts_on, dtype=dtype)
+        else:
+            built[ref.layer_index] = _dense_experts(ck, prefix, num, dtype)
+    if not built:
+        raise LoadError(f"{root}: {type(model).__name__} has no MoE block; quantbench's nvfp4 / fp8 backends run MoE models")
+    path_taken = install_grouped_moe(model, lambda i, _experts: built[i], kernel)
+
+    # dense quantized Linears (a full variant): replaced in place
+    from quantbench.engine.moe.fp8 import Fp8Linear
+    from quantbench.engine.moe.nvfp4 import Nvfp4Linear
+
+    dense = sorted(p for p in quantized if not any(p.startswith(e) for e in expert_prefixes))
+    for name in dense:
+        try:
+            old = model.get_submodule(name)
+        except AttributeError:
+            raise LoadError(f"{root}: quantized tensors for {name}, which the model does not have") from None
+        if not isinstance(old, nn.Linear):
+            raise LoadError(f"{name}: quantized in the checkpoint but a {type(old).__name__} in the model; quantbench "
+                            "keeps routers and embeddings in 16 bits and reads quantized nn.Linear layers only")
+        t = read_linear(ck, name, layout, old.in_features)
+        if t.weight.shape[0] != old.out_features:
+            raise LoadError(f"tensor {name}.{layout.weight}: {old.out_features} outputs expected, got {t.weight.shape[0]}")
+        bias = ck.take(f"{name}.bias").to(dtype) if old.bias is not None else None
+        if layout.scheme == "nvfp4":
+            new = Nvfp4Linear(t.weight, t.block_scale, t.scale, t.input_scale, bias, activations=acts_on,
+                              unpacked_dtype=dtype if mode == "unpacked" else None)
+        else:
+            new = Fp8Linear(t.weight, t.scale, t.input_scale, bias, activations=layout.activations)
+        _set_module(model, name, new)
+
+    made = (DenseExperts, Nvfp4Linear, Fp8Linear)  # built from the checkpoint above (the nvfp4 / fp8 formats too)
+    built_ids = {id(t) for m in model.modules() if isinstance(m, made) or hasattr(m, "quantize_input")
+                 for t in m.buffers(recurse=False) if t is not None}
+    _fill_remaining(model, ck, dtype, built_ids)
+    _init_non_persistent(model, device)
+    left = ck.unused()
+    if left:
+        shown = ", ".join(left[:6]) + (f" … (+{len(left) - 6} more)" if len(left) > 6 else "")
+        raise LoadError(f"{root}: tensors the model has no place for: {shown}; the checkpoint does not match its config")
+    model.to(device)
+    model.eval()
+    return LoadedQuant(model, layout, path_taken, dense)

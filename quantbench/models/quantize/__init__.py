@@ -1,0 +1,292 @@
+"""`quantbench quantize`: make a quantized variant of a BF16 checkpoint, with a provenance file beside it.
+
+    quantize(source_dir, "int4", out_dir, iters=0, nsamples=128, group_size=128, experts_only=True) -> Path
+
+int4 wraps AutoRound (quantbench.models.quantize.autoround); nvfp4 and fp8 wrap ModelOpt (quantbench.models.quantize.modelopt,
+called as `quantize_modelopt(source_dir, scheme, out_dir, texts=..., nsamples=..., seqlen=..., experts_only=...,
+progress=...)`). Both calibrate on decision records from the suite generator's *train* split, rendered exactly
+as the runner renders them (prompt + answer) — never a hub dataset. `out_dir` ends up a normal checkpoint
+directory (config.json + *.safetensors + tokenizer) with `quantbench_provenance.json`: the source model's hash,
+the recipe, library versions and the time taken.
+
+`default_variant(scheme)` is the embedded default model's variant, made once and cached under
+`$QUANTBENCH_CACHE` (default ~/.cache/quantbench) in `variants/<source-hash>-<recipe-hash>/`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from quantbench.errors import ConfigError, QuantbenchError
+from quantbench.models.checkpoint import PROVENANCE_FILE, fingerprint, model_identity
+from quantbench.term import libraries_to, stderr_console
+
+SCHEMES = ("int4", "nvfp4", "fp8")
+LIBRARIES = ("torch", "transformers", "auto-round", "nvidia-modelopt", "quantbench")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything that changes the quantized weights (and so the cache key)."""
+
+    scheme: str
+    iters: int = 0  # int4: 0 = RTN, 200 = SignRound
+    nsamples: int = 128  # calibration samples of `seqlen` tokens each
+    seqlen: int = 512
+    group_size: int = 128  # int4 only
+    experts_only: bool = True  # attention, router, embeddings, lm_head stay BF16
+    seed: int = 0
+    opt_rtn: bool = True  # int4, iters 0: auto-round's optimized RTN (its default) or plain round-to-nearest
+
+    def __post_init__(self) -> None:
+        if self.scheme not in SCHEMES:
+            raise ConfigError(f"--scheme {self.scheme!r}: use one of {', '.join(SCHEMES)}")
+        if self.iters < 0 or self.nsamples < 1 or self.seqlen < 8:
+            raise ConfigError(f"recipe {self}: iters must be >= 0, nsamples >= 1 and seqlen >= 8")
+        if not self.opt_rtn and (self.scheme != "int4" or self.iters):
+            raise ConfigError("--plain-rtn: only for --scheme int4 with --iters 0 (SignRound has no RTN to choose)")
+        if self.group_size not in (32, 64, 128, 256, -1):
+            raise ConfigError(f"--group-size {self.group_size}: use 32, 64, 128, 256 or -1 (one group per row)")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        if self.opt_rtn:  # the default, left out: cache keys made before the choice existed stay valid
+            del out["opt_rtn"]
+        return out
+
+    @property
+    def hash(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
+
+
+def library_versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for name in LIBRARIES:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+# -- calibration ------------------------------------------------------------------------------------------------
+def calibration_texts(tokenizer: Any, nsamples: int, seqlen: int, seed: int = 0) -> list[str]:
+    """`nsamples` texts of at least `seqlen` tokens, each a run of train-split decision records rendered as the
+    runner renders them (quantbench.protocol.prompt.render_prompt) followed by the gold answer, joined by blank lines.
+    AutoRound drops texts shorter than seqlen, hence the packing."""
+    from quantbench.protocol.prompt import answer_text, render_prompt
+    from quantbench.protocol.suitegen import generate
+
+    texts: list[str] = []
+    pool: list[str] = []
+    rounds = 0
+    while len(texts) < nsamples:
+        parts, tokens = [], 0
+        while tokens < seqlen + seqlen // 10 + 8:  # a margin: tokens merge differently across the joins
+            if not pool:
+                if rounds == 64:
+                    raise QuantbenchError("calibration: the suite generator ran dry; ask for fewer or shorter samples")
+                for rec in generate("train", max(64, nsamples * 4), seed=seed + rounds):
+                    for name, question in rec.request.questions.items():
+                        gold = (rec.gold or {}).get(name, question.options[0])
+                        pool.append(render_prompt(tokenizer, rec.request, name) + answer_text(tokenizer, question, gold))
+                pool.reverse()  # pop() from the end keeps the generator's order
+                rounds += 1
+            text = pool.pop()
+            parts.append(text)
+            tokens += len(tokenizer(text, add_special_tokens=False)["input_ids"]) + 2  # + the blank line
+        texts.append("\n\n".join(parts))
+    return texts
+
+
+# -- the verb ---------------------------------------------------------------------------------------------------
+def quantize(
+    source_dir: str | Path | None,
+    scheme: str,
+    out_dir: str | Path,
+    *,
+    iters: int = 0,
+    nsamples: int = 128,
+    seqlen: int = 512,
+    group_size: int = 128,
+    experts_only: bool = True,
+    seed: int = 0,
+    progress: bool = True,
+    overwrite: bool = False,
+    shape: str | None = None,
+    layers: int | None = None,
+    weights_seed: int = 0,
+    opt_rtn: bool = True,
+    log: str | Path | None = None,
+) -> Path:
+    """Quantize the BF16 checkpoint `source_dir` with `scheme` into `out_dir`; returns the checkpoint directory.
+    What `quantbench quantize --model --scheme --iters --nsamples --group-size --experts-only/--all --out` does.
+
+    With `shape` instead of `source_dir` (int4): the synthetic real-shape model of `quantbench run --shape` (the
+    same seeded weights, `layers` and `weights_seed`: built on the GPU when there is one, as the runs build it) is
+    quantized from memory, so no BF16 checkpoint is written first (the 30B one is 61 GB).
+
+    What the libraries print (auto-round's and ModelOpt's logging, transformers' bars, warnings) goes to `log`
+    (default: OUT.quantize.log beside the checkpoint); the terminal gets one line per step and the progress bar."""
+    recipe = Recipe(scheme, iters, nsamples, seqlen, group_size, experts_only, seed, opt_rtn)
+    if (source_dir is None) == (shape is None):
+        raise ConfigError("give --model (a BF16 checkpoint directory) or --shape (a synthetic model built in memory)")
+    if shape is not None and scheme != "int4":
+        raise ConfigError(f"--shape with --scheme {scheme}: only int4 is quantized from memory here; a synthetic "
+                          f"{scheme} variant is made in memory by `quantbench run --backend {scheme} --shape {shape}`")
+    out = Path(out_dir)
+    source = None if source_dir is None else Path(source_dir)
+    if source is not None and not (source / "config.json").is_file():
+        raise ConfigError(f"--model {source}: no config.json; give a BF16 checkpoint directory")
+    if out.exists() and any(out.iterdir()):
+        if not overwrite:
+            raise ConfigError(f"--out {out} is not empty; give a new directory (or remove it)")
+        shutil.rmtree(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    log = Path(log) if log is not None else library_log(out)
+    say = stderr_console()
+    library = "auto-round" if scheme == "int4" else "nvidia-modelopt"
+    method = "calibrated" if scheme != "int4" else f"SignRound, {iters} iterations" if iters else \
+        "optimized RTN" if opt_rtn else "plain RTN"
+    say.print(f"{scheme}: quantizing {source or shape} with {library} {library_versions().get(library) or ''} "
+              f"({method}, {nsamples} samples of {seqlen} tokens); the libraries' own log: {log}", highlight=False)
+    started = time.perf_counter()
+    try:
+        with libraries_to(log):
+            if shape is not None:
+                model, tokenizer, origin = _synthetic_source(shape, layers, weights_seed)
+                from quantbench.models.quantize.autoround import quantize_autoround
+
+                details = quantize_autoround(None, out, recipe, progress=progress, model=model, tokenizer=tokenizer)
+            else:
+                ident = model_identity(source)
+                origin = {**ident, "path": str(source.resolve()), "hash": ident["model_hash"]}
+                if scheme == "int4":
+                    from quantbench.models.quantize.autoround import quantize_autoround
+
+                    details = quantize_autoround(source, out, recipe, progress=progress)
+                else:
+                    from transformers import AutoTokenizer
+
+                    from quantbench.models.quantize.modelopt import quantize_modelopt
+
+                    texts = calibration_texts(AutoTokenizer.from_pretrained(source), nsamples, seqlen, seed)
+                    made = quantize_modelopt(source, scheme, out, texts=texts, nsamples=nsamples, seqlen=seqlen,
+                                             experts_only=experts_only, progress=progress)
+                    details = {"checkpoint": str(made)} if made is not None else {}
+    except BaseException:
+        say.print(f"{scheme}: quantizing failed; the libraries' own log: {log}", highlight=False)
+        raise
+    seconds = time.perf_counter() - started
+    write_provenance(out, origin, recipe, seconds, details)
+    say.print(f"{scheme}: quantized in {seconds:.1f} s", highlight=False)
+    return out
+
+
+def library_log(out: str | Path) -> Path:
+    """Where the libraries' own output of quantizing into `out` goes: beside it, outside the checkpoint (whose
+    fingerprint would otherwise change with every log line)."""
+    out = Path(out)
+    return out.with_name(f"{out.name}.quantize.log")
+
+
+def _synthetic_source(shape: str, layers: int | None, weights_seed: int) -> tuple[Any, Any, dict[str, Any]]:
+    """The synthetic model `quantbench run --shape` builds (on the GPU when there is one: the seeded weights are
+    that device's generator's), in host memory, and its identity: no files, so its hash is the recipe's."""
+    import torch
+
+    from quantbench.models.fixture import SYNTHETIC_SHAPES, build_synthetic, synthetic_id
+
+    if shape not in SYNTHETIC_SHAPES:
+        raise ConfigError(f"--shape {shape!r}: use one of {', '.join(sorted(SYNTHETIC_SHAPES))}")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, tokenizer = build_synthetic(shape, layers=layers, device=device, seed=weights_seed)
+    if device != "cpu":  # AutoRound takes the model from host memory, as from a checkpoint, and moves each block
+        model.to("cpu")
+        torch.cuda.empty_cache()
+    model_id = synthetic_id(shape, layers, weights_seed)
+    made_by = {"shape": shape, "layers": model.config.num_hidden_layers, "seed": weights_seed, "device": device,
+               "dims": SYNTHETIC_SHAPES[shape]}
+    digest = hashlib.sha256(json.dumps(made_by, sort_keys=True).encode()).hexdigest()
+    return model, tokenizer, {"path": f"synthetic:{model_id} (built in memory on {device})", "hash": f"synthetic:{digest}",
+                              "model_id": model_id, "model_revision": None, "weights": "synthetic"}
+
+
+def write_provenance(out: Path, origin: dict[str, Any], recipe: Recipe, seconds: float,
+                     details: dict[str, Any] | None = None) -> Path:
+    """`origin`: the source's path (or what built it), hash, model_id, model_revision and weights kind."""
+    prov = {
+        "scheme": recipe.scheme,
+        "source_model_path": origin["path"],
+        "source_model_hash": origin["hash"],
+        "source_model_id": origin["model_id"],
+        "source_revision": origin.get("model_revision"),
+        "weights": origin["weights"],
+        "recipe": recipe.to_dict(),
+        "recipe_hash": recipe.hash,
+        "calibration": "quantbench.protocol.suitegen train split, rendered by quantbench.protocol.prompt (prompt + gold answer)",
+        "libraries": library_versions(),
+        "seconds": round(seconds, 3),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        **(details or {}),
+    }
+    path = out / PROVENANCE_FILE
+    path.write_text(json.dumps(prov, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+# -- the cache of the embedded default model's variants ---------------------------------------------------------
+def cache_root() -> Path:
+    return Path(os.environ.get("QUANTBENCH_CACHE") or Path.home() / ".cache" / "quantbench")
+
+
+def variant_dir(source_dir: str | Path, recipe: Recipe) -> Path:
+    return cache_root() / "variants" / f"{fingerprint(source_dir)[:16]}-{recipe.hash[:16]}"
+
+
+def cached_variant(source_dir: str | Path, scheme: str, **opts: Any) -> Path:
+    """The variant of `source_dir` for this recipe, quantized on first use. The quantization runs in a child
+    process: once auto_round is imported, transformers mis-loads plain MoE checkpoints in that process."""
+    recipe = Recipe(scheme, **opts)
+    target = variant_dir(source_dir, recipe)
+    if (target / PROVENANCE_FILE).is_file():
+        return target
+    staging = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    log = library_log(target)  # beside the variant's final place: the staging folder's name is never shown
+    log.unlink(missing_ok=True)
+    args = {"source_dir": str(source_dir), "out_dir": str(staging), "log": str(log), **recipe.to_dict()}
+    code = "import json, sys; from quantbench.models.quantize import quantize; quantize(**json.loads(sys.argv[1]))"
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(args)], stdout=sys.stderr, check=False)
+    if done.returncode != 0 or not (staging / PROVENANCE_FILE).is_file():
+        shutil.rmtree(staging, ignore_errors=True)
+        raise QuantbenchError(f"quantizing {source_dir} to {scheme} failed (exit {done.returncode}); see the lines "
+                              f"above and the libraries' own log, {log}")
+    try:
+        staging.rename(target)  # atomic: a concurrent run that finished first wins, this copy is dropped
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+# The embedded model's default variants: RTN, whose weights do not depend on the calibration texts (AutoRound only
+# runs them through the model to cache block inputs), so a few short samples keep the first run quick.
+DEFAULT_VARIANT_RECIPE = {"iters": 0, "nsamples": 16, "seqlen": 256}
+
+
+def default_variant(scheme: str, **opts: Any) -> Path:
+    """The embedded default model's `scheme` variant (RTN unless `opts` say otherwise), cached."""
+    from quantbench.models.fixture import default_model_dir
+
+    return cached_variant(default_model_dir(), scheme, **{**DEFAULT_VARIANT_RECIPE, **opts})

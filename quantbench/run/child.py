@@ -1,0 +1,272 @@
+"""The child process of one run: load one variant, answer the suite, time it, write a result file.
+
+Run as `python -m quantbench.run.child SPEC.json RESULT.json` by `quantbench.run.runner`. A fresh process per variant is
+not optional: once auto_round is imported, transformers loads plain MoE checkpoints with random experts
+(NOTES.md), and memory figures are only honest in a process that loaded nothing else.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import hashlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from quantbench.engine import pdl
+from quantbench.engine.moe.engine import kernel_paths, kernel_paths_ran
+from quantbench.errors import ConfigError, LoadError, RequestError, UnsupportedError, is_out_of_memory
+from quantbench.models import lineage
+from quantbench.models.checkpoint import tensor_bytes
+from quantbench.protocol.suite import load_suite
+from quantbench.run.backend import LoadedVariant, RunSpec, get_backend
+from quantbench.run.machine import detect
+from quantbench.run.memory import MemoryTracker
+from quantbench.term import LineProgress
+
+# The parent pipes stderr to keep a tail for failed rows; it asks for live progress when it has a terminal.
+console = Console(stderr=True, force_terminal=os.environ.get("QUANTBENCH_TTY") == "1" or None)
+
+
+class Timer:
+    """Model time of one forward: CUDA events + synchronize on a GPU, perf_counter on the CPU."""
+
+    def __init__(self, device: str):
+        self.cuda = device.startswith("cuda")
+
+    def __call__(self, fn, *args):
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            out = fn(*args)
+            end.record()
+            torch.cuda.synchronize()
+            return out, start.elapsed_time(end)
+        t0 = time.perf_counter()
+        out = fn(*args)
+        return out, (time.perf_counter() - t0) * 1e3
+
+
+def _progress() -> Progress:
+    return LineProgress(  # to a file or a pipe: a plain line every 10 s instead of nothing until the end
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=console, transient=False,
+    )
+
+
+def _answer_suite(loaded: LoadedVariant, records, timer: Timer, spec: RunSpec, out: dict[str, Any]) -> None:
+    """Answer every record (timed), then keep timing until the latency phase's stop rules hold.
+
+    With `spec.concurrency` n > 1, records go n at a time through `forward_many`: a remote server gets n requests
+    in flight (each timed end to end by the client), a local model answers them in one batched forward pass
+    (throughput mode: each decision's time is the whole batch's, and `batch` says n)."""
+    engine = loaded.engine
+    answers, latencies = out["answers"], out["latencies"]
+    n = max(1, spec.concurrency)
+
+    warm = getattr(engine, "warm", None)  # optional: a CUDA graph to capture before a new shape is timed
+
+    # The run's tokenizer_hash: sha256 of the token ids the model was given for every suite prompt, in suite
+    # order. Two runs with equal hashes saw identical inputs, whatever made them (tokenizer files, chat template,
+    # truncation); parity refuses runs whose hashes differ. Only local engines expose their ids (`rows`): a
+    # remote server's run leaves it empty.
+    digest, hashed = hashlib.sha256(), True
+
+    def decide(chunk, cold: bool = False, suite: bool = False) -> list[tuple[Any, float, float, int, int]]:
+        nonlocal hashed
+        t0 = time.perf_counter()
+        prepared = [engine.prepare(r.request) for r in chunk]
+        prep_ms = (time.perf_counter() - t0) * 1e3 / len(chunk)
+        if suite and hashed:
+            hashed = all(isinstance(getattr(p, "rows", None), list) for p in prepared)
+            if hashed:
+                for record, p in zip(chunk, prepared, strict=True):
+                    digest.update(json.dumps([record.id, p.rows], separators=(",", ":")).encode())
+        if warm is not None and not cold:  # the cold decision keeps its one-time costs; no other one does
+            warm(prepared)
+        if len(chunk) == 1:
+            result, ms = timer(engine.forward, prepared[0])
+            results, times = [result], [ms]
+        else:
+            results, ms = timer(engine.forward_many, prepared)
+            times = [getattr(p, "client_ms", None) or ms for p in prepared]
+        return [(res, prep_ms, t, engine.tokens(p), len(chunk)) for res, p, t in zip(results, prepared, times, strict=True)]
+
+    def chunks(items):
+        return [items[i : i + n] for i in range(0, len(items), n)]
+
+    def timed(phase: str, record, prep_ms: float, model_ms: float, tokens: int, batch: int) -> None:
+        latencies.append(dict(seq=len(latencies), phase=phase, record_id=record.id, model_ms=model_ms,
+                              prep_ms=prep_ms, tokens=tokens, batch=batch))
+
+    # Cold: the first decision after load (kernel compilation, allocator growth, autotuning), kept apart.
+    out["run"]["cold_ms"] = decide(records[:1], cold=True)[0][2]
+    for i in range(spec.warmup):
+        decide([records[(i * n + j + 1) % len(records)] for j in range(n)])
+
+    with _progress() as progress:
+        task = progress.add_task(f"{loaded.info.variant}: suite", total=len(records))
+        for chunk in chunks(records):
+            for record, (result, prep_ms, model_ms, tokens, batch) in zip(chunk, decide(chunk, suite=True),
+                                                                          strict=True):
+                timed("suite", record, prep_ms, model_ms, tokens, batch)
+                for q, ans in result.items():
+                    answers.append(dict(
+                        record_id=record.id, benchmark=record.benchmark, question=q,
+                        options=list(ans.probabilities), probs=list(ans.probabilities.values()), top=ans.top,
+                        gold=(record.gold or {}).get(q), method=ans.method, truncated=ans.truncated,
+                    ))
+            progress.advance(task, len(chunk))
+        if hashed and records:
+            out["run"]["tokenizer_hash"] = digest.hexdigest()
+
+        # Latency phase: keep timing decisions until both stop rules hold (at least N decisions, S seconds).
+        need_n = max(0, spec.latency_min_decisions - len(records))
+        t_start = time.perf_counter()
+        need_s = max(0.0, spec.latency_min_seconds - sum(lat["model_ms"] for lat in latencies) / 1e3 / n)
+        if need_n or need_s:
+            task = progress.add_task(f"{loaded.info.variant}: latency", total=None)
+            i = 0
+            while i < need_n or time.perf_counter() - t_start < need_s:
+                chunk = [records[(i + j) % len(records)] for j in range(n)]
+                for record, (_, prep_ms, model_ms, tokens, batch) in zip(chunk, decide(chunk), strict=True):
+                    timed("latency", record, prep_ms, model_ms, tokens, batch)
+                i += n
+                progress.advance(task, n)
+
+
+def run(spec: RunSpec, out: dict[str, Any]) -> None:
+    """Do one run in this process, filling `out` with its rows (the parent completes and stores them)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own progress display is enough; theirs floods a piped stderr
+    run = out["run"]
+    machine = detect(with_torch=True)
+    device = spec.device or machine.device
+    spec.device = device
+    run.update(machine.as_row())
+    run["device"] = device
+    suite = load_suite(spec.suite, max_options=spec.max_options)
+    records = suite.records[: spec.limit] if spec.limit else suite.records
+    run.update(suite_id=suite.id, suite_hash=suite.hash, n_records=len(records),
+               n_questions=sum(len(r.request.questions) for r in records))
+
+    mem = MemoryTracker(device, machine.nvml_index)
+    mem.before_load()
+    t0 = time.perf_counter()
+    with console.status(f"loading {spec.backend} …"):
+        loaded = get_backend(spec.backend).load(spec, machine)
+        loaded.engine.synchronize()
+    run["load_s"] = time.perf_counter() - t0
+    mem.after_load()
+    info = loaded.info
+    run.update({k: v for k, v in vars(info).items() if k not in ("extra", "load_note")})
+    run["extra"] = {**info.extra, "load_note": info.load_note} if info.load_note else dict(info.extra)
+    if loaded.model is not None:
+        run["model_tensor_bytes"] = tensor_bytes(loaded.model)
+    run.update(lineage.evidence(run.get("model_path"), spec.base_model))  # how the report finds its BF16 base
+
+    # A remote backend (no model here) is timed by the wall clock: CUDA events would time this GPU, idle.
+    planned = kernel_paths(loaded.model) if loaded.model is not None else ""
+    _answer_suite(loaded, records, Timer(device if loaded.model is not None else "cpu"), spec, out)
+    ran = kernel_paths_ran(loaded.model) if loaded.model is not None else ""
+    if planned and ran and ran != planned and planned in run["kernel_path"]:  # what ran, not only what was planned
+        run["kernel_path"] = run["kernel_path"].replace(planned, ran)
+        run["extra"]["kernel_paths"] = {"planned": planned, "ran": ran}
+    fused = getattr(loaded.engine, "fused_ops", None)
+    if fused:  # RMSNorm / rotary ran as quantbench's Triton kernels (quantbench.engine.fused.ops)
+        run["extra"]["fused_ops"] = fused
+        run["kernel_path"] = f"{run['kernel_path']} +fused {fused}"
+    if loaded.model is not None and str(device).startswith("cuda"):  # quantbench's kernels launched early or not
+        run["extra"]["pdl"] = pdl.enabled(torch.device(device))
+    graphs = getattr(loaded.engine, "graph_report", None)
+    if graphs is not None:  # a GPU run: say whether the timed forwards were graph replays
+        run["extra"]["cuda_graph"] = graphs
+        if graphs["replays"] and not graphs["eager_calls"]:
+            run["kernel_path"] = f"{run['kernel_path']} +cuda-graph"
+        elif graphs["replays"]:
+            run["kernel_path"] = f"{run['kernel_path']} +cuda-graph (partly eager)"
+    run.update(vars(mem.finish()))
+
+
+def classify(exc: BaseException) -> str:
+    """The failure label of an exception: `oom` only when memory ran out (the error says so), `load_error` for a
+    checkpoint that cannot be loaded, `config_error` for a setting or suite record, `unsupported` for what this
+    machine cannot run, `crashed` for anything else."""
+    if is_out_of_memory(exc):
+        return "oom"
+    if isinstance(exc, LoadError):
+        return "load_error"
+    if isinstance(exc, ConfigError | RequestError):
+        return "config_error"
+    if isinstance(exc, UnsupportedError):
+        return "unsupported"
+    return "crashed"
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent() -> None:
+    """Be killed (SIGKILL) the moment the parent `quantbench` process dies, however it dies.
+
+    The runner starts this process in a session of its own (so a timeout can kill its whole group), which also
+    means no terminal hang-up or group signal reaches it: without this, a killed parent leaves it computing (and
+    holding GPU memory) with nobody to store its result. The parent passes its pid: a parent that died before the
+    prctl (this process imports for seconds first) is caught by comparing it with the current parent."""
+    expected = int(os.environ.get("QUANTBENCH_PARENT_PID", "0") or 0)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            console.print(f"[yellow]warning:[/] prctl(PR_SET_PDEATHSIG) failed (errno {ctypes.get_errno()}): "
+                          "this run will not stop by itself if quantbench is killed")
+    if expected and os.getppid() != expected:
+        os._exit(1)  # the parent is already gone: nobody would store this run
+    if not sys.platform.startswith("linux") and expected:  # no prctl: watch the parent instead
+
+        def watch() -> None:
+            while os.getppid() == expected:
+                time.sleep(0.5)
+            os.killpg(0, signal.SIGKILL)
+
+        threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def main(argv: list[str]) -> int:
+    die_with_parent()
+    spec_path, result_path = Path(argv[0]), Path(argv[1])
+    with open(result_path.with_suffix(".faulthandler"), "w") as fh:
+        faulthandler.enable(file=fh)  # a segfault in a kernel still leaves a Python traceback for the row
+        spec = RunSpec.from_dict(json.loads(spec_path.read_text()))
+        out: dict[str, Any] = {"run": {}, "answers": [], "latencies": []}
+        try:
+            run(spec, out)
+            out["status"] = "ok"
+            code = 0
+        except BaseException as exc:  # every failure becomes a `failed` row, never a lost run
+            # Keep what identifies the run (machine, suite, variant); drop partial answers: no half-written runs.
+            out = {"run": out["run"], "status": "failed", "failure": classify(exc),
+                   "error": f"{type(exc).__name__}: {exc}\n\n" + "".join(traceback.format_exception(exc))}
+            console.print(f"[red]run failed ({out['failure']}):[/] {type(exc).__name__}: {exc}")
+            code = 1
+        tmp = result_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(out, default=str))
+        tmp.replace(result_path)  # the parent sees a whole result file or none
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,332 @@
+"""Run one variant in a fresh child process and turn what it reports into one run's rows.
+
+`execute(spec) -> RunResult` writes nothing: the caller (the CLI, a sweep driver) hands the result to the store.
+Whatever happens to the child — an exception, an out-of-memory kill, a segfault, a hang past the timeout, this
+process told to stop — the result is a whole run: `ok` with every answer, or `failed` with the reason and the
+traceback. What can be checked without a model (paths, the suite, checkpoint headers) is checked here, before
+anything is spawned, and raises instead of making a failed run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import quantbench
+from quantbench.errors import ConfigError
+from quantbench.run.backend import RunSpec
+from quantbench.run.machine import Machine, check_gpu, detect
+from quantbench.store import RunResult, uuid7
+
+# The settings that decide what a run measures; sweeps skip a run whose hash is already stored.
+RESULT_KEYS = ("backend", "model", "suite", "dtype", "experts_impl", "fast_moe", "nvfp4_mode", "nvfp4_activations",
+               "endpoint", "concurrency", "shape", "layers", "role", "max_tokens", "truncate", "method", "limit", "seed")
+TAIL_BYTES = 16_000
+TMP_PREFIX = "quantbench-run-"
+POLL_S = 0.2  # how often a waiting parent looks at its stop flag and the timeout
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def _git_rev() -> str | None:
+    root = Path(quantbench.__file__).resolve().parent.parent
+    try:
+        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                             text=True, timeout=5)
+        if rev.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return rev.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def provenance() -> dict[str, Any]:
+    return {
+        "torch_version": _version("torch"),
+        "transformers_version": _version("transformers"),
+        "auto_round_version": _version("auto-round"),
+        "modelopt_version": _version("nvidia-modelopt"),
+        "quantbench_version": quantbench.__version__,
+        "quantbench_git_rev": _git_rev(),
+    }
+
+
+def spec_hash(spec: RunSpec, machine: Machine) -> str:
+    key = {k: getattr(spec, k) for k in RESULT_KEYS}
+    key["gpu"] = machine.gpu_name or f"cpu:{machine.host}"
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def stored_spec(spec: RunSpec) -> dict[str, Any]:
+    """The spec as stored on the row: everything but secrets."""
+    data = spec.to_dict()
+    if data.get("api_key"):
+        data["api_key"] = "***"
+    return data
+
+
+def _pump(stream, sink, tail: deque[bytes]) -> None:
+    """Echo the child's stderr live (progress bars) and keep its tail for a failed run's row."""
+    for chunk in iter(lambda: stream.read1(4096), b""):
+        tail.append(chunk)
+        while sum(len(c) for c in tail) > TAIL_BYTES and len(tail) > 1:
+            tail.popleft()
+        if sink is not None:
+            sink.write(chunk)
+            sink.flush()
+
+
+# -- checks before spawning -----------------------------------------------------------------------------------
+_warned: set[str] = set()
+
+
+def preflight(spec: RunSpec) -> dict[str, Any]:
+    """Check in this process, in well under a second, what would otherwise fail only after the child has imported
+    torch: --model is a checkpoint directory with a readable config.json and whole safetensors files, --suite
+    parses. Raises ConfigError / LoadError naming the flag or file and the fix. Returns notes for the run's
+    `extra` (an `auto_map` that was not followed)."""
+    notes: dict[str, Any] = {}
+    if spec.model and not spec.shape and spec.backend != "http":
+        from quantbench.models.checkpoint import check_safetensors_only, read_config
+
+        root = Path(spec.model)
+        if not root.exists():
+            raise ConfigError(f"--model {spec.model}: no such directory; give a checkpoint directory "
+                              "(config.json + *.safetensors), or omit --model for the embedded default model")
+        if not root.is_dir():
+            raise ConfigError(f"--model {spec.model}: a file, not a directory; give the checkpoint's directory "
+                              "(config.json + *.safetensors)")
+        config = read_config(root)
+        check_safetensors_only(root)
+        auto_map = config.get("auto_map")
+        if auto_map and not spec.trust_remote_code:
+            builtin = ", ".join(config.get("architectures") or []) or config.get("model_type") or "?"
+            notes["auto_map_ignored"] = {"auto_map": auto_map, "loaded": builtin}
+        if notes.get("auto_map_ignored") and str(root.resolve()) not in _warned:  # once per checkpoint
+            _warned.add(str(root.resolve()))
+            print(f"warning: {root / 'config.json'} names its own code (auto_map) but --trust-remote-code is off: "
+                  f"loading transformers' built-in {builtin} instead (recorded on the run)", file=sys.stderr)
+    if spec.suite is not None:
+        from quantbench.protocol.suite import load_suite
+
+        load_suite(spec.suite, max_options=spec.max_options)
+    if spec.timeout_s <= 0:
+        raise ConfigError(f"--timeout {spec.timeout_s:g}: give a positive number of seconds")
+    return notes
+
+
+# -- stopping: this process told to stop, the kernel's OOM killer ---------------------------------------------
+class _StopState:
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.installed = False
+        self.live = 0  # children running under execute() now
+        self.lock = threading.Lock()
+
+
+_stop = _StopState()
+
+
+def stop_requested() -> int | None:
+    """The signal that asked this process to stop during the last `stop_on_signals`, or None."""
+    return _stop.signum
+
+
+def stopping() -> bool:
+    """Inside `stop_on_signals`, after a stop signal: runs in flight are ending, no new one may start."""
+    return _stop.installed and _stop.signum is not None
+
+
+def _on_stop_signal(signum: int, frame: Any) -> None:
+    _stop.signum = _stop.signum or signum
+    if _stop.live == 0:  # no run to wind up: stop now, as the signal's default would
+        raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """While inside, SIGTERM, SIGHUP and SIGINT (what `timeout`, a scheduler, a closed terminal, Ctrl-C send) stop
+    the runs in flight instead of killing this process outright: each run's child is killed and execute() returns
+    the run as `failed: interrupted`, for the caller to store before it exits with 128 + the signal. With no run
+    in flight the process exits at once. Main thread only (elsewhere, and when nested, it does nothing)."""
+    if threading.current_thread() is not threading.main_thread() or _stop.installed:
+        yield
+        return
+    previous = {s: signal.signal(s, _on_stop_signal) for s in STOP_SIGNALS}
+    _stop.installed, _stop.signum = True, None
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        _stop.installed = False
+
+
+def _stop_message(signum: int) -> str:
+    return f"quantbench was told to stop ({signal.Signals(signum).name}) and killed the run before it finished"
+
+
+def oom_kill_count() -> int | None:
+    """The kernel's count of OOM kills in this process's memory cgroup (v2 memory.events, v1 memory.oom_control),
+    or None where neither can be read. The child runs in the same cgroup."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    v2 = next((line.split(":", 2)[2] for line in lines if line.startswith("0::")), None)
+    v1 = next((line.split(":", 2)[2] for line in lines if ":memory:" in line), None)
+    candidates = []
+    if v2 is not None:
+        candidates += [Path("/sys/fs/cgroup") / v2.lstrip("/") / "memory.events", Path("/sys/fs/cgroup/memory.events")]
+    if v1 is not None:
+        candidates += [Path("/sys/fs/cgroup/memory") / v1.lstrip("/") / "memory.oom_control",
+                       Path("/sys/fs/cgroup/memory/memory.oom_control")]
+    for file in candidates:
+        try:
+            match = re.search(r"^oom_kill (\d+)$", file.read_text(), re.M)
+        except OSError:
+            continue
+        if match:
+            return int(match.group(1))
+    return None
+
+
+def death_failure(code: int, oom_before: int | None, oom_after: int | None) -> tuple[str, str]:
+    """(failure, explanation) of a child that died without a result. A SIGKILL is `oom` only with evidence: the
+    cgroup's OOM-kill counter rose while it ran. Otherwise `killed` (someone or something else sent it)."""
+    if code >= 0:
+        return "crashed", f"exit status {code}"
+    how = f"killed by signal {-code} ({signal.Signals(-code).name})"
+    if code != -signal.SIGKILL:
+        return "crashed", how
+    if oom_before is not None and oom_after is not None and oom_after > oom_before:
+        return "oom", f"{how} by the kernel's OOM killer (the memory cgroup's oom_kill count went {oom_before} → {oom_after})"
+    evidence = ("no OOM kill was recorded in the memory cgroup" if oom_before is not None
+                else "the memory cgroup's OOM-kill count cannot be read here")
+    return "killed", f"{how} from outside quantbench; {evidence}, so it is not labelled oom"
+
+
+def _clear_orphaned_tmp() -> None:
+    """Remove run folders left by parents that were killed (SIGKILL leaves no chance to clean up)."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{TMP_PREFIX}*-*"):
+        pid = folder.name.removeprefix(TMP_PREFIX).split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except OSError:  # alive (another user's): not ours to touch
+            pass
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def execute(spec: RunSpec, *, machine: Machine | None = None, echo: bool = True,
+            env: dict[str, str] | None = None) -> RunResult:
+    """Run `spec` in a fresh child process; return its rows. Raises GpuMismatchError, ConfigError or LoadError
+    before spawning anything (see `preflight`).
+
+    `env` adds to the child's environment (a sweep gives each GPU's child its own CUDA_VISIBLE_DEVICES)."""
+    machine = machine or detect()
+    device = check_gpu(spec.gpu, machine)
+    notes = preflight(spec)
+    spec.device = spec.device or device
+    run_id, created = str(uuid7()), dt.datetime.now(dt.UTC)
+    _clear_orphaned_tmp()
+
+    with tempfile.TemporaryDirectory(prefix=f"{TMP_PREFIX}{os.getpid()}-") as tmp:
+        spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
+        spec_path.write_text(json.dumps(spec.to_dict()))
+        env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1", "QUANTBENCH_PARENT_PID": str(os.getpid())}
+        if echo and sys.stderr.isatty():
+            env["QUANTBENCH_TTY"] = "1"
+        oom_before = oom_kill_count()
+        ended = None  # "timeout" | "interrupted" when this process ended the run
+        with _stop.lock:
+            _stop.live += 1
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "quantbench.run.child", str(spec_path), str(result_path)],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True,  # its own process group: a timeout kills the child and anything it started
+            )
+            tail: deque[bytes] = deque()
+            sink = getattr(sys.stderr, "buffer", None) if echo else None
+            pump = threading.Thread(target=_pump, args=(proc.stdout, sink, tail), daemon=True)
+            pump.start()
+            deadline = time.monotonic() + spec.timeout_s
+            try:
+                while proc.poll() is None:
+                    if stopping():
+                        ended = "interrupted"
+                    elif time.monotonic() > deadline:
+                        ended = "timeout"
+                    if ended:
+                        _kill_group(proc)
+                        break
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=POLL_S)
+            except BaseException:  # anything else (Ctrl-C outside stop_on_signals): the child must not outlive us
+                _kill_group(proc)
+                raise
+        finally:
+            with _stop.lock:
+                _stop.live -= 1
+        pump.join(timeout=5)
+        out = json.loads(result_path.read_text()) if result_path.exists() and ended is None else None
+        crash_trace = result_path.with_suffix(".faulthandler")
+        crash_text = crash_trace.read_text() if crash_trace.exists() else ""
+
+    stderr_tail = b"".join(tail).decode(errors="replace")
+    if ended == "timeout":
+        out = {"run": {}, "status": "failed", "failure": "timeout",
+               "error": f"the run exceeded its timeout of {spec.timeout_s:g} s and was killed\n\n{stderr_tail}"}
+    elif ended == "interrupted":
+        out = {"run": {}, "status": "failed", "failure": "interrupted",
+               "error": f"{_stop_message(_stop.signum or signal.SIGTERM)}\n\n{stderr_tail}".strip()}
+    elif out is None:
+        failure, how = death_failure(proc.returncode, oom_before, oom_kill_count())
+        out = {"run": {}, "status": "failed", "failure": failure,
+               "error": f"the child process died ({how}) before reporting\n\n{crash_text}\n{stderr_tail}".strip()}
+
+    row: dict[str, Any] = {**machine.as_row(), **provenance(), **out.get("run", {})}
+    row.update(
+        run_id=run_id, created_at=created, finished_at=dt.datetime.now(dt.UTC), status=out["status"],
+        failure=out.get("failure"), error=out.get("error"), backend=spec.backend, role=spec.role,
+        gpu_requested=spec.gpu, spec=stored_spec(spec), spec_hash=spec_hash(spec, machine),
+    )
+    row["device"] = row.get("device") or spec.device
+    if notes:
+        row["extra"] = {**(row.get("extra") or {}), **notes}
+    if out["status"] != "ok":
+        return RunResult(run=row)
+    return RunResult(run=row, answers=out["answers"], latencies=out["latencies"])
