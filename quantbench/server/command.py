@@ -1,0 +1,110 @@
+"""`quantbench serve`: the command behind the CLI's `serve`, and the only part of the server that prints."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+
+from quantbench.errors import ConfigError
+from quantbench.limits import (
+    DEFAULT_HEADER_TIMEOUT_S,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_OPTIONS,
+    DEFAULT_MAX_QUESTIONS,
+    DEFAULT_MAX_REQUEST_TOKENS,
+    DEFAULT_MAX_TOTAL_OPTIONS,
+    DEFAULT_REQUEST_TIMEOUT_S,
+    Limits,
+)
+from quantbench.run.backend import LoadedVariant, RunSpec, get_backend
+from quantbench.run.machine import detect
+from quantbench.server.app import create_app, serve
+from quantbench.server.app import demo as answer_demo
+from quantbench.server.auth import API_KEY_ENV
+from quantbench.server.batcher import DEFAULT_MAX_BATCH, DEFAULT_MAX_WAIT_MS
+
+
+def cli_serve(
+    model: str | None,
+    backend: str,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    api_key: str | None = None,
+    demo: bool = False,
+    allow_truncation: bool = False,
+    max_batch: int = DEFAULT_MAX_BATCH,
+    trust_remote_code: bool = False,
+    max_wait_ms: float = DEFAULT_MAX_WAIT_MS,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_questions: int = DEFAULT_MAX_QUESTIONS,
+    max_options: int = DEFAULT_MAX_OPTIONS,
+    max_total_options: int = DEFAULT_MAX_TOTAL_OPTIONS,
+    max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS,
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
+) -> int:
+    """`quantbench serve`: load `model` through `backend` (as the runner does) and serve it, or answer --demo."""
+    if backend == "http":
+        raise ConfigError(
+            "--backend http sends requests to a server; serve a local model with bf16, int4, nvfp4 or fp8"
+        )
+    spec = RunSpec(
+        backend=backend,
+        model=model,
+        truncate=allow_truncation,
+        trust_remote_code=trust_remote_code,
+        max_options=max_options,
+    )
+    if max_request_tokens < 1 or max_body_bytes < 1:
+        raise ConfigError("--max-request-tokens and --max-body-bytes: use 1 or more")
+    if not (request_timeout_s > 0 and header_timeout_s > 0):
+        raise ConfigError("--request-timeout and --header-timeout: use a number of seconds above 0")
+    Limits(max_options=max_options, max_questions=max_questions, max_total_options=max_total_options)
+    machine = detect(with_torch=True)
+    spec.device = machine.device
+    chosen = get_backend(backend)  # an unknown name fails here, before the port opens
+
+    def load() -> LoadedVariant:
+        return chosen.load(spec, machine)
+
+    if demo:
+        loaded = load()
+        response = answer_demo(loaded)  # app.demo: the `demo` flag shadows its name here
+        print(json.dumps(response.model_dump(mode="json"), indent=2))
+        info = loaded.info
+        for name, answer in response.answers.items():
+            print(
+                f"{name}: {answer.top} ({answer.probabilities[answer.top]:.1%}) — {info.model_id} {info.variant}, "
+                f"{info.kernel_path}, {response.model_ms:.1f} ms, {response.tokens} tokens",
+                file=sys.stderr,
+            )
+        return 0
+    api_key = api_key or os.environ.get(API_KEY_ENV) or None
+    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        print(
+            f"warning: serving on {host} without an API key; anyone who reaches it can use the model "
+            f"(set --api-key or {API_KEY_ENV})",
+            file=sys.stderr,
+        )
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
+    app = create_app(
+        load,
+        api_key=api_key,
+        max_batch=max_batch,
+        max_wait_ms=max_wait_ms,
+        allow_truncation=allow_truncation,
+        max_body_bytes=max_body_bytes,
+        max_questions=max_questions,
+        max_options=max_options,
+        max_total_options=max_total_options,
+        max_request_tokens=max_request_tokens,
+        request_timeout_s=request_timeout_s,
+        machine=machine,
+    )
+    code = serve(app, host, port, header_timeout_s=header_timeout_s)
+    if code:  # serve() stopped the server because the model failed to load; the app's state says why
+        print(f"quantbench serve: the model failed to load: {app.state.qb.error}", file=sys.stderr)
+    return code

@@ -1,0 +1,228 @@
+"""The server's wire schema: a request body decoded into the protocol's DecisionRequest, the error body every
+4xx / 5xx answers with, and a state far longer than the model's context cut (or refused) before it is tokenized.
+Everything here raises Rejected (a status and an ErrorBody), never a crash."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from fastapi import Request
+from pydantic import BaseModel
+from starlette.requests import ClientDisconnect
+
+from quantbench.errors import ContextLengthError, RequestError
+from quantbench.limits import DEFAULT_MAX_OPTIONS, Limits, flag
+from quantbench.protocol import DecisionRequest, LimitError, check_limits, loads_strict, parse_request
+from quantbench.protocol.prompt import render_state
+
+# The reference card's curl example: what `--demo` answers.
+DEMO_REQUEST = {
+    "model": "clef-omni",
+    "state": {"observation": "The player is facing a wall."},
+    "questions": {
+        "action": {
+            "type": "choice",
+            "criteria": {"left": "Turn left", "right": "Turn right", "forward": "Move forward"},
+        }
+    },
+}
+
+
+class ErrorBody(BaseModel):
+    """Every 4xx / 5xx body: what is wrong, where, and how to fix it."""
+
+    detail: str
+    field: str | None = None
+    fix: str | None = None
+    tokens: int | None = None  # context errors: the prompt's length
+    limit: int | None = None  # context and size errors: the limit it broke
+
+
+class Rejected(Exception):
+    """A request answered with an error status (never a crash)."""
+
+    def __init__(self, status: int, body: ErrorBody, headers: dict[str, str] | None = None):
+        self.status, self.body, self.headers = status, body, headers or {}
+        super().__init__(body.detail)
+
+
+def from_request_error(status: int, e: RequestError) -> Rejected:
+    body = ErrorBody(detail=str(e), field=e.field, fix=e.fix or None)
+    if isinstance(e, ContextLengthError):
+        body.tokens, body.limit = e.tokens, e.limit
+    if isinstance(e, LimitError):
+        status, body.limit = e.status, e.limit
+    return Rejected(status, body)
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its answer: nothing is sent, the work is dropped."""
+
+
+def over_deadline(status: int, what: str, timeout_s: float) -> Rejected:
+    """A request past its deadline: 408 while its body is read (the connection is then closed), 504 after."""
+    return Rejected(
+        status,
+        ErrorBody(
+            detail=f"no answer within the request deadline of {timeout_s:g} s ({flag('request_timeout')}): {what}",
+            field="request",
+            limit=math.ceil(timeout_s),
+            fix=f"send a smaller request, retry when the server is less busy, or start it with a larger "
+            f"{flag('request_timeout')}",
+        ),
+        headers={"Connection": "close"} if status == 408 else None,
+    )
+
+
+# The statuses /v1/systemone answers besides 200, for its OpenAPI schema.
+ERROR_RESPONSES = {
+    status: {"model": ErrorBody, "description": text}
+    for status, text in [
+        (400, "The body is not UTF-8 JSON."),
+        (401, "Missing or wrong API key."),
+        (408, "The body did not arrive within the request deadline."),
+        (413, "The body, its questions, options or tokens are over a limit (the error names it)."),
+        (422, "The request is invalid, a question has too many options, or its prompt is over the model's context."),
+        (503, "The model is still loading, or the queue is full (see Retry-After)."),
+        (504, "No answer within the request deadline (the request was dropped)."),
+    ]
+}
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused as soon as it passes `limit` bytes (declared or streamed)."""
+    too_big = Rejected(
+        413,
+        ErrorBody(
+            detail=f"request body is over the limit of {limit} bytes ({flag('max_body_bytes')})",
+            field="request",
+            limit=limit,
+            fix=f"send a smaller state, or start the server with a larger {flag('max_body_bytes')}",
+        ),
+    )
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_big
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_big
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ClientGone from None
+    return b"".join(chunks)
+
+
+def decode_request(
+    body: bytes, *, max_options: int = DEFAULT_MAX_OPTIONS, limits: Limits | None = None
+) -> DecisionRequest:
+    """Bytes -> DecisionRequest, or Rejected: 400 for bytes that are not JSON text, 422 for a wrong request,
+    413 / 422 for one over `limits` (default: the protocol's, with `max_options`)."""
+
+    def bad(problem: str, fix: str) -> Rejected:
+        return Rejected(400, ErrorBody(detail=f"request: {problem} ({fix})", field="request", fix=fix))
+
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise bad(
+            f"body is not UTF-8 (invalid byte at offset {e.start})", "encode the JSON as UTF-8"
+        ) from None
+    if not text.strip():
+        raise bad("body is empty", "send a JSON decision request with state and questions")
+    limits = limits or Limits(max_options=max_options)
+    try:
+        data = loads_strict(text)
+        if isinstance(data, dict):
+            check_limits(data, limits)  # counts first: a request over a limit is not walked any further
+        # A \ud800 escape parses into a string no tokenizer can encode: refuse it here, not in the model thread.
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except json.JSONDecodeError as e:
+        raise bad(
+            f"is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}", "send one JSON object"
+        ) from None
+    except RecursionError:
+        raise bad("JSON nests deeper than the parser allows", "flatten the state") from None
+    except UnicodeEncodeError:
+        raise bad(
+            "contains an unpaired UTF-16 surrogate escape (\\ud800-\\udfff)", "send valid Unicode text"
+        ) from None
+    except RequestError as e:  # duplicate keys, a limit
+        raise from_request_error(422, e) from None
+    try:
+        request = parse_request(data, limits=limits)
+    except RequestError as e:
+        raise from_request_error(422, e) from None
+    media = request.media_fields()
+    if media:
+        # Every engine quantbench serves is a text-only language model: there is no tower to read media with.
+        raise Rejected(
+            422,
+            ErrorBody(
+                detail=f"state.{media[0]}: the served model reads text only and has no image/audio/video input",
+                field=f"state.{media[0]}",
+                fix="send a text-only state (describe the media in words) or use a server whose model has that tower",
+            ),
+        )
+    return request
+
+
+# A state this many characters per token of context is tokenized only as far as that: a 4 MB state took 13 s to
+# tokenize whole (docs/BENCHMARKS.md) only to be refused as over a 512-token context, and with truncation it was
+# tokenized whole twice per question.
+STATE_PREFIX_CHARS_PER_TOKEN = 16
+STATE_PREFIX_MARGIN_TOKENS = 64  # the prefix's cut word and the prompt's template can shift a few tokens
+
+
+def state_prefix(state: dict[str, Any], chars: int) -> dict[str, Any]:
+    """The state cut so that it renders (quantbench.protocol.prompt.render_state) as the first ~`chars` characters of what
+    the whole state renders: the keys that fit, then the next value's text cut."""
+    out: dict[str, Any] = {}
+    used = len("State:")
+    for key, value in state.items():
+        room = chars - used - len(key) - 3  # "\n" + key + ": "
+        if room <= 0:
+            break
+        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        if len(text) > room:
+            out[key] = text[:room]  # a string renders verbatim, as the value's JSON text did
+            break
+        out[key] = value
+        used += len(key) + 3 + len(text)
+    return out
+
+
+def bound_long_state(engine: Any, decision: DecisionRequest) -> tuple[DecisionRequest, bool]:
+    """A state far longer than the model's context is never tokenized whole. Without truncation: 422 when a
+    prefix of it is already over the context. With truncation: the request with its state cut to that prefix
+    (the engine cuts the rest), and True (its answers must say truncated). Only for an engine that says its
+    tokenizer and limit."""
+    tokenizer, limit = getattr(engine, "tokenizer", None), getattr(engine, "max_tokens", None)
+    if tokenizer is None or not isinstance(limit, int):
+        return decision, False
+    chars = limit * STATE_PREFIX_CHARS_PER_TOKEN
+    text = render_state(decision.state)
+    if len(text) <= chars:
+        return decision, False  # short enough to tokenize whole with the prompt
+    if getattr(engine, "truncate", False):
+        return decision.model_copy(update={"state": state_prefix(decision.state, chars)}), True
+    head = text[:chars]
+    cut = head.rfind(" ")  # a prefix ending between words tokenizes as the whole text does up to there
+    tokens = len(tokenizer(head[:cut] if cut > 0 else head, add_special_tokens=False)["input_ids"])
+    if tokens > limit + STATE_PREFIX_MARGIN_TOKENS:
+        raise Rejected(
+            422,
+            ErrorBody(
+                detail=f"state: its first {chars} of {len(text)} characters are already {tokens} tokens, over the "
+                f"model's limit of {limit}",
+                field="state",
+                tokens=tokens,
+                limit=limit,
+                fix="shorten the state, or start the server with --allow-truncation (recorded on each answer)",
+            ),
+        )
+    return decision, False
