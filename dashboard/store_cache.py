@@ -17,8 +17,7 @@ import streamlit as st
 from quantbench.analysis import parity
 from quantbench.errors import QuantbenchError
 from quantbench.report import GpuReport, Rules, build_report, since_filter
-from quantbench.store import Store, default_db
-from quantbench.store.schema import SCHEMA_VERSION
+from quantbench.store import SCHEMA_VERSION, Store, default_db, queries
 
 Stamp = tuple[int, int, int, int]
 
@@ -73,13 +72,12 @@ def status(db: str, mtime: Stamp) -> Status:
     if version == 0:
         return Status(False, message=f"`{path}` is a DuckDB file without quantbench's tables: {make}.")
     if version < SCHEMA_VERSION:
-        n = int(store.read("SELECT count(*) AS n FROM runs")["n"].iloc[0])
+        n = queries.run_count(store)
         return Status(False, n_runs=n, version=version, message=(
             f"`{path}` has schema version {version} ({n} runs); this dashboard reads version {SCHEMA_VERSION}. "
             "The dashboard only reads, so it does not upgrade stores: the next `quantbench run` into this store "
             f"upgrades it in place, keeping every run, or run `quantbench migrate --db {path}`."))
-    counts = store.read("SELECT count(*) AS n, count(*) FILTER (WHERE status = 'ok') AS ok FROM runs")
-    n, ok = int(counts["n"].iloc[0]), int(counts["ok"].iloc[0])
+    n, ok = queries.run_counts(store)
     if n == 0:
         return Status(False, version=version, message=f"The store `{path}` has no runs yet: {make}.")
     return Status(True, n_runs=n, n_ok=ok, version=version)
@@ -88,10 +86,8 @@ def status(db: str, mtime: Stamp) -> Status:
 @st.cache_data(show_spinner=False, max_entries=16)
 def runs(db: str, mtime: Stamp) -> pd.DataFrame:
     """Every run with its latency summary, oldest first, plus the machine it is grouped under."""
-    df = Store(db).read(
-        "SELECT r.*, l.p50_ms, l.p90_ms, l.p99_ms, l.n_timed FROM runs r LEFT JOIN run_latency l USING (run_id) "
-        "ORDER BY r.created_at")
-    records = parity._records(df)
+    df = queries.runs_with_percentiles(Store(db))
+    records = parity.records(df)
     df["gpu_id"] = [machine_id(r) for r in records]
     df["gpu_label"] = [parity.gpu_label(r) for r in records]
     df["family"] = [str(r.get("gpu_family") or ("cpu" if parity.is_cpu(r) else "unknown")) for r in records]
@@ -125,9 +121,7 @@ def runs_since(runs: pd.DataFrame, since: str | None) -> pd.DataFrame:
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def latencies(db: str, mtime: Stamp, run_ids: tuple[str, ...]) -> pd.DataFrame:
-    return Store(db).read(
-        "SELECT CAST(run_id AS VARCHAR) AS run_id, seq, phase, model_ms, prep_ms, tokens, batch FROM latencies "
-        "WHERE list_contains(?, CAST(run_id AS VARCHAR)) ORDER BY run_id, seq", [list(run_ids)])
+    return queries.latencies(Store(db), run_ids)
 
 
 @st.cache_data(show_spinner=False, max_entries=64)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 from pathlib import Path
@@ -35,51 +36,6 @@ def _db(db: Path | None) -> Path:
 def _fail(e: Exception) -> None:
     err.print(f"[bold red]error:[/] {e}", soft_wrap=True)  # one line: the terminal wraps it, a pipe or log keeps it whole
     raise typer.Exit(2)
-
-
-def _val(x):
-    """A stored value, or None for SQL NULL (pandas gives NaN, NA or NaT)."""
-    import pandas as pd
-
-    return None if x is None or (not isinstance(x, list | tuple) and pd.isna(x)) else x
-
-
-def _mib(n) -> str:
-    return "—" if _val(n) is None else f"{n / 2**20:,.1f} MiB"
-
-
-def _ms(x) -> str:
-    return "—" if _val(x) is None else f"{x:,.1f}"
-
-
-NUMERIC = ("decisions", "accuracy", "p50 ms", "p90 ms", "weights", "load s")
-
-
-def runs_table(df, title: str) -> Table:
-    """One self-describing row per run (llama-bench style): what ran, where, and what it measured."""
-    t = Table(title=title, title_justify="left")
-    for col in ("run", "status", "model", "variant", "kernel", "where", *NUMERIC):
-        t.add_column(col, justify="right" if col in NUMERIC else "left")
-    if (df["weights"] == "synthetic").any():  # their answers are chance: the accuracy column must not read as quality
-        t.caption = "* random (synthetic) weights: speed and memory only; their accuracy is chance, not quality"
-        t.caption_justify = "left"
-    for r in df.to_dict("records"):
-        r = {k: _val(v) for k, v in r.items()}
-        if r["mem_weights_bytes"] is not None:
-            weights = _mib(r["mem_weights_bytes"])
-        elif r["model_tensor_bytes"] is not None:
-            weights = _mib(r["model_tensor_bytes"]) + " (host)"
-        else:
-            weights = "—"
-        status = "[green]ok[/]" if r["status"] == "ok" else f"[red]failed: {r['failure']}[/]"
-        variant = (r["variant"] or r["backend"]) + (" [noise floor]" if r["role"] == "noise_floor" else "")
-        accuracy = "—" if r["accuracy"] is None else f"{r['accuracy']:.1%}"
-        if r["weights"] == "synthetic" and r["accuracy"] is not None:
-            accuracy += " (random weights*)"
-        t.add_row(str(r["run_id"])[:13], status, r["model_id"] or "—", variant, r["kernel_path"] or "—",
-                  r["gpu_name"] or "cpu", "—" if r["n_records"] is None else str(int(r["n_records"])), accuracy,
-                  _ms(r["p50_ms"]), _ms(r["p90_ms"]), weights, _ms(r["load_s"]))
-    return t
 
 
 def _spec(**kw):
@@ -158,9 +114,10 @@ def run(
                      truncate=truncate, method=method, cuda_graph=cuda_graph, fused_ops=fused_ops, warmup=warmup,
                      latency_min_decisions=latency_min_decisions, latency_min_seconds=latency_min_seconds, limit=limit,
                      timeout_s=timeout)
+        from quantbench.report.tables import runs_table  # lazy: a fast --help
         from quantbench.run.backend import get_backend
         from quantbench.run.runner import preflight
-        from quantbench.store import Store
+        from quantbench.store import Store, queries
 
         # Refused now, in a second, not after the child's imports or the suite: a store that can't take the run,
         # a --model or --suite that can't be read.
@@ -169,10 +126,9 @@ def run(
         get_backend(backend)  # an unknown backend is an error before anything is spawned
         run_id, status = _execute_and_store(spec, _db(db))
 
-        out.print(runs_table(Store(_db(db)).read("SELECT * FROM run_summary WHERE run_id = ?", [run_id]),
-                             f"run stored in {_db(db)}"))
+        out.print(runs_table(queries.run_summary(Store(_db(db)), run_id), f"run stored in {_db(db)}"))
         if status != "ok":
-            row = Store(_db(db)).read("SELECT error FROM runs WHERE run_id = ?", [run_id])
+            row = queries.run_error(Store(_db(db)), run_id)
             err.print(f"[red]{row.error.iloc[0].splitlines()[0]}[/]")
             raise typer.Exit(1)
     except QuantbenchError as e:
@@ -209,8 +165,9 @@ def demo(
 ) -> None:
     """Build the embedded default model if needed, run every variant on it, store the results, print the table."""
     from quantbench.models.fixture import default_model_dir
+    from quantbench.report.tables import runs_table  # lazy: a fast --help
     from quantbench.run.backend import backend_names
-    from quantbench.store import Store
+    from quantbench.store import Store, queries
 
     path = _db(db)
     try:
@@ -228,8 +185,7 @@ def demo(
             ids.append(run_id)
             if status != "ok":
                 failed.append((label, run_id))
-        df = Store(path).read(
-            "SELECT * FROM run_summary WHERE run_id IN (SELECT unnest(?::UUID[])) ORDER BY created_at", [ids])
+        df = queries.run_summaries(Store(path), ids)
         out.print(runs_table(df, f"quantbench demo — stored in {path}"))
         from quantbench.report import report_for_this_machine
         from quantbench.run.machine import detect
@@ -250,12 +206,15 @@ def demo(
 
 def demo_failures(store, failed: list[tuple[str, str]], n_runs: int) -> str:
     """A markdown list of the demo's failed variants, each with its failure and the first line of its error."""
+    from quantbench.report.tables import stored_value  # lazy: a fast --help
+    from quantbench.store import queries
+
     lines = [f"**{len(failed)} of {n_runs} variants failed in this demo** (the whole errors: "
              "`quantbench runs`, the dashboard's Runs page):", ""]
     for label, run_id in failed:
-        row = store.read("SELECT failure, error FROM runs WHERE run_id = ?", [run_id]).iloc[0]
-        first = (_val(row["error"]) or "no error message stored").strip().splitlines()[0]
-        lines.append(f"- {label}: failed ({_val(row['failure']) or 'error'}): {first} (run {run_id[:13]})")
+        row = queries.run_failure(store, run_id).iloc[0]
+        first = (stored_value(row["error"]) or "no error message stored").strip().splitlines()[0]
+        lines.append(f"- {label}: failed ({stored_value(row['failure']) or 'error'}): {first} (run {run_id[:13]})")
     return "\n".join(lines) + "\n"
 
 
@@ -285,10 +244,11 @@ def runs(
     last: Annotated[int, typer.Option(help="Show the newest N runs")] = 30,
 ) -> None:
     """List stored runs, one self-describing row each."""
-    from quantbench.store import Store
+    from quantbench.report.tables import runs_table  # lazy: a fast --help
+    from quantbench.store import Store, queries
 
     try:
-        df = Store(_db(db)).read(f"SELECT * FROM (SELECT * FROM run_summary ORDER BY created_at DESC LIMIT {int(last)}) ORDER BY created_at")
+        df = queries.newest_run_summaries(Store(_db(db)), last)
     except QuantbenchError as e:
         _fail(e)
     out.print(runs_table(df, f"runs in {_db(db)}"))
@@ -396,11 +356,19 @@ def compare(
     db: DbOpt = None,
 ) -> None:
     """Parity of one run with its BF16 reference, beside the noise floor, with a verdict."""
-    from quantbench.analysis.parity import cli_compare
-    from quantbench.analysis.stats import Margins
+    from quantbench.analysis.parity import compare as compare_runs  # lazy: a fast --help
+    from quantbench.analysis.stats import Margins, ParityError
+    from quantbench.report.tables import print_comparison
+    from quantbench.store import Store
 
     try:
-        cli_compare(run_id, reference, noise_floor, str(_db(db)), fmt, margins=Margins(margin_agreement, margin_tv))
+        if fmt not in ("table", "json"):
+            raise ParityError(f"--format {fmt!r}: use table or json")
+        comp = compare_runs(Store(_db(db)), run_id, reference, noise_floor, margins=Margins(margin_agreement, margin_tv))
+        if fmt == "json":
+            print(json.dumps(comp.to_dict(), indent=2, default=str))
+        else:
+            print_comparison(comp)
     except QuantbenchError as e:
         _fail(e)
 
@@ -419,11 +387,12 @@ def report(
     db: DbOpt = None,
 ) -> None:
     """The "Which quant should I use?" table, one per GPU, from the store."""
-    from quantbench.report import cli_report
+    from quantbench.report import report_text  # lazy: a fast --help
 
     try:
-        cli_report(str(_db(db)), fmt, gpu, model, vram_budget_gib, min_agreement, since=since, history=history,
-                   margin_agreement=margin_agreement, margin_tv=margin_tv)
+        # Plain print: the report is meant to be pasted (a model card), so no wrapping or markup from rich.
+        print(report_text(str(_db(db)), fmt, gpu, model, vram_budget_gib, min_agreement, since=since,
+                          history=history, margin_agreement=margin_agreement, margin_tv=margin_tv), end="")
     except QuantbenchError as e:
         _fail(e)
 
@@ -434,10 +403,13 @@ def export(
     db: DbOpt = None,
 ) -> None:
     """Export the store to Parquet, to share results with other machines."""
-    from quantbench.store.transfer import cli_export
+    from quantbench.report.tables import print_exported  # lazy: a fast --help
+    from quantbench.store import Store
+    from quantbench.store.transfer import export as export_runs
 
     try:
-        cli_export(out_path, str(_db(db)))
+        store = Store(_db(db))
+        print_exported(store, export_runs(store, out_path))
     except QuantbenchError as e:
         _fail(e)
 
@@ -448,12 +420,20 @@ def merge(
     db: DbOpt = None,
 ) -> None:
     """Merge results from other machines into this store (idempotent: merging twice adds nothing)."""
-    from quantbench.store.transfer import cli_merge
+    from quantbench.report.tables import print_merged  # lazy: a fast --help
+    from quantbench.store import Store
+    from quantbench.store.transfer import PartialMergeError
+    from quantbench.store.transfer import merge as merge_sources
 
+    store = Store(_db(db))
     try:
-        cli_merge(sources, str(_db(db)))
+        summary = merge_sources(store, sources)
+    except PartialMergeError as e:  # the sources before the failing one are in: say what they added
+        print_merged(store, e.summary)
+        _fail(e)
     except QuantbenchError as e:
         _fail(e)
+    print_merged(store, summary)
 
 
 @app.command()

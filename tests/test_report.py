@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from quantbench import report
-from quantbench.analysis import parity
+from quantbench.analysis import parity, recommend
 from quantbench.analysis import stats as an
 from quantbench.analysis.stats import ParityError
 from quantbench.errors import ConfigError, QuantbenchError
@@ -180,19 +180,28 @@ def test_without_any_bf16_run_compare_says_how_to_make_one(tmp_path):
         parity.compare(lab.store, rid)
 
 
-def test_cli_compare_prints_the_verdict_and_writes_valid_json(cpu_lab, capsys):
+def test_cli_compare_prints_the_verdict_and_writes_valid_json(cpu_lab):
+    from typer.testing import CliRunner
+
+    from quantbench.cli import app
+
     lab, ids = cpu_lab
-    parity.cli_compare(ids["nvfp4"], db=str(lab.store.path))
-    out = " ".join(capsys.readouterr().out.split())  # rich wraps at the console's width
+    db = ["--db", str(lab.store.path)]
+    done = CliRunner().invoke(app, ["compare", ids["nvfp4"], *db])
+    assert done.exit_code == 0, done.output
+    out = " ".join(done.stdout.split())  # rich wraps at the console's width
     assert "Verdict: worse" in out and "mean over benchmarks" in out
     assert "margins: agreement within 2 points and mean TV within 0.01 of the noise floor" in out
     assert "95% interval [" in out and "→ worse: wholly beyond the margin" in out
-    parity.cli_compare(ids["int4"], db=str(lab.store.path), fmt="json")
-    data = json.loads(capsys.readouterr().out)
+    done = CliRunner().invoke(app, ["compare", ids["int4"], "--format", "json", *db])
+    assert done.exit_code == 0, done.output
+    data = json.loads(done.stdout)
     assert data["agreement"]["n"] == 300 and data["noise_floor"]["run"]["run_id"] == ids["floor"]
     assert data["verdict"] == "indistinguishable" and data["verdict_margins"] == {"agreement": 0.02, "tv": 0.01}
     agree, tv = data["verdict_excess"]
     assert agree["statistic"] == "disagreement" and agree["lo"] <= 0 < agree["hi"] <= 0.02 and tv["hi"] <= 0.01
+    bad = CliRunner().invoke(app, ["compare", ids["int4"], "--format", "xml", *db])
+    assert bad.exit_code == 2 and "--format 'xml': use table or json" in " ".join(bad.stderr.split())
 
 
 def test_the_margin_flags_change_the_verdict_and_refuse_nonsense(cpu_lab):
@@ -359,17 +368,17 @@ def test_csv_and_json_carry_the_raw_figures(cpu_lab):
         report.render(reps, "html")
 
 
-def test_report_for_this_machine_and_cli_report(cpu_lab, capsys):
+def test_report_for_this_machine_and_report_text(cpu_lab):
     lab, _ = cpu_lab
     text = report.report_for_this_machine(lab.store, "cpu", host="box")
     assert text.startswith("### tiny-moe on CPU (box)")
     assert report.report_for_this_machine(lab.store, "NVIDIA H200").startswith("No successful or failed runs")
-    report.cli_report(db=str(lab.store.path), min_agreement=99.9)  # a percentage is read as one
-    assert "**Recommended: bf16**" in capsys.readouterr().out
+    # a percentage is read as one
+    assert "**Recommended: bf16**" in report.report_text(db=str(lab.store.path), min_agreement=99.9)
     with pytest.raises(QuantbenchError, match="the store has: CPU \\(box\\): tiny-moe"):
-        report.cli_report(db=str(lab.store.path), gpu="blackwell")
+        report.report_text(db=str(lab.store.path), gpu="blackwell")
     with pytest.raises(ConfigError, match="--min-agreement"):
-        report.cli_report(db=str(lab.store.path), min_agreement=-1)
+        report.report_text(db=str(lab.store.path), min_agreement=-1)
 
 
 def test_rows_that_cannot_be_compared_or_only_failed_say_why(tmp_path):
@@ -401,7 +410,7 @@ def test_a_floor_identical_to_the_reference_is_called_out(tmp_path):
 def test_since_leaves_out_older_runs_and_a_bad_date_names_the_flag(cpu_lab):
     lab, ids = cpu_lab
     [everything] = report.build_report(lab.store)
-    newest = max(r["created_at"] for r in report._load_runs(lab.store))
+    newest = max(r["created_at"] for r in recommend.stored_runs(lab.store))
     later = (newest + dt.timedelta(minutes=1)).isoformat()
     assert report.build_report(lab.store, since=later) == []
     [same] = report.build_report(lab.store, since=(T0 - dt.timedelta(days=1)).date().isoformat())
@@ -531,7 +540,7 @@ def test_an_older_build_of_the_embedded_fixture_is_history(tmp_path):
         "quantbench-fixture-moe-93597e4d"]  # asked for by name: shown
 
 
-def test_the_cross_gpu_matrix_answers_which_quant_on_which_gpu(cpu_lab, capsys):
+def test_the_cross_gpu_matrix_answers_which_quant_on_which_gpu(cpu_lab):
     lab, ids = cpu_lab
     lab.run(**GPU, mem_weights_bytes=60 * MB, ms=2.0)
     lab.run(lab.answers(noise=0.02, seed=3), backend="int4", variant="int4", native="native", **GPU, ms=1.5,
@@ -552,5 +561,4 @@ def test_the_cross_gpu_matrix_answers_which_quant_on_which_gpu(cpu_lab, capsys):
     assert "| int2 | not run |" in text
     assert json.loads(report.render(reps, "json"))["gpu_matrices"][0]["picks"]["CPU (box)"] == "int4"
     assert report.gpu_matrices(report.build_report(lab.store, gpu="cpu")) == []  # one GPU: the table says it all
-    report.cli_report(db=str(lab.store.path), history=True)
-    assert "### Which quant on which GPU" in capsys.readouterr().out
+    assert "### Which quant on which GPU" in report.report_text(db=str(lab.store.path), history=True)

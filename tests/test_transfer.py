@@ -145,16 +145,21 @@ def test_files_that_are_not_quantbench_results_are_refused_with_the_fix(tmp_path
         transfer.export(dst, tmp_path / "results.csv")
 
 
-def test_cli_merge_says_what_came_in(tmp_path, capsys):
+def test_cli_merge_says_what_came_in(tmp_path):
+    from typer.testing import CliRunner
+
+    from quantbench.cli import app
+
     src = Store(tmp_path / "a.duckdb")
     write_runs(src, "lab-h200", n=2, gpu="NVIDIA H200")
-    transfer.cli_export(str(tmp_path / "a.parquet"), db=str(src.path))
-    assert "exported 2 runs (4 answers)" in capsys.readouterr().out
-    transfer.cli_merge([str(tmp_path / "a.parquet")], db=str(tmp_path / "local.duckdb"))
-    out = capsys.readouterr().out
-    assert "What came in" in out and "NVIDIA H200 (lab-h200)" in out
-    transfer.cli_merge([str(tmp_path / "a.parquet")], db=str(tmp_path / "local.duckdb"))
-    assert "nothing new" in capsys.readouterr().out
+    exported = CliRunner().invoke(app, ["export", "--out", str(tmp_path / "a.parquet"), "--db", str(src.path)])
+    assert exported.exit_code == 0 and "exported 2 runs (4 answers)" in exported.stdout
+    assert transfer.exported_counts(tmp_path / "a.parquet") == (2, 4)
+    merge = ["merge", str(tmp_path / "a.parquet"), "--db", str(tmp_path / "local.duckdb")]
+    merged = CliRunner().invoke(app, merge)
+    assert merged.exit_code == 0 and "What came in" in merged.stdout and "NVIDIA H200 (lab-h200)" in merged.stdout
+    again = CliRunner().invoke(app, merge)
+    assert again.exit_code == 0 and "nothing new" in again.stdout
 
 
 def test_a_merge_that_fails_part_way_says_what_it_added_and_exits_2(tmp_path):
@@ -165,7 +170,7 @@ def test_a_merge_that_fails_part_way_says_what_it_added_and_exits_2(tmp_path):
 
     src = Store(tmp_path / "a.duckdb")
     ids = write_runs(src, "lab-h200", n=2, gpu="NVIDIA H200")
-    transfer.cli_export(str(tmp_path / "a.parquet"), db=str(src.path))
+    transfer.export(src, tmp_path / "a.parquet")
     con = duckdb.connect()
     con.execute(f"COPY (SELECT 1 AS x) TO '{tmp_path / 'other.parquet'}' (FORMAT parquet)")
     con.close()

@@ -15,20 +15,16 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import pandas as pd
-from rich.console import Console
-from rich.table import Table
 
-from quantbench import term
 from quantbench.analysis import stats as an
 from quantbench.analysis.stats import ParityError
 from quantbench.models import lineage
-from quantbench.store import Store
-
-ANSWER_COLS = "record_id, question, benchmark, options, probs, top, gold"
+from quantbench.store import Store, queries
 
 
 # -- runs ----------------------------------------------------------------------------------------------------
-def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
+def records(df: pd.DataFrame) -> list[dict[str, Any]]:
+    """A DataFrame of stored rows as dicts, with None (not NaN, NA or NaT) where a value is missing."""
     return [{k: (None if _missing(v) else v) for k, v in row.items()} for row in df.to_dict("records")]
 
 
@@ -42,17 +38,17 @@ def _missing(v: Any) -> bool:
 def resolve_run(store: Store, run_id: str) -> dict[str, Any]:
     """The run whose id is `run_id` or starts with it (the 13 characters the tables print are enough)."""
     key = run_id.strip().lower()
-    df = store.read("SELECT * FROM runs WHERE CAST(run_id AS VARCHAR) LIKE ? ORDER BY created_at", [key + "%"])
+    df = queries.runs_by_id_prefix(store, key)
     if df.empty:
         raise ParityError(f"run {run_id!r}: no run with that id in {store.path}; `quantbench runs` lists the runs")
     if len(df) > 1:
         ids = ", ".join(df["run_id"].astype(str))
         raise ParityError(f"run {run_id!r} is ambiguous ({ids}); give more characters of the id")
-    return _records(df)[0]
+    return records(df)[0]
 
 
 def load_answers(store: Store, run_id: str) -> pd.DataFrame:
-    df = store.read(f"SELECT {ANSWER_COLS} FROM answers WHERE run_id = ? ORDER BY record_id, question", [run_id])
+    df = queries.answers(store, run_id)
     df["gold"] = df["gold"].astype(object).where(df["gold"].notna(), None)
     return df
 
@@ -91,9 +87,8 @@ def reference_rank(run: dict[str, Any]) -> tuple:
     return (run.get("role") == "reference", run.get("variant") == "bf16", run.get("created_at"))
 
 
-def _best_matching(store: Store, where: str, params: list[Any], like: dict[str, Any], rank,
+def _best_matching(runs: list[dict[str, Any]], like: dict[str, Any], rank,
                    any_gpu: bool = False) -> dict[str, Any] | None:
-    runs = _records(store.read(f"SELECT * FROM runs WHERE status = 'ok' AND {where}", params))
     same = [r for r in runs if gpu_key(r) == gpu_key(like)]
     pool = same or (runs if any_gpu else [])
     return max(pool, key=rank, default=None)
@@ -103,17 +98,13 @@ def find_reference(store: Store, run: dict[str, Any], any_gpu: bool = False) -> 
     """The BF16 reference of a run: an ok `bf16`-backend run, not a noise floor, of the same model and suite on
     the same GPU (any GPU when `any_gpu` and none ran here, e.g. BF16 did not fit), ranked by `reference_rank`."""
     ref = _best_matching(
-        store,
-        "backend = 'bf16' AND coalesce(role, 'candidate') <> 'noise_floor' AND model_id = ? AND suite_hash = ? "
-        "AND CAST(run_id AS VARCHAR) <> ?",
-        [run.get("model_id"), run.get("suite_hash"), str(run["run_id"])], run, reference_rank, any_gpu,
+        records(queries.bf16_reference_runs(store, run.get("model_id"), run.get("suite_hash"), str(run["run_id"]))),
+        run, reference_rank, any_gpu,
     )
     if ref is not None or run.get("backend") == "bf16":
         return ref
     # A variant made elsewhere: the BF16 run of the base its evidence names or matches (quantbench.models.lineage).
-    bf16 = _records(store.read(
-        "SELECT * FROM runs WHERE status = 'ok' AND backend = 'bf16' AND coalesce(role, 'candidate') <> 'noise_floor' "
-        "AND coalesce(weights, '') <> 'synthetic' AND suite_hash = ?", [run.get("suite_hash")]))
+    bf16 = records(queries.bf16_trained_runs_of_suite(store, run.get("suite_hash")))
     matches, how = lineage.pair(run, bf16)
     pool = [r for r in matches if gpu_key(r) == gpu_key(run)] or (matches if any_gpu else [])
     ref = max(pool, key=reference_rank, default=None)
@@ -123,10 +114,9 @@ def find_reference(store: Store, run: dict[str, Any], any_gpu: bool = False) -> 
 def find_noise_floor(store: Store, reference: dict[str, Any]) -> dict[str, Any] | None:
     """The latest ok noise-floor run of the reference's model and suite on its GPU."""
     return _best_matching(
-        store,
-        "role = 'noise_floor' AND model_id = ? AND suite_hash = ? AND CAST(run_id AS VARCHAR) <> ?",
-        [reference.get("model_id"), reference.get("suite_hash"), str(reference["run_id"])], reference,
-        lambda r: r.get("created_at"),
+        records(queries.noise_floor_runs(store, reference.get("model_id"), reference.get("suite_hash"),
+                                         str(reference["run_id"]))),
+        reference, lambda r: r.get("created_at"),
     )
 
 
@@ -191,7 +181,7 @@ class Comparison:
         keep = ("run_id", "variant", "backend", "kernel_path", "weight_format", "model_id", "suite_id", "suite_hash",
                 "gpu_name", "gpu_family", "host", "device", "role", "created_at")
         brief = lambda run: {k: str(run.get(k)) if k in ("run_id", "created_at") else run.get(k) for k in keep}  # noqa: E731
-        return _clean({
+        return clean_json({
             "candidate": brief(self.candidate), "reference": brief(self.reference),
             "reference_how": self.reference_how, "n_candidate_only": self.n_candidate_only,
             "n_reference_only": self.n_reference_only, "agreement": asdict(self.agreement), "tv": asdict(self.tv),
@@ -209,12 +199,12 @@ class Comparison:
         })
 
 
-def _clean(obj: Any) -> Any:
+def clean_json(obj: Any) -> Any:
     """NaN → None, numpy scalars → Python, so json.dumps writes valid JSON."""
     if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
+        return {k: clean_json(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
-        return [_clean(v) for v in obj]
+        return [clean_json(v) for v in obj]
     if hasattr(obj, "item") and not isinstance(obj, str):
         obj = obj.item()
     if isinstance(obj, float) and math.isnan(obj):
@@ -313,93 +303,3 @@ def compare(store: Store, candidate_run_id: str, reference_run_id: str | None = 
                             allow_synthetic)
     return compare_loaded(cand, load_answers(store, str(cand["run_id"])), ref, ref_answers, floor,
                           reference_how=how, seed=seed, allow_synthetic=allow_synthetic, margins=margins)
-
-
-# -- printing ------------------------------------------------------------------------------------------------
-def _pct(x: float) -> str:
-    return "n/a" if x is None or math.isnan(x) else f"{100 * x:.1f}%"
-
-
-def _agree_txt(a: an.Agreement) -> str:
-    return f"{_pct(a.rate)} [{_pct(a.lo)}, {_pct(a.hi)}] ({a.k}/{a.n})"
-
-
-def _dist_txt(d: an.Dist, digits: int = 4, low_tail: bool = False) -> str:
-    f = f"{{:.{digits}f}}".format
-    if low_tail:
-        return f"mean {f(d.mean)}  min {f(d.min)}  p1 {f(d.p1)}  p10 {f(d.p10)}  median {f(d.median)}  max {f(d.max)}"
-    return f"mean {f(d.mean)}  median {f(d.median)}  p90 {f(d.p90)}  p99 {f(d.p99)}  max {f(d.max)}"
-
-
-def print_comparison(comp: Comparison, console: Console | None = None) -> None:
-    console = console or term.console()  # to a pipe: whole rows, not wrapped to 80 columns
-    c, r = comp.candidate, comp.reference
-    console.print(f"[bold]{describe(c)}[/] vs reference [bold]{describe(r)}[/] ({comp.reference_how})")
-    console.print(f"model {c.get('model_id')}, suite {c.get('suite_id')}, {gpu_label(c)}")
-    for note in comp.notes:
-        console.print(f"[yellow]note:[/] {note}")
-
-    t = Table(title="Parity with the reference", show_lines=False)
-    t.add_column("Statistic")
-    t.add_column("Candidate")
-    t.add_column("Noise floor")
-    t.add_column("n", justify="right")
-    fl = comp.floor
-    t.add_row("Top-answer agreement (95% Wilson)", _agree_txt(comp.agreement), _agree_txt(fl.agreement) if fl else "—",
-              str(comp.agreement.n))
-    t.add_row("Mean TV (95% bootstrap)", f"{comp.tv_ci.mean:.4f} [{comp.tv_ci.lo:.4f}, {comp.tv_ci.hi:.4f}]",
-              f"{fl.tv_ci.mean:.4f} [{fl.tv_ci.lo:.4f}, {fl.tv_ci.hi:.4f}]" if fl else "—", str(comp.tv.n))
-    t.add_row("TV", _dist_txt(comp.tv), _dist_txt(fl.tv) if fl else "—", str(comp.tv.n))
-    t.add_row("KL(ref ‖ cand), nats", _dist_txt(comp.kl), "", str(comp.kl.n))
-    t.add_row("Δp of the reference's top", _dist_txt(comp.dp, low_tail=True), "", str(comp.dp.n))
-    f = comp.flips
-    t.add_row("Flips on gold (ref right → cand wrong / reverse)",
-              f"{f.ref_right_cand_wrong} / {f.ref_wrong_cand_right} (both right {f.both_right}, both wrong "
-              f"{f.both_wrong})", "", str(f.n_gold))
-    console.print(t)
-    if comp.n_candidate_only or comp.n_reference_only:
-        console.print(f"questions only the candidate answered: {comp.n_candidate_only}; only the reference: "
-                      f"{comp.n_reference_only} (left out)")
-    colour = {an.INDISTINGUISHABLE: "green", an.WITHIN_MARGIN: "green", an.WORSE: "red"}.get(comp.verdict.label,
-                                                                                            "yellow")
-    console.print(f"Verdict: [bold {colour}]{comp.verdict.label}[/]"
-                  + (f" (margins: {comp.verdict.margins.describe()})" if comp.verdict.parts else ""))
-    for reason in comp.verdict.reasons:
-        console.print(f"  - {reason}")
-
-    b = Table(title="Agreement by the reference's margin p(top) − p(second)")
-    for col in ("Margin", "n", "Agree", "95% CI", "Mean TV"):
-        b.add_column(col, justify="left" if col == "Margin" else "right")
-    for row in comp.buckets.itertuples():
-        b.add_row(row.margin, str(row.n), _pct(row.rate), f"[{_pct(row.ci_lo)}, {_pct(row.ci_hi)}]" if row.n else "—",
-                  "—" if not row.n else f"{row.mean_tv:.4f}")
-    console.print(b)
-
-    if not comp.paired.by_benchmark.empty:
-        a = Table(title="Accuracy on gold, paired on identical questions (Δ in points, 95% paired bootstrap)")
-        for col in ("Benchmark", "n", "Reference", "Candidate", "Δ", "95% CI"):
-            a.add_column(col, justify="left" if col == "Benchmark" else "right")
-        for row in comp.paired.by_benchmark.itertuples():
-            a.add_row(str(row.benchmark), str(row.n), f"{100 * row.acc_ref:.1f}", f"{100 * row.acc_cand:.1f}",
-                      f"{100 * row.delta:+.1f}", f"[{100 * row.lo:+.1f}, {100 * row.hi:+.1f}]")
-        m = comp.paired.mean
-        if m is not None:
-            a.add_row("mean over benchmarks (unweighted)", str(m.n), "", "", f"{100 * m.mean:+.2f}",
-                      f"[{100 * m.lo:+.2f}, {100 * m.hi:+.2f}]")
-        console.print(a)
-    else:
-        console.print("no gold answers in this suite: no accuracy figures")
-
-
-def cli_compare(run: str, reference: str | None = None, noise_floor: str | None = None, db: str | None = None,
-                fmt: str = "table", seed: int = 0, margins: an.Margins | None = None) -> Comparison:
-    """`quantbench compare RUN [--reference RUN] [--noise-floor RUN] [--format table|json] [--margin-agreement F]
-    [--margin-tv F]`."""
-    if fmt not in ("table", "json"):
-        raise ParityError(f"--format {fmt!r}: use table or json")
-    comp = compare(Store(db), run, reference, noise_floor, seed=seed, margins=margins)
-    if fmt == "json":
-        print(json.dumps(comp.to_dict(), indent=2, default=str))
-    else:
-        print_comparison(comp)
-    return comp

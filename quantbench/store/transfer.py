@@ -20,9 +20,7 @@ from pathlib import Path
 
 import duckdb
 import pandas as pd
-from rich.table import Table
 
-from quantbench import term
 from quantbench.store import SCHEMA_VERSION, Store, StoreError
 
 VERSION_KEY = "quantbench_schema_version"
@@ -250,58 +248,12 @@ def merge(store: Store, sources: list[str | os.PathLike[str]]) -> MergeSummary:
     return result
 
 
-# -- CLI -----------------------------------------------------------------------------------------------------
-def cli_export(out: str, db: str | None = None) -> list[Path]:
-    """`quantbench export --out PATH`."""
-    store = Store(db)
-    paths = export(store, out)
-    console = term.console()
-    for p in paths:
-        con = duckdb.connect()
-        try:
-            runs, answers = con.execute(
-                f"SELECT count(*), coalesce(sum(len(answers)), 0) FROM read_parquet({_q(p)})").fetchone()
-        finally:
-            con.close()
-        console.print(f"exported {runs} runs ({answers} answers) from {store.path} to [bold]{p}[/] "
-                      f"({p.stat().st_size / 1e6:.2f} MB, schema version {store.schema_version()})")
-    return paths
-
-
-def cli_merge(sources: list[str], db: str | None = None) -> MergeSummary:
-    """`quantbench merge SRC...`: prints what came in, per source and per machine."""
-    store = Store(db)
+def exported_counts(path: Path) -> tuple[int, int]:
+    """(runs, answers) in one export file."""
+    con = duckdb.connect()
     try:
-        summary = merge(store, sources)
-    except PartialMergeError as e:
-        print_merged(store, e.summary)
-        raise
-    print_merged(store, summary)
-    return summary
-
-
-def print_merged(store: Store, summary: MergeSummary) -> None:
-    """What a merge added, per source and per machine."""
-    console = term.console()
-    t = Table(title=f"Merged into {store.path}")
-    for col in ("Source", "Kind", "Schema", "Runs", "Added", "Already here", "Answers", "Latencies"):
-        t.add_column(col, justify="left" if col in ("Source", "Kind") else "right", overflow="fold")
-    for s in summary.sources:
-        t.add_row(s.path, s.kind, str(s.schema_version), str(s.runs_in_source), str(s.runs_added),
-                  str(s.runs_present), str(s.answers_added), str(s.latencies_added))
-    console.print(t)
-    for note in summary.skipped:
-        console.print(f"skipped {note}")
-    if summary.added.empty:
-        console.print("nothing new: every run was already in the store")
-        return
-    added = summary.added.copy()
-    added["where"] = [f"CPU ({h})" if d == "cpu" or not isinstance(g, str) else f"{g} ({h})"
-                      for d, g, h in zip(added["device"], added["gpu_name"], added["host"], strict=True)]
-    grouped = added.groupby(["where", "model_id", "variant", "status"], dropna=False).size().reset_index(name="runs")
-    w = Table(title="What came in")
-    for col in ("Machine", "Model", "Variant", "Status", "Runs"):
-        w.add_column(col, justify="right" if col == "Runs" else "left")
-    for row in grouped.itertuples(index=False):
-        w.add_row(*(str(x) for x in row))
-    console.print(w)
+        runs, answers = con.execute(
+            f"SELECT count(*), coalesce(sum(len(answers)), 0) FROM read_parquet({_q(path)})").fetchone()
+    finally:
+        con.close()
+    return runs, answers

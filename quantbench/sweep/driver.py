@@ -16,7 +16,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from quantbench import term
 from quantbench.errors import ConfigError, QuantbenchError
-from quantbench.store import RunResult, Store
+from quantbench.report import report_for_this_machine
+from quantbench.report.tables import runs_table
+from quantbench.store import RunResult, Store, queries
 from quantbench.sweep.executor import Event, failed_result
 from quantbench.sweep.local import LocalExecutor
 from quantbench.sweep.make import make_missing
@@ -131,16 +133,9 @@ def print_summary(store: Store, outcome: SweepOutcome, out: Console | None = Non
         out.print(f"Nothing ran: {outcome.skipped} of {outcome.planned} runs were already finished "
                   f"(--rerun runs them again), {len(outcome.unplaceable)} could not be placed.")
         return
-    from quantbench.cli import runs_table
-
-    df = store.read("SELECT * FROM run_summary WHERE run_id IN (SELECT unnest(?::UUID[])) ORDER BY created_at",
-                    [outcome.run_ids])
+    df = queries.run_summaries(store, outcome.run_ids)
     out.print(runs_table(df, f"sweep: {outcome.ok} ok, {outcome.failed} failed, {outcome.skipped} already "
                              f"finished — stored in {store.path}"))
-    try:
-        from quantbench.report import report_for_this_machine
-    except ImportError:
-        return
     # map() over the lists, not the Series: a text Series turns the None of a CPU run back into NaN (truthy).
     for gpu, host in dict.fromkeys(zip(map(text_or_none, df.gpu_name), map(text_or_none, df.host), strict=True)):
         try:

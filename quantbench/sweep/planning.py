@@ -19,7 +19,7 @@ from typing import Any
 from quantbench.errors import ConfigError
 from quantbench.models.lineage import base_model_id
 from quantbench.run.backend import RunSpec
-from quantbench.store import Store
+from quantbench.store import Store, queries
 from quantbench.sweep.spec import SCHEMES, Model, Sweep, checkpoint_ready, made_variant_dir
 
 
@@ -116,8 +116,7 @@ def split_finished(runs: list[PlannedRun], store: Store, accepts: Accepts, rerun
 
     if rerun or not store.path.exists():
         return list(runs), []
-    rows = store.read("SELECT spec_hash, gpu_name, gpu_family, host FROM runs "
-                      "WHERE status = 'ok' AND spec_hash IS NOT NULL").to_dict("records")
+    rows = queries.ok_spec_hashes(store).to_dict("records")
     for row in rows:
         row["gpu_name"], row["gpu_family"], row["host"] = (text_or_none(row[k]) for k in ("gpu_name", "gpu_family", "host"))
     done: dict[str, int] = {}

@@ -1,0 +1,477 @@
+"""The recommendation rule of the "Which quant should I use?" report: one table per GPU (and model, suite).
+
+Rows are the latest run of each variant (backend, variant, kernel, format) on that GPU — a failed run only when
+the variant never succeeded there, so an out-of-memory shows up as what it is. Quality columns compare each row
+with the BF16 reference (see quantbench.analysis.parity); runs with synthetic weights show speed and memory only.
+
+"Best for" follows `Rules`, applied in this order, and the report prints which rule picked the recommendation:
+  1. quality: agreement with BF16 ≥ `min_agreement`, and (with `use_noise_floor`) not `worse` than the noise
+     floor; the BF16 reference passes by definition; a row without parity figures cannot pass;
+  2. memory: peak memory (peak VRAM; peak host RSS on a CPU) ≤ `vram_budget_gib`, when a budget is set;
+  3. native: with `prefer_native`, a variant that is emulated on this GPU is dropped when a native one passes;
+  4. objective: the smallest weights in memory (`objective="memory"`) or the lowest p50 latency ("latency"),
+     the other figure breaking ties.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import pandas as pd
+
+from quantbench.analysis import parity
+from quantbench.analysis import stats as an
+from quantbench.analysis.parity import Comparison, FloorStats
+from quantbench.analysis.stats import ParityError
+from quantbench.errors import ConfigError
+from quantbench.models import lineage
+from quantbench.store import Store, queries
+
+GIB = 1 << 30
+OBJECTIVES = ("memory", "latency")
+SYNTHETIC_NOTE = "synthetic weights: speed/memory only"
+
+
+@dataclass
+class Rules:
+    min_agreement: float = 0.95  # top-answer agreement with BF16, a fraction
+    use_noise_floor: bool = True  # a variant `worse` than the noise floor does not pass
+    vram_budget_gib: float | None = None  # peak memory must fit (VRAM; host RSS on a CPU)
+    prefer_native: bool = True  # drop emulated variants when a native one passes
+    objective: str = "memory"  # memory (smallest weights) | latency (lowest p50)
+    margins: an.Margins = field(default_factory=an.Margins)  # the verdict's practical margins over the noise floor
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.min_agreement <= 1.0:
+            raise ConfigError(f"--min-agreement {self.min_agreement}: give a fraction between 0 and 1 (e.g. 0.95)")
+        if self.vram_budget_gib is not None and self.vram_budget_gib <= 0:
+            raise ConfigError(f"--vram-budget-gib {self.vram_budget_gib}: give a positive number of GiB")
+        if self.objective not in OBJECTIVES:
+            raise ConfigError(f"objective {self.objective!r}: use one of {', '.join(OBJECTIVES)}")
+
+    def describe(self, cpu: bool = False) -> str:
+        memory = "the smallest weights in host memory" if cpu else "the smallest VRAM (weights)"
+        goal = memory if self.objective == "memory" else "the lowest p50 latency"
+        parts = [f"agreement with BF16 ≥ {self.min_agreement:.1%}"]
+        if self.use_noise_floor:
+            parts.append("not worse than the noise floor")
+        if self.vram_budget_gib is not None:
+            parts.append(f"peak {'host RSS' if cpu else 'VRAM'} ≤ {self.vram_budget_gib:g} GiB")
+        if self.prefer_native:
+            parts.append("native format preferred")
+        return f"{goal} among variants with " + ", ".join(parts)
+
+
+@dataclass
+class Row:
+    run: dict[str, Any]
+    label: str  # variant, with the kernel when two rows share a variant
+    cpu: bool
+    weights_bytes: int | None  # VRAM taken by the load; on a CPU every tensor of the loaded model
+    peak_bytes: int | None  # NVML per-process peak (torch's peak reserved when NVML had none); host RSS on a CPU
+    peak_source: str | None  # nvml | torch_reserved | host_rss
+    comparison: Comparison | None = None
+    quality: str | None = None  # why there are no parity figures: reference | synthetic | failed | an error
+    excluded: list[str] = field(default_factory=list)
+    recommended: bool = False
+    best_for: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.run.get("status") == "ok"
+
+    @property
+    def is_reference(self) -> bool:
+        return self.quality == "reference"
+
+    @property
+    def p50(self) -> float | None:
+        return float_or_none(self.run.get("p50_ms"))
+
+
+@dataclass
+class GpuReport:
+    gpu: str  # label: "NVIDIA H200 (hopper)" or "CPU (host)"
+    gpu_family: str | None
+    cpu: bool
+    model_id: str | None
+    suite_id: str | None
+    suite_hash: str | None
+    rows: list[Row]
+    reference: dict[str, Any] | None
+    floor: FloorStats | None
+    recommended: Row | None
+    rule: str  # the rule that picked the recommendation, or why there is none
+    reference_accuracy: float | None = None  # unweighted mean over benchmarks, on gold
+    notes: list[str] = field(default_factory=list)
+    throughput: list[dict[str, Any]] = field(default_factory=list)  # batched runs: throughput()
+
+
+class Reports(list[GpuReport]):
+    """build_report's tables, plus `failed`: the failed runs that belong to none of them (they failed before
+    their model or suite was known), oldest first, listed under the tables instead of making a table of their own."""
+
+    def __init__(self, reports: list[GpuReport] | None = None, failed: list[dict[str, Any]] | None = None):
+        super().__init__(reports or [])
+        self.failed = list(failed or [])
+
+
+def float_or_none(v: Any) -> float | None:
+    if v is None:
+        return None
+    try:
+        return None if math.isnan(float(v)) else float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def int_or_none(v: Any) -> int | None:
+    f = float_or_none(v)
+    return None if f is None else int(f)
+
+
+# -- building ------------------------------------------------------------------------------------------------
+def matches_gpu(run: dict[str, Any], gpu: str) -> bool:
+    """`--gpu`: cpu, a family (hopper, blackwell, ...) or part of the GPU's name, case-insensitive."""
+    g = gpu.strip().lower()
+    if parity.is_cpu(run):
+        return g == "cpu"
+    return g == str(run.get("gpu_family") or "").lower() or g in str(run.get("gpu_name") or "").lower()
+
+
+def _memory(run: dict[str, Any]) -> tuple[int | None, int | None, str | None]:
+    if parity.is_cpu(run):
+        peak = int_or_none(run.get("host_rss_peak_bytes"))
+        return int_or_none(run.get("model_tensor_bytes")), peak, "host_rss" if peak is not None else None
+    nvml, reserved = int_or_none(run.get("mem_nvml_peak_bytes")), int_or_none(run.get("mem_peak_reserved_bytes"))
+    peak, source = (nvml, "nvml") if nvml is not None else (reserved, "torch_reserved" if reserved is not None else None)
+    return int_or_none(run.get("mem_weights_bytes")), peak, source
+
+
+# Kernel paths name an implementation, then the generation of its kernels (`quantbench grouped-moe
+# gluon-wgmma-int4 +fused rmsnorm+rope+qkv +cuda-graph`): a newer generation supersedes an older one; another
+# implementation (transformers' experts kernels, auto-round's own per-expert loop) is another row.
+# transformers' kernels keep their experts implementation (`transformers experts=eager` is not superseded by
+# `experts=grouped_mm`: it is another kernel).
+IMPLEMENTATIONS = {"quantbench grouped-moe": "quantbench engine", "auto-round per-expert loop": "auto-round loop"}
+
+
+def implementation(kernel_path: str | None) -> str:
+    """The implementation a kernel path belongs to, without its kernels' generation."""
+    base = str(kernel_path or "").split(" +", 1)[0]
+    return next((prefix for prefix in IMPLEMENTATIONS if base == prefix or base.startswith(prefix + " ")), base)
+
+
+def _variant_key(run: dict[str, Any], history: bool = False) -> tuple[str, ...]:
+    """What makes a row: the variant and its implementation; with `history`, every kernel generation too."""
+    kernel = str(run.get("kernel_path")) if history else implementation(run.get("kernel_path"))
+    return (str(run.get("backend")), str(run.get("variant")), kernel, str(run.get("weight_format")))
+
+
+def _pick_rows(runs: list[dict[str, Any]], history: bool = False) -> list[dict[str, Any]]:
+    """Latest ok run per variant (and implementation; kernel path with `history`); the latest failed one only
+    where the variant never succeeded."""
+    best: dict[tuple[str, ...], dict[str, Any]] = {}
+    for run in runs:  # oldest first
+        key = _variant_key(run, history)
+        if run.get("status") == "ok" or best.get(key, {}).get("status") != "ok":
+            best[key] = run
+    return sorted(best.values(), key=lambda r: (r.get("backend") != "bf16", str(r.get("variant")), str(r.get("kernel_path"))))
+
+
+def _groups(runs: list[dict[str, Any]]) -> tuple[dict[tuple, list[dict[str, Any]]], list[dict[str, Any]]]:
+    """Runs by (GPU, model, suite), and the failed runs that belong to no table: a run that failed before its
+    model or suite was known (a bad --model path, a suite that does not parse) has no row to fill."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    orphans = []  # runs that failed before their suite was known
+    for run in runs:
+        if run.get("suite_hash") is None or run.get("model_id") is None:
+            orphans.append(run)
+            continue
+        groups.setdefault((parity.gpu_key(run), run.get("model_id"), run["suite_hash"]), []).append(run)
+    homeless = []
+    for run in orphans:
+        homes = [k for k in groups if run.get("model_id") is not None
+                 and k[:2] == (parity.gpu_key(run), run.get("model_id"))]
+        for k in homes:
+            groups[k].append(run)
+        if not homes:
+            homeless.append(run)
+    return groups, homeless
+
+
+def stored_runs(store: Store) -> list[dict[str, Any]]:
+    """Every run, oldest first, with its latency summary, batch size and decisions_per_s
+    (quantbench.store.queries.runs_with_latency), as records."""
+    return parity.records(queries.runs_with_latency(store))
+
+
+def _pair_with_bases(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Variants made elsewhere join their base's table: a run whose own model has no BF16 run but whose evidence
+    (quantbench.models.lineage) pairs it with one takes that BF16 run's model id; `own_model_id` keeps its own and
+    `paired_by` says how it was paired."""
+    pairs = lineage.pair_runs(runs)
+    for run in runs:
+        paired = pairs.get(str(run["run_id"]))
+        if paired is not None:
+            run["own_model_id"] = run.get("model_id")
+            run["model_id"], run["paired_by"] = paired
+    return runs
+
+
+def pairing_notes(rows: list[Row]) -> list[str]:
+    """One note per variant paired with its base by evidence rather than by a shared model id."""
+    notes = []
+    for row in rows:
+        how = row.run.get("paired_by")
+        if how:
+            notes.append(f"{row.label} is the checkpoint {row.run.get('own_model_id')}, compared with this model's BF16 "
+                         f"run because of {lineage.how_text(how, row.run.get('base_model'))}.")
+    return notes
+
+
+def _batch(run: dict[str, Any]) -> int:
+    return int_or_none(run.get("batch")) or 1
+
+
+def throughput(group: list[dict[str, Any]], history: bool = True) -> list[dict[str, Any]]:
+    """Batched runs (several decisions per forward pass) as decisions/s per variant and batch size, newest run of
+    each variant, kernel (implementation, without `history`) and batch: the table itself is per-decision latency
+    at batch 1, so they never replace its rows. The kernel is named only where one variant ran under several."""
+    latest: dict[tuple, dict[str, Any]] = {}
+    for run in group:
+        if run.get("status") == "ok" and _batch(run) > 1 and float_or_none(run.get("decisions_per_s")):
+            # oldest first: the newest run of each variant, kernel and batch size stays
+            kernel = str(run.get("kernel_path")) if history else implementation(run.get("kernel_path"))
+            latest[(str(run.get("variant")), kernel, _batch(run))] = run
+    kernels: dict[str, set[str]] = {}
+    for variant, kernel, _ in latest:
+        kernels.setdefault(variant, set()).add(kernel)
+
+    def label(r: dict[str, Any]) -> str:
+        v = str(r.get("variant"))
+        if len(kernels[v]) == 1:
+            return v
+        return f"{v} ({r.get('kernel_path') if history else _short(implementation(r.get('kernel_path')))})"
+
+    rows = [{"variant": label(r), "batch": _batch(r), "decisions_per_s": float_or_none(r.get("decisions_per_s")),
+             "ms_per_pass": 1000 * _batch(r) / float_or_none(r.get("decisions_per_s")),  # the mean over full batches
+             "run_id": str(r.get("run_id"))} for r in latest.values()]
+    return sorted(rows, key=lambda t: (t["variant"], t["batch"]))
+
+
+def since_filter(since: str | None) -> datetime | None:
+    """`--since 2026-11-30` (a date or an ISO time; UTC unless it says otherwise) as a timezone-aware time."""
+    if not since:
+        return None
+    try:
+        when = datetime.fromisoformat(since)
+    except ValueError:
+        raise ConfigError(f"--since {since!r}: give a date (2026-11-30) or an ISO time (2026-11-30T08:00)") from None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def _short(impl: str) -> str:
+    return IMPLEMENTATIONS.get(impl, impl.replace("experts=", ""))
+
+
+FIXTURE_PREFIX = "quantbench-fixture-moe-"  # quantbench.models.fixture.fixture_id: the embedded model, one id per recipe
+
+
+def _superseded_fixtures(runs: list[dict[str, Any]]) -> set[tuple[tuple[str, str], str]]:
+    """(GPU, model id) of embedded-fixture builds older than the newest one run on that GPU: a new recipe makes a
+    new model id, and the old one's runs are development history."""
+    newest: dict[tuple[str, str], tuple[str, str]] = {}
+    for run in runs:
+        mid = str(run.get("model_id") or "")
+        if mid.startswith(FIXTURE_PREFIX):
+            key, when = parity.gpu_key(run), str(run.get("created_at"))
+            if key not in newest or when > newest[key][0]:
+                newest[key] = (when, mid)
+    return {(parity.gpu_key(r), str(r.get("model_id"))) for r in runs
+            if str(r.get("model_id") or "").startswith(FIXTURE_PREFIX)
+            and newest[parity.gpu_key(r)][1] != r.get("model_id")}
+
+
+def build_report(store: Store, gpu: str | None = None, model: str | None = None, rules: Rules | None = None, *,
+                 host: str | None = None, since: str | None = None, cross_gpu_reference: bool = True,
+                 seed: int = 0, history: bool = False, run_ids: set[str] | None = None) -> Reports:
+    """One GpuReport per (GPU, model, suite) in the store, filtered by `gpu` / `model` / `host` / `since` (runs
+    made at or after that time: leaves out runs of an older quantbench whose kernel paths differ).
+
+    By default each table shows the newest run of each variant and implementation (superseded kernel
+    generations left out) and only the newest build of the embedded fixture per GPU; `history` shows every
+    kernel generation's newest run and every fixture build (`quantbench report --all`)."""
+    rules = rules or Rules()
+    runs = stored_runs(store)
+    if run_ids is not None:  # only these runs (the demo reports on the runs it just made)
+        runs = [r for r in runs if str(r["run_id"]) in run_ids]
+    runs = _pair_with_bases(runs)
+    if not history and not model and run_ids is None:
+        old = _superseded_fixtures(runs)
+        runs = [r for r in runs if (parity.gpu_key(r), str(r.get("model_id"))) not in old]
+    after = since_filter(since)
+    if after is not None:
+        runs = [r for r in runs if r.get("created_at") is not None and pd.Timestamp(r["created_at"]) >= after]
+    if gpu:
+        runs = [r for r in runs if matches_gpu(r, gpu)]
+    if host:
+        runs = [r for r in runs if str(r.get("host")) == host]
+    if model:
+        m = model.lower()
+        runs = [r for r in runs if any(r.get(k) == model or m in str(r.get(k) or "").lower()
+                                       for k in ("model_id", "own_model_id"))]
+    answers: dict[str, pd.DataFrame] = {}
+
+    def answers_of(run: dict[str, Any]) -> pd.DataFrame:
+        rid = str(run["run_id"])
+        if rid not in answers:
+            answers[rid] = parity.load_answers(store, rid)
+        return answers[rid]
+
+    groups, homeless = _groups(runs)
+    reports = Reports(failed=homeless)
+    for group in groups.values():
+        batch1 = [r for r in group if _batch(r) == 1]
+        rows_runs = [r for r in _pick_rows(batch1, history) if (r.get("role") or "candidate") != "noise_floor"]
+        if rows_runs:
+            reports.append(_build_one(store, group, rows_runs, rules, answers_of, cross_gpu_reference, seed,
+                                      history))
+    reports.sort(key=lambda r: (r.cpu, r.gpu, str(r.model_id), str(r.suite_id)))
+    return reports
+
+
+def row_labels(runs: list[dict[str, Any]]) -> list[str]:
+    """A row's name: its variant (`int4`); where two rows share one, with the implementation (`bf16
+    (transformers)`, `bf16 (quantbench engine)`); where those are shared too (history), the whole kernel path."""
+    labels = [str(r.get("variant") or r.get("backend")) for r in runs]
+    labels = [f"{label} ({_short(implementation(r.get('kernel_path')))})" if labels.count(label) > 1 else label
+              for r, label in zip(runs, labels, strict=True)]
+    return [f"{str(r.get('variant') or r.get('backend'))} ({r.get('kernel_path')})" if labels.count(label) > 1
+            else label for r, label in zip(runs, labels, strict=True)]
+
+
+def _build_one(store, group, rows_runs, rules, answers_of, cross_gpu_reference, seed, history) -> GpuReport:
+    first = rows_runs[0]
+    cpu = parity.is_cpu(first)
+    rows = [Row(run, label, cpu, *_memory(run)) for run, label in zip(rows_runs, row_labels(rows_runs), strict=True)]
+    synthetic = any(r.ok for r in rows) and all(r.run.get("weights") == "synthetic" for r in rows if r.ok)
+    ok_runs = [r for r in group if r.get("status") == "ok"]
+    refs = [r for r in ok_runs if r.get("backend") == "bf16" and (r.get("role") or "candidate") != "noise_floor"
+            and _batch(r) == 1]
+    reference = max(refs, key=parity.reference_rank, default=None)
+    notes: list[str] = []
+    if reference is None and cross_gpu_reference and ok_runs and not synthetic:
+        reference = parity.find_reference(store, ok_runs[-1], any_gpu=True)
+        if reference is not None:
+            notes.append(f"† agreement and accuracy are measured against BF16 on {parity.gpu_label(reference)} "
+                         f"(run {str(reference['run_id'])[:13]}): no successful BF16 run on this machine")
+    floor = None
+    if reference is not None and not synthetic:
+        floor_run = parity.find_noise_floor(store, reference)
+        if floor_run is not None:
+            try:
+                floor = parity.floor_stats(reference, answers_of(reference), floor_run, answers_of(floor_run), seed)
+            except ParityError as e:
+                notes.append(f"noise floor run {str(floor_run['run_id'])[:13]} not used: {e}")
+    for row in rows:
+        _fill_quality(row, reference, floor, answers_of, seed, rules.margins)
+    ref_acc = None
+    if reference is not None and not synthetic:
+        by_bench = an.accuracy_by_benchmark(answers_of(reference))
+        ref_acc = float(by_bench["accuracy"].mean()) if len(by_bench) else None
+    report = GpuReport(
+        gpu=parity.gpu_label(first), gpu_family=first.get("gpu_family"), cpu=cpu, model_id=first.get("model_id"),
+        suite_id=next((r.get("suite_id") for r in group if r.get("suite_id")), None),
+        suite_hash=next((r.get("suite_hash") for r in group if r.get("suite_hash")), None),
+        rows=rows, reference=reference, floor=floor, recommended=None, rule="", reference_accuracy=ref_acc,
+        notes=notes + pairing_notes(rows), throughput=throughput(group, history),
+    )
+    _recommend(report, rules, synthetic)
+    return report
+
+
+def _fill_quality(row: Row, reference, floor, answers_of, seed, margins: an.Margins | None = None) -> None:
+    run = row.run
+    if not row.ok:
+        row.quality = f"failed ({run.get('failure') or 'error'})"
+    elif run.get("weights") == "synthetic":
+        row.quality = SYNTHETIC_NOTE
+    elif reference is None:
+        row.quality = "no BF16 reference"
+    elif str(run["run_id"]) == str(reference["run_id"]):
+        row.quality = "reference"
+    else:
+        try:
+            row.comparison = parity.compare_loaded(run, answers_of(run), reference, answers_of(reference), floor,
+                                                   seed=seed, margins=margins)
+        except ParityError as e:
+            row.quality = f"not comparable ({str(e).split(':')[0]})"  # the cause; `quantbench compare` says more
+
+
+def _recommend(report: GpuReport, rules: Rules, synthetic: bool) -> None:
+    ok = [r for r in report.rows if r.ok]
+    fastest = min((r for r in ok if r.p50 is not None), key=lambda r: r.p50, default=None)
+    smallest = min((r for r in ok if r.weights_bytes is not None), key=lambda r: r.weights_bytes, default=None)
+    for r in report.rows:
+        if not r.ok:
+            r.excluded.append(f"failed here ({r.run.get('failure') or 'error'})")
+            continue
+        if synthetic:
+            continue
+        if not r.is_reference:
+            c = r.comparison
+            if c is None:
+                r.excluded.append(r.quality or "no parity figures")
+            else:
+                if c.agreement.rate < rules.min_agreement:
+                    r.excluded.append(f"agreement {c.agreement.rate:.1%} < {rules.min_agreement:.1%}")
+                if rules.use_noise_floor and c.verdict.label == an.WORSE:
+                    r.excluded.append("worse than the noise floor by more than the margin")
+        if rules.vram_budget_gib is not None:
+            if r.peak_bytes is None:
+                r.excluded.append("peak memory unknown")
+            elif r.peak_bytes > rules.vram_budget_gib * GIB:
+                r.excluded.append(f"peak {r.peak_bytes / GIB:.1f} GiB over the {rules.vram_budget_gib:g} GiB budget")
+    passing = [r for r in ok if not r.excluded]
+    if rules.prefer_native and any(r.run.get("native") != "emulated" for r in passing):
+        for r in passing:
+            if r.run.get("native") == "emulated":
+                r.excluded.append("emulated here (a native variant passes)")
+        passing = [r for r in passing if not r.excluded]
+    inf = float("inf")
+    by_memory = lambda r: (r.weights_bytes if r.weights_bytes is not None else inf, r.p50 if r.p50 is not None else inf)  # noqa: E731
+    by_latency = lambda r: (r.p50 if r.p50 is not None else inf, r.weights_bytes if r.weights_bytes is not None else inf)  # noqa: E731
+    pick = min(passing, key=by_memory if rules.objective == "memory" else by_latency, default=None)
+
+    if not ok:
+        report.rule = "no recommendation: every variant failed here"
+    elif synthetic:
+        report.rule = "no recommendation: synthetic (random) weights carry speed and memory only"
+    elif report.reference is None:
+        report.rule = ("no recommendation: no BF16 reference run for this model and suite "
+                       "(run `quantbench run --backend bf16` with them)")
+    elif pick is None:
+        report.rule = f"no variant passes the rules ({rules.describe(report.cpu)}); see Best for"
+    else:
+        pick.recommended = True
+        report.recommended = pick
+        report.rule = rules.describe(report.cpu)
+
+    for r in report.rows:
+        facts = []
+        if r.recommended:
+            facts.append("⭐ Recommended")
+        elif r.is_reference:
+            facts.append("Reference quality")
+        if r.ok and r is fastest and len(ok) > 1:
+            facts.append("fastest here")
+        if r.ok and r is smallest and len(ok) > 1:
+            facts.append(f"smallest {'memory' if report.cpu else 'VRAM'} here")
+        if r.ok and r.run.get("native") == "native" and not r.cpu:
+            facts.append(f"native on {r.run.get('gpu_family')}")
+        facts += r.excluded
+        r.best_for = "; ".join(facts) or "passes the rules"

@@ -1,0 +1,403 @@
+"""The "Which quant should I use?" report as text: markdown (one table per GPU, model and suite, a matrix per
+model across GPUs, the failed runs), csv (the raw figures, one row per variant) and json. The rows and the
+recommendation come from quantbench.analysis.recommend; nothing here decides, it only writes down.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import socket
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import pandas as pd
+
+from quantbench.analysis import parity
+from quantbench.analysis import stats as an
+from quantbench.analysis.recommend import (
+    SYNTHETIC_NOTE,
+    GpuReport,
+    Row,
+    Rules,
+    build_report,
+    float_or_none,
+    int_or_none,
+    stored_runs,
+)
+from quantbench.errors import ConfigError
+from quantbench.store import Store
+
+FORMATS = ("markdown", "csv", "json")
+
+
+def throughput_notes(rows: list[dict[str, Any]]) -> list[str]:
+    """throughput()'s rows as one sentence: the note `--format json` carries (markdown prints a table)."""
+    if not rows:
+        return []
+    parts = [f"{t['variant']} at batch {t['batch']}: {t['decisions_per_s']:.1f}/s" for t in rows]
+    return ["Throughput (decisions per second, several decisions in one forward pass): " + "; ".join(parts) + "."]
+
+
+def throughput_markdown(rows: list[dict[str, Any]]) -> list[str]:
+    """throughput()'s rows as the small table `quantbench report` prints under the latency table (one row per
+    variant and batch size: a list of them in one sentence was unreadable past a few)."""
+    if not rows:
+        return []
+    lines = ["Throughput, several decisions in one forward pass (the table above is one decision at a time):", "",
+             "| Variant | Decisions per pass | Decisions/s | Mean ms per pass | Run |", "|---|---|---|---|---|"]
+    for t in rows:
+        lines.append(f"| {_md_escape(t['variant'])} | {t['batch']} | {t['decisions_per_s']:.1f} | "
+                     f"{t['ms_per_pass']:.1f} | {t['run_id'][:13]} |")
+    return lines + [""]
+
+
+# -- formatting ----------------------------------------------------------------------------------------------
+def fmt_bytes(n: int | None, binary: bool = True) -> str:
+    """GiB for memory, GB (10⁹) for disk, as download sizes are quoted; n/a for unknown, never 0."""
+    if n is None:
+        return "n/a"
+    base = 1024 if binary else 1000
+    for unit in ("GiB", "MiB", "KiB") if binary else ("GB", "MB", "kB"):
+        scale = base ** {"G": 3, "M": 2, "K": 1, "k": 1}[unit[0]]
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def fmt_ms(ms: float | None) -> str:
+    if ms is None:
+        return "n/a"
+    # tenths up to 100 ms: at the real shape 11.8 and 12.3 ms are different answers to a 12 ms goal
+    return f"{ms:.1f}" if ms < 100 else f"{ms:,.0f}"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def cells(row: Row, report: GpuReport) -> dict[str, str]:
+    """One table row as text, in column order."""
+    run, c = row.run, row.comparison
+    dagger = "†" if report.reference is not None and row.comparison is not None and parity.gpu_key(
+        report.reference) != parity.gpu_key(run) else ""
+    if c is not None:
+        agree = f"{_pct(c.agreement.rate)} ({100 * c.agreement.lo:.1f}–{100 * c.agreement.hi:.1f}){dagger}"
+        tv = f"{c.tv.mean:.3f}"
+        m = c.paired.mean
+        acc = "no gold answers" if m is None else f"{100 * m.mean:+.2f} pts ({100 * m.lo:+.2f}…{100 * m.hi:+.2f})"
+    elif row.is_reference:
+        agree, tv = "reference", "—"
+        acc = "reference" if report.reference_accuracy is None else (
+            f"reference (mean accuracy {_pct(report.reference_accuracy)})")
+    else:
+        agree, tv, acc = row.quality or "n/a", "—", "—"
+    verdict = c.verdict.short() if c is not None else "—"
+    native = {"native": "yes", "emulated": "no (emulated)"}.get(run.get("native") or "", "—")
+    lat = "n/a" if row.p50 is None else f"{fmt_ms(row.p50)} / {fmt_ms(float_or_none(run.get('p90_ms')))} ms"
+    peak = fmt_bytes(row.peak_bytes) + ("*" if row.peak_source == "torch_reserved" else "")
+    return {
+        "Variant": row.label,
+        "Format": str(run.get("weight_format") or "n/a"),
+        "Size on disk": fmt_bytes(int_or_none(run.get("disk_bytes")), binary=False),
+        ("Weights (host memory)" if row.cpu else "VRAM (weights)"): fmt_bytes(row.weights_bytes),
+        ("Peak host RSS" if row.cpu else "Peak VRAM"): peak,
+        "Latency p50 / p90 (per decision)": lat,
+        "Agrees with BF16 (95% CI)": agree,
+        "TV": tv,
+        "Verdict": verdict,
+        "Δ accuracy vs BF16": acc,
+        "Native here?": native,
+        "Best for": row.best_for,
+        "Kernel": str(run.get("kernel_path") or "n/a"),
+    }
+
+
+def _md_escape(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _markdown_one(report: GpuReport) -> str:
+    title = f"### {report.model_id} on {report.gpu}"
+    lines = [title, "", f"Suite {report.suite_id} (hash {report.suite_hash})."]
+    table = [cells(r, report) for r in report.rows]
+    header = list(table[0])
+    lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_md_escape(row[h]) for h in header) + " |" for row in table]
+    lines.append("")
+    if report.recommended:
+        lines.append(f"**Recommended: {report.recommended.label}**, picked by the rule: {report.rule}.")
+    else:
+        lines.append(f"**Recommendation:** {report.rule}.")
+    lines.append("")
+    lines += throughput_markdown(report.throughput)
+    notes = list(report.notes)
+    ref = report.reference
+    if ref is not None and any(r.comparison is not None for r in report.rows):
+        n = max(r.comparison.agreement.n for r in report.rows if r.comparison is not None)
+        notes.append(
+            f"Agrees with BF16 is the share of {n} questions where the variant's top answer matches the BF16 run "
+            f"{str(ref['run_id'])[:13]} ({ref.get('kernel_path')}), with a 95% Wilson interval; TV is the mean total "
+            "variation between their per-option distributions; Δ accuracy is the unweighted mean over benchmarks of "
+            "paired per-benchmark deltas on identical questions, with a 95% paired bootstrap interval."
+        )
+    if report.floor is not None:
+        f = report.floor
+        notes.append(
+            f"Noise floor: BF16 against itself under another kernel ({f.run.get('kernel_path')}, run "
+            f"{str(f.run['run_id'])[:13]}) agrees on {_pct(f.agreement.rate)} ({100 * f.agreement.lo:.1f}–"
+            f"{100 * f.agreement.hi:.1f}) of the questions, TV {f.tv.mean:.3f}."
+        )
+        margins = next((r.comparison.verdict.margins for r in report.rows if r.comparison is not None), None)
+        if parity.floor_note(f, margins):
+            notes.append("Note: " + parity.floor_note(f, margins) + ".")
+        notes += verdict_notes(report)
+    elif ref is not None and not any(r.quality == SYNTHETIC_NOTE for r in report.rows):
+        notes.append("No noise-floor run: make one with `quantbench run --noise-floor` to judge how close is close.")
+    if report.cpu:
+        notes.append("CPU runs have no VRAM: Weights (host memory) is the bytes of every tensor the loaded model "
+                     "holds; Peak host RSS is the process's peak resident memory.")
+    else:
+        notes.append("VRAM (weights) is the device memory the load allocated; Peak VRAM is NVML's per-process peak "
+                     "(what nvidia-smi shows; * = torch's peak reserved, where NVML had no figure).")
+    notes.append("Size on disk is in GB (10⁹ bytes), memory in GiB; n/a means not measured, — not applicable.")
+    lines += [f"- {_md_escape(n)}" for n in notes]
+    return "\n".join(lines)
+
+
+def verdict_notes(report: GpuReport) -> list[str]:
+    """The rule behind the Verdict column, then each variant's figures: the excess over the floor and its interval."""
+    compared = [r for r in report.rows if r.comparison is not None and r.comparison.verdict.parts]
+    if not compared:
+        return []
+    m = compared[0].comparison.verdict.margins
+    notes = [
+        f"Verdict: each variant's excess over the noise floor on the same questions (disagreement with BF16, mean "
+        f"TV) with a 95% interval, against stated margins ({m.describe()}): indistinguishable = within the margin "
+        "and not detectably above the floor; different, within margin = detectably above it but within the margin; "
+        "worse = wholly beyond the margin; inconclusive = the interval straddles the margin, with how many "
+        "questions would tell. `--margin-agreement` / `--margin-tv` change the margins."
+    ]
+    for r in compared:
+        v = r.comparison.verdict
+        figures = "; ".join(
+            f"disagreement {100 * e.diff:+.1f} pts [{100 * e.lo:+.1f}, {100 * e.hi:+.1f}]" if e.statistic ==
+            "disagreement" else f"TV {e.diff:+.4f} [{e.lo:+.4f}, {e.hi:+.4f}]" for e in v.parts)
+        notes.append(f"{r.label}: {v.short()}; {figures}.")
+    return notes
+
+
+def _summary_rows(reports: list[GpuReport]) -> list[dict[str, str]]:
+    return [{"GPU": r.gpu, "Model": str(r.model_id), "Suite": str(r.suite_id),
+             "Recommended": r.recommended.label if r.recommended else "none", "Rule": r.rule} for r in reports]
+
+
+@dataclass
+class GpuMatrix:
+    """Which quant on which GPU, for one model and suite: a cell per variant and GPU, and each GPU's pick."""
+
+    model_id: str | None
+    suite_id: str | None
+    gpus: list[str]
+    cells: dict[str, dict[str, str]]  # variant label → GPU → "p50 · memory · agreement" (⭐ marks the pick)
+    picks: dict[str, str]  # GPU → the recommended variant, or why none
+
+
+def matrix_cell(row: Row, report: GpuReport) -> str:
+    """One variant on one GPU in a few words: p50 latency, weights in memory, agreement with BF16."""
+    if not row.ok:
+        return f"failed ({row.run.get('failure') or 'error'})"
+    c = row.comparison
+    if c is not None:
+        quality = f"{_pct(c.agreement.rate)} agree"
+    elif row.is_reference:
+        quality = "reference"
+    else:
+        quality = "speed/memory only" if row.quality == SYNTHETIC_NOTE else (row.quality or "n/a")
+    lat = "n/a" if row.p50 is None else f"{fmt_ms(row.p50)} ms"
+    text = f"{lat} · {fmt_bytes(row.weights_bytes)} · {quality}"
+    return f"⭐ {text}" if row.recommended else text
+
+
+def gpu_matrices(reports: list[GpuReport]) -> list[GpuMatrix]:
+    """One matrix per (model, suite) that ran on more than one GPU (or CPU host), variants in the order the
+    tables list them."""
+    by_model: dict[tuple, list[GpuReport]] = {}
+    for rep in reports:
+        by_model.setdefault((rep.model_id, rep.suite_hash), []).append(rep)
+    out = []
+    for reps in by_model.values():
+        if len({r.gpu for r in reps}) < 2:
+            continue
+        cells_by: dict[str, dict[str, str]] = {}
+        for rep in reps:
+            for row in rep.rows:
+                cells_by.setdefault(row.label, {})[rep.gpu] = matrix_cell(row, rep)
+        picks = {rep.gpu: rep.recommended.label if rep.recommended else rep.rule.removeprefix("no recommendation: ")
+                 for rep in reps}
+        out.append(GpuMatrix(reps[0].model_id, reps[0].suite_id, [r.gpu for r in reps], cells_by, picks))
+    return out
+
+
+def matrix_markdown(m: GpuMatrix) -> str:
+    lines = [f"### Which quant on which GPU: {m.model_id} (suite {m.suite_id})", "",
+             "Each cell: p50 latency per decision · weights in memory (VRAM; host memory on a CPU) · agreement with "
+             "that GPU's BF16; ⭐ the pick on that GPU.", "",
+             "| Variant | " + " | ".join(_md_escape(g) for g in m.gpus) + " |", "|---|" + "---|" * len(m.gpus)]
+    for label, by_gpu in m.cells.items():
+        lines.append(f"| {_md_escape(label)} | " + " | ".join(_md_escape(by_gpu.get(g, "not run")) for g in m.gpus)
+                     + " |")
+    lines.append("| **Pick** | " + " | ".join(f"**{_md_escape(m.picks[g])}**" for g in m.gpus) + " |")
+    return "\n".join(lines)
+
+
+FAILED_SHOWN = 10  # the newest failed runs listed under the tables; `quantbench runs` lists every one
+
+
+def failed_lines(failed: list[dict[str, Any]]) -> list[str]:
+    """The failed runs that belong to no table, newest first, one line each: when, which run, what, why."""
+    if not failed:
+        return []
+    lines = [f"### Failed runs ({len(failed)})", "",
+             "These runs failed before their model or suite was known, so they have no row in a table:", ""]
+    for run in sorted(failed, key=lambda r: str(r.get("created_at")), reverse=True)[:FAILED_SHOWN]:
+        when = pd.Timestamp(run["created_at"]).strftime("%Y-%m-%d %H:%M") if run.get("created_at") else "?"
+        first = str(run.get("error") or "").strip().splitlines()
+        why = f"{run.get('failure') or 'error'}" + (f": {first[0][:160]}" if first else "")
+        lines.append(f"- {when} {str(run['run_id'])[:13]} {run.get('backend')} on {parity.gpu_label(run)}: "
+                     f"{_md_escape(why)}")
+    if len(failed) > FAILED_SHOWN:
+        lines.append(f"- … and {len(failed) - FAILED_SHOWN} older (`quantbench runs` lists every run)")
+    return lines
+
+
+def _markdown(reports: list[GpuReport]) -> str:
+    parts = [_markdown_one(r) for r in reports]
+    parts += [matrix_markdown(m) for m in gpu_matrices(reports)]
+    if len(reports) > 1:
+        rows = _summary_rows(reports)
+        cols = ("GPU", "Model", "Suite", "Recommended", "Rule")
+        lines = ["### Recommended per GPU", "", "| " + " | ".join(cols) + " |", "|---|---|---|---|---|"]
+        lines += ["| " + " | ".join(_md_escape(row[k]) for k in cols) + " |" for row in rows]
+        parts.append("\n".join(lines))
+    if getattr(reports, "failed", None):
+        parts.append("\n".join(failed_lines(reports.failed)))
+    return "\n\n".join(parts) + "\n"
+
+
+def flat_rows(reports: list[GpuReport]) -> pd.DataFrame:
+    """Raw figures, one row per variant per report (empty where unknown): the csv and the dashboard."""
+    out = []
+    for rep in reports:
+        for row in rep.rows:
+            run, c = row.run, row.comparison
+            m = c.paired.mean if c is not None else None
+            out.append({
+                "gpu": rep.gpu, "gpu_family": rep.gpu_family, "host": run.get("host"), "model_id": rep.model_id,
+                "suite_id": rep.suite_id, "suite_hash": rep.suite_hash, "variant": row.label,
+                "backend": run.get("backend"), "kernel_path": run.get("kernel_path"),
+                "weight_format": run.get("weight_format"), "run_id": str(run["run_id"]), "status": run.get("status"),
+                "failure": run.get("failure"), "weights": run.get("weights"), "native": run.get("native"),
+                "disk_bytes": int_or_none(run.get("disk_bytes")),
+                "weights_memory_bytes": row.weights_bytes,
+                "weights_memory_kind": "host_tensors" if row.cpu else "vram_allocated",
+                "peak_memory_bytes": row.peak_bytes, "peak_memory_kind": row.peak_source,
+                "p50_ms": row.p50, "p90_ms": float_or_none(run.get("p90_ms")), "n_timed": int_or_none(run.get("n_timed")),
+                "quality": row.quality,
+                "agreement": c.agreement.rate if c else None, "agreement_lo": c.agreement.lo if c else None,
+                "agreement_hi": c.agreement.hi if c else None, "n_questions": c.agreement.n if c else None,
+                "tv_mean": c.tv.mean if c else None, "kl_mean": c.kl.mean if c else None,
+                "verdict": c.verdict.label if c else None,
+                "verdict_n_needed": c.verdict.n_needed if c else None,
+                **{f"excess_{e.statistic.lower().replace(' ', '_')}{k}": getattr(e, v)
+                   for e in (c.verdict.parts if c else ()) for k, v in (("", "diff"), ("_lo", "lo"), ("_hi", "hi"))},
+                "delta_accuracy": m.mean if m else None, "delta_accuracy_lo": m.lo if m else None,
+                "delta_accuracy_hi": m.hi if m else None,
+                "reference_run_id": str(rep.reference["run_id"]) if rep.reference else None,
+                "own_model_id": run.get("own_model_id"), "paired_by": run.get("paired_by"),
+                "recommended": row.recommended, "best_for": row.best_for,
+            })
+    df = pd.DataFrame(out)
+    for col in ("disk_bytes", "weights_memory_bytes", "peak_memory_bytes", "n_timed", "n_questions"):
+        if col in df:
+            df[col] = df[col].astype("Int64")  # integers stay integers beside unknowns
+    return df
+
+
+def to_json(reports: list[GpuReport], rules: Rules | None = None) -> dict[str, Any]:
+    flat = flat_rows(reports)
+    records = parity.clean_json(flat.astype(object).where(flat.notna(), None).to_dict("records")) if len(flat) else []
+    out = []
+    for rep in reports:
+        f = rep.floor
+        out.append({
+            "gpu": rep.gpu, "gpu_family": rep.gpu_family, "cpu": rep.cpu, "model_id": rep.model_id,
+            "suite_id": rep.suite_id, "suite_hash": rep.suite_hash,
+            "reference_run_id": str(rep.reference["run_id"]) if rep.reference else None,
+            "noise_floor": None if f is None else parity.clean_json({
+                "run_id": str(f.run["run_id"]), "kernel_path": f.run.get("kernel_path"),
+                "agreement": asdict(f.agreement), "tv": asdict(f.tv)}),
+            "recommended": rep.recommended.label if rep.recommended else None, "rule": rep.rule,
+            "notes": throughput_notes(rep.throughput) + rep.notes, "throughput": rep.throughput,
+            "rows": [r for r in records if r["gpu"] == rep.gpu and r["model_id"] == rep.model_id
+                     and r["suite_hash"] == rep.suite_hash],
+        })
+    failed = [parity.clean_json({k: str(run.get(k)) if k in ("run_id", "created_at") else run.get(k) for k in (
+        "run_id", "created_at", "backend", "model_path", "gpu_name", "host", "failure", "error")})
+        for run in getattr(reports, "failed", [])]
+    return {"rules": asdict(rules) if rules else None, "reports": out, "summary": _summary_rows(reports),
+            "gpu_matrices": [asdict(m) for m in gpu_matrices(reports)], "failed_runs": failed}
+
+
+def render(reports: list[GpuReport], fmt: str = "markdown", rules: Rules | None = None) -> str:
+    if fmt not in FORMATS:
+        raise ConfigError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
+    if fmt == "markdown":
+        if not reports:
+            return "\n".join(["No runs to report.", "", *failed_lines(getattr(reports, "failed", []))]).rstrip() + "\n"
+        return _markdown(reports)
+    if fmt == "csv":
+        buf = io.StringIO()
+        flat_rows(reports).to_csv(buf, index=False)
+        return buf.getvalue()
+    return json.dumps(to_json(reports, rules), indent=2, default=str) + "\n"
+
+
+# -- entry points for the CLI and the demo -------------------------------------------------------------------
+def report_for_this_machine(store: Store, machine_gpu_name_or_family: str, host: str | None = None,
+                            rules: Rules | None = None, model: str | None = None,
+                            run_ids: set[str] | None = None) -> str:
+    """The markdown report for one machine: pass `machine.gpu_name`, or "cpu" (this host's CPU runs unless `host`
+    names another); `model` keeps only that model's tables, `run_ids` only those runs (the demo reports on the
+    runs it just made, never on older ones of the store)."""
+    if machine_gpu_name_or_family.strip().lower() == "cpu" and host is None:
+        host = socket.gethostname()
+    reports = build_report(store, gpu=machine_gpu_name_or_family, host=host, rules=rules, model=model,
+                           run_ids=run_ids)
+    if not reports and not reports.failed:
+        where = machine_gpu_name_or_family + (f" on {host}" if host else "")
+        return f"No successful or failed runs for {where} in {store.path} yet.\n"
+    return render(reports, "markdown", rules)
+
+
+def report_text(db: str | None = None, fmt: str = "markdown", gpu: str | None = None, model: str | None = None,
+                vram_budget_gib: float | None = None, min_agreement: float | None = None,
+                host: str | None = None, since: str | None = None, history: bool = False,
+                margin_agreement: float = an.MARGIN_AGREEMENT, margin_tv: float = an.MARGIN_TV) -> str:
+    """`quantbench report`'s text (plain, so it pastes into a model card); `history` (`--all`) keeps superseded
+    kernel generations and fixture builds. When no run matches, the error lists what the store has."""
+    if min_agreement is not None and 1.0 < min_agreement <= 100.0:
+        min_agreement /= 100.0  # --min-agreement 95 means 95%
+    rules = Rules(vram_budget_gib=vram_budget_gib, margins=an.Margins(margin_agreement, margin_tv),
+                  **({"min_agreement": min_agreement} if min_agreement is not None else {}))
+    if fmt not in FORMATS:
+        raise ConfigError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
+    store = Store(db)
+    reports = build_report(store, gpu=gpu, model=model, rules=rules, host=host, since=since, history=history)
+    if not reports and not reports.failed:
+        have = sorted({f"{parity.gpu_label(r)}: {r.get('model_id')}" for r in stored_runs(store)})
+        asked = " ".join(f"--{k} {v}" for k, v in (("gpu", gpu), ("model", model), ("host", host), ("since", since))
+                         if v)
+        raise ConfigError(f"no runs match {asked or 'the filters'} in {store.path}; the store has: "
+                          + ("; ".join(have) or "no runs (run `quantbench demo`)"))
+    return render(reports, fmt, rules)

@@ -1,0 +1,178 @@
+"""The rich tables the CLI and the sweep print: stored runs one line each, a parity comparison, what an export
+wrote and what a merge added. Domain modules return data (a DataFrame of runs, a Comparison, a MergeSummary);
+these functions only present it.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+
+from quantbench import term
+from quantbench.analysis import parity
+from quantbench.analysis import stats as an
+from quantbench.analysis.parity import Comparison
+from quantbench.store import Store
+from quantbench.store.transfer import MergeSummary, exported_counts
+
+
+# -- stored runs (`quantbench runs`, `run`, `demo`, `sweep`) -------------------------------------------------
+def stored_value(x: Any) -> Any:
+    """A stored value, or None for SQL NULL (pandas gives NaN, NA or NaT)."""
+    return None if x is None or (not isinstance(x, list | tuple) and pd.isna(x)) else x
+
+
+def _mib(n: Any) -> str:
+    return "—" if stored_value(n) is None else f"{n / 2**20:,.1f} MiB"
+
+
+def _ms(x: Any) -> str:
+    return "—" if stored_value(x) is None else f"{x:,.1f}"
+
+
+NUMERIC = ("decisions", "accuracy", "p50 ms", "p90 ms", "weights", "load s")
+
+
+def runs_table(df: pd.DataFrame, title: str) -> Table:
+    """One self-describing row per run (llama-bench style): what ran, where, and what it measured."""
+    t = Table(title=title, title_justify="left")
+    for col in ("run", "status", "model", "variant", "kernel", "where", *NUMERIC):
+        t.add_column(col, justify="right" if col in NUMERIC else "left")
+    if (df["weights"] == "synthetic").any():  # their answers are chance: the accuracy column must not read as quality
+        t.caption = "* random (synthetic) weights: speed and memory only; their accuracy is chance, not quality"
+        t.caption_justify = "left"
+    for r in df.to_dict("records"):
+        r = {k: stored_value(v) for k, v in r.items()}
+        if r["mem_weights_bytes"] is not None:
+            weights = _mib(r["mem_weights_bytes"])
+        elif r["model_tensor_bytes"] is not None:
+            weights = _mib(r["model_tensor_bytes"]) + " (host)"
+        else:
+            weights = "—"
+        status = "[green]ok[/]" if r["status"] == "ok" else f"[red]failed: {r['failure']}[/]"
+        variant = (r["variant"] or r["backend"]) + (" [noise floor]" if r["role"] == "noise_floor" else "")
+        accuracy = "—" if r["accuracy"] is None else f"{r['accuracy']:.1%}"
+        if r["weights"] == "synthetic" and r["accuracy"] is not None:
+            accuracy += " (random weights*)"
+        t.add_row(str(r["run_id"])[:13], status, r["model_id"] or "—", variant, r["kernel_path"] or "—",
+                  r["gpu_name"] or "cpu", "—" if r["n_records"] is None else str(int(r["n_records"])), accuracy,
+                  _ms(r["p50_ms"]), _ms(r["p90_ms"]), weights, _ms(r["load_s"]))
+    return t
+
+
+# -- parity (`quantbench compare`) --------------------------------------------------------------------------
+def _pct(x: float) -> str:
+    return "n/a" if x is None or math.isnan(x) else f"{100 * x:.1f}%"
+
+
+def _agree_txt(a: an.Agreement) -> str:
+    return f"{_pct(a.rate)} [{_pct(a.lo)}, {_pct(a.hi)}] ({a.k}/{a.n})"
+
+
+def _dist_txt(d: an.Dist, digits: int = 4, low_tail: bool = False) -> str:
+    f = f"{{:.{digits}f}}".format
+    if low_tail:
+        return f"mean {f(d.mean)}  min {f(d.min)}  p1 {f(d.p1)}  p10 {f(d.p10)}  median {f(d.median)}  max {f(d.max)}"
+    return f"mean {f(d.mean)}  median {f(d.median)}  p90 {f(d.p90)}  p99 {f(d.p99)}  max {f(d.max)}"
+
+
+def print_comparison(comp: Comparison, console: Console | None = None) -> None:
+    console = console or term.console()  # to a pipe: whole rows, not wrapped to 80 columns
+    c, r = comp.candidate, comp.reference
+    console.print(f"[bold]{parity.describe(c)}[/] vs reference [bold]{parity.describe(r)}[/] ({comp.reference_how})")
+    console.print(f"model {c.get('model_id')}, suite {c.get('suite_id')}, {parity.gpu_label(c)}")
+    for note in comp.notes:
+        console.print(f"[yellow]note:[/] {note}")
+
+    t = Table(title="Parity with the reference", show_lines=False)
+    t.add_column("Statistic")
+    t.add_column("Candidate")
+    t.add_column("Noise floor")
+    t.add_column("n", justify="right")
+    fl = comp.floor
+    t.add_row("Top-answer agreement (95% Wilson)", _agree_txt(comp.agreement), _agree_txt(fl.agreement) if fl else "—",
+              str(comp.agreement.n))
+    t.add_row("Mean TV (95% bootstrap)", f"{comp.tv_ci.mean:.4f} [{comp.tv_ci.lo:.4f}, {comp.tv_ci.hi:.4f}]",
+              f"{fl.tv_ci.mean:.4f} [{fl.tv_ci.lo:.4f}, {fl.tv_ci.hi:.4f}]" if fl else "—", str(comp.tv.n))
+    t.add_row("TV", _dist_txt(comp.tv), _dist_txt(fl.tv) if fl else "—", str(comp.tv.n))
+    t.add_row("KL(ref ‖ cand), nats", _dist_txt(comp.kl), "", str(comp.kl.n))
+    t.add_row("Δp of the reference's top", _dist_txt(comp.dp, low_tail=True), "", str(comp.dp.n))
+    f = comp.flips
+    t.add_row("Flips on gold (ref right → cand wrong / reverse)",
+              f"{f.ref_right_cand_wrong} / {f.ref_wrong_cand_right} (both right {f.both_right}, both wrong "
+              f"{f.both_wrong})", "", str(f.n_gold))
+    console.print(t)
+    if comp.n_candidate_only or comp.n_reference_only:
+        console.print(f"questions only the candidate answered: {comp.n_candidate_only}; only the reference: "
+                      f"{comp.n_reference_only} (left out)")
+    colour = {an.INDISTINGUISHABLE: "green", an.WITHIN_MARGIN: "green", an.WORSE: "red"}.get(comp.verdict.label,
+                                                                                            "yellow")
+    console.print(f"Verdict: [bold {colour}]{comp.verdict.label}[/]"
+                  + (f" (margins: {comp.verdict.margins.describe()})" if comp.verdict.parts else ""))
+    for reason in comp.verdict.reasons:
+        console.print(f"  - {reason}")
+
+    b = Table(title="Agreement by the reference's margin p(top) − p(second)")
+    for col in ("Margin", "n", "Agree", "95% CI", "Mean TV"):
+        b.add_column(col, justify="left" if col == "Margin" else "right")
+    for row in comp.buckets.itertuples():
+        b.add_row(row.margin, str(row.n), _pct(row.rate), f"[{_pct(row.ci_lo)}, {_pct(row.ci_hi)}]" if row.n else "—",
+                  "—" if not row.n else f"{row.mean_tv:.4f}")
+    console.print(b)
+
+    if not comp.paired.by_benchmark.empty:
+        a = Table(title="Accuracy on gold, paired on identical questions (Δ in points, 95% paired bootstrap)")
+        for col in ("Benchmark", "n", "Reference", "Candidate", "Δ", "95% CI"):
+            a.add_column(col, justify="left" if col == "Benchmark" else "right")
+        for row in comp.paired.by_benchmark.itertuples():
+            a.add_row(str(row.benchmark), str(row.n), f"{100 * row.acc_ref:.1f}", f"{100 * row.acc_cand:.1f}",
+                      f"{100 * row.delta:+.1f}", f"[{100 * row.lo:+.1f}, {100 * row.hi:+.1f}]")
+        m = comp.paired.mean
+        if m is not None:
+            a.add_row("mean over benchmarks (unweighted)", str(m.n), "", "", f"{100 * m.mean:+.2f}",
+                      f"[{100 * m.lo:+.2f}, {100 * m.hi:+.2f}]")
+        console.print(a)
+    else:
+        console.print("no gold answers in this suite: no accuracy figures")
+
+
+# -- sharing (`quantbench export`, `quantbench merge`) -------------------------------------------------------
+def print_exported(store: Store, paths: list[Path], console: Console | None = None) -> None:
+    """One line per file an export wrote: how many runs and answers, its size and schema version."""
+    console = console or term.console()
+    for p in paths:
+        runs, answers = exported_counts(p)
+        console.print(f"exported {runs} runs ({answers} answers) from {store.path} to [bold]{p}[/] "
+                      f"({p.stat().st_size / 1e6:.2f} MB, schema version {store.schema_version()})")
+
+
+def print_merged(store: Store, summary: MergeSummary, console: Console | None = None) -> None:
+    """What a merge added, per source and per machine."""
+    console = console or term.console()
+    t = Table(title=f"Merged into {store.path}")
+    for col in ("Source", "Kind", "Schema", "Runs", "Added", "Already here", "Answers", "Latencies"):
+        t.add_column(col, justify="left" if col in ("Source", "Kind") else "right", overflow="fold")
+    for s in summary.sources:
+        t.add_row(s.path, s.kind, str(s.schema_version), str(s.runs_in_source), str(s.runs_added),
+                  str(s.runs_present), str(s.answers_added), str(s.latencies_added))
+    console.print(t)
+    for note in summary.skipped:
+        console.print(f"skipped {note}")
+    if summary.added.empty:
+        console.print("nothing new: every run was already in the store")
+        return
+    added = summary.added.copy()
+    added["where"] = [f"CPU ({h})" if d == "cpu" or not isinstance(g, str) else f"{g} ({h})"
+                      for d, g, h in zip(added["device"], added["gpu_name"], added["host"], strict=True)]
+    grouped = added.groupby(["where", "model_id", "variant", "status"], dropna=False).size().reset_index(name="runs")
+    w = Table(title="What came in")
+    for col in ("Machine", "Model", "Variant", "Status", "Runs"):
+        w.add_column(col, justify="right" if col == "Runs" else "left")
+    for row in grouped.itertuples(index=False):
+        w.add_row(*(str(x) for x in row))
+    console.print(w)

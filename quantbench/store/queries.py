@@ -1,0 +1,125 @@
+"""Every read the rest of quantbench makes of a results store, one named function per query.
+
+SQL lives in quantbench/store only (tests/test_import_contracts.py checks it): the CLI, the report, parity, the
+sweep and the dashboard call these instead of writing queries of their own. Each returns what `Store.read` returns,
+a DataFrame, opened and closed at once, so a caller never holds the DuckDB lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import pandas as pd
+
+from quantbench.store import Store
+
+ANSWER_COLS = "record_id, question, benchmark, options, probs, top, gold"
+
+
+# -- runs, one line each (`quantbench runs`, the demo's and the sweep's tables) -------------------------------
+def run_summary(store: Store, run_id: str) -> pd.DataFrame:
+    """The `run_summary` row of one run."""
+    return store.read("SELECT * FROM run_summary WHERE run_id = ?", [run_id])
+
+
+def run_summaries(store: Store, run_ids: list[str]) -> pd.DataFrame:
+    """The `run_summary` rows of these runs, oldest first."""
+    return store.read("SELECT * FROM run_summary WHERE run_id IN (SELECT unnest(?::UUID[])) ORDER BY created_at",
+                      [run_ids])
+
+
+def newest_run_summaries(store: Store, last: int) -> pd.DataFrame:
+    """The newest `last` runs' `run_summary` rows, oldest first."""
+    return store.read(f"SELECT * FROM (SELECT * FROM run_summary ORDER BY created_at DESC LIMIT {int(last)}) ORDER BY created_at")
+
+
+def run_error(store: Store, run_id: str) -> pd.DataFrame:
+    """The `error` column of one run."""
+    return store.read("SELECT error FROM runs WHERE run_id = ?", [run_id])
+
+
+def run_failure(store: Store, run_id: str) -> pd.DataFrame:
+    """The `failure` and `error` columns of one run."""
+    return store.read("SELECT failure, error FROM runs WHERE run_id = ?", [run_id])
+
+
+# -- the report and parity ----------------------------------------------------------------------------------
+def runs_with_latency(store: Store) -> pd.DataFrame:
+    """Every run, oldest first, with its latency summary, its batch size (decisions per forward pass, throughput
+    mode) and decisions_per_s over its full-size batches."""
+    return store.read(
+        "WITH b AS (SELECT run_id, max(batch) AS batch FROM latencies GROUP BY run_id), "
+        "t AS (SELECT l.run_id, count(*) / (sum(l.model_ms / l.batch) / 1000) AS decisions_per_s "
+        "      FROM latencies l JOIN b ON l.run_id = b.run_id AND l.batch = b.batch GROUP BY l.run_id) "
+        "SELECT r.*, l.p50_ms, l.p90_ms, l.n_timed, b.batch, t.decisions_per_s FROM runs r "
+        "LEFT JOIN run_latency l USING (run_id) LEFT JOIN b USING (run_id) LEFT JOIN t USING (run_id) "
+        "ORDER BY r.created_at"
+    )
+
+
+def runs_by_id_prefix(store: Store, prefix: str) -> pd.DataFrame:
+    """The runs whose id starts with `prefix` (lower-case), oldest first."""
+    return store.read("SELECT * FROM runs WHERE CAST(run_id AS VARCHAR) LIKE ? ORDER BY created_at", [prefix + "%"])
+
+
+def answers(store: Store, run_id: str) -> pd.DataFrame:
+    """One run's answers, ordered by record and question."""
+    return store.read(f"SELECT {ANSWER_COLS} FROM answers WHERE run_id = ? ORDER BY record_id, question", [run_id])
+
+
+def bf16_reference_runs(store: Store, model_id: Any, suite_hash: Any, other_than: str) -> pd.DataFrame:
+    """Ok `bf16`-backend runs, not noise floors, of this model and suite, except the run `other_than`."""
+    return store.read(
+        "SELECT * FROM runs WHERE status = 'ok' AND "
+        "backend = 'bf16' AND coalesce(role, 'candidate') <> 'noise_floor' AND model_id = ? AND suite_hash = ? "
+        "AND CAST(run_id AS VARCHAR) <> ?",
+        [model_id, suite_hash, other_than])
+
+
+def bf16_trained_runs_of_suite(store: Store, suite_hash: Any) -> pd.DataFrame:
+    """Ok `bf16`-backend runs, not noise floors and not synthetic weights, of any model on this suite."""
+    return store.read(
+        "SELECT * FROM runs WHERE status = 'ok' AND backend = 'bf16' AND coalesce(role, 'candidate') <> 'noise_floor' "
+        "AND coalesce(weights, '') <> 'synthetic' AND suite_hash = ?", [suite_hash])
+
+
+def noise_floor_runs(store: Store, model_id: Any, suite_hash: Any, other_than: str) -> pd.DataFrame:
+    """Ok noise-floor runs of this model and suite, except the run `other_than`."""
+    return store.read(
+        "SELECT * FROM runs WHERE status = 'ok' AND "
+        "role = 'noise_floor' AND model_id = ? AND suite_hash = ? AND CAST(run_id AS VARCHAR) <> ?",
+        [model_id, suite_hash, other_than])
+
+
+# -- the sweep ------------------------------------------------------------------------------------------------
+def ok_spec_hashes(store: Store) -> pd.DataFrame:
+    """spec_hash and machine of every ok run that has a spec_hash: what a sweep counts as already finished."""
+    return store.read("SELECT spec_hash, gpu_name, gpu_family, host FROM runs "
+                      "WHERE status = 'ok' AND spec_hash IS NOT NULL")
+
+
+# -- the dashboard --------------------------------------------------------------------------------------------
+def run_count(store: Store) -> int:
+    """How many runs the store holds."""
+    return int(store.read("SELECT count(*) AS n FROM runs")["n"].iloc[0])
+
+
+def run_counts(store: Store) -> tuple[int, int]:
+    """(runs, ok runs) in the store."""
+    counts = store.read("SELECT count(*) AS n, count(*) FILTER (WHERE status = 'ok') AS ok FROM runs")
+    return int(counts["n"].iloc[0]), int(counts["ok"].iloc[0])
+
+
+def runs_with_percentiles(store: Store) -> pd.DataFrame:
+    """Every run, oldest first, with its p50 / p90 / p99 latency and number of timed decisions."""
+    return store.read(
+        "SELECT r.*, l.p50_ms, l.p90_ms, l.p99_ms, l.n_timed FROM runs r LEFT JOIN run_latency l USING (run_id) "
+        "ORDER BY r.created_at")
+
+
+def latencies(store: Store, run_ids: Iterable[str]) -> pd.DataFrame:
+    """Every timed decision of these runs, run_id as text, in order."""
+    return store.read(
+        "SELECT CAST(run_id AS VARCHAR) AS run_id, seq, phase, model_ms, prep_ms, tokens, batch FROM latencies "
+        "WHERE list_contains(?, CAST(run_id AS VARCHAR)) ORDER BY run_id, seq", [list(run_ids)])
