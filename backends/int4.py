@@ -105,7 +105,7 @@ class Int4Backend:
         if importlib.util.find_spec("auto_round") is None:
             return Availability(False, None, "auto-round is not installed (pip install auto-round)")
         if machine.has_gpu:
-            from quantbench.engine.moe.int4 import triton_available
+            from quantbench.engine.moe.align import triton_available
 
             path = "fused int4 kernels (gluon-wgmma on sm_90, triton elsewhere)" if triton_available() \
                 else "dequant+grouped_mm (no triton)"

@@ -39,7 +39,7 @@ class Nvfp4Backend:
             return Availability(True, "native", f"{machine.gpu_name}: FP4 tensor cores, a native path would apply; "
                                 "quantbench emulates (packed weights decoded in its grouped GEMM)")
         where = machine.gpu_name if machine.has_gpu else "CPU"
-        from quantbench.engine.moe.nvfp4 import triton_available
+        from quantbench.engine.triton_common import triton_available
 
         path = "triton-fused-nvfp4" if machine.has_gpu and triton_available() else (
             "dequant+grouped_mm" if machine.has_gpu else "cpu-vectorised")
@@ -79,7 +79,8 @@ class Nvfp4Backend:
         return LoadedVariant(engine=engine, info=info, model=model)
 
     def _synthetic(self, spec: RunSpec, dtype: torch.dtype, mode: str, activations: bool) -> dict[str, Any]:
-        from quantbench.engine.moe.nvfp4 import Nvfp4Experts, global_scale_of
+        from quantbench.engine.moe.nvfp4 import Nvfp4Experts
+        from quantbench.engine.moe.nvfp4_numbers import global_scale_of
         from quantbench.models.fixture import synthetic_id
 
         def make(weight: Tensor, amax: Tensor):

@@ -36,7 +36,7 @@ def lab_kernel():
     import triton
     import triton.language as tl
 
-    from quantbench.engine.moe.nvfp4 import expert_tile, tile_rows
+    from quantbench.engine.triton_common import expert_tile, tile_rows
 
     globals().update(expert_tile=expert_tile, tile_rows=tile_rows)
 

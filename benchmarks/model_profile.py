@@ -23,7 +23,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.moe_int4 import build_model, decision_forward  # noqa: E402
-from quantbench.engine.fused import ops as fused_ops  # noqa: E402
+from quantbench.engine import fused  # noqa: E402
 from quantbench.engine.moe import engine, install_grouped_moe  # noqa: E402
 from quantbench.engine.moe.engine import triton_available  # noqa: E402
 from quantbench.engine.moe.int4 import rtn_experts  # noqa: E402
@@ -100,7 +100,7 @@ def main() -> None:
                 print(f"BF16 transformers grouped_mm, {args.layers} layers: CUDA graph {graph_ms(model, ids):.2f} ms",
                       flush=True)
                 kernel_table(model, ids, args.layers, "BF16 transformers grouped_mm", args.rows)
-            print(f"fused ops: {fused_ops.install(model)}")
+            print(f"fused ops: {fused.install(model)}")
             if fmt == "bf16":
                 compare("BF16 fused ops vs transformers' ops", plain, decision_forward(model, ids))
                 print(f"BF16 + fused ops: CUDA graph {graph_ms(model, ids):.2f} ms", flush=True)

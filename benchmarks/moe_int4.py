@@ -190,6 +190,7 @@ def sweep(device: str, tokens: int, log: list[str]) -> dict[str, dict]:
     from triton.testing import do_bench
 
     from quantbench.engine.moe import int4
+    from quantbench.engine.triton_common import rows_bucket
 
     s = SHAPE
     best = {}
@@ -227,7 +228,7 @@ def sweep(device: str, tokens: int, log: list[str]) -> dict[str, dict]:
             timings.append((do_bench(call, warmup=20, rep=60), cfg))
         timings.sort(key=lambda t: t[0])
         nbytes = w.nbytes()
-        int4.TUNED[(n, k, swiglu, int4.rows_bucket(rows, s["experts"]))] = timings[0][1]
+        int4.TUNED[(n, k, swiglu, rows_bucket(rows, s["experts"]))] = timings[0][1]
         best[name] = {"best_ms": timings[0][0], "best": timings[0][1], "default_ms": ms_default, "default": default,
                       "weight_bytes": nbytes, "best_GBps": nbytes / timings[0][0] / 1e6}
         log.append(f"sweep {name}: default {default} {ms_default * 1e3:.1f} us; best {timings[0][1]} "

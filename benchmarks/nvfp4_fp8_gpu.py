@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from quantbench.engine.moe import fp8, nvfp4  # noqa: E402
+from quantbench.engine.moe import fp8, nvfp4, nvfp4_numbers  # noqa: E402
 from quantbench.engine.moe.engine import DenseExperts, GroupedMoE, _grouped_matmul  # noqa: E402
 
 E, H, INTER, TOKENS, TOP_K = 128, 2048, 768, 512, 8
@@ -126,10 +126,10 @@ def kernels() -> dict:
         xa = torch.randn(TOKENS, H, device=DEV, dtype=torch.bfloat16) * 3
         amax = xa.float().abs().amax() * 0.8
         theirs = fp4_fake_quant_block(xa, amax)
-        mine = nvfp4.fake_quantize_activations(xa, nvfp4.global_scale_of(amax))
+        mine = nvfp4_numbers.fake_quantize_activations(xa, nvfp4_numbers.global_scale_of(amax))
         frac = (theirs != mine).float().mean().item()
         check("nvfp4 activation fake-quant (torch) vs ModelOpt fp4_fake_quant_block (fraction of elements differing)", frac, 1e-4)
-        fused = nvfp4.fake_quantize_activations_fused(xa, nvfp4.global_scale_of(amax).reshape(1))
+        fused = nvfp4.fake_quantize_activations_fused(xa, nvfp4_numbers.global_scale_of(amax).reshape(1))
         frac = (theirs != fused).float().mean().item()
         check("nvfp4 activation fake-quant (fused Triton) vs ModelOpt fp4_fake_quant_block (fraction differing)", frac, 1e-4)
     except Exception as e:  # not importable here, or failing: say so, go on with the rest
@@ -246,7 +246,7 @@ def kernels() -> dict:
         x_gu, gu.dequantize(torch.bfloat16).transpose(-2, -1), offsets))
     s_in = torch.tensor([3 / 2688], device=DEV)
     bench("nvfp4 activation fake-quant 4096x2048 fused Triton", lambda: nvfp4.fake_quantize_activations_fused(x_gu, s_in))
-    bench("nvfp4 activation fake-quant 4096x2048 torch", lambda: nvfp4.fake_quantize_activations(x_gu, s_in))
+    bench("nvfp4 activation fake-quant 4096x2048 torch", lambda: nvfp4_numbers.fake_quantize_activations(x_gu, s_in))
     bench("fp8 activation fake-quant 4096x2048 torch", lambda: fp8.fake_quantize_activations(x_gu, f_gu.input_scale))
     bench("fp8 fused gate_up (bf16 operands)", lambda: fp8.fp8_grouped_mm(x_gu, f_gu.weight, f_gu.scale, offsets),
           sizes["fp8 gate_up"])
@@ -333,7 +333,7 @@ def whole_model(layers: int) -> None:
 
     amax = torch.tensor([3.0], device=DEV)
     for acts in (True, False):
-        swap(lambda w, a=acts: nvfp4.Nvfp4Experts.from_weights(w, input_scale=nvfp4.global_scale_of(amax), activations=a))
+        swap(lambda w, a=acts: nvfp4.Nvfp4Experts.from_weights(w, input_scale=nvfp4_numbers.global_scale_of(amax), activations=a))
         experts = sum(m.gate_up.nbytes() + m.down.nbytes() for m in moes)
         ROWS.append({"what": f"model {layers}L nvfp4 packed experts bytes", "GiB": round(experts / 2**30, 2)})
         run(f"nvfp4 packed {'w4a4' if acts else 'w4a16'}")

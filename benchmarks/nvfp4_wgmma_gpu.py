@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gluon_vs_triton import HEADER, engine_inputs, grouped_reference, judge, parse_tiles, time_tiles  # noqa: E402
 from moe_int4 import SHAPE  # noqa: E402
 
-from quantbench.engine.moe import nvfp4, nvfp4_wgmma  # noqa: E402
+from quantbench.engine.moe import nvfp4, nvfp4_numbers, nvfp4_wgmma  # noqa: E402
 
 S = SHAPE
 GATE_UP, DOWN = (2 * S["inter"], S["hidden"]), (S["hidden"], S["inter"])
@@ -46,7 +46,7 @@ def inputs(proj: str, tokens: int, dtype: torch.dtype, skew: bool, seed: int, ti
     offsets, x, x_sorted, kw = engine_inputs(proj, tokens, k, S, dtype, skew)
 
     def ref() -> torch.Tensor:  # E2M1 value · block scale · global scale, unrounded
-        values = nvfp4.decode_e2m1(nvfp4.unpack_codes(fmt.packed), torch.float64)  # [E, N, K], exact
+        values = nvfp4_numbers.decode_e2m1(nvfp4_numbers.unpack_codes(fmt.packed), torch.float64)  # [E, N, K], exact
         scale = fmt.block_scale.double() * fmt.global_scale.double().unsqueeze(-1)
         dense = (values.unflatten(-1, (-1, 16)) * scale.unsqueeze(-1)).flatten(-2)
         return grouped_reference(x_sorted, dense, offsets, proj, kw)

@@ -25,7 +25,7 @@ def check_fused_steps(grouped_mm, fmt) -> None:
     `grouped_mm(x, offsets, config, **fused_steps)` runs the format's kernel."""
     import torch
 
-    from quantbench.engine.moe.nvfp4 import expert_of_rows
+    from quantbench.engine.triton_common import expert_of_rows
 
     counts = torch.tensor([3, 0, 17, 1, 9])
     offsets = torch.cumsum(counts, 0, dtype=torch.int32)

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from quantbench.engine.moe import fp8
-from quantbench.engine.moe.nvfp4 import expert_of_rows, triton
+from quantbench.engine.triton_common import expert_of_rows, triton
 from quantbench.errors import LoadError
 from tests.interpreted import run_interpreted
 from tests.test_nvfp4 import IDS, logits, modelopt_variants, rewrite
@@ -78,7 +78,7 @@ def test_fused_triton_kernel_matches_the_dequantized_reference_under_the_interpr
     code = """
 import torch
 from quantbench.engine.moe import fp8
-from quantbench.engine.moe.nvfp4 import expert_of_rows
+from quantbench.engine.triton_common import expert_of_rows
 torch.manual_seed(3)
 for per_channel in (False, True):
     fmt = fp8.Fp8Experts.from_weights(torch.randn(5, 48, 64), per_channel=per_channel, input_scale=torch.tensor([0.01]))

@@ -73,14 +73,14 @@ for dtype in (torch.float32, torch.bfloat16):
     for m in model.modules():  # norm weights away from 1, so a norm applied twice or never shows
         if type(m).__name__.endswith("RMSNorm"):
             m.weight.data = (1 + 0.3 * torch.randn(m.weight.shape)).to(dtype)
-            m.forward = functools.partial(fused_ops._norm_forward, m)  # as fused_ops.install swaps them
+            m.forward = functools.partial(fused_ops._norm_forward, m)  # as fused.install swaps them
     if dtype == torch.bfloat16:  # layer 1's MoE through quantbench's engine: its residual goes in with the sum
         install_grouped_moe(model, lambda i, ex: (DenseExperts(ex.gate_up_proj.data), DenseExperts(ex.down_proj.data)))
     ids = torch.randint(0, 600, (2, 11))
     with torch.no_grad():
         want = model(input_ids=ids).logits
-        # _rope_fits asks for CUDA tensors; here the interpreter runs the kernel on CPU ones
-        fused_layer._rope_fits = lambda q, k, cos, sin: q.dim() == 4 and k.dim() == 4
+        # rope_fits asks for CUDA tensors; here the interpreter runs the kernel on CPU ones
+        fused_layer.rope_fits = lambda q, k, cos, sin: q.dim() == 4 and k.dim() == 4
         # layer 1's output norm (the final one) comes from its MoE's pass where the engine runs it (bf16 here)
         fused = ["residual", "qknorm"] + (["nextnorm"] if dtype == torch.bfloat16 else [])
         assert fused_layer.install(model) == fused, "a probe failed"

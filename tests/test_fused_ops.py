@@ -84,18 +84,18 @@ def test_kernels_match_transformers_and_group_every_pair_under_the_triton_interp
 def test_install_leaves_a_cpu_model_alone_and_rejects_an_unknown_mode():
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    from quantbench.engine.fused import ops as fused_ops
+    from quantbench.engine import fused
 
     config = Qwen3MoeConfig(vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
                             num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
                             num_experts=4, num_experts_per_tok=2)
     model = Qwen3MoeForCausalLM(config)
     norm = model.model.norm
-    assert fused_ops.install(model) is None  # the CPU keeps transformers' ops
+    assert fused.install(model) is None  # the CPU keeps transformers' ops
     assert "forward" not in vars(norm)
     assert "forward" not in vars(model.model.layers[0].self_attn.q_proj)
     with pytest.raises(ValueError, match="fused ops mode"):
-        fused_ops.install(model, "fast")
+        fused.install(model, "fast")
 
 
 def test_rms_norm_reads_a_strided_slice_of_the_fused_projection_without_a_copy():
@@ -165,5 +165,5 @@ def test_a_probe_that_fails_to_run_keeps_the_original_op_and_says_why():
         raise RuntimeError("PTX too new for this driver")
 
     with pytest.warns(RuntimeWarning, match="failed its probe.*PTX too new.*keeping transformers' op"):
-        assert fused_ops._probe("rmsnorm", broken) is False
-    assert fused_ops._probe("rope", lambda: True) is True
+        assert fused_ops.probe("rmsnorm", broken) is False
+    assert fused_ops.probe("rope", lambda: True) is True

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from quantbench.engine import fused
 from quantbench.engine.fused import ops as fused_ops
 from tests.tiny import tiny_model
 
@@ -143,26 +144,26 @@ def test_only_plain_matching_linears_are_fused():
 def test_the_probe_passes_the_fused_projections_and_names_a_mismatch(monkeypatch):
     a = attentions(tiny_model())[0]
     assert fused_ops.fuse_qkv(a)
-    assert fused_ops._probe("qkv", fused_ops._qkv_matches, a) is True
+    assert fused_ops.probe("qkv", fused_ops._qkv_matches, a) is True
     monkeypatch.setattr(fused_ops, "_QKV_TOL", -1.0)  # as if cuBLAS's fused GEMM rounded beyond the tolerance
     with pytest.warns(RuntimeWarning, match="failed its probe.*q_proj differs from its own GEMM"):
-        assert fused_ops._probe("qkv", fused_ops._qkv_matches, a) is False
+        assert fused_ops.probe("qkv", fused_ops._qkv_matches, a) is False
     monkeypatch.undo()
     state = getattr(a.q_proj, fused_ops._QKV)
     state.sizes = [state.sizes[0] - 64, state.sizes[1] + 64, state.sizes[2]]  # wrong slices
     with pytest.warns(RuntimeWarning, match=r"failed its probe.*q_proj gives torch.float32 \[2, 19, 64\]"):
-        assert fused_ops._probe("qkv", fused_ops._qkv_matches, a) is False
+        assert fused_ops.probe("qkv", fused_ops._qkv_matches, a) is False
 
 
 def test_install_fuses_every_attention_once_and_leaves_other_models_alone(monkeypatch):
     model = tiny_model()
-    assert fused_ops._install_qkv(model) and fused_ops._install_qkv(model)
+    assert fused._install_qkv(model) and fused._install_qkv(model)
     assert all(isinstance(getattr(a.v_proj, fused_ops._QKV), fused_ops._FusedQKV) for a in attentions(model))
     plain = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
-    assert not fused_ops._install_qkv(plain) and not any("forward" in vars(m) for m in plain.modules())
+    assert not fused._install_qkv(plain) and not any("forward" in vars(m) for m in plain.modules())
 
     monkeypatch.setattr(fused_ops, "_QKV_TOL", -1.0)  # a probe that fails: every projection keeps its own GEMM
     model = tiny_model()
     with pytest.warns(RuntimeWarning, match="failed its probe"):
-        assert not fused_ops._install_qkv(model)
+        assert not fused._install_qkv(model)
     assert not any("forward" in vars(m) for a in attentions(model) for m in (a.q_proj, a.k_proj, a.v_proj))

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from backends.int4 import Int4Backend
-from quantbench.engine.moe.int4 import pack_k, pack_rows, regroup_experts, rtn_experts, unpack_cols, unpack_k
+from quantbench.engine.moe.int4 import pack_k, pack_rows, regroup_experts, rtn_experts, unpack_k, unpack_rows
 from quantbench.errors import ConfigError, LoadError
 from quantbench.models.checkpoint import PROVENANCE_FILE, fingerprint, load_causal_lm
 from quantbench.models.quantize import Recipe, cached_variant, calibration_texts, quantize
@@ -95,9 +95,18 @@ def test_cpu_dequantize_is_bit_identical_to_the_formula_in_every_layout(e, n, k,
 
 
 def test_zero_points_are_read_from_qzeros_not_assumed():
+    """auto_round:auto_gptq stores zero point - 1 in qzeros, packed along N: the loader's own unpacking
+    (Int4Experts.from_quant_linears) must give back the zero points written, and dequantize must subtract them."""
+    from quantbench.engine.moe.int4 import Int4Experts
+
     layer = quant_linear(128, 64, 128, sym=False, seed=0)
-    zeros = unpack_cols(layer.qzeros) + 1
-    assert int(zeros.min()) >= 1 and len(zeros.unique()) > 4  # asymmetric: many different zero points
+    zeros = torch.tensor([1, 15, 8, 2, 9, 4, 12, 7] * 8)  # one group of 64 outputs, asymmetric: none of them 8 - 1
+    layer.qzeros = pack_rows((zeros - 1).view(1, 64).T.contiguous()).T.contiguous()
+    fmt = Int4Experts.from_quant_linears([[layer]], group_size=128, sym=False, name="t")
+    assert fmt.zeros[0, 0].tolist() == zeros.tolist()
+    q = unpack_rows(layer.qweight).float()  # [K, N]
+    want = (layer.scales.float() * (q - zeros.float())).T
+    assert torch.equal(fmt.dequantize(torch.float32)[0], want)
 
 
 def test_wrong_bits_are_a_load_error_naming_the_tensor():

@@ -18,6 +18,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from quantbench.engine.moe import nvfp4 as nv
+from quantbench.engine.moe import nvfp4_numbers as nvn
+from quantbench.engine.triton_common import triton
 from quantbench.errors import LoadError
 from tests.interpreted import run_interpreted
 from tests.tiny import save_tiny
@@ -92,11 +94,11 @@ def test_e2m1_codes_decode_to_the_modelopt_table_low_nibble_first():
     from modelopt.torch.quantization.qtensor.nvfp4_tensor import e2m1_values
 
     packed = torch.tensor([[0x21, 0xF8, 0x7A]], dtype=torch.uint8)  # codes 1,2 | 8,15 | 10,7
-    values = nv.decode_e2m1(nv.unpack_codes(packed))
+    values = nvn.decode_e2m1(nvn.unpack_codes(packed))
     assert values.tolist() == [[0.5, 1.0, -0.0, -6.0, -1.0, 6.0]]
-    every = nv.decode_e2m1(torch.arange(16, dtype=torch.uint8))
+    every = nvn.decode_e2m1(torch.arange(16, dtype=torch.uint8))
     assert torch.equal(every, e2m1_values.float())
-    assert torch.equal(nv.pack_codes(nv.unpack_codes(packed)), packed)
+    assert torch.equal(nvn.pack_codes(nvn.unpack_codes(packed)), packed)
 
 
 def test_two_level_scale_is_e4m3_block_scale_times_fp32_global_scale():
@@ -105,14 +107,14 @@ def test_two_level_scale_is_e4m3_block_scale_times_fp32_global_scale():
     codes[0, 16:] = 9  # -0.5
     codes[1, :] = 3  # 1.5
     block = torch.tensor([[2.0, 0.25], [448.0, 0.001953125]]).to(torch.float8_e4m3fn)
-    w = nv.dequantize(nv.pack_codes(codes), block, torch.tensor([0.5, 4.0]), torch.float32)
+    w = nvn.dequantize(nvn.pack_codes(codes), block, torch.tensor([0.5, 4.0]), torch.float32)
     assert w[0, :16].eq(6.0 * 2.0 * 0.5).all() and w[0, 16:].eq(-0.5 * 0.25 * 0.5).all()
     assert w[1, :16].eq(1.5 * 448.0 * 4.0).all() and w[1, 16:].eq(1.5 * 2**-9 * 4.0).all()
 
 
 def test_rounding_to_e2m1_ties_go_to_the_even_code_and_saturate_at_six():
     scaled = torch.tensor([0.25, 0.26, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 5.1, 100.0, -0.74, -3.0])
-    assert nv.round_to_e2m1(scaled).tolist() == [0.0, 0.5, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 6.0, 6.0, -0.5, -3.0]
+    assert nvn.round_to_e2m1(scaled).tolist() == [0.0, 0.5, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 6.0, 6.0, -0.5, -3.0]
 
 
 def test_quantize_and_dequantize_are_bit_identical_to_modelopt():
@@ -120,14 +122,14 @@ def test_quantize_and_dequantize_are_bit_identical_to_modelopt():
 
     torch.manual_seed(0)
     weight = torch.randn(3, 48, 64, dtype=torch.bfloat16) * torch.rand(3, 48, 1, dtype=torch.bfloat16)
-    packed, block, gs = nv.quantize(weight)
+    packed, block, gs = nvn.quantize(weight)
     for e in range(3):
         q, ref_block, ref_gs = NVFP4QTensor.quantize(weight[e].clone(), 16)
         assert torch.equal(q._quantized_data, packed[e])
         assert torch.equal(ref_block.view(torch.uint8), block[e].view(torch.uint8))
         assert torch.equal(ref_gs, gs[e])
         ref = q.dequantize(torch.bfloat16, scale=ref_block, double_scale=ref_gs, block_sizes={-1: 16})
-        assert torch.equal(ref, nv.dequantize(packed[e], block[e], gs[e].expand(48), torch.bfloat16))
+        assert torch.equal(ref, nvn.dequantize(packed[e], block[e], gs[e].expand(48), torch.bfloat16))
 
 
 def test_activation_fake_quant_follows_modelopts_dynamic_block_definition():
@@ -136,15 +138,15 @@ def test_activation_fake_quant_follows_modelopts_dynamic_block_definition():
     x[0] = torch.tensor([6.0, 0.3, -0.74, 1.25, 2.6, -5.2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.1])
     x[1] = x[0] / 3  # amax 2: scale = e4m3(448 / 3 = 149.33 -> 144) * gs = 0.3214...
     x[2, 0] = 1e-9  # scale below 1e-5: ModelOpt uses 1.0, so the value rounds to 0
-    out = nv.fake_quantize_activations(x, gs)
+    out = nvn.fake_quantize_activations(x, gs)
     assert out[0].tolist()[:6] == [6.0, 0.5, -0.5, 1.0, 3.0, -6.0] and out[0, 15] == 0.0
     scale = 144 / 448
-    expected = nv.round_to_e2m1(x[1] / scale) * scale
+    expected = nvn.round_to_e2m1(x[1] / scale) * scale
     assert torch.allclose(out[1], expected, rtol=1e-6, atol=0) and out[1, 0] == pytest.approx(6 * scale)
     assert out[2].eq(0).all()
-    per_row = nv.fake_quantize_activations(x[:2], torch.tensor([1 / 448, 1 / 448]))
+    per_row = nvn.fake_quantize_activations(x[:2], torch.tensor([1 / 448, 1 / 448]))
     assert torch.equal(per_row, out[:2])
-    assert out.dtype == x.dtype and nv.fake_quantize_activations(x.bfloat16(), gs).dtype == torch.bfloat16
+    assert out.dtype == x.dtype and nvn.fake_quantize_activations(x.bfloat16(), gs).dtype == torch.bfloat16
 
 
 def test_packed_experts_take_under_35_percent_of_bf16_at_the_fixture_shape():
@@ -154,7 +156,7 @@ def test_packed_experts_take_under_35_percent_of_bf16_at_the_fixture_shape():
     assert packed.unpacked(torch.bfloat16).nbytes() == weight.numel() * 2
 
 
-@pytest.mark.skipif(nv.triton is None, reason="triton is not installed")
+@pytest.mark.skipif(triton is None, reason="triton is not installed")
 def test_fused_triton_kernels_match_their_references_under_the_interpreter():
     """The GPU kernels' exact code, run by Triton's CPU interpreter: the grouped GEMM on fresh random inputs with
     uneven expert counts (one expert empty, one with a partial tile) against dequantize + a float32 matmul, and
@@ -162,6 +164,8 @@ def test_fused_triton_kernels_match_their_references_under_the_interpreter():
     code = """
 import torch
 from quantbench.engine.moe import nvfp4 as nv
+from quantbench.engine.moe import nvfp4_numbers as nvn
+from quantbench.engine.triton_common import expert_of_rows
 torch.manual_seed(1)
 e, n, k = 5, 48, 64
 fmt = nv.Nvfp4Experts.from_weights(torch.randn(e, n, k))
@@ -170,7 +174,7 @@ offsets = torch.cumsum(counts, 0, dtype=torch.int32)
 x = torch.randn(int(counts.sum()), k).bfloat16()
 y = nv.nvfp4_grouped_mm(x, fmt.packed, fmt.block_scale, fmt.global_scale, offsets,
                         config={"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32})
-w = fmt.dequantize(torch.bfloat16).float()[nv.expert_of_rows(offsets, x.shape[0])]
+w = fmt.dequantize(torch.bfloat16).float()[expert_of_rows(offsets, x.shape[0])]
 ref = torch.einsum("sk,snk->sn", x.float(), w)
 err = ((y.float() - ref).norm() / ref.norm()).item()
 assert err < 4e-3, err
@@ -179,15 +183,15 @@ assert (y.float() - ref).abs().max() <= ref.abs().max() * 2**-7
 xa = torch.randn(30, 64) * 3
 scales = torch.tensor([4.0, 1.0, 8.0, 0.5, 2.0]) / 2688
 offs = torch.tensor([3, 3, 20, 21, 30], dtype=torch.int32)
-assert torch.equal(nv.fake_quantize_activations_fused(xa, scales[:1]), nv.fake_quantize_activations(xa, scales[0]))
-per_expert = nv.fake_quantize_activations(xa, scales[nv.expert_of_rows(offs, 30)])
+assert torch.equal(nv.fake_quantize_activations_fused(xa, scales[:1]), nvn.fake_quantize_activations(xa, scales[0]))
+per_expert = nvn.fake_quantize_activations(xa, scales[expert_of_rows(offs, 30)])
 assert torch.equal(nv.fake_quantize_activations_fused(xa, scales, offs), per_expert)
 print("ok", err)
 """
     run_interpreted(code)
 
 
-@pytest.mark.skipif(nv.triton is None, reason="triton is not installed")
+@pytest.mark.skipif(triton is None, reason="triton is not installed")
 def test_fused_steps_match_the_unfused_reference_in_both_orientations_under_the_interpreter():
     """The engine's fused steps in the NVFP4 kernel: token gather + SwiGLU for gate_up, routing weights + scatter
     back to (token, slot) order for down, with the weights on the MMA's M side (SWAP_AB) and without."""
@@ -222,10 +226,10 @@ def _loop_reference(x, gate_up, down, index, weights, s_in, s_down):
     for t in range(x.shape[0]):
         for j in range(index.shape[1]):
             e = int(index[t, j])
-            xi = nv.fake_quantize_activations(x[t : t + 1], s_in) if s_in is not None else x[t : t + 1]
+            xi = nvn.fake_quantize_activations(x[t : t + 1], s_in) if s_in is not None else x[t : t + 1]
             g, u = (xi.float() @ wg[e].T).to(x.dtype).chunk(2, dim=-1)
             h = (torch.nn.functional.silu(g) * u)
-            h = nv.fake_quantize_activations(h, s_down) if s_down is not None else h
+            h = nvn.fake_quantize_activations(h, s_down) if s_down is not None else h
             out[t] += float(weights[t, j]) * (h.float() @ wd[e].T).to(x.dtype)[0].float()
     return out
 

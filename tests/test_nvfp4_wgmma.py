@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quantbench.engine.moe import nvfp4, nvfp4_wgmma
+from quantbench.engine.moe import nvfp4, nvfp4_numbers, nvfp4_wgmma
 
 MASK = 0xFFFFFFFF
 
@@ -88,9 +88,9 @@ def test_repack_and_unpack_are_inverses_and_keep_every_code():
 def test_each_lane_decodes_exactly_the_codes_of_its_slice(fp16, scale):
     torch.manual_seed(int(scale * 1000))
     row = torch.randint(0, 256, (64,), dtype=torch.uint8)  # one row's 128-column block, as ModelOpt packs it
-    row[:4] = nvfp4.pack_codes(torch.tensor([1, 9, 0, 8, 7, 15, 1, 1]))  # ±0.5, ±0, ±6 certainly present
-    row[40:44] = nvfp4.pack_codes(torch.tensor([15, 7, 9, 1, 8, 0, 14, 6]))
-    values = nvfp4.decode_e2m1(nvfp4.unpack_codes(row), torch.float64)
+    row[:4] = nvfp4_numbers.pack_codes(torch.tensor([1, 9, 0, 8, 7, 15, 1, 1]))  # ±0.5, ±0, ±6 certainly present
+    row[40:44] = nvfp4_numbers.pack_codes(torch.tensor([15, 7, 9, 1, 8, 0, 14, 6]))
+    values = nvfp4_numbers.decode_e2m1(nvfp4_numbers.unpack_codes(row), torch.float64)
     staged = nvfp4_wgmma.repack(row.view(1, 1, 64)).view(torch.int32).flatten().tolist()  # 16 words, as stored
     staged = [w & MASK for w in staged]
     s16 = _bits(scale * nvfp4_wgmma.scale_multiplier(fp16), fp16)

@@ -4,7 +4,7 @@ run under Triton's CPU interpreter against the engine's torch ops and against th
 Under the interpreter exp is numpy's, not CUDA's expf, so the kernel is compared bit for bit with that order spelled
 out in torch around numpy's exp, and with torch's CPU ops (other exp, other sums) on indices and within a rounding
 step on values. The interpreter truncates float32 -> bfloat16 casts; the kernels round in integer arithmetic
-(nvfp4.round_bf16), so bfloat16 results compare exactly. On a GPU the last test checks them against torch's CUDA
+(triton_common.round_bf16), so bfloat16 results compare exactly. On a GPU the last test checks them against torch's CUDA
 ops bit for bit."""
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ def _capable(index: int) -> bool:
 def _gdc() -> tuple[Any, Any] | None:
     """Triton's grid dependency control (wait, launch_dependents), or None in a Triton without it (before 3.3):
     its kernels then launch as before."""
-    try:
+    try:  # lazy: optional Triton, and these exist from Triton 3.3 on (this module sits below triton_common)
         from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
     except ImportError:
         return None
@@ -62,6 +62,7 @@ def launch_args(device: torch.device) -> dict[str, Any]:
 @functools.cache
 def triton_open() -> Any:
     """`pdl_open(PDL)`: the first statement of a Triton kernel launched with launch_args."""
+    # lazy: Triton is optional; triton_common (which imports this module) calls this only where it is installed
     import triton
     import triton.language as tl
 
@@ -81,6 +82,7 @@ def triton_open() -> Any:
 @functools.cache
 def gluon_open() -> Any:
     """`pdl_open(PDL)` for Gluon kernels (a Gluon kernel cannot call a Triton function)."""
+    # lazy: Gluon exists only in recent Triton builds; the Gluon kernels (sm_90 only) call this
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
 

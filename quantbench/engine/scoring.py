@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from quantbench.engine.cudagraph import GraphedDecoder
-from quantbench.engine.fused.ops import install as install_fused_ops
+from quantbench.engine.fused import install as install_fused_ops
 from quantbench.engine.moe.engine import reset_paths
 from quantbench.errors import ContextLengthError
 from quantbench.protocol import DEFAULT_MAX_OPTIONS, DecisionRequest, QuestionAnswer

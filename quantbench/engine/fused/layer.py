@@ -38,11 +38,11 @@ from torch import Tensor, nn
 
 from quantbench.engine.fused import ops as fused_ops
 from quantbench.engine.fused.ops import (
-    _is_rms_norm,
-    _probe,
-    _rope_fits,
     add_rms_norm,
     apply_rope,
+    is_rms_norm,
+    probe,
+    rope_fits,
     swap_per_class,
 )
 
@@ -59,12 +59,12 @@ def _plain_call(args: tuple, kwargs: dict) -> bool:
 
 def _is_decoder_layer(m: nn.Module) -> bool:
     return (all(isinstance(getattr(m, n, None), nn.Module) for n in ("self_attn", "mlp", "input_layernorm"))
-            and _is_rms_norm(getattr(m, "post_attention_layernorm", None)))
+            and is_rms_norm(getattr(m, "post_attention_layernorm", None)))
 
 
 def _is_qk_norm_attention(m: nn.Module) -> bool:
     return (all(isinstance(getattr(m, n, None), nn.Linear) for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
-            and _is_rms_norm(getattr(m, "q_norm", None)) and _is_rms_norm(getattr(m, "k_norm", None))
+            and is_rms_norm(getattr(m, "q_norm", None)) and is_rms_norm(getattr(m, "k_norm", None))
             and isinstance(getattr(m, "head_dim", None), int))
 
 
@@ -102,7 +102,7 @@ def attention_forward(attn: nn.Module, *args: Any, **kwargs: Any) -> tuple[Tenso
     k = attn.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
     v = attn.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
     module = sys.modules[type(attn).__module__]
-    if _rope_fits(q, k, cos, sin):
+    if rope_fits(q, k, cos, sin):
         q, k = apply_rope(q, k, cos, sin, norms=(attn.q_norm, attn.k_norm))
     else:  # the module's own ops, in its order (the norms are per row: the layout they see changes nothing)
         q, k = module.apply_rotary_pos_emb(attn.q_norm(q), attn.k_norm(k), cos, sin)
@@ -185,7 +185,7 @@ def _link_next_norms(model: nn.Module) -> bool:
     linked = []
     for stack in model.modules():
         layers, final = getattr(stack, "layers", None), getattr(stack, "norm", None)
-        if not isinstance(layers, nn.ModuleList) or not _is_rms_norm(final):
+        if not isinstance(layers, nn.ModuleList) or not is_rms_norm(final):
             continue
         readers = [getattr(m, "input_layernorm", None) for m in list(layers)[1:]] + [final]
         for layer, norm in zip(layers, readers, strict=True):
@@ -193,7 +193,7 @@ def _link_next_norms(model: nn.Module) -> bool:
                     and getattr(getattr(norm, "forward", None), "func", None) is fused_ops._norm_forward):
                 layer.__dict__[_NEXT_NORM] = norm
                 linked.append(layer)
-    if linked and not _probe("nextnorm", _next_norm_matches, linked[0]):
+    if linked and not probe("nextnorm", _next_norm_matches, linked[0]):
         for layer in linked:
             del layer.__dict__[_NEXT_NORM]
         return False

@@ -17,16 +17,16 @@ q_proj, k_proj and v_proj are three cuBLAS GEMMs per layer; at the 30B shape k a
 GPU's rate (q 16.8 µs, k and v 12.9 µs together, `benchmarks/model_profile.py`). `fuse_qkv` makes them one GEMM
 over one weight of which the three Parameters are views (see `_FusedQKV`).
 
-`install(model)` swaps them in only on CUDA and only after a probe on the model's own device and dtypes shows the
-kernel matches the module it replaces (a norm of another form, e.g. `(1 + weight)`, fails the probe and is left
-alone). The run records what was swapped (kernel path `+fused rmsnorm+rope+qkv`, extra.fused_ops); `--fused-ops off`
-keeps transformers' ops. Every variant of a comparison runs the same ops, so parity figures are unaffected either way.
+`install(model)` (in quantbench.engine.fused) swaps them in only on CUDA and only after a probe on the model's own
+device and dtypes shows the kernel matches the module it replaces (a norm of another form, e.g. `(1 + weight)`,
+fails the probe and is left alone). The run records what was swapped (kernel path `+fused rmsnorm+rope+qkv`,
+extra.fused_ops); `--fused-ops off` keeps transformers' ops. Every variant of a comparison runs the same ops, so
+parity figures are unaffected either way.
 """
 
 from __future__ import annotations
 
 import functools
-import sys
 import warnings
 from typing import Any
 
@@ -35,6 +35,10 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from quantbench.engine import pdl
+from quantbench.engine.triton_common import interpreting, norm_tile, tl, triton
+
+if triton is not None:  # what this file's kernels call (Triton resolves a callee in these globals)
+    from quantbench.engine.triton_common import round_bf16  # float32 -> nearest bfloat16 (integer ops)
 
 MODES = ("auto", "off")
 _PATCHED = "_quantbench_fused"
@@ -42,11 +46,6 @@ _PATCHED = "_quantbench_fused"
 
 @functools.cache
 def _kernels() -> tuple[Any, Any]:
-    import triton
-    import triton.language as tl
-
-    from quantbench.engine.moe.nvfp4 import round_bf16  # float32 -> nearest bfloat16, in integer arithmetic
-
     @triton.jit
     def rounded(x, IS_BF16: tl.constexpr, dt: tl.constexpr):
         """x rounded to the tensor dtype and back to float32. For bfloat16 in integer arithmetic (round_bf16):
@@ -59,7 +58,7 @@ def _kernels() -> tuple[Any, Any]:
 
     # Triton resolves a jitted callee through the caller's module globals
     pdl_open = pdl.triton_open()  # the first statement of each kernel here (quantbench.engine.pdl)
-    globals().update(round_bf16=round_bf16, rounded=rounded, pdl_open=pdl_open)
+    globals().update(rounded=rounded, pdl_open=pdl_open)
 
     @triton.jit
     def rmsnorm_kernel(x_ptr, r_ptr, sum_ptr, w_ptr, y_ptr, R, stride_o, stride_h, eps, H: tl.constexpr,
@@ -161,18 +160,7 @@ def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tup
     return _rms_norm(x.contiguous(), weight, eps, residual.contiguous())
 
 
-def norm_tile(n: int) -> tuple[int, int, int]:
-    """(N_P2, rows per program, warps) of rmsnorm_kernel for rows of n: also what routing.sum_slots_norm takes, so
-    that its norm reduces in the same tile and order (the same bits)."""
-    import triton
-
-    n_p2 = triton.next_power_of_2(n)
-    return n_p2, max(1, min(64, 4096 // n_p2)), 4 if n_p2 <= 1024 else 8
-
-
 def _rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None) -> tuple[Tensor, Tensor | None]:
-    import triton
-
     n = x.shape[-1]
     out = torch.empty(x.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
     total = None if residual is None else torch.empty_like(residual)
@@ -194,8 +182,6 @@ def apply_rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor,
     views of [B, T, H, D] memory: the layout q_proj's output has and attention's output keeps, so that the
     `transpose(1, 2).contiguous()` after scaled_dot_product_attention copies nothing. With `norms` (q_norm,
     k_norm: RMSNorms over D) each head is normalized first, in the same launch."""
-    import triton
-
     b, hq, t, d = q.shape
     hk = k.shape[1]
     qo = torch.empty(b, t, hq, d, dtype=q.dtype, device=q.device).transpose(1, 2)
@@ -213,7 +199,7 @@ def apply_rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor,
     return qo, ko
 
 
-def _rope_fits(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> bool:
+def rope_fits(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> bool:
     d = q.shape[-1] if q.dim() == 4 else 0
     return (q.is_cuda and q.dim() == 4 and k.dim() == 4 and cos.dim() == 3 and sin.shape == cos.shape
             and q.dtype == k.dtype == cos.dtype == sin.dtype and d % 2 == 0 and (d // 2) & (d // 2 - 1) == 0
@@ -224,7 +210,7 @@ def _rope_fits(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> bool:
 
 def _fused_rope(original):
     def apply_rotary_pos_emb(q, k, cos, sin, *args, unsqueeze_dim=1, **kwargs):
-        if args or kwargs or unsqueeze_dim != 1 or not _rope_fits(q, k, cos, sin):
+        if args or kwargs or unsqueeze_dim != 1 or not rope_fits(q, k, cos, sin):
             return original(q, k, cos, sin, *args, unsqueeze_dim=unsqueeze_dim, **kwargs)
         return apply_rope(q, k, cos, sin)
 
@@ -232,7 +218,7 @@ def _fused_rope(original):
     return apply_rotary_pos_emb
 
 
-def _is_rms_norm(module: nn.Module) -> bool:
+def is_rms_norm(module: nn.Module) -> bool:
     return (type(module).__name__.endswith("RMSNorm") and isinstance(getattr(module, "weight", None), Tensor)
             and module.weight.dim() == 1 and isinstance(getattr(module, "variance_epsilon", None), float))
 
@@ -258,7 +244,7 @@ def _rope_matches(fn, device: torch.device) -> bool:
     return all(torch.equal(w, g) for w, g in zip(want, got, strict=True))
 
 
-def _probe(op: str, check, *args) -> bool:
+def probe(op: str, check, *args) -> bool:
     """A probe whose kernel fails to compile or run (an unfamiliar GPU, a Triton without it) keeps the original
     op, says why, and lets the run go on: what was swapped is recorded on the run (extra.fused_ops)."""
     try:
@@ -432,57 +418,9 @@ def _qkv_matches(attention: nn.Module) -> bool:
     return True
 
 
-def install(model: nn.Module, mode: str = "auto") -> str | None:
-    """Swap in the fused kernels where they match (CUDA only); returns what was swapped, or None."""
-    if mode not in MODES:
-        raise ValueError(f"fused ops mode {mode!r}: use one of {', '.join(MODES)}")
-    params = list(model.parameters())
-    if mode == "off" or not params or params[0].device.type != "cuda":
-        return None
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return None
-    swapped = []
-    dtype = next((p.dtype for p in params if p.is_floating_point()), torch.float32)
-    norms = [m for m in model.modules() if _is_rms_norm(m)]
-    checked: dict[type, bool] = {}
-    for m in norms:
-        if type(m) not in checked:
-            checked[type(m)] = _probe("rmsnorm", _norm_matches, m, dtype)
-        if checked[type(m)]:
-            m.forward = functools.partial(_norm_forward, m)
-    if any(checked.values()):
-        swapped.append("rmsnorm")
-    # Attention calls the modeling module's global apply_rotary_pos_emb: it is swapped there, for the whole process
-    # (a run is one process); the wrapper still hands CPU tensors and unusual shapes to the original.
-    modules = {sys.modules[type(m).__module__] for m in model.modules() if type(m).__name__.endswith("Attention")}
-    for mod in modules:
-        fn = getattr(mod, "apply_rotary_pos_emb", None)
-        if fn is None:
-            continue
-        if getattr(fn, _PATCHED, None) is None:
-            if not _probe("rope", _rope_matches, fn, params[0].device):
-                continue
-            mod.apply_rotary_pos_emb = _fused_rope(fn)
-        swapped.append("rope")
-    if _install_qkv(model):
-        swapped.append("qkv")
-    if "rmsnorm" in swapped:  # the adds and q/k norms folded into these kernels (quantbench.engine.fused.layer)
-        from quantbench.engine.fused import layer as fused_layer
-
-        swapped += fused_layer.install(model)
-    return "+".join(swapped) or None
-
-
-def _install_qkv(model: nn.Module) -> bool:
-    """fuse_qkv on every attention whose class passes the probe (probed once per class, as the norms are)."""
-    return swap_per_class("qkv", model.modules(), fuse_qkv, _qkv_matches, unfuse_qkv)
-
-
 def swap_per_class(op: str, modules, swap, check, undo, already=lambda m: False) -> bool:
     """swap(m) on every module it takes (it returns False for one it does not); the first module of each class is
-    probed after its swap (check(m), through _probe) and, when that fails, undone (undo(m)), and no other module of
+    probed after its swap (check(m), through probe) and, when that fails, undone (undo(m)), and no other module of
     that class is swapped. `already(m)`: swapped by an earlier call, counted as passed without a probe. True when
     some class passed."""
     passed: dict[type, bool] = {}
@@ -495,7 +433,7 @@ def swap_per_class(op: str, modules, swap, check, undo, already=lambda m: False)
         if not swap(m):
             continue
         if type(m) not in passed:
-            passed[type(m)] = _probe(op, check, m)
+            passed[type(m)] = probe(op, check, m)
             if not passed[type(m)]:
                 undo(m)
     return any(passed.values())
@@ -513,12 +451,6 @@ def _norm_forward(module: nn.Module, hidden_states: Tensor) -> Tensor:
     handed = module.__dict__.pop(_NORMED, None)
     if handed is not None and handed[0] is hidden_states:
         return handed[1]
-    if not hidden_states.is_cuda and not _interpreting():  # (the tests run the kernel on CPU tensors)
+    if not hidden_states.is_cuda and not interpreting():  # (the tests run the kernel on CPU tensors)
         return type(module).forward(module, hidden_states)
     return rms_norm(hidden_states, module.weight, module.variance_epsilon)
-
-
-def _interpreting() -> bool:
-    from quantbench.engine.moe.nvfp4 import interpreting
-
-    return interpreting()

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from quantbench.engine import pdl
+from quantbench.engine.triton_common import tl, triton
 
 
 class Grouping(NamedTuple):
@@ -41,18 +42,11 @@ class Grouping(NamedTuple):
 @functools.cache
 def triton_available() -> bool:
     """Triton importable and a CUDA device to run it on (every grouped kernel's precondition)."""
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
+    return triton is not None and torch.cuda.is_available()
 
 
 @functools.cache
 def _kernels() -> tuple[Any, Any]:
-    import triton
-    import triton.language as tl
-
     pdl_open = pdl.triton_open()  # the first statement of each kernel here (quantbench.engine.pdl)
     globals().update(pdl_open=pdl_open)  # Triton resolves a jitted callee through the module's globals
 
@@ -122,8 +116,6 @@ ONE_LAUNCH_PAIRS = 16384  # above, three launches (at batch 32: 131,072 pairs, r
 
 def group_by_expert(top_k_index: Tensor, top_k_weights: Tensor, num_experts: int) -> Grouping:
     """The expert-grouped order of `top_k_index` [T, k] (with `top_k_weights` [T, k]), without host sync."""
-    import triton
-
     t, k = top_k_index.shape
     s = t * k
     ids = top_k_index.reshape(-1)

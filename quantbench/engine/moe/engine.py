@@ -198,6 +198,7 @@ class GroupedMoE(nn.Module):
         self.norm_topk_prob = norm_topk_prob
         self.kernel = kernel
         if isinstance(act, str):
+            # lazy: transformers takes seconds to import, and backends import this module in the parent
             from transformers.activations import ACT2FN
 
             self._act_is_silu = act == "silu"

@@ -23,16 +23,19 @@ import torch
 from torch import Tensor, nn
 
 from quantbench.engine import pdl
-from quantbench.engine.moe import nvfp4
 from quantbench.engine.moe.engine import stored_nbytes
-from quantbench.engine.moe.int4 import rows_bucket
-from quantbench.engine.moe.nvfp4 import expert_of_rows, launch_grouped, triton
+from quantbench.engine.triton_common import (
+    expert_of_rows,
+    launch_grouped,
+    rows_bucket,
+    tl,
+    triton,
+    triton_available,
+)
 from quantbench.errors import LoadError
 
-if triton is not None:
-    import triton.language as tl
-
-    from quantbench.engine.moe.nvfp4 import (
+if triton is not None:  # the jitted helpers this file's kernels call (Triton resolves them in these globals)
+    from quantbench.engine.triton_common import (
         accumulator,
         column_vector,
         e4m3_codes,
@@ -166,7 +169,7 @@ class Fp8Experts(nn.Module):
         the output as E4M3 codes for the next projection (its codes_scale)."""
         codes = x_sorted.dtype == torch.float8_e4m3fn
         if not (x_sorted.is_cuda and (x_sorted.dtype in (torch.bfloat16, torch.float16) or codes)
-                and nvfp4.triton_available()):
+                and triton_available()):
             return None
         native = self._native(x_sorted.device)
         extras = row_index is not None or act is not None or row_scale is not None or row_dest is not None

@@ -1,7 +1,7 @@
 """Gluon helpers the Hopper grouped kernels share (int4_wgmma, nvfp4_wgmma): which expert and rows an M tile
 covers, the weight rows of a program (gate and up stacked for SwiGLU), the tokens' row pointers, a block's
 copies into shared memory, the engine's fused steps after the K loop, bfloat16 rounding that no compiler pass folds away. A Gluon kernel cannot call a Triton
-function, so some are nvfp4.py's Triton helpers again, with layouts; `helpers()` returns them for a kernel
+function, so some are triton_common's Triton helpers again, with layouts; `helpers()` returns them for a kernel
 module's globals (Gluon resolves a callee's name there)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ def sm90(capability: tuple[int, int]) -> bool:
     """A compute capability the Gluon kernels run on (Hopper's wgmma), with Gluon importable."""
     if capability != (9, 0):
         return False
-    try:
+    try:  # lazy: Gluon exists only in recent Triton builds (and Triton only where it is installed)
         from triton.experimental import gluon  # noqa: F401
         from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma  # noqa: F401
     except ImportError:
@@ -25,6 +25,7 @@ def sm90(capability: tuple[int, int]) -> bool:
 
 @functools.cache
 def helpers() -> dict[str, Any]:
+    # lazy: Gluon exists only in recent Triton builds; called only once sm90() said yes
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp

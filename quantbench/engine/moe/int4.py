@@ -29,8 +29,12 @@ from torch import Tensor, nn
 from quantbench.engine import pdl
 from quantbench.engine.moe import int4_wgmma
 from quantbench.engine.moe.align import triton_available
-from quantbench.engine.moe.engine import stored_nbytes
+from quantbench.engine.moe.engine import DenseExperts, stored_nbytes
+from quantbench.engine.triton_common import rows_bucket, tl, triton
 from quantbench.errors import LoadError
+
+if triton is not None:  # the M-tile helpers every grouped kernel shares (Triton resolves them in these globals)
+    from quantbench.engine.triton_common import expert_tile, tile_rows
 
 FUSED_KERNEL = "triton-fused-int4"
 FUSED_K_BLOCK = 128  # the layout the kernel reads: 8 slices of 16 rows per block
@@ -259,11 +263,6 @@ WGMMA_TILES: dict[str, dict[str, Any]] = {
 }
 
 
-def rows_bucket(rows: int, experts: int) -> str:
-    per_expert = rows / max(1, experts)
-    return "small" if per_expert <= 12 else "mid" if per_expert <= 48 else "large"
-
-
 def pick_config(rows: int, experts: int, n: int, k: int, group_size: int, swiglu: bool = False,
                 device: torch.device | None = None) -> dict[str, Any]:
     """Block sizes for `rows` sorted rows over `experts` experts (a batch-1 decision of 512 tokens at top-8 of
@@ -281,9 +280,6 @@ def pick_config(rows: int, experts: int, n: int, k: int, group_size: int, swiglu
 
 @functools.cache
 def _kernel() -> Any:
-    import triton
-    import triton.language as tl
-
     @triton.jit
     def dequant_slice(q, j: tl.constexpr, s, c):
         """Rows of nibble j of the words q, as float32 s * (q - z) (c = (z + 128) s). No int->float conversion:
@@ -348,15 +344,10 @@ def _kernel() -> Any:
             acc = acc * tl.sigmoid(acc) * up
         return acc
 
-    from quantbench.engine.moe.nvfp4 import (  # the M-tile helpers every grouped kernel shares
-        expert_tile,
-        tile_rows,
-    )
-
     # Triton resolves a jitted callee through the caller's module globals, not through this closure.
     globals().update(dequant_slice=dequant_slice, mma=mma, int4_tile=int4_tile)
     pdl_open = pdl.triton_open()  # the first statement of each kernel here (quantbench.engine.pdl)
-    globals().update(expert_tile=expert_tile, tile_rows=tile_rows, pdl_open=pdl_open)
+    globals().update(pdl_open=pdl_open)
 
     @triton.jit
     def int4_grouped_mm_kernel(
@@ -421,8 +412,6 @@ def int4_grouped_mm(
     row_index [S]: read x[row_index[r]] (x unsorted). swiglu: silu(x @ Wg.T) * (x @ Wu.T) for W = [Wg; Wu],
     [S, N/2]. row_scale [S]: multiply row r of the result by row_scale[r]. row_dest [S]: write row r of the
     result to row row_dest[r] of y (a permutation of 0..S-1)."""
-    import triton
-
     k = x.shape[1]
     s_rows = x.shape[0] if row_index is None else row_index.shape[0]
     e, _, n = qweight.shape
@@ -461,9 +450,6 @@ def int4_grouped_mm(
 
 @functools.cache
 def _dequant_kernel() -> Any:
-    import triton
-    import triton.language as tl
-
     pdl_open = pdl.triton_open()  # the first statement of each kernel here (quantbench.engine.pdl)
     globals().update(pdl_open=pdl_open)
 
@@ -492,8 +478,6 @@ def _dequant_kernel() -> Any:
 def triton_dequantize(qweight: Tensor, scales: Tensor, zeros: Tensor, group_size: int, k_block: int,
                       out: Tensor) -> Tensor:
     """[E, K, N] weights into `out` in one pass over the int4 words (the GPU fallback's unpacking)."""
-    import triton
-
     e, words, n = qweight.shape
     grid = (triton.cdiv(words, 16), triton.cdiv(n, 128), e)
     _dequant_kernel()[grid](qweight, scales.contiguous(), zeros.contiguous(), out, n, words, qweight.stride(0),
@@ -533,8 +517,6 @@ def regroup_experts(experts: nn.Module, *, sym: bool | None, name: str = "expert
     down_proj). Int4 QuantLinears become Int4Experts; projections left in 16 bits become DenseExperts. Bits,
     group size and (a)symmetry come from each QuantLinear, i.e. from the checkpoint's config, and are checked
     against the tensors: a mismatch is a LoadError naming the tensor."""
-    from quantbench.engine.moe.engine import DenseExperts
-
     if not isinstance(experts, nn.ModuleList) or not len(experts):
         raise LoadError(f"{name}: expected auto-round's per-expert ModuleList, found {type(experts).__name__}")
     out = []

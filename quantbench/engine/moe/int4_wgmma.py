@@ -39,6 +39,8 @@ import torch
 from torch import Tensor
 
 from quantbench.engine import pdl
+from quantbench.engine.moe import gluon_common
+from quantbench.engine.triton_common import triton
 
 KERNEL = "gluon-wgmma-int4"
 K_BLOCK = 128  # the packed block (int4.FUSED_K_BLOCK)
@@ -49,8 +51,6 @@ def available(device: torch.device, group_size: int, k: int) -> bool:
     scale and zero point per block; the size checked on a GPU) and K a whole number of them."""
     if device.type != "cuda" or group_size != K_BLOCK or k % K_BLOCK:
         return False
-    from quantbench.engine.moe import gluon_common
-
     return gluon_common.sm90(torch.cuda.get_device_capability(device))
 
 
@@ -69,6 +69,7 @@ def pair_asm(j: int, fp16: bool) -> str:
 
 @functools.cache
 def _kernel() -> Any:
+    # lazy: Gluon exists only in recent Triton builds and the kernel runs only on sm_90 (gluon_common.sm90)
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
@@ -78,8 +79,6 @@ def _kernel() -> Any:
         warpgroup_mma_wait,
     )
     from triton.runtime.jit import constexpr_function
-
-    from quantbench.engine.moe import gluon_common
 
     pair_asm_c = constexpr_function(pair_asm)  # called at compile time, with constexpr arguments
     word_halves_asm = gl.constexpr(WORD_HALVES_ASM)
@@ -226,8 +225,6 @@ def launch(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, y: Tensor,
            row_dest: Tensor | None) -> Any:
     """Run the kernel over y's rows (int4.int4_grouped_mm checks the arguments, available() included, and calls
     this)."""
-    import triton
-
     e, _, n = qweight.shape
     s_rows = y.shape[0]
     n_out = n // 2 if swiglu else n

@@ -12,9 +12,8 @@ and N outputs (gate_up: gate rows then up rows, as transformers fuses them):
     code = sign << 3 | idx,  idx -> {0, 0.5, 1, 1.5, 2, 3, 4, 6}
     W[e, n, k] = e2m1(code) · (block_scale[e, n, k // 16] · global_scale[e, n])     (in float32, then cast)
 
-`dequantize` reproduces ModelOpt's `NVFP4QTensor.dequantize` bit for bit; `quantize` its `NVFP4QTensor.quantize`
-(used for synthetic real-shape models and tests); `fake_quantize_activations` its `fp4_fake_quant_block`, the
-dynamic per-block activation quantization its fake-quant forward applies to every quantized layer's input.
+The number format itself (codes, scales, `quantize`, `dequantize`, `fake_quantize_activations`, all ModelOpt's
+bit for bit) is quantbench.engine.moe.nvfp4_numbers; this file holds the weight format built on it and its kernels.
 On CUDA, `grouped_mm` is a grouped GEMM that decodes the codes in registers inside the K loop (Gluon on sm_90,
 nvfp4_wgmma.py; Triton elsewhere): the experts stay packed in memory (4.5 bits per weight) and no BF16 copy of them
 is ever written. For the Gluon kernel the codes are rewritten in place, once, at its first call, into the order it
@@ -23,125 +22,38 @@ reads (`nvfp4_wgmma.repack`; `Nvfp4Experts.layout` says which, and `dequantize` 
 
 from __future__ import annotations
 
-import functools
-import os
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-try:  # Triton is optional: without it (a CPU-only install) the engine dequantizes instead
-    import triton
-    import triton.language as tl
-except ImportError:
-    triton = None
-
 from quantbench.engine import pdl
 from quantbench.engine.moe import nvfp4_wgmma
 from quantbench.engine.moe.engine import DenseExperts, stored_nbytes
-from quantbench.engine.moe.int4 import rows_bucket
+from quantbench.engine.moe.nvfp4_numbers import BLOCK, dequantize, fake_quantize_activations, quantize
+from quantbench.engine.triton_common import (
+    expert_of_rows,
+    launch_grouped,
+    rows_bucket,
+    tl,
+    triton,
+    triton_available,
+)
 from quantbench.errors import LoadError
 
-BLOCK = 16
-E2M1_MAX = 6.0
-E4M3_MAX = 448.0
-E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
-# Rounding to E2M1 (ModelOpt's `_cast_fp4`): nearest magnitude, ties to the even code (0.25 -> 0, 0.75 -> 1,
-# 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4), everything above 5 -> 6.
-_BOUNDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
-_ODD_BOUNDS = (0.75, 1.75, 3.5)
+if triton is not None:  # the jitted helpers this file's kernels call (Triton resolves them in these globals)
+    from quantbench.engine.triton_common import (
+        accumulator,
+        expert_tile,
+        fused_epilogue,
+        mma_nt,
+        pdl_open,
+        round_bf16,
+        tile_rows,
+    )
+
 FUSED_KERNEL = "triton-fused-nvfp4"
 _DEQUANT_CHUNK = 1 << 24  # elements per dequantize chunk: bounds the float32 scratch to 64 MiB
-
-
-# -- E2M1 codes ---------------------------------------------------------------------------------------------------
-def unpack_codes(packed: Tensor) -> Tensor:
-    """uint8 [..., K/2] -> uint8 codes [..., K]: byte j holds element 2j (low nibble) and 2j+1 (high nibble)."""
-    return torch.stack((packed & 0xF, packed >> 4), dim=-1).flatten(-2)
-
-
-def pack_codes(codes: Tensor) -> Tensor:
-    """uint8 codes [..., K] (K even) -> uint8 [..., K/2], the inverse of unpack_codes."""
-    codes = codes.to(torch.uint8)
-    return codes[..., 0::2] | (codes[..., 1::2] << 4)
-
-
-@functools.cache
-def _table(values: tuple[float, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
-    """A constant tensor made once per device: no host-to-device copy inside a forward (CUDA graphs forbid it)."""
-    return torch.tensor(values, dtype=dtype, device=device)
-
-
-def decode_e2m1(codes: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
-    return _table(E2M1_VALUES, torch.float32, codes.device)[codes.long()].to(dtype)
-
-
-def round_to_codes(scaled: Tensor) -> Tensor:
-    """float values already divided by their scale -> uint8 E2M1 codes (ModelOpt's rounding, saturating at 6)."""
-    bounds = _table(_BOUNDS, scaled.dtype, scaled.device)
-    mag = scaled.abs()
-    idx = torch.searchsorted(bounds, mag, out_int32=True)
-    for b in _ODD_BOUNDS:  # searchsorted puts a value equal to a bound below it; these ties round up to even
-        idx += (mag == b).int()
-    return ((scaled < 0).int() << 3 | idx).to(torch.uint8)
-
-
-def round_to_e2m1(scaled: Tensor) -> Tensor:
-    """The nearest E2M1 value (same rounding as round_to_codes), as float32."""
-    return decode_e2m1(round_to_codes(scaled))
-
-
-# -- two-level scales -----------------------------------------------------------------------------------------------
-def global_scale_of(amax: Tensor) -> Tensor:
-    """Per-tensor scale from the tensor's absolute maximum: amax / (6 · 448) (`weight_scale_2`, `input_scale`)."""
-    return amax.float() / (E2M1_MAX * E4M3_MAX)
-
-
-def dequantize(packed: Tensor, block_scale: Tensor, global_scale: Tensor, dtype: torch.dtype) -> Tensor:
-    """[..., N, K/2] codes, [..., N, K/16] E4M3 scales, global scale broadcastable to [..., N] -> [..., N, K].
-
-    In float32 and in ModelOpt's order (block scale times global scale first, then the value), then cast."""
-    values = decode_e2m1(unpack_codes(packed))
-    scale = block_scale.float() * global_scale.float().unsqueeze(-1)
-    return (values.unflatten(-1, (-1, BLOCK)) * scale.unsqueeze(-1)).flatten(-2).to(dtype)
-
-
-def quantize(weight: Tensor, global_scale: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """ModelOpt's NVFP4QTensor.quantize over the last two dims of `weight` [..., N, K]: one global scale per
-    [N, K] matrix (from its amax unless given, shape [...]). Returns (packed, block_scale, global_scale)."""
-    if weight.shape[-1] % BLOCK:
-        raise ValueError(f"NVFP4 needs K divisible by {BLOCK}; got a weight of shape {tuple(weight.shape)}")
-    w = weight.float()
-    if global_scale is None:
-        global_scale = global_scale_of(w.abs().amax(dim=(-2, -1)))
-    gs = global_scale.float().reshape(*global_scale.shape, 1, 1)
-    blocks = w.unflatten(-1, (-1, BLOCK))
-    block_scale = blocks.abs().amax(-1) / (E2M1_MAX * gs)
-    block_scale[block_scale == 0] = 1.0
-    block_scale = block_scale.clamp(min=2**-9, max=E4M3_MAX).to(torch.float8_e4m3fn)
-    scaled = blocks / (block_scale.float() * gs).unsqueeze(-1)
-    return pack_codes(round_to_codes(scaled.flatten(-2))), block_scale, global_scale.float()
-
-
-def fake_quantize_activations(x: Tensor, global_scale: Tensor) -> Tensor:
-    """ModelOpt's dynamic NVFP4 activation fake-quant (`fp4_fake_quant_block`) in torch: per 16-element block of
-    each row, scale = e4m3(min(amax / (6 · gs), 448)) · gs (1 where that is below 1e-5), values rounded to E2M1.
-    `global_scale` is the calibrated `input_scale`: a scalar, or one per row ([S] or [S, 1])."""
-    rows = x.float().unflatten(-1, (-1, BLOCK))
-    gs = global_scale.float()
-    gs = torch.where(gs > 0, gs, torch.full_like(gs, 1e-12))
-    gs = gs.reshape(-1, 1, 1) if gs.numel() > 1 else gs.reshape(())
-    amax = rows.abs().amax(-1, keepdim=True)
-    scale = (amax / (E2M1_MAX * gs)).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn).float() * gs
-    scale = torch.where(scale >= 1e-5, scale, torch.ones_like(scale))
-    q = round_to_e2m1(rows.abs() / scale) * scale
-    return torch.where(rows >= 0, q, -q).flatten(-2).to(x.dtype)
-
-
-def expert_of_rows(offsets: Tensor, rows: int) -> Tensor:
-    """For rows sorted by expert (offsets: cumulative row counts), the expert of each row; no host sync."""
-    return torch.searchsorted(offsets, torch.arange(rows, device=offsets.device, dtype=offsets.dtype), right=True)
 
 
 def quantize_input_rows(x: Tensor, offsets: Tensor | None, input_scale: Tensor) -> Tensor:
@@ -311,16 +223,6 @@ class Nvfp4Linear(nn.Module):
 
 
 # -- the fused Triton kernel ------------------------------------------------------------------------------------------
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-@functools.cache
-def triton_available() -> bool:
-    """A GPU and Triton (or Triton's CPU interpreter, which the tests use)."""
-    return triton is not None and (torch.cuda.is_available() or interpreting())
-
-
 # The Gluon kernel's tiles (nvfp4_wgmma: BLOCK_N weight rows, gate and up stacked for SwiGLU, x BLOCK_M tokens,
 # one warpgroup, AHEAD blocks of 128 columns copied ahead) per rows-per-expert bucket, as int4.WGMMA_TILES.
 WGMMA_TILES: dict[str, dict[str, Any]] = {
@@ -332,7 +234,7 @@ WGMMA_TILES: dict[str, dict[str, Any]] = {
 
 def pick_config(rows: int, experts: int, n: int, k: int, device: torch.device | None = None) -> dict[str, Any]:
     """Block sizes. On an sm_90 `device`: the Gluon kernel's tile (nvfp4_wgmma) for the rows per expert
-    (int4.rows_bucket: small up to 12, mid up to 48). Otherwise this file's Triton kernel, measured on an H200 at the Qwen3-30B-A3B layer
+    (rows_bucket: small up to 12, mid up to 48). Otherwise this file's Triton kernel, measured on an H200 at the Qwen3-30B-A3B layer
     shape (512 tokens top-8, about 32 rows per expert; benchmarks/nvfp4_fp8_gpu.py, 2026-11-29): M64 N128 K128,
     8 warps, 3 stages: gate_up 0.288 ms, down 0.156 ms, against 0.385 / 0.210 ms for M32 N64 K128 with 4 warps.
     BLOCK_K is a multiple of the 16-element scale block and divides K. With the fused steps (2026-11-30,
@@ -377,123 +279,6 @@ def fake_quantize_activations_fused(x: Tensor, input_scale: Tensor, offsets: Ten
 
 
 if triton is not None:
-    pdl_open = pdl.triton_open()  # the first statement of each kernel launched with pdl.launch_args
-
-    @triton.jit
-    def round_bf16(v):
-        """float32 -> the nearest bfloat16 value (ties to even), kept in float32: what a GPU's cast does, spelled
-        out for the Triton interpreter, whose casts truncate."""
-        bits = v.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        return bits.to(tl.float32, bitcast=True)
-
-    @triton.jit
-    def expert_tile(offs_ptr, pid_m, E: tl.constexpr, E_P2: tl.constexpr, BLOCK_M: tl.constexpr):
-        """Which expert and rows M tile `pid_m` covers (the tiles of expert e follow those of expert e-1):
-        (e, first row, end of the expert's rows); e == E for a spare tile past the last one."""
-        eidx = tl.arange(0, E_P2)
-        emask = eidx < E
-        ends = tl.load(offs_ptr + eidx, mask=emask, other=0)
-        starts = tl.load(offs_ptr + eidx - 1, mask=emask & (eidx > 0), other=0)
-        tiles = tl.where(emask, (ends - starts + BLOCK_M - 1) // BLOCK_M, 0)
-        tile_end = tl.cumsum(tiles, 0)
-        e = tl.sum((tile_end <= pid_m).to(tl.int32), 0)
-        sel = eidx == e
-        first_tile = tl.sum(tl.where(sel, tile_end - tiles, 0), 0)
-        row_start = tl.sum(tl.where(sel, starts, 0), 0) + (pid_m - first_tile) * BLOCK_M
-        row_end = tl.sum(tl.where(sel, ends, 0), 0)
-        return e, row_start, row_end
-
-    @triton.jit
-    def mma_nt(w, x, acc, SWAP_AB: tl.constexpr):
-        """acc += x @ w.T for a weight tile w [BLOCK_N, BLOCK_K] and a token tile x [BLOCK_M, BLOCK_K], or its
-        transpose with SWAP_AB: the weights then take the MMA's M side (64 rows for Hopper's wgmma), so a tile of
-        16..64 tokens still runs on wgmma (Triton lowers a dot whose M side is under 64 to mma.sync on sm_90, and
-        an FP8 one to fp16 mma.sync, upcasting both operands). Shared by the nvfp4 and fp8 grouped kernels."""
-        if SWAP_AB:
-            return tl.dot(w, tl.trans(x), acc)
-        else:
-            return tl.dot(x, tl.trans(w), acc)
-
-    @triton.jit
-    def accumulator(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr):
-        """A float32 accumulator for mma_nt: [BLOCK_N, BLOCK_M] with SWAP_AB, else [BLOCK_M, BLOCK_N]."""
-        if SWAP_AB:
-            return tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        else:
-            return tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-
-    @triton.jit
-    def e4m3_codes(v, scale):
-        """float32 v -> E4M3 codes with `scale`, saturating at ±448: how an FP8 kernel rounds its input, and how
-        an epilogue writes codes for the next one (one expression, so both give the same bits)."""
-        return tl.minimum(tl.maximum(v / scale, -448.0), 448.0).to(tl.float8e4nv)
-
-    @triton.jit
-    def column_vector(v, SWAP_AB: tl.constexpr):
-        """A per-output-column vector broadcast against the accumulator ([BLOCK_N, BLOCK_M] with SWAP_AB)."""
-        if SWAP_AB:
-            return v[:, None]
-        else:
-            return v[None, :]
-
-    @triton.jit
-    def row_vector(v, SWAP_AB: tl.constexpr):
-        """A per-row (token) vector broadcast against the accumulator."""
-        if SWAP_AB:
-            return v[None, :]
-        else:
-            return v[:, None]
-
-    @triton.jit
-    def fused_epilogue(acc, up, y_ptr, rows, rmask, cols, cmask, rowscale_ptr, rowdest_ptr, stride_ym,
-                       SWAP_AB: tl.constexpr, SWIGLU: tl.constexpr, ROW_SCALE: tl.constexpr, SCATTER: tl.constexpr,
-                       ROUND_BF16: tl.constexpr, codes_scale=1.0, OUT_CODES: tl.constexpr = False):
-        """The engine's fused steps after the K loop (quantbench.engine.moe.engine's contract): silu(gate) * up, the
-        routing weight of each row, and the store, to row row_dest[r] of y with SCATTER. ROUND_BF16 (a bf16
-        model): every intermediate rounded to bfloat16 where the unfused path rounds (the GEMM outputs, silu, the
-        product), so that a W4A4 / W8A8 format's next activation rounding sees the values the unfused path and
-        ModelOpt's fake-quant forward see (rounding once in float32 moved a W4A4 layer's output by 2.4e-2 on the
-        H200, FP4's coarse steps amplifying the last bit). OUT_CODES: y holds E4M3 codes of the (rounded) output
-        with `codes_scale`, as the next FP8 projection's kernel would round its input (quantbench.engine.moe.fp8)."""
-        if ROUND_BF16:
-            acc = round_bf16(acc)
-        if SWIGLU:
-            if ROUND_BF16:
-                u = round_bf16(up)
-                out = round_bf16(round_bf16(acc * tl.sigmoid(acc)) * u)
-            else:
-                out = acc * tl.sigmoid(acc) * up
-        else:
-            out = acc
-        if ROW_SCALE:
-            out = out * row_vector(tl.load(rowscale_ptr + rows, mask=rmask, other=0.0).to(tl.float32), SWAP_AB)
-        if OUT_CODES:
-            out = e4m3_codes(out, codes_scale)
-        if SCATTER:
-            y_rows = tl.load(rowdest_ptr + rows, mask=rmask, other=0).to(tl.int64)
-        else:
-            y_rows = rows.to(tl.int64)
-        if SWAP_AB:
-            tl.store(y_ptr + y_rows[None, :] * stride_ym + cols[:, None], out.to(y_ptr.dtype.element_ty),
-                     mask=rmask[None, :] & cmask[:, None])
-        else:
-            tl.store(y_ptr + y_rows[:, None] * stride_ym + cols[None, :], out.to(y_ptr.dtype.element_ty),
-                     mask=rmask[:, None] & cmask[None, :])
-
-    @triton.jit
-    def tile_rows(rowidx_ptr, row_start, row_end, stride_xm, BLOCK_M: tl.constexpr, GATHER: tl.constexpr):
-        """An M tile's sorted rows (from expert_tile), which of them are real, and where each reads x: with GATHER
-        sorted row r reads token row_index[r] of the unsorted x (no gathered copy of x), else row r. Shared by the
-        int4, fp8 and nvfp4 grouped kernels."""
-        rows = row_start + tl.arange(0, BLOCK_M)
-        rmask = rows < row_end
-        if GATHER:
-            x_rows = tl.load(rowidx_ptr + rows, mask=rmask, other=0).to(tl.int64) * stride_xm
-        else:
-            x_rows = rows.to(tl.int64) * stride_xm
-        return rows, rmask, x_rows
-
     @triton.jit
     def e2m1_round(a):
         """|x| / scale -> the nearest E2M1 magnitude (ModelOpt's fp4_round_magnitude, ties to even)."""
@@ -605,42 +390,6 @@ if triton is not None:
             up = round_bf16(up)
         fused_epilogue(acc, up, y_ptr, rows, rmask, cols, cmask, rowscale_ptr, rowdest_ptr, stride_ym,
                        SWAP_AB, SWIGLU, ROW_SCALE, SCATTER, y_ptr.dtype.element_ty == tl.bfloat16)
-
-
-def launch_grouped(kernel: Any, name: str, x: Tensor, weights: tuple[Tensor, ...], weight_strides: tuple[int, ...],
-                   offsets: Tensor, n: int, pick: Callable[[int], dict], config: dict | None, *,
-                   row_index: Tensor | None, swiglu: bool, row_scale: Tensor | None, row_dest: Tensor | None,
-                   out_dtype: torch.dtype | None = None, **constexprs: Any) -> Tensor:
-    """The host side the nvfp4 and fp8 grouped kernels share: the output, the configuration (`pick(rows)` unless
-    given), the grid and the engine's fused steps (row_index / swiglu / row_scale / row_dest, as
-    `int4_grouped_mm` takes them). A kernel takes x, its weight tensors, y, offsets, row index, row scale, row
-    destination, N_OUT, HALF, x's row stride, its weight strides, y's row stride, then the constexprs."""
-    k = x.shape[1]
-    s_rows = x.shape[0] if row_index is None else row_index.shape[0]
-    e = weights[0].shape[0]
-    n_out = n // 2 if swiglu else n
-    x = x.contiguous()
-    y = torch.empty(s_rows, n_out, dtype=out_dtype or x.dtype, device=x.device)
-    if s_rows == 0:
-        return y
-    cfg = dict(config or pick(s_rows))
-    cfg.setdefault("SWAP_AB", False)
-    if k % cfg["BLOCK_K"]:
-        raise ValueError(f"{name}: K={k} is not a multiple of BLOCK_K={cfg['BLOCK_K']}")
-    interpret = interpreting()
-    if interpret:
-        cfg.pop("num_warps", None), cfg.pop("num_stages", None)
-    # enough M tiles for any split of the rows: each expert wastes at most one partial tile
-    grid = (triton.cdiv(n_out, cfg["BLOCK_N"]), triton.cdiv(s_rows, cfg["BLOCK_M"]) + e)
-    kernel[grid](
-        x, *weights, y, offsets,
-        offsets if row_index is None else row_index, offsets if row_scale is None else row_scale,
-        offsets if row_dest is None else row_dest, n_out, n // 2, x.stride(0), *weight_strides, y.stride(0),
-        K=k, E=e, E_P2=triton.next_power_of_2(e), DOT_F32=interpret,
-        GATHER=row_index is not None, SWIGLU=swiglu, ROW_SCALE=row_scale is not None, SCATTER=row_dest is not None,
-        **constexprs, **cfg, **pdl.launch_args(x.device),
-    )
-    return y
 
 
 def nvfp4_grouped_mm(x: Tensor, packed: Tensor, block_scale: Tensor, global_scale: Tensor, offsets: Tensor,

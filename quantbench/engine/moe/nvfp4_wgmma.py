@@ -41,6 +41,9 @@ import torch
 from torch import Tensor
 
 from quantbench.engine import pdl
+from quantbench.engine.moe import gluon_common
+from quantbench.engine.moe.nvfp4_numbers import pack_codes, unpack_codes
+from quantbench.engine.triton_common import triton
 
 KERNEL = "gluon-wgmma-nvfp4"
 K_BLOCK = 128
@@ -96,8 +99,6 @@ _REPACK_CHUNK = 1 << 20  # packed bytes per step of repack / unpack: bounds thei
 def repack(packed: Tensor) -> Tensor:
     """ModelOpt's packed codes uint8 [E, N, K/2] -> the kernel's layout, same shape and dtype (K a multiple of
     128)."""
-    from quantbench.engine.moe.nvfp4 import unpack_codes
-
     e, n, k2 = packed.shape
     column, code_bit, word_bit = (t.to(packed.device) for t in _layout())
     out = torch.empty_like(packed)
@@ -112,8 +113,6 @@ def repack(packed: Tensor) -> Tensor:
 
 def unpack(words: Tensor) -> Tensor:
     """repack's inverse: the kernel's layout -> ModelOpt's packed codes."""
-    from quantbench.engine.moe.nvfp4 import pack_codes
-
     e, n, k2 = words.shape
     column, code_bit, word_bit = (t.to(words.device) for t in _layout())
     out = torch.empty_like(words)
@@ -165,13 +164,12 @@ def available(device: torch.device, k: int) -> bool:
     """On an sm_90 GPU with Gluon importable, K a whole number of 128-column blocks."""
     if device.type != "cuda" or k % K_BLOCK:
         return False
-    from quantbench.engine.moe import gluon_common
-
     return gluon_common.sm90(torch.cuda.get_device_capability(device))
 
 
 @functools.cache
 def _kernel() -> Any:
+    # lazy: Gluon exists only in recent Triton builds and the kernel runs only on sm_90 (gluon_common.sm90)
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
@@ -181,8 +179,6 @@ def _kernel() -> Any:
         warpgroup_mma_wait,
     )
     from triton.runtime.jit import constexpr_function
-
-    from quantbench.engine.moe import gluon_common
 
     decode_asm_c = constexpr_function(decode_asm)  # called at compile time, with constexpr arguments
     scale_mul_c, out_mul_c = constexpr_function(scale_multiplier), constexpr_function(out_multiplier)
@@ -318,8 +314,6 @@ def launch(x: Tensor, packed: Tensor, block_scale: Tensor, global_scale: Tensor,
            row_dest: Tensor | None) -> Any:
     """Run the kernel over y's rows; `packed` in repack's layout (nvfp4.nvfp4_grouped_mm checks the arguments
     and calls this)."""
-    import triton
-
     e, n, _ = packed.shape
     words = packed.view(torch.int32)  # [E, N, K/8]: 8 codes per word
     n_out = n // 2 if swiglu else n

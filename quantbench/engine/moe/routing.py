@@ -31,6 +31,12 @@ import torch
 from torch import Tensor
 
 from quantbench.engine import pdl
+from quantbench.engine.triton_common import interpreting, norm_tile, tl, triton
+
+if triton is not None:  # what this file's kernels call (Triton resolves a callee in these globals)
+    from triton.language.extra.cuda import libdevice
+
+    from quantbench.engine.triton_common import round_bf16  # float32 -> nearest bfloat16 (integer ops)
 
 ROUTE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MAX_EXPERTS = 1024  # torch's warp softmax (whose order the kernel repeats) covers rows of up to 1024 float32
@@ -39,12 +45,6 @@ MAX_TOP_K = 32  # the selection loop is unrolled k times
 
 @functools.cache
 def _kernels() -> tuple[Any, Any, Any]:
-    import triton
-    import triton.language as tl
-    from triton.language.extra.cuda import libdevice
-
-    from quantbench.engine.moe.nvfp4 import round_bf16  # float32 -> nearest bfloat16, in integer arithmetic
-
     @triton.jit
     def expf(x, INTERPRET: tl.constexpr):
         """CUDA's accurate expf, as torch's kernels call it (libdevice; Triton's tl.exp is ex2.approx). The
@@ -74,8 +74,7 @@ def _kernels() -> tuple[Any, Any, Any]:
 
     # Triton resolves a jitted callee through the caller's module globals
     pdl_open = pdl.triton_open()  # the first statement of each kernel here (quantbench.engine.pdl)
-    globals().update(libdevice=libdevice, round_bf16=round_bf16, expf=expf, lanes_sum=lanes_sum, rounded=rounded,
-                     pdl_open=pdl_open)
+    globals().update(expf=expf, lanes_sum=lanes_sum, rounded=rounded, pdl_open=pdl_open)
 
     @triton.jit
     def route_kernel(logits_ptr, value_ptr, index_ptr, T, stride_t, E: tl.constexpr, K: tl.constexpr,
@@ -180,10 +179,6 @@ def route_fits(logits: Tensor, top_k: int) -> bool:
 def route_topk(logits: Tensor, top_k: int, norm_topk_prob: bool) -> tuple[Tensor, Tensor]:
     """(top_value [..., k] in logits' dtype, top_index [..., k] int64) of softmax(logits, float32), largest first,
     optionally renormalised to sum to one: the engine's `route` after its F.linear, in one launch, no host sync."""
-    import triton
-
-    from quantbench.engine.moe.nvfp4 import interpreting
-
     assert route_fits(logits, top_k), (logits.dtype, logits.shape, top_k)
     e = logits.shape[-1]
     rows = logits.reshape(-1, e)
@@ -218,8 +213,6 @@ def _residual_of(weighted: Tensor, residual: Tensor) -> Tensor:
 def sum_slots(weighted: Tensor, residual: Tensor | None = None) -> Tensor:
     """[T, k, H] -> [T, H] in weighted's dtype: the k slots summed in float32 in slot order, rounded once; plus
     `residual` [T, H] (weighted's dtype) when given, rounded once more: `residual + sum` as torch computes it."""
-    import triton
-
     t, k, h = weighted.shape
     weighted = weighted.contiguous()
     if residual is not None:
@@ -237,15 +230,11 @@ def sum_slots(weighted: Tensor, residual: Tensor | None = None) -> Tensor:
 def sum_slots_norm(weighted: Tensor, residual: Tensor, norm_weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     """(residual + sum_slots(weighted), RMSNorm of that with `norm_weight`, as transformers' RMSNorm rounds): the
     decoder layer's output and the next layer's input norm in one pass (quantbench.engine.fused.layer)."""
-    import triton
-
     t, k, h = weighted.shape
     weighted, residual = weighted.contiguous(), _residual_of(weighted, residual)
     out = torch.empty(t, h, dtype=weighted.dtype, device=weighted.device)
     normed = torch.empty(t, h, dtype=torch.promote_types(norm_weight.dtype, weighted.dtype), device=weighted.device)
     if t and h:
-        from quantbench.engine.fused.ops import norm_tile
-
         h_p2, block_t, warps = norm_tile(h)  # fused_ops.rms_norm's tile and warps: the same reduction order
         _kernels()[2][(triton.cdiv(t, block_t),)](weighted, residual, out, norm_weight, normed, t, float(eps), H=h,
                                                   H_P2=h_p2, K=k, BLOCK_T=block_t, num_warps=warps,
