@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from quantbench.engine.moe import fp8, int4, int4_wgmma, nvfp4, nvfp4_wgmma  # noqa: E402
+from quantbench.engine.moe import fp8, int4_kernels, int4_wgmma, nvfp4, nvfp4_wgmma  # noqa: E402
 from quantbench.engine.triton_common import rows_bucket  # noqa: E402
 
 E, H, INTER, TOP_K = 128, 2048, 768, 8
@@ -118,12 +118,12 @@ def kernels(tokens: int):
     rows = tokens * TOP_K
     common = dict(rowidx_ptr="*i32", rowscale_ptr="*bf16", rowdest_ptr="*i32", offs_ptr="*i32")
     for proj, (n, k) in SHAPES.items():
-        cfg = {"SWAP_AB": False, "EVICT": False, **int4.pick_config(rows, E, n, k, 128, proj == "gate_up")}
-        yield ("int4", proj, cfg, int4._kernel(),
+        cfg = {"SWAP_AB": False, "EVICT": False, **int4_kernels.pick_config(rows, E, n, k, 128, proj == "gate_up")}
+        yield ("int4", proj, cfg, int4_kernels._kernel(),
                dict(x_ptr="*bf16", qw_ptr="*i32", s_ptr="*fp16", z_ptr="*u8", y_ptr="*bf16", **common),
                dict(K=k, G=128, **FEATURES[proj], E=E, E_P2=E), ())
         # the Gluon kernel with the tile an sm_90 GPU gets (pick_config with such a device)
-        cfg = dict(int4.WGMMA_TILES[rows_bucket(rows, E)], num_warps=4, num_stages=1)
+        cfg = dict(int4_kernels.WGMMA_TILES[rows_bucket(rows, E)], num_warps=4, num_stages=1)
         yield ("int4 wgmma", proj, cfg, int4_wgmma._kernel(),
                dict(x_ptr="*bf16", qw_ptr="*i32", s_ptr="*fp16", z_ptr="*u8", y_ptr="*bf16", **common),
                dict(K=k, **FEATURES[proj], E=E, E_P2=E), ("N_OUT", "HALF"))

@@ -26,7 +26,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from quantbench.engine.moe.int4 import int4_grouped_mm, rtn_experts  # noqa: E402
+from quantbench.engine.moe.int4 import rtn_experts  # noqa: E402
+from quantbench.engine.moe.int4_kernels import int4_grouped_mm  # noqa: E402
 
 E, H, INTER, TOP_K = 128, 2048, 768, 8
 

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gluon_vs_triton import HEADER, engine_inputs, grouped_reference, judge, parse_tiles, time_tiles  # noqa: E402
 from moe_int4 import SHAPE, random_int4  # noqa: E402
 
-from quantbench.engine.moe.int4 import int4_grouped_mm, pick_config  # noqa: E402
+from quantbench.engine.moe.int4_kernels import int4_grouped_mm, pick_config  # noqa: E402
 
 S = SHAPE
 GATE_UP, DOWN = (2 * S["inter"], S["hidden"]), (S["hidden"], S["inter"])

@@ -1,6 +1,6 @@
 """Block sizes and MMA kinds of the fused int4, FP8 and NVFP4 grouped-MoE kernels, against dequantize + torch._grouped_mm
 and BF16 torch._grouped_mm, on the H200 at the Qwen3-30B-A3B shape: which path and configuration the engine should
-pick per rows-per-expert bucket (TUNED in quantbench.engine.moe.int4 and .fp8, pick_config in .nvfp4).
+pick per rows-per-expert bucket (TUNED in quantbench.engine.moe.int4_kernels and .fp8, pick_config in .nvfp4).
 
     python3 benchmarks/kernel_sweep.py --tokens 512,4096,16384 [--formats int4,fp8,nvfp4,fp8codes] [--top 5] [--fine | --near]
 
@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from quantbench.engine.moe import fp8, nvfp4  # noqa: E402
 from quantbench.engine.moe.engine import _grouped_matmul  # noqa: E402
-from quantbench.engine.moe.int4 import int4_grouped_mm, rtn_experts  # noqa: E402
+from quantbench.engine.moe.int4 import rtn_experts  # noqa: E402
+from quantbench.engine.moe.int4_kernels import int4_grouped_mm  # noqa: E402
 
 E, H, INTER, TOP_K = 128, 2048, 768, 8
 

@@ -31,8 +31,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from quantbench.engine.moe import DenseExperts, GroupedMoE, experts_nbytes, install_grouped_moe  # noqa: E402
-from quantbench.engine.moe.int4 import Int4Experts, int4_grouped_mm, pick_config, rtn_experts  # noqa: E402
+from quantbench.engine.moe import (  # noqa: E402
+    DenseExperts,
+    GroupedMoE,
+    experts_nbytes,
+    install_grouped_moe,
+    int4,
+    int4_kernels,
+)
+from quantbench.engine.moe.int4 import Int4Experts, rtn_experts  # noqa: E402
+from quantbench.engine.moe.int4_kernels import int4_grouped_mm, pick_config  # noqa: E402
+from quantbench.engine.triton_common import rows_bucket  # noqa: E402
 
 SHAPE = {"hidden": 2048, "inter": 768, "experts": 128, "top_k": 8, "group": 128}
 
@@ -62,7 +71,6 @@ def bench_cpu(records: int, dtype: str, chunks: list[int] | None = None) -> None
 
     from backends.bf16 import Bf16Backend
     from backends.int4 import Int4Backend
-    from quantbench.engine.moe import int4
     from quantbench.protocol.suite import load_suite
     from quantbench.run.backend import RunSpec
 
@@ -186,11 +194,8 @@ def check_kernel(device: str, log: list[str]) -> list[dict]:
 
 def sweep(device: str, tokens: int, log: list[str]) -> dict[str, dict]:
     """Block sizes for the two calls the engine makes (gate_up with gather + SwiGLU, down with the routing
-    weights), at `tokens` tokens; the best goes into int4.TUNED for the layer and model runs that follow."""
+    weights), at `tokens` tokens; the best goes into int4_kernels.TUNED for the layer and model runs that follow."""
     from triton.testing import do_bench
-
-    from quantbench.engine.moe import int4
-    from quantbench.engine.triton_common import rows_bucket
 
     s = SHAPE
     best = {}
@@ -228,7 +233,7 @@ def sweep(device: str, tokens: int, log: list[str]) -> dict[str, dict]:
             timings.append((do_bench(call, warmup=20, rep=60), cfg))
         timings.sort(key=lambda t: t[0])
         nbytes = w.nbytes()
-        int4.TUNED[(n, k, swiglu, rows_bucket(rows, s["experts"]))] = timings[0][1]
+        int4_kernels.TUNED[(n, k, swiglu, rows_bucket(rows, s["experts"]))] = timings[0][1]
         best[name] = {"best_ms": timings[0][0], "best": timings[0][1], "default_ms": ms_default, "default": default,
                       "weight_bytes": nbytes, "best_GBps": nbytes / timings[0][0] / 1e6}
         log.append(f"sweep {name}: default {default} {ms_default * 1e3:.1f} us; best {timings[0][1]} "

@@ -20,7 +20,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from quantbench.engine.moe.int4 import int4_grouped_mm, pick_config, rtn_experts  # noqa: E402
+from quantbench.engine.moe.int4 import rtn_experts  # noqa: E402
+from quantbench.engine.moe.int4_kernels import int4_grouped_mm, pick_config  # noqa: E402
 
 E, H, INTER, TOKENS, TOP_K = 128, 2048, 768, 512, 8
 

@@ -65,7 +65,7 @@ def _small_kernels():
     """The other kernels a decision runs (norms, rotary, routing, grouping, activation codes, dequantize), with
     pointer types and constexprs at the 30B shape."""
     from quantbench.engine.fused import ops as fused_ops
-    from quantbench.engine.moe import align, fp8, int4, nvfp4, routing
+    from quantbench.engine.moe import align, fp8, int4_kernels, nvfp4, routing
 
     b16, i32, i64, f32 = "*bf16", "*i32", "*i64", "fp32"
     norm, rope = fused_ops._kernels()
@@ -89,7 +89,7 @@ def _small_kernels():
         K=2048, PER_EXPERT=True, E=128, E_P2=128, BLOCK_R=16, BLOCK_C=128)
     yield fp8.fp8_codes_kernel, dict(x_ptr=b16, in_ptr="*fp32", y_ptr="*fp8e4nv"), dict(K=2048, BLOCK_R=16,
                                                                                         BLOCK_C=256)
-    yield int4._dequant_kernel(), dict(qw_ptr=i32, s_ptr="*fp16", z_ptr="*u8", out_ptr=b16), dict(
+    yield int4_kernels._dequant_kernel(), dict(qw_ptr=i32, s_ptr="*fp16", z_ptr="*u8", out_ptr=b16), dict(
         SUB=16, G=128, BLOCK_W=16, BLOCK_N=128)
 
 

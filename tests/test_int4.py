@@ -147,7 +147,8 @@ def test_rtn_rounds_each_weight_to_within_half_a_step():
 INTERPRETED_KERNEL_CHECK = """
 import torch
 from torch.nn.functional import silu
-from quantbench.engine.moe.int4 import Int4Experts, int4_grouped_mm, triton_dequantize
+from quantbench.engine.moe.int4 import Int4Experts
+from quantbench.engine.moe.int4_kernels import int4_grouped_mm, triton_dequantize
 torch.manual_seed(0)
 worst = 0.0
 cases = [(False, 128, (4, 256, 96), [5, 0, 16, 9], None), (True, 32, (3, 128, 64), [40, 1, 0], "swap"),

@@ -12,7 +12,7 @@ import re
 import pytest
 import torch
 
-from quantbench.engine.moe import int4, int4_wgmma
+from quantbench.engine.moe import int4, int4_kernels, int4_wgmma
 
 MASK = 0xFFFFFFFF
 
@@ -89,12 +89,12 @@ def test_pair_asm_uses_the_right_half_and_shift():
 
 def test_pick_config_hands_the_gluon_kernel_only_to_a_device_that_has_it(monkeypatch):
     rows, n, k = 512 * 8, 1536, 2048
-    cpu = int4.pick_config(rows, 128, n, k, 128, True, torch.device("cpu"))
+    cpu = int4_kernels.pick_config(rows, 128, n, k, 128, True, torch.device("cpu"))
     assert "KERNEL" not in cpu and cpu["SWAP_AB"]  # the Triton kernel's configuration
     monkeypatch.setattr(int4_wgmma, "available", lambda device, group_size, k: True)
     for tokens, bucket in ((64, "small"), (512, "mid"), (4096, "large")):
-        cfg = int4.pick_config(tokens * 8, 128, n, k, 128, True, torch.device("cuda"))
-        assert cfg == dict(int4.WGMMA_TILES[bucket], KERNEL="gluon")
+        cfg = int4_kernels.pick_config(tokens * 8, 128, n, k, 128, True, torch.device("cuda"))
+        assert cfg == dict(int4_kernels.WGMMA_TILES[bucket], KERNEL="gluon")
 
 
 def test_the_gluon_kernel_is_refused_where_it_cannot_run():
@@ -103,5 +103,5 @@ def test_the_gluon_kernel_is_refused_where_it_cannot_run():
     x = torch.randn(4, 256)
     offsets = torch.tensor([2, 4], dtype=torch.int32)
     with pytest.raises(ValueError, match="sm_90"):
-        int4.int4_grouped_mm(x, w.qweight, w.scales, w.zeros, offsets, 128, dict(KERNEL="gluon", BLOCK_M=16,
+        int4_kernels.int4_grouped_mm(x, w.qweight, w.scales, w.zeros, offsets, 128, dict(KERNEL="gluon", BLOCK_M=16,
                                                                                   BLOCK_N=64))

@@ -1,7 +1,7 @@
 """The INT4 grouped GEMM for Hopper (sm_90), written in Gluon: asynchronous MMAs on exact 16-bit codes.
 
-Why a second kernel: `int4.py`'s Triton kernel unpacks each 16-row slice of int4 words in registers and hands it
-to a wgmma as its A operand. Triton 3.6 makes a wgmma asynchronous only when a register operand is defined
+Why a second kernel: `int4_kernels.py`'s Triton kernel unpacks each 16-row slice of int4 words in registers and
+hands it to a wgmma as its A operand. Triton 3.6 makes a wgmma asynchronous only when a register operand is defined
 outside the loop, so it waits for every one of them (`warp_group_dot_wait {pendings = 0}` after each of the 256
 dots of a gate_up program: `benchmarks/compile_sm90.py`). Gluon (Triton's lower-level language, same compiler)
 lets the kernel say when to wait: each slice's MMA is issued asynchronously and the kernel waits only for the
@@ -18,7 +18,7 @@ Layout read: the 128-row block layout of `int4.py` (word r of a block holds rows
 0..7), groups of 128 rows (available()), as stored; nothing is repacked. The weights are the MMA's M side (64 rows
 per warpgroup; with SwiGLU a program's 64 rows are 32 gate columns then the same 32 up columns, one accumulator
 instead of two) and the tokens its N side (a tile of 16..64 rows). Same inputs, outputs and fused steps as
-`int4.int4_grouped_mm` (token gather, SwiGLU, routing weights, scatter).
+`int4_kernels.int4_grouped_mm` (token gather, SwiGLU, routing weights, scatter).
 
 Memory: per block (128 rows of K) a program copies the tokens' 128 columns and its 16 × BLOCK_N int4 words into
 shared memory by cp.async, AHEAD blocks before it computes them (one commit group per block, AHEAD + 1 stages);
@@ -43,7 +43,7 @@ from quantbench.engine.moe import gluon_common
 from quantbench.engine.triton_common import triton
 
 KERNEL = "gluon-wgmma-int4"
-K_BLOCK = 128  # the packed block (int4.FUSED_K_BLOCK)
+K_BLOCK = 128  # the packed block (int4_kernels.FUSED_K_BLOCK)
 
 
 def available(device: torch.device, group_size: int, k: int) -> bool:
@@ -223,7 +223,7 @@ def _kernel() -> Any:
 def launch(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, y: Tensor, offsets: Tensor,
            config: dict[str, Any], *, row_index: Tensor | None, swiglu: bool, row_scale: Tensor | None,
            row_dest: Tensor | None) -> Any:
-    """Run the kernel over y's rows (int4.int4_grouped_mm checks the arguments, available() included, and calls
+    """Run the kernel over y's rows (int4_kernels.int4_grouped_mm checks the arguments, available() included, and calls
     this)."""
     e, _, n = qweight.shape
     s_rows = y.shape[0]

@@ -224,7 +224,7 @@ class Nvfp4Linear(nn.Module):
 
 # -- the fused Triton kernel ------------------------------------------------------------------------------------------
 # The Gluon kernel's tiles (nvfp4_wgmma: BLOCK_N weight rows, gate and up stacked for SwiGLU, x BLOCK_M tokens,
-# one warpgroup, AHEAD blocks of 128 columns copied ahead) per rows-per-expert bucket, as int4.WGMMA_TILES.
+# one warpgroup, AHEAD blocks of 128 columns copied ahead) per rows-per-expert bucket, as int4_kernels.WGMMA_TILES.
 WGMMA_TILES: dict[str, dict[str, Any]] = {
     "small": dict(BLOCK_M=16, BLOCK_N=128, AHEAD=1),
     "mid": dict(BLOCK_M=64, BLOCK_N=128, AHEAD=1),
