@@ -38,6 +38,7 @@ SHAPES = {"gate_up": (2 * INTER, H), "down": (H, INTER)}  # (N, K)
 
 def compile_sm90(fn, pointer_types: dict[str, str], constexprs: dict, num_warps: int, num_stages: int,
                  ints_by_16: tuple[str, ...] = ()) -> dict:
+    # lazy: Triton is optional (not on CPU installs) and takes about 1 s to import; only the GPU runs use it
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -45,6 +46,7 @@ def compile_sm90(fn, pointer_types: dict[str, str], constexprs: dict, num_warps:
     if "PDL" in fn.arg_names:  # as launched on an sm_90 GPU: programmatic dependent launch (quantbench.engine.pdl)
         constexprs = {"PDL": True, **constexprs}
     if getattr(fn, "is_gluon", lambda: False)():  # Gluon kernels take num_warps as a constexpr of their own
+        # lazy: Gluon exists only in recent Triton builds, and only its kernels need this source class
         from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
         constexprs = dict(constexprs, num_warps=num_warps)
     signature, attrs = {}, {}

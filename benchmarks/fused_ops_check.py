@@ -24,6 +24,7 @@ def same(label: str, want: torch.Tensor, got: torch.Tensor) -> None:
 
 
 def main() -> None:
+    # lazy: transformers takes seconds to import and Triton is optional; only the GPU check runs this
     from transformers.models.qwen3_moe import modeling_qwen3_moe as mq
     from triton.testing import do_bench
 

@@ -76,6 +76,7 @@ def time_tiles(title: str, call: Callable[[dict], object], base_cfg: dict, tiles
                weights: str) -> None:
     """do_bench medians of call(config) for the Triton configuration and each Gluon tile, with the ratio and the
     weights' bandwidth."""
+    # lazy: Triton is optional (not on CPU installs) and takes about 1 s to import; only the GPU runs use it
     from triton.testing import do_bench
 
     base = do_bench(partial(call, base_cfg), warmup=25, rep=100)

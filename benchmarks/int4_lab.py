@@ -34,6 +34,7 @@ E, H, INTER, TOP_K = 128, 2048, 768, 8
 
 @functools.cache
 def lab_kernel():
+    # lazy: Triton is optional (not on CPU installs) and takes about 1 s to import; only the GPU runs use it
     import triton
     import triton.language as tl
 
@@ -142,6 +143,7 @@ def lab_kernel():
 
 
 def lab_mm(x, w, offsets, cfg, *, tile="il", swiglu=False, split_acc=False, row_index=None, row_scale=None):
+    # lazy: Triton is optional (not on CPU installs) and takes about 1 s to import; only the GPU runs use it
     import triton
 
     rows = x.shape[0] if row_index is None else row_index.shape[0]
@@ -160,6 +162,7 @@ def lab_mm(x, w, offsets, cfg, *, tile="il", swiglu=False, split_acc=False, row_
 
 
 def main() -> None:
+    # lazy: Triton is optional (not on CPU installs) and takes about 1 s to import; only the GPU runs use it
     from triton.testing import do_bench
 
     ap = argparse.ArgumentParser()

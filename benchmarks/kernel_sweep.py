@@ -132,6 +132,7 @@ def sweep(fmt: str, tokens: int, top: int, fine: bool | str = False) -> None:
 
 
 def measure(fmt: str, label: str, call, dequant, w, x_sorted, offsets, top: int, fine: bool | str) -> None:
+    # lazy: Triton is optional (not on CPU installs) and takes about 1 s to import; only the GPU runs use it
     from triton.testing import do_bench
 
     ref = call(None).float()

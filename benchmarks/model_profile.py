@@ -30,6 +30,7 @@ from quantbench.engine.moe.int4 import rtn_experts  # noqa: E402
 
 
 def graph_ms(model, ids) -> float:
+    # lazy: Triton is optional (not on CPU installs) and takes about 1 s to import; only the GPU runs use it
     from triton.testing import do_bench
 
     for _ in range(3):

@@ -195,6 +195,7 @@ def check_kernel(device: str, log: list[str]) -> list[dict]:
 def sweep(device: str, tokens: int, log: list[str]) -> dict[str, dict]:
     """Block sizes for the two calls the engine makes (gate_up with gather + SwiGLU, down with the routing
     weights), at `tokens` tokens; the best goes into int4_kernels.TUNED for the layer and model runs that follow."""
+    # lazy: Triton is optional (not on CPU installs) and takes about 1 s to import; only the GPU runs use it
     from triton.testing import do_bench
 
     s = SHAPE
@@ -250,6 +251,7 @@ class Router(torch.nn.Module):
 
 
 def bench_layer(device: str, tokens: int, log: list[str]) -> dict[str, float]:
+    # lazy: transformers takes seconds to import and Triton is optional; only the GPU layer check needs them
     from transformers import Qwen3MoeConfig
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
     from triton.testing import do_bench
@@ -315,6 +317,7 @@ def decision_forward(model, ids):
 
 
 def bench_model(device: str, layers: int, tokens: int, log: list[str]) -> dict[str, float]:
+    # lazy: Triton is optional (not on CPU installs) and takes about 1 s to import; only the GPU runs use it
     from triton.testing import do_bench
 
     out: dict[str, float] = {}

@@ -63,6 +63,7 @@ def bench(name: str, fn, bytes_moved: int | None = None, rep: int = 200, **extra
     if DEV == "cpu":  # --smoke: run the code path once, time nothing
         fn()
         return float("nan")
+    # lazy: Triton is optional (not on CPU installs) and takes about 1 s to import; only the GPU runs use it
     from triton.testing import do_bench
 
     ms = do_bench(fn, warmup=25, rep=rep, return_mode="median")

@@ -54,6 +54,7 @@ def main() -> None:
         torch.cuda.synchronize()
         if args.once:
             continue
+        # lazy: Triton is optional (not on CPU installs) and takes about 1 s to import; only the GPU runs use it
         from triton.testing import do_bench
 
         k = int4_grouped_mm.last_compiled

@@ -23,6 +23,8 @@ def check_fused_steps(grouped_mm, fmt) -> None:
     empty, one partial tile): gate_up with the token gather + SwiGLU, down with the routing weights + the scatter
     back to (token, slot) order, with the weights on the MMA's M side (SWAP_AB) and without.
     `grouped_mm(x, offsets, config, **fused_steps)` runs the format's kernel."""
+    # lazy: the interpreted subprocess calls this, with TRITON_INTERPRET set; triton_common imports triton, which
+    # reads it once, so the test process that imports this module must not import triton_common
     import torch
 
     from quantbench.engine.triton_common import expert_of_rows

@@ -13,7 +13,15 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from backends.int4 import Int4Backend
-from quantbench.engine.moe.int4 import pack_k, pack_rows, regroup_experts, rtn_experts, unpack_k, unpack_rows
+from quantbench.engine.moe.int4 import (
+    Int4Experts,
+    pack_k,
+    pack_rows,
+    regroup_experts,
+    rtn_experts,
+    unpack_k,
+    unpack_rows,
+)
 from quantbench.errors import ConfigError, LoadError
 from quantbench.models.checkpoint import PROVENANCE_FILE, fingerprint, load_causal_lm
 from quantbench.models.quantize import Recipe, cached_variant, calibration_texts, quantize
@@ -37,6 +45,7 @@ def test_the_block_layout_puts_16_consecutive_rows_in_each_nibble():
 
 def quant_linear(k: int, n: int, group: int, *, sym: bool, seed: int):
     """An auto-round QuantLinear (its torch kernel) holding random int4 codes, scales and zero points."""
+    # lazy: importing auto-round takes seconds; only the tests that build QuantLinears need it
     from auto_round_extension.torch.qlinear_torch_zp import QuantLinear
 
     g = torch.Generator().manual_seed(seed)
@@ -78,8 +87,6 @@ def test_regrouped_experts_compute_what_autorounds_own_kernel_computes(sym):
 def test_cpu_dequantize_is_bit_identical_to_the_formula_in_every_layout(e, n, k, g, k_block):
     """(q - z) * s in float32, rounded once: slice by slice (dequantize_slices), or by the whole-block fallback
     where a group does not hold whole 16-row slices (g = 40), asymmetric zero points, any subset of experts."""
-    from quantbench.engine.moe.int4 import Int4Experts
-
     torch.manual_seed(e + k)
     q = torch.randint(0, 16, (e, k, n))
     groups = -(-k // g)
@@ -97,8 +104,6 @@ def test_cpu_dequantize_is_bit_identical_to_the_formula_in_every_layout(e, n, k,
 def test_zero_points_are_read_from_qzeros_not_assumed():
     """auto_round:auto_gptq stores zero point - 1 in qzeros, packed along N: the loader's own unpacking
     (Int4Experts.from_quant_linears) must give back the zero points written, and dequantize must subtract them."""
-    from quantbench.engine.moe.int4 import Int4Experts
-
     layer = quant_linear(128, 64, 128, sym=False, seed=0)
     zeros = torch.tensor([1, 15, 8, 2, 9, 4, 12, 7] * 8)  # one group of 64 outputs, asymmetric: none of them 8 - 1
     layer.qzeros = pack_rows((zeros - 1).view(1, 64).T.contiguous()).T.contiguous()
@@ -380,6 +385,7 @@ def test_fast_path_agrees_with_autorounds_per_expert_path_on_the_default_suite(v
 def test_each_fast_layer_matches_a_dequantized_transformers_block(variant, source):
     """Layer by layer: the engine on int4 vs transformers' own BF16-style MoE block holding the weights that
     auto-round's kernel dequantizes (read back through the identity), both in float32."""
+    # lazy: importing transformers takes seconds; only this test needs it
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
     slow, fast = load(variant, False).model, load(variant, True).model
