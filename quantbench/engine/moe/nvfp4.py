@@ -39,7 +39,7 @@ except ImportError:
 
 from quantbench.engine import pdl
 from quantbench.engine.moe import nvfp4_wgmma
-from quantbench.engine.moe.engine import DenseExperts, stored_nbytes
+from quantbench.engine.moe.engine import DenseExperts, ExpertsBase, stored_nbytes
 from quantbench.engine.moe.int4 import rows_bucket
 from quantbench.errors import LoadError
 
@@ -156,7 +156,7 @@ def quantize_input_rows(x: Tensor, offsets: Tensor | None, input_scale: Tensor) 
 
 
 # -- the ExpertWeights format -----------------------------------------------------------------------------------------
-class Nvfp4Experts(nn.Module):
+class Nvfp4Experts(ExpertsBase):
     """One projection of all E experts of a layer in packed NVFP4, as buffers (see the module docstring)."""
 
     fused_kernel = FUSED_KERNEL
