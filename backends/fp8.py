@@ -21,7 +21,8 @@ from quantbench.engine.moe.engine import experts_nbytes, kernel_paths
 from quantbench.engine.scoring import TransformersEngine
 from quantbench.errors import ConfigError
 from quantbench.models.loading import build_synthetic_quantized, device_of, dtype_of, load_checkpoint
-from quantbench.run.backend import Availability, LoadedVariant, RunSpec, VariantInfo, dir_bytes
+from quantbench.run.backend import Availability, LoadedVariant, RunSpec, dir_bytes
+from quantbench.run.record import VariantInfo
 
 
 def native_here(device: str, activations: str) -> bool:

@@ -20,9 +20,11 @@ from typing import Any
 
 import httpx
 
+from quantbench.engine.base import EngineBase, Prepared
 from quantbench.errors import ConfigError, LoadError, QuantbenchError
 from quantbench.protocol import DecisionRequest, DecisionResponse, QuestionAnswer
-from quantbench.run.backend import Availability, LoadedVariant, RunSpec, VariantInfo
+from quantbench.run.backend import Availability, LoadedVariant, RunSpec
+from quantbench.run.record import VariantInfo
 
 API_KEY_ENV = "QUANTBENCH_API_KEY"
 PATH = "/v1/systemone"
@@ -41,11 +43,12 @@ class RemoteError(QuantbenchError):
 
 
 @dataclass
-class HttpPrepared:
+class HttpPrepared(Prepared):
+    """A request's body; `rows` stays None (the server tokenizes). Filled by the POST: `client_ms`, end to end
+    on the client, retries included, and the fields below."""
+
     request: DecisionRequest
     body: bytes
-    # Filled by the POST:
-    client_ms: float | None = None  # end to end on the client, retries included
     server_ms: float | None = None  # the server's own model_ms
     tokens: int = 0  # the server's token count
     batch: int | None = None  # requests in the server's forward pass (quantbench servers say it in a header)
@@ -103,8 +106,9 @@ def check_answers(request: DecisionRequest, answers: dict[str, QuestionAnswer]) 
     return out
 
 
-class HttpEngine:
-    """A DecisionEngine whose forward pass is a POST to a SystemOne server."""
+class HttpEngine(EngineBase):
+    """A DecisionEngine whose forward pass is a POST to a SystemOne server. It declares no optional feature:
+    nothing to warm, no fused ops or CUDA graphs of its own (EngineBase's defaults)."""
 
     device = "remote"
 

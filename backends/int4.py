@@ -26,7 +26,8 @@ from quantbench.engine.scoring import TransformersEngine
 from quantbench.errors import ConfigError, LoadError
 from quantbench.models.checkpoint import experts_tensor_bytes, load_causal_lm, model_identity
 from quantbench.models.loading import device_of, dtype_of
-from quantbench.run.backend import Availability, LoadedVariant, RunSpec, VariantInfo, dir_bytes
+from quantbench.run.backend import Availability, LoadedVariant, RunSpec, dir_bytes
+from quantbench.run.record import VariantInfo
 from quantbench.term import logs_kept
 
 

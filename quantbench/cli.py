@@ -55,7 +55,7 @@ def _execute_and_store(spec, db: Path) -> tuple[str, str]:
         err.print(f"[red]stopped by {signal.Signals(signum).name}:[/] run {run_id} stored in {db} as failed: interrupted",
                   soft_wrap=True)
         raise typer.Exit(128 + signum)
-    return run_id, result.run["status"]
+    return run_id, result.run.status
 
 
 @app.command()

@@ -49,7 +49,7 @@ def failed(tmp_path_factory) -> list:
     # `run` now refuses a missing checkpoint in the parent and stores nothing: the row is an older store's.
     results.insert(0, model_less_load_error(RunSpec(backend="bf16", suite=str(suite), gpu="cpu", **kinds[0][1]),
                                             machine))
-    assert [r.run["failure"] for r in results] == ["load_error", "timeout", "killed"]
+    assert [r.run.failure for r in results] == ["load_error", "timeout", "killed"]
     return results
 
 

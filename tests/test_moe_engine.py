@@ -158,3 +158,21 @@ def test_h_goes_to_down_as_e4m3_codes_only_when_both_fp8_kernels_take_them(monke
     cpu = moe(one)
     del cpu._path_for  # the CPU's own path: no fused kernel, no codes
     assert cpu._codes_scale(x) is None
+
+
+def test_every_weight_format_declares_the_optional_features_on_experts_base():
+    # The engine reads these attributes instead of probing for them (#23): a format that lacks a feature
+    # inherits the default that turns it off.
+    from quantbench.engine.moe.engine import DenseExperts, ExpertsBase
+    from quantbench.engine.moe.fp8 import Fp8Experts
+    from quantbench.engine.moe.int4 import Int4Experts
+    from quantbench.engine.moe.nvfp4 import Nvfp4Experts, Nvfp4UnpackedExperts
+
+    for cls in (DenseExperts, Int4Experts, Nvfp4Experts, Nvfp4UnpackedExperts, Fp8Experts):
+        assert issubclass(cls, ExpertsBase), cls
+    dense = DenseExperts(torch.zeros(2, 4, 8))
+    assert (dense.fused_kernel, dense.fused_features, dense.ran_kernel, dense.input_quant_rowwise) == (
+        None, frozenset(), None, False)
+    assert dense.quantize_input is None and dense.quantizes_input_in_kernel(torch.device("cpu")) is False
+    assert Int4Experts.quantize_input is None and callable(Nvfp4UnpackedExperts.quantize_input)
+    assert Int4Experts.fused_features == frozenset({"gather", "swiglu", "row_scale", "scatter"})

@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 from quantbench.engine.scoring import TransformersEngine
 from quantbench.errors import LoadError
 from quantbench.protocol import DecisionRequest, DecisionResponse, parse_request
-from quantbench.run.backend import LoadedVariant, VariantInfo
+from quantbench.run.backend import LoadedVariant
+from quantbench.run.record import VariantInfo
 from quantbench.server import DEMO_REQUEST, cli_serve, create_app, demo
 from tests.tiny import save_tiny, tiny_model, tiny_tokenizer
 

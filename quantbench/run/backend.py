@@ -9,6 +9,8 @@ The runner calls, inside a fresh child process:
     answers = loaded.engine.forward(prepared)    # the model: what the latency figures time
 
 Local backends return a `quantbench.engine.scoring.TransformersEngine`, so every variant answers through the same code.
+The engine protocol (`DecisionEngine`, with its optional features) is quantbench.engine.base's; `VariantInfo`, what
+was loaded, is part of the run record (quantbench.run.record).
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ from dataclasses import asdict, dataclass, field
 from importlib import import_module
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
+from quantbench.engine.base import DecisionEngine
 from quantbench.errors import ConfigError
 from quantbench.limits import DEFAULT_MAX_OPTIONS
-from quantbench.protocol import QuestionAnswer
+from quantbench.run.record import VariantInfo
 
 ENTRY_POINT_GROUP = "quantbench.backends"
 
@@ -73,36 +76,6 @@ class RunSpec:
         if unknown:
             raise ConfigError(f"unknown run setting(s) {sorted(unknown)}; known: {sorted(known)}")
         return cls(**data)
-
-
-@dataclass
-class VariantInfo:
-    """What was loaded, as recorded on the run row."""
-
-    variant: str  # e.g. bf16, int4, nvfp4-packed, nvfp4-unpacked, fp8, http
-    weight_format: str  # e.g. "bf16", "int4 w4a16 g128 sym (auto_round:auto_gptq)", "nvfp4 w4a4 g16 (modelopt)"
-    kernel_path: str  # e.g. "transformers grouped_mm", "quantbench grouped-moe triton-fused-int4"
-    compute_dtype: str
-    model_id: str  # a name a person recognises
-    model_path: str | None = None
-    model_hash: str | None = None  # content hash of the checkpoint (see quantbench.models.checkpoint.fingerprint)
-    model_revision: str | None = None
-    weights: str = "trained"  # trained | synthetic (random weights: speed and memory only) | checkpoint
-    native: str | None = None  # native | emulated | None (not a low-precision format)
-    disk_bytes: int | None = None
-    experts_bytes: int | None = None  # bytes the MoE expert weights take in memory, measured from the tensors
-    tokenizer_hash: str | None = None
-    load_note: str = ""  # e.g. "built in memory from the seed; load time is not a disk load"
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-@runtime_checkable
-class DecisionEngine(Protocol):
-    def prepare(self, request: Any) -> Any: ...
-    def forward(self, prepared: Any) -> dict[str, QuestionAnswer]: ...
-    def forward_many(self, batch: list[Any]) -> list[dict[str, QuestionAnswer]]: ...
-    def tokens(self, prepared: Any) -> int: ...
-    def synchronize(self) -> None: ...
 
 
 @dataclass

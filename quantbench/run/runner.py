@@ -32,7 +32,7 @@ import quantbench
 from quantbench.errors import ConfigError
 from quantbench.run.backend import RunSpec
 from quantbench.run.machine import Machine, check_gpu, detect
-from quantbench.store import RunResult, uuid7
+from quantbench.run.record import MachineFacts, Measured, Provenance, RunIdentity, RunRecord, RunResult, uuid7
 
 # The settings that decide what a run measures; sweeps skip a run whose hash is already stored.
 RESULT_KEYS = ("backend", "model", "suite", "dtype", "experts_impl", "fast_moe", "nvfp4_mode", "nvfp4_activations",
@@ -318,15 +318,13 @@ def execute(spec: RunSpec, *, machine: Machine | None = None, echo: bool = True,
         out = {"run": {}, "status": "failed", "failure": failure,
                "error": f"the child process died ({how}) before reporting\n\n{crash_text}\n{stderr_tail}".strip()}
 
-    row: dict[str, Any] = {**machine.as_row(), **provenance(), **out.get("run", {})}
-    row.update(
+    identity = RunIdentity(
         run_id=run_id, created_at=created, finished_at=dt.datetime.now(dt.UTC), status=out["status"],
         failure=out.get("failure"), error=out.get("error"), backend=spec.backend, role=spec.role,
         gpu_requested=spec.gpu, spec=stored_spec(spec), spec_hash=spec_hash(spec, machine),
     )
-    row["device"] = row.get("device") or spec.device
-    if notes:
-        row["extra"] = {**(row.get("extra") or {}), **notes}
+    record = RunRecord.compose(identity, MachineFacts(**machine.as_row()), Provenance(**provenance()),
+                               Measured.model_validate(out.get("run", {})), notes)
     if out["status"] != "ok":
-        return RunResult(run=row)
-    return RunResult(run=row, answers=out["answers"], latencies=out["latencies"])
+        return RunResult(run=record)
+    return RunResult(run=record, answers=out["answers"], latencies=out["latencies"])

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from quantbench.run.backend import RunSpec
-from quantbench.store import RunResult, uuid7
+from quantbench.run.record import RunResult, uuid7
 from quantbench.sweep.planning import PlannedRun
 
 

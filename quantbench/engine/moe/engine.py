@@ -26,6 +26,8 @@ stable: the int4, nvfp4 and fp8 formats (quantbench.engine.moe.int4 / nvfp4 / fp
             # here (then the engine dequantizes and runs torch._grouped_mm / the CPU path)
     Implementations are nn.Modules that keep their tensors as buffers, so `.to(device)`, `model.buffers()` and
     memory figures see them; `DenseExperts` below is the reference implementation (plain weights).
+    Formats subclass `ExpertsBase`, which declares each optional feature below with the default of a format
+    that lacks it (no fused extras, no input quantization).
     Optional, additive: a format may declare `fused_features` (a set of "gather", "swiglu", "row_scale", "scatter") and then
     accept keyword arguments to grouped_mm: row_index=[S] int32 (x is the *unsorted* [T, in]; row r reads
     x[row_index[r]]), act="swiglu" (return silu(gate) * up, [S, out/2]), row_scale=[S] (multiply row r),
@@ -93,13 +95,29 @@ class ExpertWeights(Protocol):
     def grouped_mm(self, x_sorted: Tensor, offsets: Tensor, kernel: str) -> Tensor | None: ...
 
 
+class ExpertsBase(nn.Module):
+    """The base of every format's expert weights: each optional feature of the contract above, declared with
+    the default of a format that lacks it, so the engine reads attributes instead of probing for them."""
+
+    fused_kernel: str | None = None  # the fused path grouped_mm runs; None: dequantize + grouped GEMM only
+    fused_features: frozenset[str] = frozenset()  # the fused extras grouped_mm accepts ("gather", "swiglu", ...)
+    ran_kernel: str | None = None  # the kernel the last grouped_mm ran, where a format has several
+    input_quant_rowwise: bool = False  # a row's activation quantization depends on that row alone
+    # W4A4 / W8A8 formats define quantize_input(x_sorted, offsets) -> x_sorted; None: weights-only formats
+    quantize_input: Callable[[Tensor, Tensor], Tensor] | None = None
+
+    def quantizes_input_in_kernel(self, device: torch.device) -> bool:
+        """Whether the fused kernel on `device` rounds its own inputs (then the engine does not quantize them)."""
+        return False
+
+
 def stored_nbytes(module: nn.Module) -> int:
     """Bytes of a module's own parameters and buffers, measured from the tensors."""
     tensors = list(module.parameters(recurse=False)) + list(module.buffers(recurse=False))
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-class DenseExperts(nn.Module):
+class DenseExperts(ExpertsBase):
     """Plain (unquantized) stacked expert weights [E, out, in]: the reference format, and BF16's."""
 
     fused_kernel = None
@@ -160,9 +178,9 @@ def _grouped_matmul(x: Tensor, w_t: Tensor, offsets: Tensor) -> Tensor:
     return out
 
 
-def _kernel_ran(w: ExpertWeights) -> str:
+def _kernel_ran(w: ExpertsBase) -> str:
     """The fused kernel w's last grouped_mm ran: its `ran_kernel` where a format has several, else fused_kernel."""
-    return getattr(w, "ran_kernel", None) or w.fused_kernel
+    return w.ran_kernel or w.fused_kernel
 
 
 class GroupedMoE(nn.Module):
@@ -173,8 +191,8 @@ class GroupedMoE(nn.Module):
     def __init__(
         self,
         gate: nn.Module,
-        gate_up: ExpertWeights,
-        down: ExpertWeights,
+        gate_up: ExpertsBase,
+        down: ExpertsBase,
         *,
         top_k: int,
         norm_topk_prob: bool,
@@ -214,7 +232,7 @@ class GroupedMoE(nn.Module):
         paths = {self._path_for(w, device) for w in (self.gate_up, self.down)}
         return "+".join(sorted(paths))
 
-    def _path_for(self, w: ExpertWeights, device: torch.device) -> str:
+    def _path_for(self, w: ExpertsBase, device: torch.device) -> str:
         if self.kernel != "grouped_mm" and device.type == "cuda" and w.fused_kernel:
             return w.fused_kernel
         if self.kernel == "fused":
@@ -271,7 +289,7 @@ class GroupedMoE(nn.Module):
             h = self.act_fn(gate) * up
         # down: the routing weights, and with a grouping the rows written straight back in (token, slot) order
         scatter = {}
-        if grouping is not None and "scatter" in getattr(self.down, "fused_features", ()):
+        if grouping is not None and "scatter" in self.down.fused_features:
             scatter = {"row_dest": grouping.row_pair}
         weighted = self._fused(self.down, h, offsets, paths, row_scale=sample_weights,
                                needs={"row_scale", "scatter"} if scatter else {"row_scale"}, **scatter)
@@ -308,20 +326,20 @@ class GroupedMoE(nn.Module):
         taking codes, a bf16 model), else None."""
         d, g = self.down, self.gate_up
         if (x.dtype != torch.bfloat16 or not self._act_is_silu
-                or not {"codes", "row_scale"} <= set(getattr(d, "fused_features", ()))
-                or "codes" not in getattr(g, "fused_features", ())
+                or not {"codes", "row_scale"} <= d.fused_features
+                or "codes" not in g.fused_features
                 or self._path_for(d, x.device) != d.fused_kernel or self._path_for(g, x.device) != g.fused_kernel):
             return None
         return d.codes_scale(x.device)
 
-    def _fused(self, w: ExpertWeights, x: Tensor, offsets: Tensor, paths: list[str], *, needs: set[str],
+    def _fused(self, w: ExpertsBase, x: Tensor, offsets: Tensor, paths: list[str], *, needs: set[str],
                **features: Any) -> Tensor | None:
         """The format's fused kernel with extra fused steps, when it declares them and runs here."""
-        if self._path_for(w, x.device) != w.fused_kernel or not needs <= set(getattr(w, "fused_features", ())):
+        if self._path_for(w, x.device) != w.fused_kernel or not needs <= w.fused_features:
             return None
-        quantize_input = getattr(w, "quantize_input", None)
-        if quantize_input is not None and not getattr(w, "quantizes_input_in_kernel", lambda d: False)(x.device):
-            if not getattr(w, "input_quant_rowwise", False):
+        quantize_input = w.quantize_input
+        if quantize_input is not None and not w.quantizes_input_in_kernel(x.device):
+            if not w.input_quant_rowwise:
                 return None  # rows must be quantized by their expert's scale: _project, after the sort
             x = quantize_input(x, offsets)  # one scale for all rows: the tokens, before the kernel gathers them
         y = w.grouped_mm(x, offsets, self.kernel, **features)
@@ -329,12 +347,12 @@ class GroupedMoE(nn.Module):
             paths.append(_kernel_ran(w))
         return y
 
-    def _project(self, w: ExpertWeights, x: Tensor, counts: Tensor, offsets: Tensor, paths: list[str]) -> Tensor:
-        quantize_input = getattr(w, "quantize_input", None)  # optional: W4A4 / W8A8 formats (nvfp4, fp8)
+    def _project(self, w: ExpertsBase, x: Tensor, counts: Tensor, offsets: Tensor, paths: list[str]) -> Tensor:
+        quantize_input = w.quantize_input  # W4A4 / W8A8 formats (nvfp4, fp8); None for the others
         path = self._path_for(w, x.device)
         # A native low-precision kernel quantizes its inputs itself (FP8 W8A8 on FP8 tensor cores): quantizing
         # them here first would only round them twice to the same codes.
-        in_kernel = path == w.fused_kernel and getattr(w, "quantizes_input_in_kernel", lambda d: False)(x.device)
+        in_kernel = path == w.fused_kernel and w.quantizes_input_in_kernel(x.device)
         if quantize_input is not None and not in_kernel:  # emulate what their fake-quant forward applies
             x = quantize_input(x, offsets)
         if path == w.fused_kernel:
@@ -410,7 +428,7 @@ def _setting(block: nn.Module, config: Any, *names: str) -> Any:
 
 def install_grouped_moe(
     model: nn.Module,
-    make_weights: Callable[[int, nn.Module], tuple[ExpertWeights, ExpertWeights]],
+    make_weights: Callable[[int, nn.Module], tuple[ExpertsBase, ExpertsBase]],
     kernel: str = "auto",
 ) -> str:
     """Replace every MoE block of `model` with a GroupedMoE built from `make_weights(layer_index, experts)`.
