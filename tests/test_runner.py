@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from quantbench.errors import GpuMismatchError
-from quantbench.run.backend import RunSpec
 from quantbench.run.runner import execute
+from quantbench.run.spec import RunSpec
 from quantbench.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,6 +14,7 @@ from transformers import PreTrainedTokenizerFast, Qwen3MoeConfig, Qwen3MoeForCau
 from quantbench.engine.scoring import TransformersEngine
 from quantbench.errors import LoadError
 from quantbench.run.backend import Availability, LoadedVariant, VariantInfo
+from quantbench.run.spec import BackendOptions
 
 CORPUS = ["State: Question: Answer: A B C D E yes no left right forward wall player observation alpha beta"] * 50
 
@@ -45,6 +46,7 @@ def save_tiny(path: Path) -> Path:
 class TinyBackend:
     name = "tiny"
     summary = "test: tiny random model"
+    Options = BackendOptions
 
     def availability(self, machine):
         return Availability(True)

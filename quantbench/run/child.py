@@ -29,9 +29,10 @@ from quantbench.errors import ConfigError, LoadError, RequestError, UnsupportedE
 from quantbench.models import lineage
 from quantbench.models.checkpoint import tensor_bytes
 from quantbench.protocol.suite import load_suite
-from quantbench.run.backend import LoadedVariant, RunSpec, get_backend
+from quantbench.run.backend import LoadedVariant, get_backend
 from quantbench.run.machine import detect
 from quantbench.run.memory import MemoryTracker
+from quantbench.run.spec import RunSpec
 from quantbench.term import LineProgress
 
 # The parent pipes stderr to keep a tail for failed rows; it asks for live progress when it has a terminal.

@@ -968,8 +968,9 @@ def cli_serve(
 ) -> int:
     """`quantbench serve`: load `model` through `backend` (as the runner does) and serve it, or answer --demo."""
     from quantbench.errors import ConfigError
-    from quantbench.run.backend import RunSpec, get_backend
+    from quantbench.run.backend import get_backend
     from quantbench.run.machine import detect
+    from quantbench.run.spec import RunSpec
 
     if backend == "http":
         raise ConfigError(
