@@ -14,7 +14,7 @@ from transformers import PreTrainedTokenizerFast, Qwen3MoeConfig, Qwen3MoeForCau
 from quantbench.engine.scoring import TransformersEngine
 from quantbench.errors import LoadError
 from quantbench.run.backend import Availability, LoadedVariant, VariantInfo
-from quantbench.run.spec import BackendOptions
+from quantbench.run.spec import BackendOptions, opt
 
 CORPUS = ["State: Question: Answer: A B C D E yes no left right forward wall player observation alpha beta"] * 50
 
@@ -57,6 +57,16 @@ class TinyBackend:
         info = VariantInfo(variant="tiny", weight_format="float32", kernel_path="transformers grouped_mm",
                            compute_dtype="float32", model_id="tiny-test", weights="synthetic")
         return LoadedVariant(engine=engine, info=info, model=model)
+
+
+class KeyedOptions(BackendOptions):
+    api_key: str | None = opt(None, "test: a secret setting, as the http backend's", hashed=False, secret=True)
+
+
+class KeyedTinyBackend(TinyBackend):
+    """TinyBackend with a secret setting: the stored spec must mask it."""
+
+    Options = KeyedOptions
 
 
 class CrashBackend(TinyBackend):

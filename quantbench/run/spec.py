@@ -132,7 +132,12 @@ def backend_class(name: str) -> type:
 
 def options_class(backend: str | None) -> type[BackendOptions]:
     """The Options a backend declares (imports the backend's module)."""
-    return backend_class(backend or "").Options
+    cls = backend_class(backend or "")
+    options = getattr(cls, "Options", None)
+    if not (isinstance(options, type) and issubclass(options, BackendOptions)):
+        raise ConfigError(f"--backend {backend!r}: {cls.__name__} declares no settings; give it `Options = "
+                          "quantbench.run.spec.BackendOptions` (or a subclass declaring its own)")
+    return options
 
 
 def choices(info: FieldInfo) -> tuple[Any, ...] | None:
