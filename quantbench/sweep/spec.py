@@ -320,7 +320,10 @@ class _Parser:
                 self.fail(f"{where}.backend", f"{backend!r} is not an installed backend",
                           (f"did you mean {near[0]!r}? " if near else "")
                           + f"installed: {', '.join(installed)} (or give package.module:Class)")
-            options = options_class(backend)
+            try:
+                options = options_class(backend)
+            except ConfigError as e:
+                self.fail(f"{where}.backend", str(e))
             own = _declared_by(backend)
             for key in item:
                 if key in installed_options() and key not in own:
