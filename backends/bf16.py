@@ -17,8 +17,9 @@ from quantbench.engine.scoring import TransformersEngine
 from quantbench.errors import ConfigError
 from quantbench.models.checkpoint import experts_tensor_bytes, load_causal_lm, model_identity
 from quantbench.models.loading import dtype_of
-from quantbench.run.backend import Availability, LoadedVariant, RunSpec, dir_bytes
+from quantbench.run.backend import Availability, LoadedVariant, dir_bytes
 from quantbench.run.record import VariantInfo
+from quantbench.run.spec import EngineOptions, RunSpec, opt
 
 QUANTBENCH_IMPL = "quantbench"
 
@@ -46,9 +47,15 @@ def set_experts_implementation(model, name: str) -> str:
     return name
 
 
+class Bf16Options(EngineOptions):
+    experts_impl: str = opt("grouped_mm", "BF16 experts kernel: grouped_mm | eager | batched_mm (transformers') | "
+                            "quantbench (quantbench's grouped-MoE engine, same weights)", after="--dtype", label="-{}")
+
+
 class Bf16Backend:
     name = "bf16"
     summary = "BF16 transformers checkpoint (the reference); experts kernel grouped_mm, eager or quantbench's engine"
+    Options = Bf16Options
 
     def availability(self, machine) -> Availability:
         where = machine.gpu_name if machine.has_gpu else "CPU"
@@ -78,8 +85,8 @@ class Bf16Backend:
             ident = model_identity(path)
             ident.pop("source_model_hash", None)
             note, disk = "", dir_bytes(path)
-        impl = set_experts_implementation(model, spec.experts_impl)
-        ours = spec.experts_impl == QUANTBENCH_IMPL  # quantbench's engine runs the experts, not transformers
+        impl = set_experts_implementation(model, spec.options.experts_impl)
+        ours = spec.options.experts_impl == QUANTBENCH_IMPL  # quantbench's engine runs the experts, not transformers
         engine = TransformersEngine.for_spec(model, tokenizer, spec)
         if impl == "eager":
             engine.decoder.disable("experts=eager loops over the hit experts with a host sync (nonzero): not capturable")

@@ -19,10 +19,10 @@ from torch import Tensor
 
 from quantbench.engine.moe.engine import experts_nbytes, kernel_paths
 from quantbench.engine.scoring import TransformersEngine
-from quantbench.errors import ConfigError
 from quantbench.models.loading import build_synthetic_quantized, device_of, dtype_of, load_checkpoint
-from quantbench.run.backend import Availability, LoadedVariant, RunSpec, dir_bytes
+from quantbench.run.backend import Availability, LoadedVariant, dir_bytes
 from quantbench.run.record import VariantInfo
+from quantbench.run.spec import GroupedMoeOptions, RunSpec
 
 
 def native_here(device: str, activations: str) -> bool:
@@ -34,6 +34,7 @@ def native_here(device: str, activations: str) -> bool:
 class Fp8Backend:
     name = "fp8"
     summary = "FP8 E4M3 W8A8 (ModelOpt / compressed-tensors); native on Ada/Hopper/Blackwell, else emulated"
+    Options = GroupedMoeOptions
 
     def availability(self, machine) -> Availability:
         if not machine.has_gpu:
@@ -46,8 +47,6 @@ class Fp8Backend:
                             "tensor cores; weights dequantized in the grouped GEMM, activations fake-quantized")
 
     def load(self, spec: RunSpec, machine) -> LoadedVariant:
-        if spec.nvfp4_mode != "packed" or spec.nvfp4_activations != "on":
-            raise ConfigError("--nvfp4 / --nvfp4-activations apply to --backend nvfp4 only")
         dtype = dtype_of(spec)
         if spec.shape:
             fields = self._synthetic(spec, dtype)

@@ -23,8 +23,9 @@ import httpx
 from quantbench.engine.base import EngineBase, Prepared
 from quantbench.errors import ConfigError, LoadError, QuantbenchError
 from quantbench.protocol import DecisionRequest, DecisionResponse, QuestionAnswer
-from quantbench.run.backend import Availability, LoadedVariant, RunSpec
+from quantbench.run.backend import Availability, LoadedVariant
 from quantbench.run.record import VariantInfo
+from quantbench.run.spec import BackendOptions, RunSpec, opt
 
 API_KEY_ENV = "QUANTBENCH_API_KEY"
 PATH = "/v1/systemone"
@@ -253,11 +254,18 @@ def variant_info(health: dict[str, Any], endpoint: str, concurrency: int) -> Var
     )
 
 
+class HttpOptions(BackendOptions):
+    endpoint: str | None = opt(None, "http backend: base URL of a SystemOne server", after="--nvfp4-activations")
+    api_key: str | None = opt(None, "http backend: API key", envvar=API_KEY_ENV, after="--concurrency", hashed=False,
+                              secret=True)
+
+
 class HttpBackend:
     name = "http"
     summary = (
         "any SystemOne HTTP server (quantbench serve, serve_clef.py): client-side latency, server's answers"
     )
+    Options = HttpOptions
 
     def availability(self, machine: Any) -> Availability:
         return Availability(
@@ -265,8 +273,8 @@ class HttpBackend:
         )
 
     def load(self, spec: RunSpec, machine: Any) -> LoadedVariant:
-        endpoint = normalize_endpoint(spec.endpoint)
-        api_key = spec.api_key or os.environ.get(API_KEY_ENV) or None
+        endpoint = normalize_endpoint(spec.options.endpoint)
+        api_key = spec.options.api_key or os.environ.get(API_KEY_ENV) or None
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         limits = httpx.Limits(
             max_connections=spec.concurrency + 2, max_keepalive_connections=spec.concurrency + 2

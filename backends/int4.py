@@ -26,8 +26,9 @@ from quantbench.engine.scoring import TransformersEngine
 from quantbench.errors import ConfigError, LoadError
 from quantbench.models.checkpoint import experts_tensor_bytes, load_causal_lm, model_identity
 from quantbench.models.loading import device_of, dtype_of
-from quantbench.run.backend import Availability, LoadedVariant, RunSpec, dir_bytes
+from quantbench.run.backend import Availability, LoadedVariant, dir_bytes
 from quantbench.run.record import VariantInfo
+from quantbench.run.spec import GroupedMoeOptions, RunSpec
 from quantbench.term import logs_kept
 
 
@@ -100,6 +101,7 @@ def per_expert_kernel(model: torch.nn.Module) -> str:
 class Int4Backend:
     name = "int4"
     summary = "INT4 W4A16 AutoRound checkpoint; quantbench grouped-MoE engine (fused Gluon / Triton kernels on CUDA)"
+    Options = GroupedMoeOptions
 
     def availability(self, machine) -> Availability:
         # Whether it is installed, not imported: importing auto-round takes seconds (`quantbench backends`).
@@ -133,7 +135,7 @@ class Int4Backend:
             # auto-round casts to fp16 when asked for fp32 (its kernels' dtype list), and transformers forbids
             # .float() on a quantized model; exact CPU comparisons want fp32, so cast through nn.Module's own .to
             torch.nn.Module.to(model, torch.float32)
-        if spec.fast_moe:
+        if spec.options.fast_moe:
             # the fused kernel computes in bf16/fp16; float32 on a GPU takes the dequantize + grouped_mm path
             engine_kernel = "grouped_mm" if dtype == torch.float32 and device.startswith("cuda") else "auto"
             kernel = f"quantbench grouped-moe {install_int4_engine(model, qc, engine_kernel)}"
@@ -156,14 +158,14 @@ class Int4Backend:
             native="native",
             disk_bytes=dir_bytes(path),
             experts_bytes=experts_bytes,
-            extra={"source_model_hash": source_hash, "fast_moe": spec.fast_moe,
+            extra={"source_model_hash": source_hash, "fast_moe": spec.options.fast_moe,
                    **({"library_log": library_log} if library_log else {})},
             **ident,
         )
         return LoadedVariant(engine=engine, info=info, model=model)
 
     def _load_synthetic(self, spec: RunSpec, dtype: torch.dtype, device: str) -> LoadedVariant:
-        if not spec.fast_moe:
+        if not spec.options.fast_moe:
             raise ConfigError("--shape with --backend int4 runs the grouped-MoE engine only; drop --no-fast-moe "
                               "(a per-expert synthetic run needs a checkpoint: `quantbench quantize --scheme int4`)")
         from quantbench.engine.moe import install_grouped_moe

@@ -17,7 +17,7 @@ forward: speed and memory only.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -26,14 +26,22 @@ from quantbench.engine.moe.engine import experts_nbytes, kernel_paths
 from quantbench.engine.scoring import TransformersEngine
 from quantbench.errors import ConfigError
 from quantbench.models.loading import build_synthetic_quantized, dtype_of, load_checkpoint
-from quantbench.run.backend import Availability, LoadedVariant, RunSpec, dir_bytes
+from quantbench.run.backend import Availability, LoadedVariant, dir_bytes
 from quantbench.run.record import VariantInfo
+from quantbench.run.spec import GroupedMoeOptions, RunSpec, opt
 
 
 # -- the backend ----------------------------------------------------------------------------------------------------
+class Nvfp4Options(GroupedMoeOptions):
+    nvfp4_mode: Literal["packed", "unpacked"] = opt("packed", "NVFP4 weights: packed | unpacked", flag="--nvfp4",
+                                                    after="--fast-moe", label="-{}", label_always=True)
+    nvfp4_activations: Literal["on", "off"] = opt("on", "NVFP4 activation fake-quant: on | off", after="--nvfp4")
+
+
 class Nvfp4Backend:
     name = "nvfp4"
     summary = "NVFP4 W4A4 (ModelOpt / compressed-tensors / auto-round); packed (fused Triton on CUDA) or unpacked"
+    Options = Nvfp4Options
 
     def availability(self, machine) -> Availability:
         if machine.gpu_family == "blackwell":
@@ -48,7 +56,7 @@ class Nvfp4Backend:
                             "fake-quantized unless --nvfp4-activations off")
 
     def load(self, spec: RunSpec, machine) -> LoadedVariant:
-        mode, acts = spec.nvfp4_mode, spec.nvfp4_activations
+        mode, acts = spec.options.nvfp4_mode, spec.options.nvfp4_activations
         if mode not in ("packed", "unpacked"):
             raise ConfigError(f"--nvfp4 {mode!r}: use packed (experts stay 4-bit) or unpacked (BF16 at load)")
         if acts not in ("on", "off"):

@@ -64,7 +64,7 @@ def bench_cpu(records: int, dtype: str, chunks: list[int] | None = None) -> None
     from backends.int4 import Int4Backend
     from quantbench.engine.moe import int4
     from quantbench.protocol.suite import load_suite
-    from quantbench.run.backend import RunSpec
+    from quantbench.run.spec import RunSpec
 
     requests = [r.request for r in load_suite(None).records[:records]]
     machine = SimpleNamespace(has_gpu=False, gpu_name=None)

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from quantbench.run.backend import RunSpec
 from quantbench.run.machine import detect
 from quantbench.run.record import RunResult
 from quantbench.run.runner import execute
+from quantbench.run.spec import RunSpec
 from quantbench.store import Store
 from tests import dashboard_store as ds
 from tests.failing_backends import model_less_load_error

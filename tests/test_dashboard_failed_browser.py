@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from quantbench.run.backend import RunSpec
 from quantbench.run.machine import detect
 from quantbench.run.runner import execute
+from quantbench.run.spec import RunSpec
 from quantbench.store import Store
 from tests import dashboard_store as ds
 from tests.failing_backends import model_less_load_error

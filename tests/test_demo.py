@@ -45,7 +45,7 @@ def demo_store(tmp_path, monkeypatch):
         elif spec.backend == "bf16":
             result = ok_run("bf16", "bf16", spec.role, 0 if spec.role == "reference" else 1, minutes)
         else:
-            result = ok_run(spec.backend, f"{spec.backend}-{spec.nvfp4_mode}" if spec.backend == "nvfp4"
+            result = ok_run(spec.backend, f"{spec.backend}-{spec.options.nvfp4_mode}" if spec.backend == "nvfp4"
                             else spec.backend, "candidate", 3, minutes)
         run_id = Store(db).write_run(result)
         return run_id, result.run.status

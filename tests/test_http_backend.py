@@ -24,10 +24,11 @@ from quantbench.errors import ConfigError, LoadError
 from quantbench.models.fixture import default_model_dir
 from quantbench.protocol import QuestionAnswer, parse_request
 from quantbench.protocol.suite import load_suite
-from quantbench.run.backend import LoadedVariant, RunSpec, get_backend
+from quantbench.run.backend import LoadedVariant, get_backend
 from quantbench.run.machine import detect
 from quantbench.run.record import VariantInfo
 from quantbench.run.runner import execute
+from quantbench.run.spec import RunSpec
 from quantbench.server import create_app
 from quantbench.store import Store
 from tests.test_server import CARD_BODY, ServerProcess, free_port, request_for

@@ -17,7 +17,7 @@ from quantbench.engine.moe.int4 import pack_k, pack_rows, regroup_experts, rtn_e
 from quantbench.errors import ConfigError, LoadError
 from quantbench.models.checkpoint import PROVENANCE_FILE, fingerprint, load_causal_lm
 from quantbench.models.quantize import Recipe, cached_variant, calibration_texts, quantize
-from quantbench.run.backend import RunSpec
+from quantbench.run.spec import RunSpec
 
 CPU = SimpleNamespace(has_gpu=False, gpu_name=None)
 

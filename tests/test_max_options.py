@@ -10,8 +10,8 @@ import pytest
 
 from quantbench.errors import ConfigError
 from quantbench.protocol.suite import load_suite
-from quantbench.run.backend import RunSpec
 from quantbench.run.runner import execute
+from quantbench.run.spec import RunSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 

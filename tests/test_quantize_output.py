@@ -62,8 +62,8 @@ def test_a_failed_quantization_names_the_libraries_log(tiny_source, tmp_path, mo
 
 
 def test_an_int4_run_keeps_auto_rounds_load_messages_on_the_run_instead_of_printing_them(tiny_int4, tmp_path, capfd):
-    from quantbench.run.backend import RunSpec
     from quantbench.run.runner import execute
+    from quantbench.run.spec import RunSpec
 
     suite = tmp_path / "mini.jsonl"
     suite.write_text('{"id": "r0", "benchmark": "mini", "request": {"state": {"observation": "a wall"}, '

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from quantbench.errors import GpuMismatchError
-from quantbench.run.backend import RunSpec
 from quantbench.run.runner import execute
+from quantbench.run.spec import RunSpec
 from quantbench.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -118,7 +118,7 @@ def test_a_gpu_mismatch_is_refused_before_anything_runs(suite):
 
 
 def test_an_api_key_is_never_stored(suite):
-    result = execute(spec("TinyBackend", suite, api_key="s3cret", limit=1), echo=False)
+    result = execute(spec("KeyedTinyBackend", suite, api_key="s3cret", limit=1), echo=False)
     assert result.run.spec["api_key"] == "***"
     assert "s3cret" not in str(result.run)
 

@@ -371,7 +371,8 @@ SERVER = """
 import sys, time
 import torch
 torch.set_num_threads(1)  # the tests measure behaviour, not speed: one thread keeps a busy 2-core machine usable
-from quantbench.run.backend import RunSpec, get_backend
+from quantbench.run.backend import get_backend
+from quantbench.run.spec import RunSpec
 from quantbench.run.machine import detect
 from quantbench.server import create_app, serve
 

@@ -160,7 +160,8 @@ SLOW_SERVER = """
 import json, sys, time
 import torch
 torch.set_num_threads(1)
-from quantbench.run.backend import RunSpec, get_backend
+from quantbench.run.backend import get_backend
+from quantbench.run.spec import RunSpec
 from quantbench.run.machine import detect
 from quantbench.server import create_app, serve
 

@@ -16,6 +16,7 @@ from quantbench.engine.scoring import TransformersEngine
 from quantbench.errors import LoadError
 from quantbench.run.backend import Availability, LoadedVariant
 from quantbench.run.record import VariantInfo
+from quantbench.run.spec import BackendOptions, opt
 
 CORPUS = ["State: Question: Answer: A B C D E yes no left right forward wall player observation alpha beta"] * 50
 
@@ -47,6 +48,7 @@ def save_tiny(path: Path) -> Path:
 class TinyBackend:
     name = "tiny"
     summary = "test: tiny random model"
+    Options = BackendOptions
 
     def availability(self, machine):
         return Availability(True)
@@ -85,6 +87,15 @@ class ReportingBackend(TinyBackend):
         engine.report = lambda: EngineReport(fused_ops="rmsnorm+rope",
                                              graphs={"replays": 7, "eager_calls": 2, "warmed": len(warmed)})
         return loaded
+
+class KeyedOptions(BackendOptions):
+    api_key: str | None = opt(None, "test: a secret setting, as the http backend's", hashed=False, secret=True)
+
+
+class KeyedTinyBackend(TinyBackend):
+    """TinyBackend with a secret setting: the stored spec must mask it."""
+
+    Options = KeyedOptions
 
 
 class CrashBackend(TinyBackend):

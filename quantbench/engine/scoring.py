@@ -96,7 +96,8 @@ class TransformersEngine(EngineBase):
     def for_spec(cls, model: Any, tokenizer: Any, spec: Any) -> TransformersEngine:
         """The engine a backend builds for a RunSpec (options, truncation, scoring method, CUDA graphs)."""
         return cls(model, tokenizer, max_options=spec.max_options, max_tokens=spec.max_tokens, truncate=spec.truncate,
-                   method=spec.method, cuda_graph=spec.cuda_graph, fused_ops=spec.fused_ops)
+                   method=spec.method, cuda_graph=spec.options.cuda_graph,
+                   fused_ops=spec.options.fused_ops)
 
     @torch.inference_mode()
     def warm(self, batch: list[Prepared]) -> None:

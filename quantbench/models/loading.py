@@ -15,7 +15,7 @@ from torch import Tensor
 from quantbench.engine.moe.engine import DenseExperts, install_grouped_moe, kernel_paths
 from quantbench.errors import ConfigError
 from quantbench.models.checkpoint import model_identity
-from quantbench.run.backend import RunSpec
+from quantbench.run.spec import RunSpec
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -36,7 +36,7 @@ def load_checkpoint(spec: RunSpec, scheme: str, *, mode: str = "packed", activat
 
     from quantbench.models.modelopt import load_quantized
 
-    if not spec.fast_moe:
+    if not spec.options.fast_moe:
         raise ConfigError(f"--no-fast-moe: transformers has no {scheme} path of its own for these checkpoints; "
                           "quantbench's loader always runs them in its grouped-MoE engine")
     if spec.model:

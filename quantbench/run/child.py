@@ -28,7 +28,7 @@ from quantbench.engine.moe.engine import kernel_paths, kernel_paths_ran
 from quantbench.models import lineage
 from quantbench.models.checkpoint import tensor_bytes
 from quantbench.protocol.suite import load_suite
-from quantbench.run.backend import LoadedVariant, RunSpec, get_backend
+from quantbench.run.backend import LoadedVariant, get_backend
 from quantbench.run.machine import detect
 from quantbench.run.memory import MemoryTracker
 from quantbench.run.record import (
@@ -42,6 +42,7 @@ from quantbench.run.record import (
     SuiteFacts,
     classify,
 )
+from quantbench.run.spec import RunSpec
 from quantbench.term import LineProgress
 
 # The parent pipes stderr to keep a tail for failed rows; it asks for live progress when it has a terminal.

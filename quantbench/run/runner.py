@@ -30,11 +30,13 @@ from typing import Any
 
 import quantbench
 from quantbench.errors import ConfigError
-from quantbench.run.backend import RunSpec
 from quantbench.run.machine import Machine, check_gpu, detect
 from quantbench.run.record import MachineFacts, Measured, Provenance, RunIdentity, RunRecord, RunResult, uuid7
+from quantbench.run.spec import RunSpec
 
-# The settings that decide what a run measures; sweeps skip a run whose hash is already stored.
+# The settings that decide what a run measures; sweeps skip a run whose hash is already stored. Frozen (read from
+# the flat spec) so every stored row keeps its hash; a backend option declared `hashed` joins the hash only when it
+# differs from its default (RunSpec.options.hashed_changes), so cuda_graph = "off" is another configuration.
 RESULT_KEYS = ("backend", "model", "suite", "dtype", "experts_impl", "fast_moe", "nvfp4_mode", "nvfp4_activations",
                "endpoint", "concurrency", "shape", "layers", "role", "max_tokens", "truncate", "method", "limit", "seed")
 TAIL_BYTES = 16_000
@@ -76,17 +78,16 @@ def provenance() -> dict[str, Any]:
 
 
 def spec_hash(spec: RunSpec, machine: Machine) -> str:
-    key = {k: getattr(spec, k) for k in RESULT_KEYS}
+    flat = spec.flat()
+    key = {k: flat[k] for k in RESULT_KEYS}
+    key.update({k: v for k, v in spec.options.hashed_changes().items() if k not in RESULT_KEYS})
     key["gpu"] = machine.gpu_name or f"cpu:{machine.host}"
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def stored_spec(spec: RunSpec) -> dict[str, Any]:
-    """The spec as stored on the row: everything but secrets."""
-    data = spec.to_dict()
-    if data.get("api_key"):
-        data["api_key"] = "***"
-    return data
+    """The spec as stored on the row (the flat layout): everything but secrets."""
+    return {**spec.flat(), **spec.options.stored()}
 
 
 def _pump(stream, sink, tail: deque[bytes]) -> None:

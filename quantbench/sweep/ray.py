@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from quantbench.run.backend import RunSpec
 from quantbench.run.machine import KNOWN_FAMILIES
 from quantbench.run.record import RunResult
+from quantbench.run.spec import RunSpec
 from quantbench.sweep.executor import Event, failed_result
 from quantbench.sweep.planning import PlannedRun
 
