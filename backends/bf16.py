@@ -8,16 +8,23 @@ decisions of 512 tokens on the H200 (docs/BENCHMARKS.md)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from quantbench.engine.moe import experts_nbytes
 from quantbench.engine.scoring import TransformersEngine
 from quantbench.errors import ConfigError
 from quantbench.models.checkpoint import experts_tensor_bytes, load_causal_lm, model_identity
-from quantbench.models.loading import dtype_of
-from quantbench.run.backend import Availability, LoadedVariant, RunSpec, VariantInfo, dir_bytes
+from quantbench.models.synthetic import build_synthetic, synthetic_id
+from quantbench.run.backend import (
+    EMBEDDED_MODEL,
+    Availability,
+    LoadedVariant,
+    RunSpec,
+    VariantInfo,
+    dir_bytes,
+    model_dir,
+)
+from quantbench.run.placement import dtype_of
 
 QUANTBENCH_IMPL = "quantbench"
 
@@ -47,6 +54,7 @@ def set_experts_implementation(model, name: str) -> str:
 
 class Bf16Backend:
     name = "bf16"
+    default_model = EMBEDDED_MODEL
     summary = "BF16 transformers checkpoint (the reference); experts kernel grouped_mm, eager or quantbench's engine"
 
     def availability(self, machine) -> Availability:
@@ -56,8 +64,6 @@ class Bf16Backend:
     def load(self, spec: RunSpec, machine) -> LoadedVariant:
         dtype = dtype_of(spec)
         if spec.shape:
-            from quantbench.models.fixture import build_synthetic, synthetic_id
-
             model, tokenizer = build_synthetic(spec.shape, layers=spec.layers, device=spec.device, dtype=dtype,
                                                seed=spec.seed)
             ident = {"model_id": synthetic_id(spec.shape, spec.layers, spec.seed),
@@ -66,12 +72,7 @@ class Bf16Backend:
         else:
             from transformers import AutoTokenizer
 
-            if spec.model:
-                path = Path(spec.model)
-            else:
-                from quantbench.models.fixture import default_model_dir
-
-                path = default_model_dir()
+            path = model_dir(spec)
             model = load_causal_lm(path, dtype=dtype, device=spec.device, trust_remote_code=spec.trust_remote_code)
             tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=spec.trust_remote_code)
             ident = model_identity(path)

@@ -251,6 +251,7 @@ def variant_info(health: dict[str, Any], endpoint: str, concurrency: int) -> Var
 
 class HttpBackend:
     name = "http"
+    default_model = None  # a remote server: nothing to prepare here
     summary = (
         "any SystemOne HTTP server (quantbench serve, serve_clef.py): client-side latency, server's answers"
     )

@@ -25,8 +25,9 @@ import torch
 from quantbench.engine.scoring import TransformersEngine
 from quantbench.errors import ConfigError, LoadError
 from quantbench.models.checkpoint import experts_tensor_bytes, load_causal_lm, model_identity
-from quantbench.models.loading import device_of, dtype_of
-from quantbench.run.backend import Availability, LoadedVariant, RunSpec, VariantInfo, dir_bytes
+from quantbench.models.synthetic import build_synthetic, synthetic_id
+from quantbench.run.backend import Availability, LoadedVariant, RunSpec, VariantInfo, dir_bytes, model_dir
+from quantbench.run.placement import device_of, dtype_of
 from quantbench.term import logs_kept
 
 
@@ -98,6 +99,7 @@ def per_expert_kernel(model: torch.nn.Module) -> str:
 
 class Int4Backend:
     name = "int4"
+    default_model = "int4"
     summary = "INT4 W4A16 AutoRound checkpoint; quantbench grouped-MoE engine (fused Gluon / Triton kernels on CUDA)"
 
     def availability(self, machine) -> Availability:
@@ -118,12 +120,7 @@ class Int4Backend:
         if spec.shape:
             return self._load_synthetic(spec, dtype, device)
 
-        if spec.model:
-            path = Path(spec.model)
-        else:
-            from quantbench.models.quantize import default_variant
-
-            path = default_variant("int4")
+        path = model_dir(spec)
         qc = read_quant_config(path)
         library_log: list[str] = []  # auto-round's INFO/WARNING lines while loading: kept on the run, not printed
         with transformers_state_restored(), logs_kept("autoround", library_log):
@@ -167,7 +164,6 @@ class Int4Backend:
                               "(a per-expert synthetic run needs a checkpoint: `quantbench quantize --scheme int4`)")
         from quantbench.engine.moe import install_grouped_moe
         from quantbench.engine.moe.int4 import rtn_experts
-        from quantbench.models.fixture import build_synthetic, synthetic_id
 
         model, tokenizer = build_synthetic(spec.shape, layers=spec.layers, device=device, dtype=dtype, seed=spec.seed)
         path = install_grouped_moe(

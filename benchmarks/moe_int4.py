@@ -297,10 +297,11 @@ def bench_layer(device: str, tokens: int, log: list[str]) -> dict[str, float]:
 
 
 def build_model(layers: int, device: str):
-    from quantbench.models.fixture import SYNTHETIC_SHAPES, _config, _new_model
+    from quantbench.models.build import moe_config, new_model
+    from quantbench.models.synthetic import SYNTHETIC_SHAPES
 
-    config = _config(dict(SYNTHETIC_SHAPES["qwen3-30b-a3b"], num_hidden_layers=layers))
-    return _new_model(config, device, torch.bfloat16, seed=0).eval()
+    config = moe_config(dict(SYNTHETIC_SHAPES["qwen3-30b-a3b"], num_hidden_layers=layers))
+    return new_model(config, device, torch.bfloat16, seed=0).eval()
 
 
 def decision_forward(model, ids):

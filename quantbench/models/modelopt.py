@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from quantbench.engine.moe.engine import DenseExperts, install_grouped_moe, moe_blocks
 from quantbench.errors import LoadError
-from quantbench.models.checkpoint import check_safetensors_only
+from quantbench.models.checkpoint import check_safetensors_only, model_identity
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
@@ -453,3 +453,21 @@ def load_quantized(
     model.to(device)
     model.eval()
     return LoadedQuant(model, layout, path_taken, dense)
+
+
+def load_checkpoint(path: str | Path, scheme: str, *, mode: str = "packed", activations: bool = True,
+                    dtype: torch.dtype, device: str, trust_remote_code: bool = False) -> dict[str, Any]:
+    """Load the `scheme` checkpoint at `path` with quantbench's loader, and its tokenizer; the run row's fields."""
+    from transformers import (
+        AutoTokenizer,  # lazy: transformers is imported in the child only, as load_quantized's
+    )
+
+    path = Path(path)
+    loaded = load_quantized(path, scheme=scheme, mode=mode, activations=activations, dtype=dtype, device=device,
+                            trust_remote_code=trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    ident = model_identity(path)
+    source_hash = ident.pop("source_model_hash", None)
+    return {"model": loaded.model, "tokenizer": tokenizer, "layout": loaded.layout, "path": path, "ident": ident,
+            "extra": {"source_model_hash": source_hash, "producer": loaded.layout.producer,
+                      "quantized_dense_linears": len(loaded.quantized_linears)}}

@@ -24,6 +24,7 @@ from quantbench.limits import DEFAULT_MAX_OPTIONS
 from quantbench.protocol import QuestionAnswer
 
 ENTRY_POINT_GROUP = "quantbench.backends"
+EMBEDDED_MODEL = "embedded"  # a backend's `default_model`: the embedded default model itself, in BF16
 
 
 @dataclass
@@ -124,6 +125,9 @@ class Availability:
 class Backend(Protocol):
     name: str
     summary: str
+    # What `quantbench.run.resolve` prepares, in the parent, for a spec with neither --model nor --shape:
+    # EMBEDDED_MODEL, a `quantbench quantize --scheme` of its variant ("int4"), or None (nothing local: http)
+    default_model: str | None
 
     def availability(self, machine: Any) -> Availability: ...
 
@@ -149,6 +153,15 @@ def get_backend(name: str) -> Backend:
             "(is quantbench installed with `pip install -e .`?)"
         )
     return eps[name].load()()
+
+
+def model_dir(spec: RunSpec) -> Path:
+    """The checkpoint directory a backend's `load()` loads. Only the parent prepares (quantbench.run.resolve):
+    a load that trained or quantized would be timed as loading."""
+    if not spec.model:
+        raise ConfigError(f"--backend {spec.backend}: this spec names neither --model nor --shape; resolve it first "
+                          "(quantbench.run.resolve.resolve prepares the embedded model or its variant in the parent)")
+    return Path(spec.model)
 
 
 def dir_bytes(path: str | Path) -> int:

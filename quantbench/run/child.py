@@ -25,7 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from quantbench.engine import pdl
 from quantbench.engine.moe.engine import kernel_paths, kernel_paths_ran
-from quantbench.errors import ConfigError, LoadError, RequestError, UnsupportedError, is_out_of_memory
+from quantbench.errors import classify
 from quantbench.models import lineage
 from quantbench.models.checkpoint import tensor_bytes
 from quantbench.protocol.suite import load_suite
@@ -198,21 +198,6 @@ def run(spec: RunSpec, out: dict[str, Any]) -> None:
         elif graphs["replays"]:
             run["kernel_path"] = f"{run['kernel_path']} +cuda-graph (partly eager)"
     run.update(vars(mem.finish()))
-
-
-def classify(exc: BaseException) -> str:
-    """The failure label of an exception: `oom` only when memory ran out (the error says so), `load_error` for a
-    checkpoint that cannot be loaded, `config_error` for a setting or suite record, `unsupported` for what this
-    machine cannot run, `crashed` for anything else."""
-    if is_out_of_memory(exc):
-        return "oom"
-    if isinstance(exc, LoadError):
-        return "load_error"
-    if isinstance(exc, ConfigError | RequestError):
-        return "config_error"
-    if isinstance(exc, UnsupportedError):
-        return "unsupported"
-    return "crashed"
 
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h

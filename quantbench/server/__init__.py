@@ -970,6 +970,7 @@ def cli_serve(
     from quantbench.errors import ConfigError
     from quantbench.run.backend import RunSpec, get_backend
     from quantbench.run.machine import detect
+    from quantbench.run.resolve import resolve
 
     if backend == "http":
         raise ConfigError(
@@ -992,7 +993,7 @@ def cli_serve(
     chosen = get_backend(backend)  # an unknown name fails here, before the port opens
 
     def load() -> LoadedVariant:
-        return chosen.load(spec, machine)
+        return chosen.load(resolve(spec), machine)  # no --model: the embedded model, prepared here first
 
     if demo:
         loaded = load()
