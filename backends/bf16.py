@@ -13,7 +13,8 @@ import torch
 from quantbench.engine.moe import experts_nbytes
 from quantbench.engine.scoring import TransformersEngine
 from quantbench.errors import ConfigError
-from quantbench.models.checkpoint import experts_tensor_bytes, load_causal_lm, model_identity
+from quantbench.models.checkpoint import experts_tensor_bytes, model_identity, read_config
+from quantbench.models.family import family_of, moe_layout
 from quantbench.models.synthetic import build_synthetic, synthetic_id
 from quantbench.run.backend import (
     EMBEDDED_MODEL,
@@ -41,7 +42,7 @@ def set_experts_implementation(model, name: str) -> str:
                                   f"down_proj); this model has {type(experts).__name__}")
             return DenseExperts(experts.gate_up_proj.detach()), DenseExperts(experts.down_proj.detach())
 
-        return f"quantbench grouped-moe {install_grouped_moe(model, same_weights)}".replace(
+        return f"quantbench grouped-moe {install_grouped_moe(model, same_weights, layout=moe_layout(model))}".replace(
             "dequant+grouped_mm", "torch._grouped_mm")
     if not hasattr(model, "set_experts_implementation"):
         raise ConfigError(f"--experts-impl {name}: this transformers model has no selectable experts implementation")
@@ -73,7 +74,7 @@ class Bf16Backend:
             from transformers import AutoTokenizer
 
             path = model_dir(spec)
-            model = load_causal_lm(path, dtype=dtype, device=spec.device, trust_remote_code=spec.trust_remote_code)
+            model = family_of(read_config(path)).load(path, dtype, spec.device, spec.trust_remote_code)
             tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=spec.trust_remote_code)
             ident = model_identity(path)
             ident.pop("source_model_hash", None)

@@ -24,7 +24,8 @@ import torch
 
 from quantbench.engine.scoring import TransformersEngine
 from quantbench.errors import ConfigError, LoadError
-from quantbench.models.checkpoint import experts_tensor_bytes, load_causal_lm, model_identity
+from quantbench.models.checkpoint import experts_tensor_bytes, model_identity, read_config
+from quantbench.models.family import family_of, moe_layout
 from quantbench.models.synthetic import build_synthetic, synthetic_id
 from quantbench.run.backend import Availability, LoadedVariant, RunSpec, VariantInfo, dir_bytes, model_dir
 from quantbench.run.placement import device_of, dtype_of
@@ -124,7 +125,7 @@ class Int4Backend:
         qc = read_quant_config(path)
         library_log: list[str] = []  # auto-round's INFO/WARNING lines while loading: kept on the run, not printed
         with transformers_state_restored(), logs_kept("autoround", library_log):
-            model = load_causal_lm(path, dtype=dtype, device=device, trust_remote_code=spec.trust_remote_code)
+            model = family_of(read_config(path)).load(path, dtype, device, spec.trust_remote_code)
         if dtype == torch.float32:
             # auto-round casts to fp16 when asked for fp32 (its kernels' dtype list), and transformers forbids
             # .float() on a quantized model; exact CPU comparisons want fp32, so cast through nn.Module's own .to
@@ -167,7 +168,8 @@ class Int4Backend:
 
         model, tokenizer = build_synthetic(spec.shape, layers=spec.layers, device=device, dtype=dtype, seed=spec.seed)
         path = install_grouped_moe(
-            model, lambda i, ex: (rtn_experts(ex.gate_up_proj.data), rtn_experts(ex.down_proj.data)))
+            model, lambda i, ex: (rtn_experts(ex.gate_up_proj.data), rtn_experts(ex.down_proj.data)),
+            layout=moe_layout(model))
         engine = TransformersEngine.for_spec(model, tokenizer, spec)
         info = VariantInfo(
             variant="int4",
@@ -192,7 +194,7 @@ def install_int4_engine(model: torch.nn.Module, qc: dict[str, Any], kernel: str 
 
     sym = qc.get("sym", True)
     return install_grouped_moe(model, lambda i, ex: regroup_experts(ex, sym=sym, name=f"layers.{i}.mlp.experts"),
-                               kernel=kernel)
+                               kernel=kernel, layout=moe_layout(model))
 
 
 def _engine_bytes(model: torch.nn.Module) -> int:

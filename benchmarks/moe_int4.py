@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from quantbench.engine.moe import DenseExperts, GroupedMoE, experts_nbytes, install_grouped_moe  # noqa: E402
 from quantbench.engine.moe.int4 import Int4Experts, int4_grouped_mm, pick_config, rtn_experts  # noqa: E402
+from quantbench.models.family import moe_layout  # noqa: E402
 
 SHAPE = {"hidden": 2048, "inter": 768, "experts": 128, "top_k": 8, "group": 128}
 
@@ -340,7 +341,8 @@ def bench_model(device: str, layers: int, tokens: int, log: list[str]) -> dict[s
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     t = time.perf_counter()
-    path = install_grouped_moe(model, lambda i, ex: (rtn_experts(ex.gate_up_proj.data), rtn_experts(ex.down_proj.data)))
+    path = install_grouped_moe(model, lambda i, ex: (rtn_experts(ex.gate_up_proj.data), rtn_experts(ex.down_proj.data)),
+                               layout=moe_layout(model))
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     int4_experts = experts_nbytes(model)

@@ -29,9 +29,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from quantbench.engine.moe.engine import DenseExperts, install_grouped_moe, moe_blocks
+from quantbench.engine.moe.engine import DenseExperts, install_grouped_moe
 from quantbench.errors import LoadError
 from quantbench.models.checkpoint import check_safetensors_only, model_identity
+from quantbench.models.family import moe_layout
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
@@ -405,7 +406,8 @@ def load_quantized(
     # experts: one format per projection and layer, swapped in by the grouped-MoE engine
     built: dict[int, tuple[nn.Module, nn.Module]] = {}
     expert_prefixes = []
-    for ref in moe_blocks(model):
+    moe = moe_layout(model)
+    for ref in moe.blocks:
         prefix = f"{ref.name}.experts"
         expert_prefixes.append(prefix + ".")
         num = int(getattr(ref.block.experts, "num_experts", None) or len(ref.block.experts))
@@ -415,7 +417,7 @@ def load_quantized(
             built[ref.layer_index] = _dense_experts(ck, prefix, num, dtype)
     if not built:
         raise LoadError(f"{root}: {type(model).__name__} has no MoE block; quantbench's nvfp4 / fp8 backends run MoE models")
-    path_taken = install_grouped_moe(model, lambda i, _experts: built[i], kernel)
+    path_taken = install_grouped_moe(model, lambda i, _experts: built[i], kernel, layout=moe)
 
     # dense quantized Linears (a full variant): replaced in place
     from quantbench.engine.moe.fp8 import Fp8Linear

@@ -21,6 +21,7 @@ from quantbench.engine.moe.engine import (
 from quantbench.models.build import moe_config, new_model
 from quantbench.models.calibration import calibration_prompt
 from quantbench.models.checkpoint import SYNTHETIC_FILE
+from quantbench.models.family import moe_layout
 from quantbench.models.fixture import build_tokenizer
 
 # Real model shapes for speed / memory runs with random weights (text decoder only).
@@ -115,7 +116,8 @@ def build_synthetic_quantized(shape: str, make: Any, *, layers: int | None, seed
     """A random real-shape model whose experts are replaced by `make(weight [E, N, K], amax) -> format`, where amax
     is the input's absolute maximum seen by one calibration forward over rendered decision records."""
     model, tokenizer = build_synthetic(shape, layers=layers, device=device, dtype=dtype, seed=seed)
-    install_grouped_moe(model, lambda i, ex: (_AmaxObserver(ex.gate_up_proj.data), _AmaxObserver(ex.down_proj.data)))
+    install_grouped_moe(model, lambda i, ex: (_AmaxObserver(ex.gate_up_proj.data), _AmaxObserver(ex.down_proj.data)),
+                        layout=moe_layout(model))
     with torch.inference_mode():
         model.get_decoder()(input_ids=calibration_prompt(tokenizer).to(device), use_cache=False)
     for moe in [m for m in model.modules() if isinstance(m, GroupedMoE)]:
