@@ -13,6 +13,7 @@ from quantbench.errors import UnsupportedError
 
 
 def moe_config(shape: dict[str, Any], **extra: Any):
+    """The Qwen3MoeConfig of a shape (the fixture's MODEL, a SYNTHETIC_SHAPES entry): every layer sparse."""
     shape = dict(shape)
     rope = {"rope_type": "default", "rope_theta": shape.pop("rope_theta")}
     return Qwen3MoeConfig(**shape, rope_parameters=rope, decoder_sparse_step=1, mlp_only_layers=[], **extra)
