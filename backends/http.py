@@ -262,6 +262,7 @@ class HttpOptions(BackendOptions):
 
 class HttpBackend:
     name = "http"
+    default_model = None  # a remote server: nothing to prepare here
     summary = (
         "any SystemOne HTTP server (quantbench serve, serve_clef.py): client-side latency, server's answers"
     )

@@ -366,13 +366,23 @@ def fixture(
     seed: Annotated[int, typer.Option(help="--shape: the random weights' seed")] = 0,
 ) -> None:
     """Build (or show) the embedded default model: a small trained Qwen3-MoE with its own tokenizer."""
-    from quantbench.models.fixture import SYNTHETIC_SHAPES, main_fixture, save_synthetic, synthetic_id
+    from quantbench.models.fixture import find_or_build
+    from quantbench.models.synthetic import SYNTHETIC_SHAPES, save_synthetic, synthetic_id
 
     try:
         if shape is None:
             if layers is not None:
                 raise ConfigError("--layers applies to --shape only: the embedded model's layers are part of its recipe")
-            main_fixture(rebuild, out_dir)
+            info = find_or_build(rebuild, out_dir)
+            out.print(f"fixture [bold]{info.model_id}[/] at {info.path}")
+            how = f"built in {info.train_seconds:.0f} s of training" if info.train_seconds is not None else "cached"
+            out.print(f"{how}; {info.parameters / 1e6:.1f} M parameters, {info.size_bytes / 2**20:.1f} MiB "
+                      "(bf16 safetensors)")
+            table = Table("family", "held-out accuracy", title="built-in suite (never trained on)")
+            for family, acc in info.accuracy.items():
+                table.add_row(family, f"{acc:.1%}")
+            table.add_row("[bold]mean[/]", f"[bold]{info.overall:.1%}[/]")
+            out.print(table)
             return
         if shape not in SYNTHETIC_SHAPES:
             raise ConfigError(f"--shape {shape!r}: use one of {', '.join(sorted(SYNTHETIC_SHAPES))}")

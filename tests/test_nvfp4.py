@@ -450,11 +450,12 @@ def test_default_variant_packed_and_unpacked_agree_on_every_question_of_the_defa
     from backends.nvfp4 import Nvfp4Backend
     from quantbench.protocol.suite import load_suite
     from quantbench.run.machine import detect
+    from quantbench.run.resolve import resolve
     from quantbench.run.spec import RunSpec
 
     machine, backend = detect(), Nvfp4Backend()
-    packed = backend.load(RunSpec(backend="nvfp4", device="cpu"), machine).engine
-    unpacked = backend.load(RunSpec(backend="nvfp4", device="cpu", nvfp4_mode="unpacked"), machine).engine
+    packed = backend.load(resolve(RunSpec(backend="nvfp4", device="cpu")), machine).engine
+    unpacked = backend.load(resolve(RunSpec(backend="nvfp4", device="cpu", nvfp4_mode="unpacked")), machine).engine
     records = load_suite(None).records
     batch = 16
     for start in range(0, len(records), batch):

@@ -139,8 +139,8 @@ def test_the_child_builds_the_kernel_path_it_ran_from_parts():
 
 
 def test_a_tiny_run_end_to_end_stores_the_answers_the_model_gives(tmp_path, monkeypatch):
-    from quantbench.run.backend import RunSpec
     from quantbench.run.runner import execute
+    from quantbench.run.spec import RunSpec
     from tests.tiny import answers_in_process
 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))

@@ -297,8 +297,7 @@ def test_a_bad_setting_found_in_the_child_is_labelled_config_error(tmp_path, sui
 def test_classify_names_out_of_memory_only_with_evidence():
     import torch
 
-    from quantbench.errors import ConfigError, LoadError, UnsupportedError
-    from quantbench.run.record import classify
+    from quantbench.errors import ConfigError, LoadError, UnsupportedError, classify
 
     assert classify(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")) == "oom"
     assert classify(MemoryError()) == "oom"

@@ -21,8 +21,11 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from quantbench.engine.base import DecisionEngine
+from quantbench.errors import ConfigError
 from quantbench.run.record import VariantInfo
 from quantbench.run.spec import ENTRY_POINT_GROUP, BackendOptions, RunSpec, backend_class
+
+EMBEDDED_MODEL = "embedded"  # a backend's `default_model`: the embedded default model itself, in BF16
 
 
 @dataclass
@@ -45,6 +48,9 @@ class Backend(Protocol):
     name: str
     summary: str
     Options: ClassVar[type[BackendOptions]]  # the settings this backend declares (quantbench.run.spec)
+    # What `quantbench.run.resolve` prepares, in the parent, for a spec with neither --model nor --shape:
+    # EMBEDDED_MODEL, a `quantbench quantize --scheme` of its variant ("int4"), or None (nothing local: http)
+    default_model: ClassVar[str | None]
 
     def availability(self, machine: Any) -> Availability: ...
 
@@ -58,6 +64,15 @@ def backend_names() -> list[str]:
 def get_backend(name: str) -> Backend:
     """An installed backend by entry-point name, or any class by import path (`package.module:Class`)."""
     return backend_class(name)()
+
+
+def model_dir(spec: RunSpec) -> Path:
+    """The checkpoint directory a backend's `load()` loads. Only the parent prepares (quantbench.run.resolve):
+    a load that trained or quantized would be timed as loading."""
+    if not spec.model:
+        raise ConfigError(f"--backend {spec.backend}: this spec names neither --model nor --shape; resolve it first "
+                          "(quantbench.run.resolve.resolve prepares the embedded model or its variant in the parent)")
+    return Path(spec.model)
 
 
 def dir_bytes(path: str | Path) -> int:

@@ -25,6 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from quantbench.engine import pdl
 from quantbench.engine.moe.engine import kernel_paths, kernel_paths_ran
+from quantbench.errors import classify
 from quantbench.models import lineage
 from quantbench.models.checkpoint import tensor_bytes
 from quantbench.protocol.suite import load_suite
@@ -40,7 +41,6 @@ from quantbench.run.record import (
     Measured,
     MemoryFacts,
     SuiteFacts,
-    classify,
 )
 from quantbench.run.spec import RunSpec
 from quantbench.term import LineProgress

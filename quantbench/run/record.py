@@ -19,8 +19,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.dataclasses import dataclass
 
-from quantbench.errors import ConfigError, LoadError, RequestError, UnsupportedError, is_out_of_memory
-
 FORBID = ConfigDict(extra="forbid")
 
 
@@ -33,21 +31,6 @@ def uuid7() -> uuid.UUID:
     value = (value & ~(0xF << 76)) | (0x7 << 76)  # version 7
     value = (value & ~(0x3 << 62)) | (0x2 << 62)  # RFC 4122 variant
     return uuid.UUID(int=value)
-
-
-def classify(exc: BaseException) -> str:
-    """The failure label of an exception: `oom` only when memory ran out (the error says so), `load_error` for a
-    checkpoint that cannot be loaded, `config_error` for a setting or suite record, `unsupported` for what this
-    machine cannot run, `crashed` for anything else."""
-    if is_out_of_memory(exc):
-        return "oom"
-    if isinstance(exc, LoadError):
-        return "load_error"
-    if isinstance(exc, ConfigError | RequestError):
-        return "config_error"
-    if isinstance(exc, UnsupportedError):
-        return "unsupported"
-    return "crashed"
 
 
 class _Part(BaseModel):

@@ -22,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
@@ -29,9 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import quantbench
-from quantbench.errors import ConfigError
+from quantbench.errors import ConfigError, classify
 from quantbench.run.machine import Machine, check_gpu, detect
 from quantbench.run.record import MachineFacts, Measured, Provenance, RunIdentity, RunRecord, RunResult, uuid7
+from quantbench.run.resolve import resolve
 from quantbench.run.spec import RunSpec
 
 # The settings that decide what a run measures; sweeps skip a run whose hash is already stored. Frozen (read from
@@ -251,6 +253,26 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def _resolve_in_parent(spec: RunSpec) -> tuple[RunSpec, dict[str, Any] | None]:
+    """`resolve(spec)` (training or quantizing the embedded model can take minutes) counted as a run in flight,
+    so a stop signal meanwhile ends this run as interrupted instead of exiting before its row is stored. Returns
+    the spec for the child, or the failed result (classified as a child's failure would be) and no child."""
+    with _stop.lock:
+        _stop.live += 1
+    try:
+        resolved = resolve(spec)
+    except Exception as exc:  # a failed row, never a lost run; KeyboardInterrupt still propagates
+        return spec, {"run": {}, "status": "failed", "failure": classify(exc),
+                      "error": f"{type(exc).__name__}: {exc}\n\n" + "".join(traceback.format_exception(exc))}
+    finally:
+        with _stop.lock:
+            _stop.live -= 1
+    if stopping():
+        return spec, {"run": {}, "status": "failed", "failure": "interrupted",
+                      "error": _stop_message(_stop.signum or signal.SIGTERM)}
+    return resolved, None
+
+
 def execute(spec: RunSpec, *, machine: Machine | None = None, echo: bool = True,
             env: dict[str, str] | None = None) -> RunResult:
     """Run `spec` in a fresh child process; return its rows. Raises GpuMismatchError, ConfigError or LoadError
@@ -264,60 +286,64 @@ def execute(spec: RunSpec, *, machine: Machine | None = None, echo: bool = True,
     run_id, created = str(uuid7()), dt.datetime.now(dt.UTC)
     _clear_orphaned_tmp()
 
-    with tempfile.TemporaryDirectory(prefix=f"{TMP_PREFIX}{os.getpid()}-") as tmp:
-        spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
-        spec_path.write_text(json.dumps(spec.to_dict()))
-        env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1", "QUANTBENCH_PARENT_PID": str(os.getpid())}
-        if echo and sys.stderr.isatty():
-            env["QUANTBENCH_TTY"] = "1"
-        oom_before = oom_kill_count()
-        ended = None  # "timeout" | "interrupted" when this process ended the run
-        with _stop.lock:
-            _stop.live += 1
-        try:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "quantbench.run.child", str(spec_path), str(result_path)],
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                start_new_session=True,  # its own process group: a timeout kills the child and anything it started
-            )
-            tail: deque[bytes] = deque()
-            sink = getattr(sys.stderr, "buffer", None) if echo else None
-            pump = threading.Thread(target=_pump, args=(proc.stdout, sink, tail), daemon=True)
-            pump.start()
-            deadline = time.monotonic() + spec.timeout_s
-            try:
-                while proc.poll() is None:
-                    if stopping():
-                        ended = "interrupted"
-                    elif time.monotonic() > deadline:
-                        ended = "timeout"
-                    if ended:
-                        _kill_group(proc)
-                        break
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        proc.wait(timeout=POLL_S)
-            except BaseException:  # anything else (Ctrl-C outside stop_on_signals): the child must not outlive us
-                _kill_group(proc)
-                raise
-        finally:
+    # spec_hash, the stored spec and role below stay those of the requested spec (model None for the embedded
+    # model), so a run's hash does not depend on where the cache lives; the child gets the resolved one.
+    child_spec, out = _resolve_in_parent(spec)
+    if out is None:
+        with tempfile.TemporaryDirectory(prefix=f"{TMP_PREFIX}{os.getpid()}-") as tmp:
+            spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
+            spec_path.write_text(json.dumps(child_spec.to_dict()))
+            env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1", "QUANTBENCH_PARENT_PID": str(os.getpid())}
+            if echo and sys.stderr.isatty():
+                env["QUANTBENCH_TTY"] = "1"
+            oom_before = oom_kill_count()
+            ended = None  # "timeout" | "interrupted" when this process ended the run
             with _stop.lock:
-                _stop.live -= 1
-        pump.join(timeout=5)
-        out = json.loads(result_path.read_text()) if result_path.exists() and ended is None else None
-        crash_trace = result_path.with_suffix(".faulthandler")
-        crash_text = crash_trace.read_text() if crash_trace.exists() else ""
+                _stop.live += 1
+            try:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "quantbench.run.child", str(spec_path), str(result_path)],
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                    start_new_session=True,  # its own process group: a timeout kills the child and anything it started
+                )
+                tail: deque[bytes] = deque()
+                sink = getattr(sys.stderr, "buffer", None) if echo else None
+                pump = threading.Thread(target=_pump, args=(proc.stdout, sink, tail), daemon=True)
+                pump.start()
+                deadline = time.monotonic() + spec.timeout_s
+                try:
+                    while proc.poll() is None:
+                        if stopping():
+                            ended = "interrupted"
+                        elif time.monotonic() > deadline:
+                            ended = "timeout"
+                        if ended:
+                            _kill_group(proc)
+                            break
+                        with contextlib.suppress(subprocess.TimeoutExpired):
+                            proc.wait(timeout=POLL_S)
+                except BaseException:  # anything else (Ctrl-C outside stop_on_signals): the child must not outlive us
+                    _kill_group(proc)
+                    raise
+            finally:
+                with _stop.lock:
+                    _stop.live -= 1
+            pump.join(timeout=5)
+            out = json.loads(result_path.read_text()) if result_path.exists() and ended is None else None
+            crash_trace = result_path.with_suffix(".faulthandler")
+            crash_text = crash_trace.read_text() if crash_trace.exists() else ""
 
-    stderr_tail = b"".join(tail).decode(errors="replace")
-    if ended == "timeout":
-        out = {"run": {}, "status": "failed", "failure": "timeout",
-               "error": f"the run exceeded its timeout of {spec.timeout_s:g} s and was killed\n\n{stderr_tail}"}
-    elif ended == "interrupted":
-        out = {"run": {}, "status": "failed", "failure": "interrupted",
-               "error": f"{_stop_message(_stop.signum or signal.SIGTERM)}\n\n{stderr_tail}".strip()}
-    elif out is None:
-        failure, how = death_failure(proc.returncode, oom_before, oom_kill_count())
-        out = {"run": {}, "status": "failed", "failure": failure,
-               "error": f"the child process died ({how}) before reporting\n\n{crash_text}\n{stderr_tail}".strip()}
+        stderr_tail = b"".join(tail).decode(errors="replace")
+        if ended == "timeout":
+            out = {"run": {}, "status": "failed", "failure": "timeout",
+                   "error": f"the run exceeded its timeout of {spec.timeout_s:g} s and was killed\n\n{stderr_tail}"}
+        elif ended == "interrupted":
+            out = {"run": {}, "status": "failed", "failure": "interrupted",
+                   "error": f"{_stop_message(_stop.signum or signal.SIGTERM)}\n\n{stderr_tail}".strip()}
+        elif out is None:
+            failure, how = death_failure(proc.returncode, oom_before, oom_kill_count())
+            out = {"run": {}, "status": "failed", "failure": failure,
+                   "error": f"the child process died ({how}) before reporting\n\n{crash_text}\n{stderr_tail}".strip()}
 
     identity = RunIdentity(
         run_id=run_id, created_at=created, finished_at=dt.datetime.now(dt.UTC), status=out["status"],

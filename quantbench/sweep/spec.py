@@ -274,7 +274,7 @@ class _Parser:
             elif kinds == ["path"]:
                 model.path = self.checkpoint_dir(item["path"], f"{where}.path", "BF16 checkpoint")
             else:
-                from quantbench.models.fixture import SYNTHETIC_SHAPES
+                from quantbench.models.synthetic import SYNTHETIC_SHAPES
 
                 model.shape = self.typed(item["shape"], str, f"{where}.shape", "a string")
                 if model.shape not in SYNTHETIC_SHAPES:

@@ -43,15 +43,16 @@ stable: the int4, nvfp4 and fp8 formats (quantbench.engine.moe.int4 / nvfp4 / fp
     float8_e4m3fn codes, which down's grouped_mm then takes as x (a bf16 model only; the same bits as bf16 h).
 
     class GroupedMoE(nn.Module):     # replaces one MoE block (`layer.mlp`)
-        GroupedMoE(gate, gate_up, down, *, top_k, norm_topk_prob, act="silu", kernel="auto")
+        GroupedMoE(gate, gate_up, down, *, top_k, norm_topk_prob, act="silu", kernel="auto", gate_bias=False)
         forward(hidden_states [..., H], residual=None, norm=None) -> [..., H]   # + residual, when given
                                                     # with norm too: (that, norm(that)) from one pass
         experts_forward(x [T, H], top_k_index [T, k], top_k_weights [T, k], residual=None, norm=None) -> [T, H]
         kernel_path: str             # what ran last ("cpu-vectorised", "triton-fused-int4", "dequant+grouped_mm")
 
-    def install_grouped_moe(model, make_weights, kernel="auto") -> str
+    def install_grouped_moe(model, make_weights, kernel="auto", *, layout: MoeLayout) -> str
+        # layout: where the MoE blocks are and how they route, from the model's family (quantbench.models.family)
         # make_weights(layer_index, experts_module) -> (gate_up, down); swaps every MoE block, returns the path
-    def moe_blocks(model) -> list[MoEBlockRef]       # the blocks install_grouped_moe would swap
+    MoeLayout(blocks, top_k, norm_topk_prob, hidden_act, gate_bias, shared_experts)  # what the family says
     def experts_nbytes(model) -> int                 # bytes of every GroupedMoE's expert tensors
     def kernel_paths_ran(model) -> str               # every path the forwards so far took
     def reset_paths(model) -> None                   # forget them (after a calibration pass or a probe)
@@ -62,7 +63,6 @@ stable: the int4, nvfp4 and fp8 formats (quantbench.engine.moe.int4 / nvfp4 / fp
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -198,6 +198,7 @@ class GroupedMoE(nn.Module):
         norm_topk_prob: bool,
         act: str | Callable[[Tensor], Tensor] = "silu",
         kernel: str = "auto",
+        gate_bias: bool = False,
     ):
         super().__init__()
         if kernel not in KERNELS:
@@ -214,6 +215,7 @@ class GroupedMoE(nn.Module):
         self.num_experts = gate_up.num_experts
         self.top_k = top_k
         self.norm_topk_prob = norm_topk_prob
+        self.gate_bias = gate_bias  # route adds gate.bias (the family's MoeLayout says whether there is one)
         self.kernel = kernel
         if isinstance(act, str):
             # lazy: transformers takes seconds to import, and backends import this module in the parent
@@ -249,7 +251,8 @@ class GroupedMoE(nn.Module):
         RMSNorm: the next layer's input norm), (residual + output, norm(residual + output)) from the same pass."""
         shape = hidden_states.shape
         x = hidden_states.reshape(-1, shape[-1])
-        weights, index = route(x, self.gate.weight, self.top_k, self.norm_topk_prob, getattr(self.gate, "bias", None))
+        weights, index = route(x, self.gate.weight, self.top_k, self.norm_topk_prob,
+                                self.gate.bias if self.gate_bias else None)
         res = None if residual is None else residual.reshape(-1, shape[-1])
         out = self.experts_forward(x, index, weights, residual=res, norm=norm)
         if norm is None:
@@ -392,65 +395,40 @@ class MoEBlockRef:
     block: nn.Module
 
 
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
+@dataclass(frozen=True)
+class MoeLayout:
+    """Where a model's MoE blocks are and how they route: what a model family (quantbench.models.family) tells the
+    engine, so the engine never probes a model or its config."""
 
-
-def _is_moe_block(module: nn.Module) -> bool:
-    gate, experts = getattr(module, "gate", None), getattr(module, "experts", None)
-    if gate is None or experts is None or not isinstance(getattr(gate, "weight", None), Tensor):
-        return False
-    return isinstance(experts, nn.ModuleList) or hasattr(experts, "gate_up_proj")
-
-
-def moe_blocks(model: nn.Module) -> list[MoEBlockRef]:
-    """Every MoE block (a module with a router `gate` and `experts`), in model order, with its layer index."""
-    found = []
-    for name, module in model.named_modules():
-        if not _is_moe_block(module):
-            continue
-        match = _LAYER.search(name)
-        parent_name, _, attr = name.rpartition(".")
-        found.append(MoEBlockRef(name, int(match.group(1)) if match else len(found), model.get_submodule(parent_name),
-                                 attr, module))
-    return found
-
-
-def _setting(block: nn.Module, config: Any, *names: str) -> Any:
-    for owner in (block, getattr(block, "gate", None), getattr(block, "experts", None)):
-        for n in names:
-            if owner is not None and getattr(owner, n, None) is not None:
-                return getattr(owner, n)
-    for n in names:
-        if getattr(config, n, None) is not None:
-            return getattr(config, n)
-    raise ConfigError(f"cannot tell the MoE block's {names[0]} (neither the block nor the config has {' / '.join(names)})")
+    blocks: list[MoEBlockRef]
+    top_k: int
+    norm_topk_prob: bool
+    hidden_act: str = "silu"
+    gate_bias: bool = False  # the router adds a bias to its logits
+    shared_experts: bool = False  # the blocks also run shared experts (not supported by this engine)
 
 
 def install_grouped_moe(
     model: nn.Module,
     make_weights: Callable[[int, nn.Module], tuple[ExpertsBase, ExpertsBase]],
     kernel: str = "auto",
+    *,
+    layout: MoeLayout,
 ) -> str:
-    """Replace every MoE block of `model` with a GroupedMoE built from `make_weights(layer_index, experts)`.
-    Swaps one layer at a time so the old expert tensors are freed as it goes. Returns the kernel path."""
-    blocks = moe_blocks(model)
-    if not blocks:
+    """Replace every MoE block of `layout` (the model's family says where they are: quantbench.models.family) with
+    a GroupedMoE built from `make_weights(layer_index, experts)`. Swaps one layer at a time so the old expert
+    tensors are freed as it goes. Returns the kernel path."""
+    if not layout.blocks:
         raise UnsupportedError(f"{type(model).__name__} has no MoE block (a module with `gate` and `experts`)")
-    config = getattr(model, "config", None)
-    config = getattr(config, "get_text_config", lambda: config)()
+    if layout.shared_experts:
+        raise UnsupportedError(f"{type(model).__name__}: MoE blocks with shared experts are not supported by the "
+                               "grouped-MoE engine; run with --no-fast-moe")
     paths = set()
-    for ref in blocks:
-        for extra in ("shared_expert", "shared_experts"):
-            if getattr(ref.block, extra, None) is not None:
-                raise UnsupportedError(f"{ref.name}.{extra}: MoE blocks with shared experts are not supported by the "
-                                       "grouped-MoE engine; run with --no-fast-moe")
+    for ref in layout.blocks:
         gate_up, down = make_weights(ref.layer_index, ref.block.experts)
-        hidden_act = getattr(config, "hidden_act", "silu") if config is not None else "silu"
         moe = GroupedMoE(
-            ref.block.gate, gate_up, down,
-            top_k=int(_setting(ref.block, config, "top_k", "num_experts_per_tok")),
-            norm_topk_prob=bool(_setting(ref.block, config, "norm_topk_prob")),
-            act=hidden_act, kernel=kernel,
+            ref.block.gate, gate_up, down, top_k=layout.top_k, norm_topk_prob=layout.norm_topk_prob,
+            act=layout.hidden_act, kernel=kernel, gate_bias=layout.gate_bias,
         )
         setattr(ref.parent, ref.attr, moe)
         paths.add(moe.kernel_path)
