@@ -8,16 +8,18 @@ decisions of 512 tokens on the H200 (docs/BENCHMARKS.md)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from quantbench.engine.moe import experts_nbytes
 from quantbench.engine.scoring import TransformersEngine
 from quantbench.errors import ConfigError
-from quantbench.models.checkpoint import experts_tensor_bytes, load_causal_lm, model_identity
-from quantbench.models.loading import dtype_of
-from quantbench.run.backend import Availability, LoadedVariant, RunSpec, VariantInfo, dir_bytes
+from quantbench.models.checkpoint import experts_tensor_bytes, model_identity, read_config
+from quantbench.models.family import family_of, moe_layout
+from quantbench.models.synthetic import build_synthetic, synthetic_id
+from quantbench.run.backend import EMBEDDED_MODEL, Availability, LoadedVariant, dir_bytes, model_dir
+from quantbench.run.placement import dtype_of
+from quantbench.run.record import VariantInfo
+from quantbench.run.spec import EngineOptions, RunSpec, opt
 
 QUANTBENCH_IMPL = "quantbench"
 
@@ -34,7 +36,7 @@ def set_experts_implementation(model, name: str) -> str:
                                   f"down_proj); this model has {type(experts).__name__}")
             return DenseExperts(experts.gate_up_proj.detach()), DenseExperts(experts.down_proj.detach())
 
-        return f"quantbench grouped-moe {install_grouped_moe(model, same_weights)}".replace(
+        return f"quantbench grouped-moe {install_grouped_moe(model, same_weights, layout=moe_layout(model))}".replace(
             "dequant+grouped_mm", "torch._grouped_mm")
     if not hasattr(model, "set_experts_implementation"):
         raise ConfigError(f"--experts-impl {name}: this transformers model has no selectable experts implementation")
@@ -45,9 +47,16 @@ def set_experts_implementation(model, name: str) -> str:
     return name
 
 
+class Bf16Options(EngineOptions):
+    experts_impl: str = opt("grouped_mm", "BF16 experts kernel: grouped_mm | eager | batched_mm (transformers') | "
+                            "quantbench (quantbench's grouped-MoE engine, same weights)", after="--dtype", label="-{}")
+
+
 class Bf16Backend:
     name = "bf16"
+    default_model = EMBEDDED_MODEL
     summary = "BF16 transformers checkpoint (the reference); experts kernel grouped_mm, eager or quantbench's engine"
+    Options = Bf16Options
 
     def availability(self, machine) -> Availability:
         where = machine.gpu_name if machine.has_gpu else "CPU"
@@ -56,8 +65,6 @@ class Bf16Backend:
     def load(self, spec: RunSpec, machine) -> LoadedVariant:
         dtype = dtype_of(spec)
         if spec.shape:
-            from quantbench.models.fixture import build_synthetic, synthetic_id
-
             model, tokenizer = build_synthetic(spec.shape, layers=spec.layers, device=spec.device, dtype=dtype,
                                                seed=spec.seed)
             ident = {"model_id": synthetic_id(spec.shape, spec.layers, spec.seed),
@@ -66,19 +73,14 @@ class Bf16Backend:
         else:
             from transformers import AutoTokenizer
 
-            if spec.model:
-                path = Path(spec.model)
-            else:
-                from quantbench.models.fixture import default_model_dir
-
-                path = default_model_dir()
-            model = load_causal_lm(path, dtype=dtype, device=spec.device, trust_remote_code=spec.trust_remote_code)
+            path = model_dir(spec)
+            model = family_of(read_config(path)).load(path, dtype, spec.device, spec.trust_remote_code)
             tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=spec.trust_remote_code)
             ident = model_identity(path)
             ident.pop("source_model_hash", None)
             note, disk = "", dir_bytes(path)
-        impl = set_experts_implementation(model, spec.experts_impl)
-        ours = spec.experts_impl == QUANTBENCH_IMPL  # quantbench's engine runs the experts, not transformers
+        impl = set_experts_implementation(model, spec.options.experts_impl)
+        ours = spec.options.experts_impl == QUANTBENCH_IMPL  # quantbench's engine runs the experts, not transformers
         engine = TransformersEngine.for_spec(model, tokenizer, spec)
         if impl == "eager":
             engine.decoder.disable("experts=eager loops over the hit experts with a host sync (nonzero): not capturable")

@@ -20,8 +20,12 @@ from torch import Tensor
 from quantbench.engine.moe.engine import experts_nbytes, kernel_paths
 from quantbench.engine.scoring import TransformersEngine
 from quantbench.errors import ConfigError
-from quantbench.models.loading import build_synthetic_quantized, device_of, dtype_of, load_checkpoint
-from quantbench.run.backend import Availability, LoadedVariant, RunSpec, VariantInfo, dir_bytes
+from quantbench.models.modelopt import load_checkpoint
+from quantbench.models.synthetic import build_synthetic_quantized, synthetic_id
+from quantbench.run.backend import Availability, LoadedVariant, dir_bytes, model_dir
+from quantbench.run.placement import device_of, dtype_of
+from quantbench.run.record import VariantInfo
+from quantbench.run.spec import GroupedMoeOptions, RunSpec
 
 
 def native_here(device: str, activations: str) -> bool:
@@ -32,7 +36,9 @@ def native_here(device: str, activations: str) -> bool:
 
 class Fp8Backend:
     name = "fp8"
+    default_model = "fp8"
     summary = "FP8 E4M3 W8A8 (ModelOpt / compressed-tensors); native on Ada/Hopper/Blackwell, else emulated"
+    Options = GroupedMoeOptions
 
     def availability(self, machine) -> Availability:
         if not machine.has_gpu:
@@ -45,14 +51,16 @@ class Fp8Backend:
                             "tensor cores; weights dequantized in the grouped GEMM, activations fake-quantized")
 
     def load(self, spec: RunSpec, machine) -> LoadedVariant:
-        if spec.nvfp4_mode != "packed" or spec.nvfp4_activations != "on":
-            raise ConfigError("--nvfp4 / --nvfp4-activations apply to --backend nvfp4 only")
         dtype = dtype_of(spec)
         if spec.shape:
             fields = self._synthetic(spec, dtype)
             activations = "static"
         else:
-            got = load_checkpoint(spec, "fp8")
+            if not spec.options.fast_moe:
+                raise ConfigError("--no-fast-moe: transformers has no fp8 path of its own for these checkpoints; "
+                                  "quantbench's loader always runs them in its grouped-MoE engine")
+            got = load_checkpoint(model_dir(spec), "fp8", dtype=dtype, device=device_of(spec),
+                                  trust_remote_code=spec.trust_remote_code)
             layout = got["layout"]
             activations = layout.activations
             fields = {"model": got["model"], "tokenizer": got["tokenizer"], "weight_format": layout.weight_format,
@@ -73,12 +81,12 @@ class Fp8Backend:
 
     def _synthetic(self, spec: RunSpec, dtype: torch.dtype) -> dict[str, Any]:
         from quantbench.engine.moe.fp8 import E4M3_MAX, Fp8Experts
-        from quantbench.models.fixture import synthetic_id
 
         def make(weight: Tensor, amax: Tensor):
             return Fp8Experts.from_weights(weight, input_scale=(amax.float() / E4M3_MAX).reshape(1))
 
-        model, tokenizer, _ = build_synthetic_quantized(spec, make, dtype)
+        model, tokenizer, _ = build_synthetic_quantized(spec.shape, make, layers=spec.layers, seed=spec.seed,
+                                                        device=device_of(spec), dtype=dtype)
         return {"model": model, "tokenizer": tokenizer, "weight_format": "fp8 w8a8 (quantbench's ModelOpt port, "
                 "per-tensor, in memory)", "model_id": synthetic_id(spec.shape, spec.layers, spec.seed),
                 "model_hash": f"seed:{spec.seed}", "weights": "synthetic", "extra": {},

@@ -20,9 +20,12 @@ from typing import Any
 
 import httpx
 
+from quantbench.engine.base import EngineBase, Prepared
 from quantbench.errors import ConfigError, LoadError, QuantbenchError
 from quantbench.protocol import DecisionRequest, DecisionResponse, QuestionAnswer
-from quantbench.run.backend import Availability, LoadedVariant, RunSpec, VariantInfo
+from quantbench.run.backend import Availability, LoadedVariant
+from quantbench.run.record import VariantInfo
+from quantbench.run.spec import BackendOptions, RunSpec, opt
 
 API_KEY_ENV = "QUANTBENCH_API_KEY"
 PATH = "/v1/systemone"
@@ -41,11 +44,12 @@ class RemoteError(QuantbenchError):
 
 
 @dataclass
-class HttpPrepared:
+class HttpPrepared(Prepared):
+    """A request's body; `rows` stays None (the server tokenizes). Filled by the POST: `client_ms`, end to end
+    on the client, retries included, and the fields below."""
+
     request: DecisionRequest
     body: bytes
-    # Filled by the POST:
-    client_ms: float | None = None  # end to end on the client, retries included
     server_ms: float | None = None  # the server's own model_ms
     tokens: int = 0  # the server's token count
     batch: int | None = None  # requests in the server's forward pass (quantbench servers say it in a header)
@@ -103,8 +107,9 @@ def check_answers(request: DecisionRequest, answers: dict[str, QuestionAnswer]) 
     return out
 
 
-class HttpEngine:
-    """A DecisionEngine whose forward pass is a POST to a SystemOne server."""
+class HttpEngine(EngineBase):
+    """A DecisionEngine whose forward pass is a POST to a SystemOne server. It declares no optional feature:
+    nothing to warm, no fused ops or CUDA graphs of its own (EngineBase's defaults)."""
 
     device = "remote"
 
@@ -249,11 +254,19 @@ def variant_info(health: dict[str, Any], endpoint: str, concurrency: int) -> Var
     )
 
 
+class HttpOptions(BackendOptions):
+    endpoint: str | None = opt(None, "http backend: base URL of a SystemOne server", after="--nvfp4-activations")
+    api_key: str | None = opt(None, "http backend: API key", envvar=API_KEY_ENV, after="--concurrency", hashed=False,
+                              secret=True)
+
+
 class HttpBackend:
     name = "http"
+    default_model = None  # a remote server: nothing to prepare here
     summary = (
         "any SystemOne HTTP server (quantbench serve, serve_clef.py): client-side latency, server's answers"
     )
+    Options = HttpOptions
 
     def availability(self, machine: Any) -> Availability:
         return Availability(
@@ -261,8 +274,8 @@ class HttpBackend:
         )
 
     def load(self, spec: RunSpec, machine: Any) -> LoadedVariant:
-        endpoint = normalize_endpoint(spec.endpoint)
-        api_key = spec.api_key or os.environ.get(API_KEY_ENV) or None
+        endpoint = normalize_endpoint(spec.options.endpoint)
+        api_key = spec.options.api_key or os.environ.get(API_KEY_ENV) or None
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         limits = httpx.Limits(
             max_connections=spec.concurrency + 2, max_keepalive_connections=spec.concurrency + 2

@@ -24,9 +24,13 @@ import torch
 
 from quantbench.engine.scoring import TransformersEngine
 from quantbench.errors import ConfigError, LoadError
-from quantbench.models.checkpoint import experts_tensor_bytes, load_causal_lm, model_identity
-from quantbench.models.loading import device_of, dtype_of
-from quantbench.run.backend import Availability, LoadedVariant, RunSpec, VariantInfo, dir_bytes
+from quantbench.models.checkpoint import experts_tensor_bytes, model_identity, read_config
+from quantbench.models.family import family_of, moe_layout
+from quantbench.models.synthetic import build_synthetic, synthetic_id
+from quantbench.run.backend import Availability, LoadedVariant, dir_bytes, model_dir
+from quantbench.run.placement import device_of, dtype_of
+from quantbench.run.record import VariantInfo
+from quantbench.run.spec import GroupedMoeOptions, RunSpec
 from quantbench.term import logs_kept
 
 
@@ -98,7 +102,9 @@ def per_expert_kernel(model: torch.nn.Module) -> str:
 
 class Int4Backend:
     name = "int4"
+    default_model = "int4"
     summary = "INT4 W4A16 AutoRound checkpoint; quantbench grouped-MoE engine (fused Gluon / Triton kernels on CUDA)"
+    Options = GroupedMoeOptions
 
     def availability(self, machine) -> Availability:
         # Whether it is installed, not imported: importing auto-round takes seconds (`quantbench backends`).
@@ -118,21 +124,16 @@ class Int4Backend:
         if spec.shape:
             return self._load_synthetic(spec, dtype, device)
 
-        if spec.model:
-            path = Path(spec.model)
-        else:
-            from quantbench.models.quantize import default_variant
-
-            path = default_variant("int4")
+        path = model_dir(spec)
         qc = read_quant_config(path)
         library_log: list[str] = []  # auto-round's INFO/WARNING lines while loading: kept on the run, not printed
         with transformers_state_restored(), logs_kept("autoround", library_log):
-            model = load_causal_lm(path, dtype=dtype, device=device, trust_remote_code=spec.trust_remote_code)
+            model = family_of(read_config(path)).load(path, dtype, device, spec.trust_remote_code)
         if dtype == torch.float32:
             # auto-round casts to fp16 when asked for fp32 (its kernels' dtype list), and transformers forbids
             # .float() on a quantized model; exact CPU comparisons want fp32, so cast through nn.Module's own .to
             torch.nn.Module.to(model, torch.float32)
-        if spec.fast_moe:
+        if spec.options.fast_moe:
             # the fused kernel computes in bf16/fp16; float32 on a GPU takes the dequantize + grouped_mm path
             engine_kernel = "grouped_mm" if dtype == torch.float32 and device.startswith("cuda") else "auto"
             kernel = f"quantbench grouped-moe {install_int4_engine(model, qc, engine_kernel)}"
@@ -155,23 +156,23 @@ class Int4Backend:
             native="native",
             disk_bytes=dir_bytes(path),
             experts_bytes=experts_bytes,
-            extra={"source_model_hash": source_hash, "fast_moe": spec.fast_moe,
+            extra={"source_model_hash": source_hash, "fast_moe": spec.options.fast_moe,
                    **({"library_log": library_log} if library_log else {})},
             **ident,
         )
         return LoadedVariant(engine=engine, info=info, model=model)
 
     def _load_synthetic(self, spec: RunSpec, dtype: torch.dtype, device: str) -> LoadedVariant:
-        if not spec.fast_moe:
+        if not spec.options.fast_moe:
             raise ConfigError("--shape with --backend int4 runs the grouped-MoE engine only; drop --no-fast-moe "
                               "(a per-expert synthetic run needs a checkpoint: `quantbench quantize --scheme int4`)")
         from quantbench.engine.moe import install_grouped_moe
         from quantbench.engine.moe.int4 import rtn_experts
-        from quantbench.models.fixture import build_synthetic, synthetic_id
 
         model, tokenizer = build_synthetic(spec.shape, layers=spec.layers, device=device, dtype=dtype, seed=spec.seed)
         path = install_grouped_moe(
-            model, lambda i, ex: (rtn_experts(ex.gate_up_proj.data), rtn_experts(ex.down_proj.data)))
+            model, lambda i, ex: (rtn_experts(ex.gate_up_proj.data), rtn_experts(ex.down_proj.data)),
+            layout=moe_layout(model))
         engine = TransformersEngine.for_spec(model, tokenizer, spec)
         info = VariantInfo(
             variant="int4",
@@ -196,7 +197,7 @@ def install_int4_engine(model: torch.nn.Module, qc: dict[str, Any], kernel: str 
 
     sym = qc.get("sym", True)
     return install_grouped_moe(model, lambda i, ex: regroup_experts(ex, sym=sym, name=f"layers.{i}.mlp.experts"),
-                               kernel=kernel)
+                               kernel=kernel, layout=moe_layout(model))
 
 
 def _engine_bytes(model: torch.nn.Module) -> int:

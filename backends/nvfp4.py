@@ -17,7 +17,7 @@ forward: speed and memory only.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -25,14 +25,26 @@ from torch import Tensor
 from quantbench.engine.moe.engine import experts_nbytes, kernel_paths
 from quantbench.engine.scoring import TransformersEngine
 from quantbench.errors import ConfigError
-from quantbench.models.loading import build_synthetic_quantized, dtype_of, load_checkpoint
-from quantbench.run.backend import Availability, LoadedVariant, RunSpec, VariantInfo, dir_bytes
+from quantbench.models.modelopt import load_checkpoint
+from quantbench.models.synthetic import build_synthetic_quantized, synthetic_id
+from quantbench.run.backend import Availability, LoadedVariant, dir_bytes, model_dir
+from quantbench.run.placement import device_of, dtype_of
+from quantbench.run.record import VariantInfo
+from quantbench.run.spec import GroupedMoeOptions, RunSpec, opt
 
 
 # -- the backend ----------------------------------------------------------------------------------------------------
+class Nvfp4Options(GroupedMoeOptions):
+    nvfp4_mode: Literal["packed", "unpacked"] = opt("packed", "NVFP4 weights: packed | unpacked", flag="--nvfp4",
+                                                    after="--fast-moe", label="-{}", label_always=True)
+    nvfp4_activations: Literal["on", "off"] = opt("on", "NVFP4 activation fake-quant: on | off", after="--nvfp4")
+
+
 class Nvfp4Backend:
     name = "nvfp4"
+    default_model = "nvfp4"
     summary = "NVFP4 W4A4 (ModelOpt / compressed-tensors / auto-round); packed (fused Triton on CUDA) or unpacked"
+    Options = Nvfp4Options
 
     def availability(self, machine) -> Availability:
         if machine.gpu_family == "blackwell":
@@ -47,7 +59,7 @@ class Nvfp4Backend:
                             "fake-quantized unless --nvfp4-activations off")
 
     def load(self, spec: RunSpec, machine) -> LoadedVariant:
-        mode, acts = spec.nvfp4_mode, spec.nvfp4_activations
+        mode, acts = spec.options.nvfp4_mode, spec.options.nvfp4_activations
         if mode not in ("packed", "unpacked"):
             raise ConfigError(f"--nvfp4 {mode!r}: use packed (experts stay 4-bit) or unpacked (BF16 at load)")
         if acts not in ("on", "off"):
@@ -56,7 +68,11 @@ class Nvfp4Backend:
         if spec.shape:
             fields = self._synthetic(spec, dtype, mode, acts == "on")
         else:
-            got = load_checkpoint(spec, "nvfp4", mode=mode, activations=acts == "on")
+            if not spec.options.fast_moe:
+                raise ConfigError("--no-fast-moe: transformers has no nvfp4 path of its own for these checkpoints; "
+                                  "quantbench's loader always runs them in its grouped-MoE engine")
+            got = load_checkpoint(model_dir(spec), "nvfp4", mode=mode, activations=acts == "on", dtype=dtype,
+                                  device=device_of(spec), trust_remote_code=spec.trust_remote_code)
             layout = got["layout"]
             fields = {"model": got["model"], "tokenizer": got["tokenizer"], "weight_format": layout.weight_format,
                       "disk_bytes": dir_bytes(got["path"]), "extra": got["extra"], "load_note": "", **got["ident"]}
@@ -81,13 +97,13 @@ class Nvfp4Backend:
     def _synthetic(self, spec: RunSpec, dtype: torch.dtype, mode: str, activations: bool) -> dict[str, Any]:
         from quantbench.engine.moe.nvfp4 import Nvfp4Experts
         from quantbench.engine.moe.nvfp4_numbers import global_scale_of
-        from quantbench.models.fixture import synthetic_id
 
         def make(weight: Tensor, amax: Tensor):
             fmt = Nvfp4Experts.from_weights(weight, input_scale=global_scale_of(amax).reshape(1), activations=activations)
             return fmt.unpacked(dtype) if mode == "unpacked" else fmt
 
-        model, tokenizer, _ = build_synthetic_quantized(spec, make, dtype)
+        model, tokenizer, _ = build_synthetic_quantized(spec.shape, make, layers=spec.layers, seed=spec.seed,
+                                                        device=device_of(spec), dtype=dtype)
         acts = "w4a4" if activations else "w4a16"
         return {"model": model, "tokenizer": tokenizer, "weight_format": f"nvfp4 {acts} g16 (quantbench's ModelOpt "
                 "port, in memory)", "model_id": synthetic_id(spec.shape, spec.layers, spec.seed),

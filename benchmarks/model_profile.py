@@ -27,6 +27,7 @@ from quantbench.engine import fused  # noqa: E402
 from quantbench.engine.moe import engine, install_grouped_moe  # noqa: E402
 from quantbench.engine.moe.engine import triton_available  # noqa: E402
 from quantbench.engine.moe.int4 import rtn_experts  # noqa: E402
+from quantbench.models.family import moe_layout  # noqa: E402
 
 
 def graph_ms(model, ids) -> float:
@@ -77,7 +78,8 @@ def quantized_engine(model, fmt: str) -> None:
             return Fp8Experts.from_weights(weight, input_scale=amax / E4M3_MAX)
         return Nvfp4Experts.from_weights(weight, input_scale=amax / (6.0 * 448.0))
 
-    install_grouped_moe(model, lambda i, ex: (make(ex.gate_up_proj.data), make(ex.down_proj.data)))
+    install_grouped_moe(model, lambda i, ex: (make(ex.gate_up_proj.data), make(ex.down_proj.data)),
+                        layout=moe_layout(model))
     torch.cuda.empty_cache()
 
 

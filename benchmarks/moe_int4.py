@@ -42,6 +42,7 @@ from quantbench.engine.moe import (  # noqa: E402
 from quantbench.engine.moe.int4 import Int4Experts, rtn_experts  # noqa: E402
 from quantbench.engine.moe.int4_kernels import int4_grouped_mm, pick_config  # noqa: E402
 from quantbench.engine.triton_common import rows_bucket  # noqa: E402
+from quantbench.models.family import moe_layout  # noqa: E402
 
 SHAPE = {"hidden": 2048, "inter": 768, "experts": 128, "top_k": 8, "group": 128}
 
@@ -72,7 +73,7 @@ def bench_cpu(records: int, dtype: str, chunks: list[int] | None = None) -> None
     from backends.bf16 import Bf16Backend
     from backends.int4 import Int4Backend
     from quantbench.protocol.suite import load_suite
-    from quantbench.run.backend import RunSpec
+    from quantbench.run.spec import RunSpec
 
     requests = [r.request for r in load_suite(None).records[:records]]
     machine = SimpleNamespace(has_gpu=False, gpu_name=None)
@@ -305,10 +306,11 @@ def bench_layer(device: str, tokens: int, log: list[str]) -> dict[str, float]:
 
 
 def build_model(layers: int, device: str):
-    from quantbench.models.fixture import SYNTHETIC_SHAPES, _config, _new_model
+    from quantbench.models.build import moe_config, new_model
+    from quantbench.models.synthetic import SYNTHETIC_SHAPES
 
-    config = _config(dict(SYNTHETIC_SHAPES["qwen3-30b-a3b"], num_hidden_layers=layers))
-    return _new_model(config, device, torch.bfloat16, seed=0).eval()
+    config = moe_config(dict(SYNTHETIC_SHAPES["qwen3-30b-a3b"], num_hidden_layers=layers))
+    return new_model(config, device, torch.bfloat16, seed=0).eval()
 
 
 def decision_forward(model, ids):
@@ -348,7 +350,8 @@ def bench_model(device: str, layers: int, tokens: int, log: list[str]) -> dict[s
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     t = time.perf_counter()
-    path = install_grouped_moe(model, lambda i, ex: (rtn_experts(ex.gate_up_proj.data), rtn_experts(ex.down_proj.data)))
+    path = install_grouped_moe(model, lambda i, ex: (rtn_experts(ex.gate_up_proj.data), rtn_experts(ex.down_proj.data)),
+                               layout=moe_layout(model))
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     int4_experts = experts_nbytes(model)

@@ -18,8 +18,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from quantbench.protocol.suite import load_suite  # noqa: E402
-from quantbench.run.backend import RunSpec, get_backend  # noqa: E402
+from quantbench.run.backend import get_backend  # noqa: E402
 from quantbench.run.machine import detect  # noqa: E402
+from quantbench.run.spec import RunSpec  # noqa: E402
 
 
 def measure(backend: str, records, device: str, **spec) -> dict:

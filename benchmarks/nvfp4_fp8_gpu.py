@@ -283,11 +283,13 @@ def kernels() -> dict:
 def whole_model(layers: int) -> None:
     """One 512-token decision forward (batch 1, logits of the last token) of the random-weight 30B-A3B shape."""
     from quantbench.engine.moe.engine import install_grouped_moe
-    from quantbench.models.fixture import SYNTHETIC_SHAPES, _config, _new_model
+    from quantbench.models.build import moe_config, new_model
+    from quantbench.models.family import moe_layout
+    from quantbench.models.synthetic import SYNTHETIC_SHAPES
 
     dims = dict(SYNTHETIC_SHAPES["qwen3-30b-a3b"], num_hidden_layers=layers)
     t0 = time.perf_counter()
-    model = _new_model(_config(dims, pad_token_id=0, eos_token_id=1, bos_token_id=None), DEV, torch.bfloat16, 0).eval()
+    model = new_model(moe_config(dims, pad_token_id=0, eos_token_id=1, bos_token_id=None), DEV, torch.bfloat16, 0).eval()
     print(f"built {layers}-layer model in {time.perf_counter() - t0:.1f} s; {allocated_gib():.1f} GiB", flush=True)
     ids = torch.randint(0, 151936, (1, 512), device=DEV)
 
@@ -321,7 +323,8 @@ def whole_model(layers: int) -> None:
     model.set_experts_implementation("grouped_mm")
     run("bf16 transformers grouped_mm", graph=False)
     # BF16 weights kept in quantbench's engine; each variant is built from them, timed, and dropped
-    install_grouped_moe(model, lambda i, ex: (DenseExperts(ex.gate_up_proj.data), DenseExperts(ex.down_proj.data)))
+    install_grouped_moe(model, lambda i, ex: (DenseExperts(ex.gate_up_proj.data), DenseExperts(ex.down_proj.data)),
+                        layout=moe_layout(model))
     empty_cache()
     run("bf16 quantbench engine")
     moes = [m for m in model.modules() if isinstance(m, GroupedMoE)]

@@ -22,8 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_limits import rss_bytes, varied_request  # noqa: E402
 
 from quantbench.protocol import parse_request  # noqa: E402
-from quantbench.run.backend import RunSpec, get_backend  # noqa: E402
+from quantbench.run.backend import get_backend  # noqa: E402
 from quantbench.run.machine import detect  # noqa: E402
+from quantbench.run.spec import RunSpec  # noqa: E402
 
 
 def main(n: int) -> None:

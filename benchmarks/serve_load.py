@@ -25,7 +25,7 @@ import httpx
 
 from backends.http import HttpBackend
 from quantbench.protocol.suite import load_suite
-from quantbench.run.backend import RunSpec
+from quantbench.run.spec import RunSpec
 from quantbench.server import DEFAULT_MAX_BATCH, DEFAULT_MAX_WAIT_MS
 
 ROOT = Path(__file__).resolve().parents[1]

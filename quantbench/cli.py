@@ -39,7 +39,7 @@ def _fail(e: Exception) -> None:
 
 
 def _spec(**kw):
-    from quantbench.run.backend import RunSpec
+    from quantbench.run.spec import RunSpec
 
     return RunSpec(**kw)
 
@@ -55,11 +55,110 @@ def _execute_and_store(spec, db: Path) -> tuple[str, str]:
         err.print(f"[red]stopped by {signal.Signals(signum).name}:[/] run {run_id} stored in {db} as failed: interrupted",
                   soft_wrap=True)
         raise typer.Exit(128 + signum)
-    return run_id, result.run["status"]
+    return run_id, result.run.status
 
 
-@app.command()
+def _declared_options() -> dict:
+    """{name: FieldInfo} of every setting an installed backend declares; a name two backends declare is one flag,
+    so its type must agree."""
+    from quantbench.run.backend import backend_names
+    from quantbench.run.spec import options_class
+
+    out: dict = {}
+    for backend in backend_names():
+        for name, info in options_class(backend).model_fields.items():
+            if name in out and out[name].annotation != info.annotation:
+                raise TypeError(f"backend {backend} declares {name} as {info.annotation}, another as "
+                                f"{out[name].annotation}: one `run` flag cannot be both")
+            out.setdefault(name, info)
+    return out
+
+
+class RunCommand(typer.core.TyperCommand):
+    """`run`, with one flag per setting an installed backend declares (its `Options`, quantbench.run.spec), each
+    placed after the flag its declaration names. Built on first use: it imports the backends, which `quantbench
+    --help` must not wait for."""
+
+    _options: list | None = None
+
+    def option_params(self) -> list:
+        """The backend flags, made by typer from a signature built from the declarations (same help rendering)."""
+        if self._options is None:
+            import inspect
+
+            from quantbench.run.spec import choices, declared, flag_of
+
+            params = []
+            for name, info in _declared_options().items():
+                how, allowed = declared(info), choices(info)
+                option = typer.Option(how.get("flag") or flag_of(name, info), help=info.description,
+                                      envvar=how.get("envvar"))
+                hint = type(allowed[0]) if allowed else info.annotation  # a Literal is checked by the backend
+                params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info.default,
+                                                annotation=Annotated[hint, option]))
+
+            def declared_options(**_: object) -> None: ...
+
+            declared_options.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+            built = typer.Typer(add_completion=False)
+            built.command()(declared_options)
+            self._options = list(typer.main.get_command(built).params)
+        return self._options
+
+    def get_params(self, ctx):
+        """The command's own flags with each backend flag after the flag its declaration names."""
+        from quantbench.run.spec import declared
+
+        anchors = {name: declared(info).get("after") for name, info in _declared_options().items()}
+        pending = list(self.option_params())
+        out = []
+
+        def place(param) -> None:
+            out.append(param)
+            for option in [o for o in pending if anchors.get(o.name) in param.opts]:
+                pending.remove(option)
+                place(option)
+
+        for param in super().get_params(ctx):
+            place(param)
+        return out[:-1] + pending + out[-1:]  # no anchor found: after the command's own flags, before --help
+
+    def invoke(self, ctx):
+        flags = {p.name: p.opts[0] for p in self.option_params()}
+        source = {name: getattr(ctx.get_parameter_source(name), "name", None) for name in flags}
+        ctx.meta["backend_options"] = {  # name: (value, its flag, typed on the command line, from the environment)
+            name: (ctx.params.pop(name), flags[name], source[name] == "COMMANDLINE", source[name] == "ENVIRONMENT")
+            for name in list(ctx.params) if name in flags}
+        return super().invoke(ctx)
+
+
+def backend_settings(backend: str, flags: dict[str, tuple], **chosen: object) -> dict[str, object]:
+    """The backend's own settings from the `run` flags, checked against its declared Options: a flag it does not
+    declare is refused, naming the backend and its settings; an environment variable it does not declare is not
+    its business."""
+    from pydantic import ValidationError
+
+    from quantbench.run.spec import flag_of, options_class, options_error
+
+    options = options_class(backend)
+    own = options.model_fields
+    refused = [flag for name, (_, flag, typed, _) in flags.items() if typed and name not in own]
+    if refused:
+        theirs = ", ".join(flag_of(name, info) for name, info in own.items()) or "none"
+        raise ConfigError(f"{', '.join(refused)} {'is not a setting' if len(refused) == 1 else 'are not settings'} "
+                          f"of backend {backend}; its settings: {theirs}")
+    settings = {name: value for name, (value, _, typed, env) in flags.items() if name in own and (typed or env)}
+    settings.update(chosen)
+    try:
+        options.model_validate(settings)
+    except ValidationError as e:
+        raise options_error(e, options, backend, flag=True) from None
+    return settings
+
+
+@app.command(cls=RunCommand)
 def run(
+    ctx: typer.Context,
     backend: Annotated[str, typer.Option(help="bf16 | int4 | nvfp4 | fp8 | http (see `quantbench backends`)")] = "bf16",
     model: Annotated[str | None, typer.Option(help="Checkpoint dir. Default: the embedded fixture (or its variant)")] = None,
     suite: Annotated[str | None, typer.Option(help="Suite JSONL. Default: the built-in suite")] = None,
@@ -67,13 +166,7 @@ def run(
     db: DbOpt = None,
     device: Annotated[str | None, typer.Option(help="torch device (default cuda:0 when there is a GPU)")] = None,
     dtype: Annotated[str, typer.Option(help="bfloat16 | float32 | float16 (compute dtype)")] = "bfloat16",
-    experts_impl: Annotated[str, typer.Option(help="BF16 experts kernel: grouped_mm | eager | batched_mm (transformers') | quantbench (quantbench's grouped-MoE engine, same weights)")] = "grouped_mm",
-    fast_moe: Annotated[bool, typer.Option(help="quantbench's grouped-MoE engine (--no-fast-moe: the library's own path)")] = True,
-    nvfp4: Annotated[str, typer.Option(help="NVFP4 weights: packed | unpacked")] = "packed",
-    nvfp4_activations: Annotated[str, typer.Option(help="NVFP4 activation fake-quant: on | off")] = "on",
-    endpoint: Annotated[str | None, typer.Option(help="http backend: base URL of a SystemOne server")] = None,
     concurrency: Annotated[int, typer.Option(help="Requests in flight (http) or batched per forward pass (throughput mode)")] = 1,
-    api_key: Annotated[str | None, typer.Option(envvar="QUANTBENCH_API_KEY", help="http backend: API key")] = None,
     shape: Annotated[str | None, typer.Option(help="Synthetic real-shape model, e.g. qwen3-30b-a3b (random weights)")] = None,
     layers: Annotated[int | None, typer.Option(help="Synthetic shape: number of layers")] = None,
     noise_floor: Annotated[bool, typer.Option(help="Run the BF16 reference under the second kernel (eager) as the noise floor")] = False,
@@ -84,8 +177,6 @@ def run(
     max_tokens: Annotated[int | None, typer.Option(help="Prompt token limit (default: the model's context)")] = None,
     truncate: Annotated[bool, typer.Option(help="Cut over-long states to fit (recorded per answer) instead of failing")] = False,
     method: Annotated[str, typer.Option(help="auto (label logits when possible) | continuation")] = "auto",
-    cuda_graph: Annotated[str, typer.Option(help="GPU: auto (replay the decision forward from CUDA graphs where it can be) | off")] = "auto",
-    fused_ops: Annotated[str, typer.Option(help="GPU: auto (RMSNorm and rotary as one Triton kernel each, q/k/v as one GEMM, each where its probe matches transformers') | off")] = "auto",
     warmup: Annotated[int, typer.Option(help="Untimed warm-up decisions")] = 3,
     latency_min_decisions: Annotated[int, typer.Option(help="Latency phase: at least this many timed decisions")] = 20,
     latency_min_seconds: Annotated[float, typer.Option(help="Latency phase: and at least this many seconds")] = 2.0,
@@ -98,22 +189,19 @@ def run(
             _fail(QuantbenchError("--noise-floor runs the BF16 reference under a second kernel; use it with --backend bf16"))
         experts_impl, dtype = noise_floor_kernel(gpu)
     role = "noise_floor" if noise_floor else "reference" if reference else "candidate"
-    if cuda_graph not in ("auto", "off"):
-        _fail(QuantbenchError(f"--cuda-graph {cuda_graph!r}: use auto (graphs where the forward allows) or off"))
-    if fused_ops not in ("auto", "off"):
-        _fail(QuantbenchError(f"--fused-ops {fused_ops!r}: use auto (fused RMSNorm, rotary and q/k/v projections on a GPU) or off"))
     try:
+        flags = ctx.meta["backend_options"]
+        options = backend_settings(backend, flags, **({"experts_impl": experts_impl} if noise_floor else {}))
         if base_model is not None:
             from quantbench.models.lineage import resolve_given_base
 
             base_model = resolve_given_base(base_model)
         spec = _spec(backend=backend, model=model, suite=suite, gpu=gpu, device=device, dtype=dtype, base_model=base_model,
-                     experts_impl=experts_impl, fast_moe=fast_moe, nvfp4_mode=nvfp4, nvfp4_activations=nvfp4_activations,
-                     endpoint=endpoint, concurrency=concurrency, api_key=api_key, shape=shape, layers=layers, role=role,
+                     concurrency=concurrency, shape=shape, layers=layers, role=role,
                      trust_remote_code=trust_remote_code, max_options=max_options, max_tokens=max_tokens,
-                     truncate=truncate, method=method, cuda_graph=cuda_graph, fused_ops=fused_ops, warmup=warmup,
+                     truncate=truncate, method=method, warmup=warmup,
                      latency_min_decisions=latency_min_decisions, latency_min_seconds=latency_min_seconds, limit=limit,
-                     timeout_s=timeout)
+                     timeout_s=timeout, **options)
         from quantbench.report.tables import runs_table  # lazy: a fast --help
         from quantbench.run.backend import get_backend
         from quantbench.run.runner import preflight
@@ -278,13 +366,23 @@ def fixture(
     seed: Annotated[int, typer.Option(help="--shape: the random weights' seed")] = 0,
 ) -> None:
     """Build (or show) the embedded default model: a small trained Qwen3-MoE with its own tokenizer."""
-    from quantbench.models.fixture import SYNTHETIC_SHAPES, main_fixture, save_synthetic, synthetic_id
+    from quantbench.models.fixture import find_or_build
+    from quantbench.models.synthetic import SYNTHETIC_SHAPES, save_synthetic, synthetic_id
 
     try:
         if shape is None:
             if layers is not None:
                 raise ConfigError("--layers applies to --shape only: the embedded model's layers are part of its recipe")
-            main_fixture(rebuild, out_dir)
+            info = find_or_build(rebuild, out_dir)
+            out.print(f"fixture [bold]{info.model_id}[/] at {info.path}")
+            how = f"built in {info.train_seconds:.0f} s of training" if info.train_seconds is not None else "cached"
+            out.print(f"{how}; {info.parameters / 1e6:.1f} M parameters, {info.size_bytes / 2**20:.1f} MiB "
+                      "(bf16 safetensors)")
+            table = Table("family", "held-out accuracy", title="built-in suite (never trained on)")
+            for family, acc in info.accuracy.items():
+                table.add_row(family, f"{acc:.1%}")
+            table.add_row("[bold]mean[/]", f"[bold]{info.overall:.1%}[/]")
+            out.print(table)
             return
         if shape not in SYNTHETIC_SHAPES:
             raise ConfigError(f"--shape {shape!r}: use one of {', '.join(sorted(SYNTHETIC_SHAPES))}")

@@ -59,3 +59,18 @@ def is_out_of_memory(exc: BaseException) -> bool:
             return True
         e = e.__cause__ or e.__context__
     return False
+
+
+def classify(exc: BaseException) -> str:
+    """The failure label of an exception: `oom` only when memory ran out (the error says so), `load_error` for a
+    checkpoint that cannot be loaded, `config_error` for a setting or suite record, `unsupported` for what this
+    machine cannot run, `crashed` for anything else."""
+    if is_out_of_memory(exc):
+        return "oom"
+    if isinstance(exc, LoadError):
+        return "load_error"
+    if isinstance(exc, ConfigError | RequestError):
+        return "config_error"
+    if isinstance(exc, UnsupportedError):
+        return "unsupported"
+    return "crashed"

@@ -15,7 +15,8 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from quantbench.store import RunResult, Store, uuid7
+from quantbench.run.record import RunResult, uuid7
+from quantbench.store import Store
 
 MODEL = "teststore/moe-a3b"
 SYNTHETIC_MODEL = "teststore/synthetic-moe-a3b"

@@ -32,5 +32,5 @@ def model_less_load_error(spec, machine):
     from quantbench.sweep.executor import failed_result
 
     result = failed_result(spec, "load_error", f"LoadError: {spec.model}: no config.json (not a checkpoint)")
-    result.run.update(machine.as_row())
+    result.run = result.run.model_copy(update=machine.as_row())
     return result

@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from quantbench.store import RunResult, Store, transfer, uuid7
+from quantbench.run.record import RunResult, uuid7
+from quantbench.store import Store, transfer
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNEL = ("quantbench grouped-moe gluon-wgmma-int4 +fused rmsnorm+rope+qkv+residual+qknorm+nextnorm +cuda-graph "

@@ -7,6 +7,7 @@ import torch
 
 from quantbench.engine.cudagraph import GraphedDecoder, bucket
 from quantbench.engine.moe.engine import DenseExperts, install_grouped_moe
+from quantbench.models.family import moe_layout
 from tests.tiny import tiny_model
 
 
@@ -28,7 +29,8 @@ def test_bucket_never_exceeds_the_context_unless_the_input_already_does():
 def test_padding_to_the_bucket_changes_no_real_token(engine):
     model = tiny_model(seed=3)
     if engine == "grouped-moe":
-        install_grouped_moe(model, lambda i, ex: (DenseExperts(ex.gate_up_proj.data), DenseExperts(ex.down_proj.data)))
+        install_grouped_moe(model, lambda i, ex: (DenseExperts(ex.gate_up_proj.data), DenseExperts(ex.down_proj.data)),
+                            layout=moe_layout(model))
     decoder = model.get_decoder()
     torch.manual_seed(0)
     ids = torch.randint(2, 600, (3, 37))

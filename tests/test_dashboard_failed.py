@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from quantbench.run.backend import RunSpec
 from quantbench.run.machine import detect
+from quantbench.run.record import RunResult
 from quantbench.run.runner import execute
-from quantbench.store import RunResult, Store
+from quantbench.run.spec import RunSpec
+from quantbench.store import Store
 from tests import dashboard_store as ds
 from tests.failing_backends import model_less_load_error
 
@@ -62,8 +63,8 @@ def failed_runs(tmp_path_factory) -> dict[str, RunResult]:
             futures = {kind: pool.submit(one, backend, extra) for kind, (backend, extra, _, _) in KINDS.items()}
             out = {kind: f.result() for kind, f in futures.items()}
     for kind, result in out.items():
-        assert (result.run["status"], result.run["failure"]) == ("failed", KINDS[kind][2]), result.run.get("error")
-        assert KINDS[kind][3] in result.run["error"], kind
+        assert (result.run.status, result.run.failure) == ("failed", KINDS[kind][2]), result.run.error
+        assert KINDS[kind][3] in result.run.error, kind
     return out
 
 

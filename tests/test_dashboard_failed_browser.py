@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from quantbench.run.backend import RunSpec
 from quantbench.run.machine import detect
 from quantbench.run.runner import execute
+from quantbench.run.spec import RunSpec
 from quantbench.store import Store
 from tests import dashboard_store as ds
 from tests.failing_backends import model_less_load_error
@@ -49,7 +49,7 @@ def failed(tmp_path_factory) -> list:
     # `run` now refuses a missing checkpoint in the parent and stores nothing: the row is an older store's.
     results.insert(0, model_less_load_error(RunSpec(backend="bf16", suite=str(suite), gpu="cpu", **kinds[0][1]),
                                             machine))
-    assert [r.run["failure"] for r in results] == ["load_error", "timeout", "killed"]
+    assert [r.run.failure for r in results] == ["load_error", "timeout", "killed"]
     return results
 
 

@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 import quantbench.cli as cli
 import quantbench.models.fixture
-from quantbench.store import RunResult, Store
+from quantbench.run.record import RunResult
+from quantbench.store import Store
 from tests import dashboard_store as ds
 
 HERE = {**ds.CPU, "host": socket.gethostname()}
@@ -44,10 +45,10 @@ def demo_store(tmp_path, monkeypatch):
         elif spec.backend == "bf16":
             result = ok_run("bf16", "bf16", spec.role, 0 if spec.role == "reference" else 1, minutes)
         else:
-            result = ok_run(spec.backend, f"{spec.backend}-{spec.nvfp4_mode}" if spec.backend == "nvfp4"
+            result = ok_run(spec.backend, f"{spec.backend}-{spec.options.nvfp4_mode}" if spec.backend == "nvfp4"
                             else spec.backend, "candidate", 3, minutes)
         run_id = Store(db).write_run(result)
-        return run_id, result.run["status"]
+        return run_id, result.run.status
 
     monkeypatch.setattr(cli, "_execute_and_store", execute_and_store)
     monkeypatch.setattr(quantbench.models.fixture, "default_model_dir", lambda: tmp_path / "fixture")

@@ -4,7 +4,9 @@ import json
 import pytest
 import torch
 
+from quantbench.models import build
 from quantbench.models import fixture as F
+from quantbench.models import synthetic as S
 from quantbench.models.checkpoint import SYNTHETIC_FILE, load_causal_lm, model_identity
 from quantbench.protocol.prompt import CHOICE_LABELS
 from quantbench.protocol.suite import load_suite
@@ -107,18 +109,23 @@ def test_default_model_dir_is_cached_and_names_the_fixture(fixture_model_dir):
     assert not list(fixture_model_dir.glob("*.bin"))
 
 
-def test_main_fixture_shows_where_and_per_family_accuracy(fixture_model_dir, capsys):
-    info = F.main_fixture(rebuild=False, out=fixture_model_dir)
-    shown = capsys.readouterr().out
-    assert str(fixture_model_dir) in shown.replace("\n", "")
+def test_the_fixture_command_shows_where_and_per_family_accuracy(fixture_model_dir):
+    from typer.testing import CliRunner
+
+    from quantbench.cli import app
+
+    done = CliRunner().invoke(app, ["fixture", "--out", str(fixture_model_dir)])
+    assert done.exit_code == 0, done.output
+    shown = done.stdout
+    assert f"fixture {F.fixture_id()} at " in shown and str(fixture_model_dir) in shown.replace("\n", "")
     for family in load_suite(None).benchmarks:
         assert family in shown
-    assert info.model_id == F.fixture_id()
+    assert F.find_or_build(out=fixture_model_dir).model_id == F.fixture_id()
 
 
 @pytest.mark.slow
 def test_build_synthetic_has_the_real_30b_shape_with_one_layer():
-    model, tokenizer = F.build_synthetic(layers=1, seed=0)
+    model, tokenizer = S.build_synthetic(layers=1, seed=0)
     cfg = model.config
     assert (cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers) == (151936, 2048, 1)
     assert (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (32, 4, 128)
@@ -137,12 +144,12 @@ def test_build_synthetic_has_the_real_30b_shape_with_one_layer():
 
 
 def test_synthetic_weights_follow_the_seed(monkeypatch):
-    small = dict(F.SYNTHETIC_SHAPES["qwen3-30b-a3b"], vocab_size=2048, hidden_size=128, num_attention_heads=2,
+    small = dict(S.SYNTHETIC_SHAPES["qwen3-30b-a3b"], vocab_size=2048, hidden_size=128, num_attention_heads=2,
                  num_key_value_heads=1, head_dim=64, num_experts=8, moe_intermediate_size=64)
-    monkeypatch.setitem(F.SYNTHETIC_SHAPES, "small", small)
-    a, _ = F.build_synthetic("small", layers=2, seed=0)
-    b, _ = F.build_synthetic("small", layers=2, seed=0)
-    c, _ = F.build_synthetic("small", layers=2, seed=1)
+    monkeypatch.setitem(S.SYNTHETIC_SHAPES, "small", small)
+    a, _ = S.build_synthetic("small", layers=2, seed=0)
+    b, _ = S.build_synthetic("small", layers=2, seed=0)
+    c, _ = S.build_synthetic("small", layers=2, seed=1)
     sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
     assert not torch.equal(sa["model.embed_tokens.weight"], sc["model.embed_tokens.weight"])
@@ -152,21 +159,21 @@ def test_synthetic_weights_follow_the_seed(monkeypatch):
 
 
 def test_saved_synthetic_checkpoint_loads_strictly_and_is_marked_synthetic(tmp_path, monkeypatch):
-    small = dict(F.SYNTHETIC_SHAPES["qwen3-30b-a3b"], vocab_size=2048, hidden_size=128, num_attention_heads=2,
+    small = dict(S.SYNTHETIC_SHAPES["qwen3-30b-a3b"], vocab_size=2048, hidden_size=128, num_attention_heads=2,
                  num_key_value_heads=1, head_dim=64, num_experts=8, moe_intermediate_size=64)
-    monkeypatch.setitem(F.SYNTHETIC_SHAPES, "small", small)
-    out = F.save_synthetic("small", tmp_path / "syn", layers=2, seed=3)
+    monkeypatch.setitem(S.SYNTHETIC_SHAPES, "small", small)
+    out = S.save_synthetic("small", tmp_path / "syn", layers=2, seed=3)
     marker = json.loads((out / SYNTHETIC_FILE).read_text())
-    assert marker == {"model_id": F.synthetic_id("small", 2, 3), "shape": "small", "layers": 2, "seed": 3}
+    assert marker == {"model_id": S.synthetic_id("small", 2, 3), "shape": "small", "layers": 2, "seed": 3}
     model = load_causal_lm(out, dtype=torch.bfloat16, device="cpu")
     assert model.config.num_hidden_layers == 2 and model.config.vocab_size == 2048
     ident = model_identity(out)
-    assert ident["weights"] == "synthetic" and ident["model_id"] == F.synthetic_id("small", 2, 3)
+    assert ident["weights"] == "synthetic" and ident["model_id"] == S.synthetic_id("small", 2, 3)
 
 
 def test_unknown_synthetic_shape_names_the_known_ones():
     with pytest.raises(ValueError, match="qwen3-30b-a3b"):
-        F.build_synthetic("llama-7b", layers=1)
+        S.build_synthetic("llama-7b", layers=1)
 
 
 def test_the_fixture_command_writes_a_real_shape_checkpoint_and_refuses_what_it_cannot_do(tmp_path, monkeypatch):
@@ -174,13 +181,13 @@ def test_the_fixture_command_writes_a_real_shape_checkpoint_and_refuses_what_it_
 
     from quantbench.cli import app
 
-    small = dict(F.SYNTHETIC_SHAPES["qwen3-30b-a3b"], vocab_size=2048, hidden_size=128, num_attention_heads=2,
+    small = dict(S.SYNTHETIC_SHAPES["qwen3-30b-a3b"], vocab_size=2048, hidden_size=128, num_attention_heads=2,
                  num_key_value_heads=1, head_dim=64, num_experts=8, moe_intermediate_size=64)
-    monkeypatch.setitem(F.SYNTHETIC_SHAPES, "small", small)
+    monkeypatch.setitem(S.SYNTHETIC_SHAPES, "small", small)
     runner = CliRunner()
     done = runner.invoke(app, ["fixture", "--shape", "small", "--layers", "1", "--seed", "2", "--out", str(tmp_path / "s")])
     assert done.exit_code == 0, done.output
-    assert F.synthetic_id("small", 1, 2) in done.output and "speed and memory only" in done.output
+    assert S.synthetic_id("small", 1, 2) in done.output and "speed and memory only" in done.output
     assert model_identity(tmp_path / "s")["weights"] == "synthetic"
     for args, message in ((["--shape", "llama-7b", "--out", str(tmp_path / "x")], "use one of"),
                           (["--shape", "small"], "give --out"),
@@ -193,9 +200,9 @@ def test_the_fixture_command_writes_a_real_shape_checkpoint_and_refuses_what_it_
 def test_a_real_shape_that_cannot_fit_is_refused_before_allocating_with_the_layers_that_would(monkeypatch):
     from quantbench.errors import UnsupportedError
 
-    monkeypatch.setattr(F, "free_bytes", lambda device: 24 * 2**30)  # a 24 GiB host: 61 GB of BF16 cannot fit
+    monkeypatch.setattr(build, "free_bytes", lambda device: 24 * 2**30)  # a 24 GiB host: 61 GB of BF16 cannot fit
     with pytest.raises(UnsupportedError, match=r"need 56\.9 GiB on cpu, 24\.0 GiB is free; give --layers N .*at most"):
-        F.build_synthetic("qwen3-30b-a3b", device="cpu")
+        S.build_synthetic("qwen3-30b-a3b", device="cpu")
 
 
 HOLD = """

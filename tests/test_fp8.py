@@ -248,8 +248,8 @@ def test_backend_says_native_from_ada_on_and_emulated_before():
 def test_backend_loads_the_checkpoint_and_records_emulated_w8a8_on_the_cpu():
     from backends.fp8 import Fp8Backend
     from quantbench.protocol import parse_request
-    from quantbench.run.backend import RunSpec
     from quantbench.run.machine import detect
+    from quantbench.run.spec import RunSpec
 
     loaded = Fp8Backend().load(RunSpec(backend="fp8", model=str(modelopt_variants()["fp8"]), device="cpu"), detect())
     assert loaded.info.variant == "fp8" and loaded.info.native == "emulated"

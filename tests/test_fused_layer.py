@@ -65,6 +65,7 @@ from quantbench.engine.fused import layer as fused_layer
 from quantbench.engine.fused import ops as fused_ops
 from quantbench.engine.moe import install_grouped_moe
 from quantbench.engine.moe.engine import DenseExperts
+from quantbench.models.family import moe_layout
 from tests.tiny import tiny_model
 
 for dtype in (torch.float32, torch.bfloat16):
@@ -75,7 +76,8 @@ for dtype in (torch.float32, torch.bfloat16):
             m.weight.data = (1 + 0.3 * torch.randn(m.weight.shape)).to(dtype)
             m.forward = functools.partial(fused_ops._norm_forward, m)  # as fused.install swaps them
     if dtype == torch.bfloat16:  # layer 1's MoE through quantbench's engine: its residual goes in with the sum
-        install_grouped_moe(model, lambda i, ex: (DenseExperts(ex.gate_up_proj.data), DenseExperts(ex.down_proj.data)))
+        install_grouped_moe(model, lambda i, ex: (DenseExperts(ex.gate_up_proj.data), DenseExperts(ex.down_proj.data)),
+                            layout=moe_layout(model))
     ids = torch.randint(0, 600, (2, 11))
     with torch.no_grad():
         want = model(input_ids=ids).logits

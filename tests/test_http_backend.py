@@ -24,9 +24,11 @@ from quantbench.errors import ConfigError, LoadError
 from quantbench.models.fixture import default_model_dir
 from quantbench.protocol import QuestionAnswer, parse_request
 from quantbench.protocol.suite import load_suite
-from quantbench.run.backend import LoadedVariant, RunSpec, VariantInfo, get_backend
+from quantbench.run.backend import LoadedVariant, get_backend
 from quantbench.run.machine import detect
+from quantbench.run.record import VariantInfo
 from quantbench.run.runner import execute
+from quantbench.run.spec import RunSpec
 from quantbench.server import create_app
 from quantbench.store import Store
 from tests.test_server import CARD_BODY, ServerProcess, free_port, request_for
@@ -204,12 +206,12 @@ def test_answers_that_do_not_match_the_request_are_refused():
 def test_a_run_through_the_runner_stores_the_servers_answers_and_client_latencies(served, tmp_path):
     spec = http_spec(served, limit=8, warmup=0, latency_min_decisions=0, latency_min_seconds=0.0)
     result = execute(spec, echo=False)
-    assert result.run["status"] == "ok", result.run.get("error")
-    assert result.run["backend"] == "http" and result.run["variant"] == "float32"
-    assert result.run["extra"]["endpoint"] == served.url
-    assert result.run["tokenizer_hash"] is None  # the server's token ids are not seen here: not claimed
-    assert len({a["record_id"] for a in result.answers}) == 8
-    assert all(lat["model_ms"] > 0 and lat["tokens"] > 0 for lat in result.latencies)
+    assert result.run.status == "ok", result.run.error
+    assert result.run.backend == "http" and result.run.variant == "float32"
+    assert result.run.extra["endpoint"] == served.url
+    assert result.run.tokenizer_hash is None  # the server's token ids are not seen here: not claimed
+    assert len({a.record_id for a in result.answers}) == 8
+    assert all(lat.model_ms > 0 and lat.tokens > 0 for lat in result.latencies)
     store = Store(tmp_path / "results.duckdb")
     store.write_run(result)
     stored = store.read("SELECT backend, variant, n_timed FROM run_summary")

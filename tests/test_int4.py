@@ -23,9 +23,10 @@ from quantbench.engine.moe.int4 import (
     unpack_rows,
 )
 from quantbench.errors import ConfigError, LoadError
+from quantbench.models.calibration import calibration_texts
 from quantbench.models.checkpoint import PROVENANCE_FILE, fingerprint, load_causal_lm
-from quantbench.models.quantize import Recipe, cached_variant, calibration_texts, quantize
-from quantbench.run.backend import RunSpec
+from quantbench.models.quantize import Recipe, cached_variant, quantize
+from quantbench.run.spec import RunSpec
 
 CPU = SimpleNamespace(has_gpu=False, gpu_name=None)
 
@@ -264,7 +265,7 @@ def test_quantize_takes_a_checkpoint_or_a_synthetic_shape_and_says_which_when_ne
 SYNTHETIC_QUANTIZE = """
 import json, sys
 from pathlib import Path
-from quantbench.models import fixture
+from quantbench.models import synthetic
 from quantbench.models.checkpoint import model_identity
 from quantbench.models.quantize import quantize
 import auto_round
@@ -273,7 +274,7 @@ made_with, real = {}, auto_round.AutoRound  # what AutoRound was asked for: --pl
 auto_round.AutoRound = lambda *args, **kwargs: (made_with.update(kwargs), real(*args, **kwargs))[1]
 
 # a small shape of the same family (the real one is 61 GB): registered for this process only
-fixture.SYNTHETIC_SHAPES["test-moe"] = dict(fixture.SYNTHETIC_SHAPES["qwen3-30b-a3b"], hidden_size=256,
+synthetic.SYNTHETIC_SHAPES["test-moe"] = dict(synthetic.SYNTHETIC_SHAPES["qwen3-30b-a3b"], hidden_size=256,
     num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_experts=8, num_experts_per_tok=2,
     moe_intermediate_size=128, intermediate_size=512, vocab_size=2048)
 out = Path(sys.argv[1])

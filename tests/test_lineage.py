@@ -15,8 +15,8 @@ from quantbench import report
 from quantbench.analysis import parity
 from quantbench.errors import ConfigError
 from quantbench.models import lineage
-from quantbench.run.backend import RunSpec
 from quantbench.run.runner import execute
+from quantbench.run.spec import RunSpec
 from quantbench.store import Store
 from tests.test_report import Lab
 

@@ -10,8 +10,8 @@ import pytest
 
 from quantbench.errors import ConfigError
 from quantbench.protocol.suite import load_suite
-from quantbench.run.backend import RunSpec
 from quantbench.run.runner import execute
+from quantbench.run.spec import RunSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,9 +32,9 @@ def test_run_with_max_options_40_answers_a_30_option_question_in_its_child(route
     spec = RunSpec(backend="tests.tiny:TinyBackend", suite=router_suite, gpu="cpu", warmup=0, max_options=40,
                    latency_min_decisions=1, latency_min_seconds=0.0)
     result = execute(spec, echo=False)
-    assert result.run["status"] == "ok", result.run.get("error")
+    assert result.run.status == "ok", result.run.error
     (answer,) = result.answers
-    assert answer["options"] == [f"t{i}" for i in range(30)] and answer["method"] == "continuation"
+    assert answer.options == [f"t{i}" for i in range(30)] and answer.method == "continuation"
 
 
 def test_a_question_over_max_options_names_the_flag(router_suite):

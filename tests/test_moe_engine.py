@@ -11,10 +11,10 @@ from quantbench.engine.moe import (
     GroupedMoE,
     experts_nbytes,
     install_grouped_moe,
-    moe_blocks,
     route,
 )
 from quantbench.errors import ConfigError, UnsupportedError
+from quantbench.models.family import moe_layout
 from tests.tiny import tiny_model
 
 
@@ -37,7 +37,7 @@ def test_dense_grouped_moe_gives_transformers_logits(impl):
     reference = tiny_model(seed=2)
     reference.set_experts_implementation(impl)
     model = copy.deepcopy(reference)
-    install_grouped_moe(model, dense_weights)
+    install_grouped_moe(model, dense_weights, layout=moe_layout(model))
     ids = torch.randint(0, 600, (3, 40))
     with torch.inference_mode():
         torch.testing.assert_close(model(ids).logits, reference(ids).logits, rtol=1e-5, atol=1e-5)
@@ -55,16 +55,16 @@ def test_a_single_token_hits_only_top_k_experts_and_still_matches():
 
 def test_install_swaps_every_moe_block_and_names_the_path():
     model = tiny_model(seed=4)
-    names = [ref.name for ref in moe_blocks(model)]
+    names = [ref.name for ref in moe_layout(model).blocks]
     assert names == ["model.layers.0.mlp", "model.layers.1.mlp"]
-    assert install_grouped_moe(model, dense_weights) == "cpu-vectorised"
+    assert install_grouped_moe(model, dense_weights, layout=moe_layout(model)) == "cpu-vectorised"
     assert all(isinstance(layer.mlp, GroupedMoE) for layer in model.model.layers)
-    assert moe_blocks(model) == []  # nothing left with the per-expert experts module
 
 
 def test_install_refuses_a_model_without_moe_blocks():
     with pytest.raises(UnsupportedError, match="no MoE block"):
-        install_grouped_moe(nn.Sequential(nn.Linear(4, 4)), dense_weights)
+        plain = nn.Sequential(nn.Linear(4, 4))
+        install_grouped_moe(plain, dense_weights, layout=moe_layout(plain))
 
 
 def test_asking_for_a_fused_kernel_that_does_not_exist_fails_loudly():
@@ -82,7 +82,7 @@ def test_projections_that_do_not_fit_together_are_refused():
 
 def test_experts_bytes_are_measured_from_the_stored_tensors():
     model = tiny_model(seed=6, dtype=torch.bfloat16)
-    install_grouped_moe(model, dense_weights)
+    install_grouped_moe(model, dense_weights, layout=moe_layout(model))
     # 2 layers x 8 experts x (gate_up 128x128 + down 128x64) bf16 values
     assert experts_nbytes(model) == 2 * 8 * (128 * 128 + 128 * 64) * 2
 
@@ -126,7 +126,7 @@ def test_forwards_before_the_run_are_not_what_it_ran():
     from tests.tiny import tiny_tokenizer
 
     model = tiny_model()
-    install_grouped_moe(model, dense_weights)
+    install_grouped_moe(model, dense_weights, layout=moe_layout(model))
     model(input_ids=torch.randint(0, 600, (1, 7)))
     assert kernel_paths_ran(model) == "cpu-vectorised"
     TransformersEngine(model, tiny_tokenizer())
@@ -158,3 +158,21 @@ def test_h_goes_to_down_as_e4m3_codes_only_when_both_fp8_kernels_take_them(monke
     cpu = moe(one)
     del cpu._path_for  # the CPU's own path: no fused kernel, no codes
     assert cpu._codes_scale(x) is None
+
+
+def test_every_weight_format_declares_the_optional_features_on_experts_base():
+    # The engine reads these attributes instead of probing for them (#23): a format that lacks a feature
+    # inherits the default that turns it off.
+    from quantbench.engine.moe.engine import DenseExperts, ExpertsBase
+    from quantbench.engine.moe.fp8 import Fp8Experts
+    from quantbench.engine.moe.int4 import Int4Experts
+    from quantbench.engine.moe.nvfp4 import Nvfp4Experts, Nvfp4UnpackedExperts
+
+    for cls in (DenseExperts, Int4Experts, Nvfp4Experts, Nvfp4UnpackedExperts, Fp8Experts):
+        assert issubclass(cls, ExpertsBase), cls
+    dense = DenseExperts(torch.zeros(2, 4, 8))
+    assert (dense.fused_kernel, dense.fused_features, dense.ran_kernel, dense.input_quant_rowwise) == (
+        None, frozenset(), None, False)
+    assert dense.quantize_input is None and dense.quantizes_input_in_kernel(torch.device("cpu")) is False
+    assert Int4Experts.quantize_input is None and callable(Nvfp4UnpackedExperts.quantize_input)
+    assert Int4Experts.fused_features == frozenset({"gather", "swiglu", "row_scale", "scatter"})

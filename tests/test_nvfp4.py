@@ -410,8 +410,8 @@ def test_full_variant_quantizes_attention_too_and_still_loads_exactly():
 def test_backend_records_packed_emulated_w4a4_and_answers(nvfp4_dir):
     from backends.nvfp4 import Nvfp4Backend
     from quantbench.protocol import parse_request
-    from quantbench.run.backend import RunSpec
     from quantbench.run.machine import detect
+    from quantbench.run.spec import RunSpec
 
     machine = detect()
     backend = Nvfp4Backend()
@@ -449,12 +449,13 @@ def test_backend_availability_says_native_only_on_blackwell():
 def test_default_variant_packed_and_unpacked_agree_on_every_question_of_the_default_suite():
     from backends.nvfp4 import Nvfp4Backend
     from quantbench.protocol.suite import load_suite
-    from quantbench.run.backend import RunSpec
     from quantbench.run.machine import detect
+    from quantbench.run.resolve import resolve
+    from quantbench.run.spec import RunSpec
 
     machine, backend = detect(), Nvfp4Backend()
-    packed = backend.load(RunSpec(backend="nvfp4", device="cpu"), machine).engine
-    unpacked = backend.load(RunSpec(backend="nvfp4", device="cpu", nvfp4_mode="unpacked"), machine).engine
+    packed = backend.load(resolve(RunSpec(backend="nvfp4", device="cpu")), machine).engine
+    unpacked = backend.load(resolve(RunSpec(backend="nvfp4", device="cpu", nvfp4_mode="unpacked")), machine).engine
     records = load_suite(None).records
     batch = 16
     for start in range(0, len(records), batch):

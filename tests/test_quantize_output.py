@@ -62,8 +62,8 @@ def test_a_failed_quantization_names_the_libraries_log(tiny_source, tmp_path, mo
 
 
 def test_an_int4_run_keeps_auto_rounds_load_messages_on_the_run_instead_of_printing_them(tiny_int4, tmp_path, capfd):
-    from quantbench.run.backend import RunSpec
     from quantbench.run.runner import execute
+    from quantbench.run.spec import RunSpec
 
     suite = tmp_path / "mini.jsonl"
     suite.write_text('{"id": "r0", "benchmark": "mini", "request": {"state": {"observation": "a wall"}, '
@@ -72,7 +72,7 @@ def test_an_int4_run_keeps_auto_rounds_load_messages_on_the_run_instead_of_print
     result = execute(RunSpec(backend="int4", model=str(tiny_int4[0]), suite=str(suite), gpu="cpu", warmup=0,
                              latency_min_decisions=1, latency_min_seconds=0.0))
     said = capfd.readouterr().err
-    assert result.run["status"] == "ok", result.run.get("error")
+    assert result.run.status == "ok", result.run.error
     assert "\x1b[" not in said and not re.search(r"\b(INFO|WARNING)\b", said) and "auto-round-lib" not in said
-    kept = result.run["extra"]["library_log"]
+    kept = result.run.extra["library_log"]
     assert any(line.startswith("INFO Inference backend selection") for line in kept), kept

@@ -15,7 +15,8 @@ from quantbench.analysis import stats as an
 from quantbench.analysis.stats import ParityError
 from quantbench.errors import ConfigError, QuantbenchError
 from quantbench.report import Rules
-from quantbench.store import RunResult, Store, uuid7
+from quantbench.run.record import RunResult, uuid7
+from quantbench.store import Store
 
 T0 = dt.datetime(2026, 11, 29, 12, tzinfo=dt.UTC)
 MB = 1_000_000

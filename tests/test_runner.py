@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from quantbench.errors import GpuMismatchError
-from quantbench.run.backend import RunSpec
 from quantbench.run.runner import execute
+from quantbench.run.spec import RunSpec
 from quantbench.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,17 +39,46 @@ def spec(backend, suite, **kw):
 
 
 def test_a_run_answers_every_question_and_times_every_decision(tmp_path, suite):
+    from tests.tiny import answers_in_process
+
     result = execute(spec("TinyBackend", suite), echo=False)
-    assert result.run["status"] == "ok", result.run.get("error")
-    assert len(result.answers) == 6  # 4 single-question records + one with two questions
-    phases = [lat["phase"] for lat in result.latencies]
+    assert result.run.status == "ok", result.run.error
+    expected = answers_in_process(suite)  # 4 single-question records + one with two questions
+    assert sorted((a.record_id, a.question) for a in result.answers) == sorted(expected)
+    phases = [lat.phase for lat in result.latencies]
     assert phases.count("suite") == 5 and phases.count("latency") == 3  # at least 8 timed decisions in all
+    assert [lat.record_id for lat in result.latencies] == ["r0", "r1", "r2", "r3", "multi", "r0", "r1", "r2"]
     run = result.run
-    assert run["variant"] == "tiny" and run["n_records"] == 5 and run["n_questions"] == 6
-    assert run["load_s"] > 0 and run["cold_ms"] > 0 and run["host_rss_peak_bytes"] > 0
-    assert run["mem_weights_bytes"] is None and run["mem_nvml_peak_bytes"] is None  # CPU: NULL, not 0
-    assert run["model_tensor_bytes"] > 0 and run["torch_version"] and run["spec_hash"]
-    Store(tmp_path / "r.duckdb").write_run(result)
+    assert run.variant == "tiny" and run.n_records == 5 and run.n_questions == 6
+    assert run.load_s > 0 and run.cold_ms > 0 and run.host_rss_peak_bytes > 0
+    assert run.mem_weights_bytes is None and run.mem_nvml_peak_bytes is None  # CPU: NULL, not 0
+    assert run.model_tensor_bytes > 0 and run.torch_version and run.spec_hash
+
+    # Stored and read back, every answer has the values the model gives in this process.
+    store = Store(tmp_path / "r.duckdb")
+    rid = store.write_run(result)
+    stored = store.read("SELECT * FROM answers WHERE run_id = ? ORDER BY record_id, question", [rid])
+    assert len(stored) == len(expected)
+    for row in stored.to_dict("records"):
+        row["gold"] = row["gold"] if isinstance(row["gold"], str) else None  # NULL reads back as None or NaN
+        want = expected[(row["record_id"], row["question"])]
+        assert list(row["probs"]) == pytest.approx(want["probs"], abs=1e-6)
+        assert ({k: row[k] for k in ("benchmark", "top", "gold", "method", "truncated")}
+                == {k: want[k] for k in ("benchmark", "top", "gold", "method", "truncated")})
+        assert list(row["options"]) == want["options"]
+    back = store.read("SELECT variant, n_questions, kernel_path, tokenizer_hash FROM runs WHERE run_id = ?", [rid])
+    assert back.to_dict("records") == [{"variant": "tiny", "n_questions": 6, "kernel_path": "transformers grouped_mm",
+                                        "tokenizer_hash": run.tokenizer_hash}]
+    assert store.read("SELECT count(*) AS n FROM latencies WHERE run_id = ?", [rid]).n.tolist() == [8]
+
+
+def test_the_engine_features_it_declares_make_the_kernel_path(suite):
+    result = execute(spec("ReportingBackend", suite), echo=False)
+    assert result.run.status == "ok", result.run.error
+    assert result.run.kernel_path == "transformers grouped_mm +fused rmsnorm+rope +cuda-graph (partly eager)"
+    assert result.run.extra["fused_ops"] == "rmsnorm+rope"
+    # warmed before every decision but the cold one: 1 warmup, 5 suite records, 3 latency decisions
+    assert result.run.extra["cuda_graph"] == {"replays": 7, "eager_calls": 2, "warmed": 9}
 
 
 @pytest.mark.parametrize("backend, failure, words", [
@@ -59,9 +88,9 @@ def test_a_run_answers_every_question_and_times_every_decision(tmp_path, suite):
 ])
 def test_a_failing_child_leaves_a_failed_row_and_no_answers(tmp_path, suite, backend, failure, words):
     result = execute(spec(backend, suite), echo=False)
-    assert result.run["status"] == "failed"
-    assert result.run["failure"] == failure
-    assert words in result.run["error"]
+    assert result.run.status == "failed"
+    assert result.run.failure == failure
+    assert words in result.run.error
     assert result.answers == [] and result.latencies == []
     store = Store(tmp_path / "r.duckdb")
     store.write_run(result)
@@ -75,8 +104,8 @@ def test_a_failing_child_leaves_a_failed_row_and_no_answers(tmp_path, suite, bac
 
 def test_a_child_past_its_timeout_is_killed_and_recorded(suite):
     result = execute(spec("HangBackend", suite, timeout_s=3), echo=False)
-    assert result.run["status"] == "failed" and result.run["failure"] == "timeout"
-    assert "timeout of 3 s" in result.run["error"]
+    assert result.run.status == "failed" and result.run.failure == "timeout"
+    assert "timeout of 3 s" in result.run.error
 
 
 def test_a_gpu_mismatch_is_refused_before_anything_runs(suite):
@@ -89,21 +118,21 @@ def test_a_gpu_mismatch_is_refused_before_anything_runs(suite):
 
 
 def test_an_api_key_is_never_stored(suite):
-    result = execute(spec("TinyBackend", suite, api_key="s3cret", limit=1), echo=False)
-    assert result.run["spec"]["api_key"] == "***"
+    result = execute(spec("KeyedTinyBackend", suite, api_key="s3cret", limit=1), echo=False)
+    assert result.run.spec["api_key"] == "***"
     assert "s3cret" not in str(result.run)
 
 
 def test_throughput_mode_batches_decisions_into_one_forward(suite):
     result = execute(spec("TinyBackend", suite, concurrency=2), echo=False)
-    assert result.run["status"] == "ok", result.run.get("error")
-    suite_rows = [lat for lat in result.latencies if lat["phase"] == "suite"]
-    assert [lat["batch"] for lat in suite_rows] == [2, 2, 2, 2, 1]  # 5 records, two at a time
+    assert result.run.status == "ok", result.run.error
+    suite_rows = [lat for lat in result.latencies if lat.phase == "suite"]
+    assert [lat.batch for lat in suite_rows] == [2, 2, 2, 2, 1]  # 5 records, two at a time
     assert len(result.answers) == 6
     single = execute(spec("TinyBackend", suite), echo=False)
-    probs = {(a["record_id"], a["question"]): a["probs"] for a in single.answers}
+    probs = {(a.record_id, a.question): a.probs for a in single.answers}
     for a in result.answers:  # batching changes no answer
-        assert a["probs"] == pytest.approx(probs[(a["record_id"], a["question"])], abs=1e-4)
+        assert a.probs == pytest.approx(probs[(a.record_id, a.question)], abs=1e-4)
 
 
 def test_tokenizer_hash_is_the_sha256_of_the_token_ids_the_model_was_given(suite):
@@ -119,7 +148,7 @@ def test_tokenizer_hash_is_the_sha256_of_the_token_ids_the_model_was_given(suite
         digest.update(json.dumps([record.id, engine.prepare(record.request).rows], separators=(",", ":")).encode())
     single = execute(spec("TinyBackend", suite), echo=False)
     batched = execute(spec("TinyBackend", suite, concurrency=2), echo=False)
-    assert single.run["tokenizer_hash"] == batched.run["tokenizer_hash"] == digest.hexdigest()  # batching: same inputs
+    assert single.run.tokenizer_hash == batched.run.tokenizer_hash == digest.hexdigest()  # batching: same inputs
 
 
 # -- the child dies with its parent; a stopped parent stores `failed: interrupted` ------------------------------
@@ -206,8 +235,8 @@ def test_an_outside_sigkill_is_labelled_killed_not_oom(tmp_path, suite, monkeypa
 
     monkeypatch.setattr(runner, "oom_kill_count", lambda: 0)  # the cgroup's counter, unchanged
     run = _execute_and_kill_child(tmp_path, suite, monkeypatch)
-    assert (run["status"], run["failure"]) == ("failed", "killed")
-    assert "signal 9 (SIGKILL) from outside quantbench; no OOM kill was recorded" in run["error"]
+    assert (run.status, run.failure) == ("failed", "killed")
+    assert "signal 9 (SIGKILL) from outside quantbench; no OOM kill was recorded" in run.error
 
 
 def test_a_sigkill_with_an_oom_kill_recorded_in_the_cgroup_is_labelled_oom(tmp_path, suite, monkeypatch):
@@ -220,21 +249,21 @@ def test_a_sigkill_with_an_oom_kill_recorded_in_the_cgroup_is_labelled_oom(tmp_p
     counts = itertools.count(3)
     monkeypatch.setattr(runner, "oom_kill_count", lambda: next(counts))
     run = _execute_and_kill_child(tmp_path, suite, monkeypatch)
-    assert run["failure"] == "oom"
-    assert "by the kernel's OOM killer (the memory cgroup's oom_kill count went 3 → 4)" in run["error"]
+    assert run.failure == "oom"
+    assert "by the kernel's OOM killer (the memory cgroup's oom_kill count went 3 → 4)" in run.error
 
 
 def test_an_unreadable_oom_counter_is_no_evidence(tmp_path, suite, monkeypatch):
     import quantbench.run.runner as runner
 
     monkeypatch.setattr(runner, "oom_kill_count", lambda: None)
-    assert _execute_and_kill_child(tmp_path, suite, monkeypatch)["failure"] == "killed"
+    assert _execute_and_kill_child(tmp_path, suite, monkeypatch).failure == "killed"
 
 
 def test_a_child_that_runs_out_of_memory_is_labelled_oom(suite):
     result = execute(spec("OutOfMemoryBackend", suite), echo=False)
-    assert result.run["failure"] == "oom"
-    assert "DefaultCPUAllocator: can't allocate memory: you tried to allocate 8589934592 bytes" in result.run["error"]
+    assert result.run.failure == "oom"
+    assert "DefaultCPUAllocator: can't allocate memory: you tried to allocate 8589934592 bytes" in result.run.error
 
 
 def test_what_this_machine_cannot_run_is_labelled_unsupported(tmp_path, suite):
@@ -252,8 +281,8 @@ def test_what_this_machine_cannot_run_is_labelled_unsupported(tmp_path, suite):
     tiny_tokenizer().save_pretrained(tmp_path / "shared")
     result = execute(RunSpec(backend="bf16", model=str(tmp_path / "shared"), suite=suite, gpu="cpu",
                              experts_impl="quantbench", limit=1), echo=False)
-    assert result.run["failure"] == "unsupported"
-    assert "mlp.shared_expert: MoE blocks with shared experts are not supported" in result.run["error"]
+    assert result.run.failure == "unsupported"
+    assert "mlp.shared_expert: MoE blocks with shared experts are not supported" in result.run.error
 
 
 def test_a_bad_setting_found_in_the_child_is_labelled_config_error(tmp_path, suite):
@@ -261,15 +290,14 @@ def test_a_bad_setting_found_in_the_child_is_labelled_config_error(tmp_path, sui
 
     result = execute(RunSpec(backend="bf16", model=str(save_tiny(tmp_path / "m")), suite=suite, gpu="cpu",
                              dtype="float8", limit=1), echo=False)
-    assert result.run["failure"] == "config_error"
-    assert "--dtype 'float8': use one of bfloat16, float16, float32" in result.run["error"]
+    assert result.run.failure == "config_error"
+    assert "--dtype 'float8': use one of bfloat16, float16, float32" in result.run.error
 
 
 def test_classify_names_out_of_memory_only_with_evidence():
     import torch
 
-    from quantbench.errors import ConfigError, LoadError, UnsupportedError
-    from quantbench.run.child import classify
+    from quantbench.errors import ConfigError, LoadError, UnsupportedError, classify
 
     assert classify(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")) == "oom"
     assert classify(MemoryError()) == "oom"
@@ -348,7 +376,7 @@ def test_an_auto_map_that_is_not_followed_is_said_once_and_recorded(tmp_path, su
     (path / "modeling_custom.py").write_text(f"open({str(marker)!r}, 'w').close()\n")  # proof its code never ran
     result = execute(RunSpec(backend="bf16", model=str(path), suite=suite, gpu="cpu", limit=1, warmup=0,
                              latency_min_decisions=1, latency_min_seconds=0.0), echo=False)
-    assert result.run["status"] == "ok", result.run.get("error")
+    assert result.run.status == "ok", result.run.error
     warnings = [line for line in capsys.readouterr().err.splitlines() if "auto_map" in line]
     assert warnings == [f"warning: {path / 'config.json'} names its own code (auto_map) but --trust-remote-code is "
                         "off: loading transformers' built-in Qwen3MoeForCausalLM instead (recorded on the run)"]

@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 from quantbench.engine.scoring import TransformersEngine
 from quantbench.errors import LoadError
 from quantbench.protocol import DecisionRequest, DecisionResponse, parse_request
-from quantbench.run.backend import LoadedVariant, VariantInfo
+from quantbench.run.backend import LoadedVariant
+from quantbench.run.record import VariantInfo
 from quantbench.server import DEMO_REQUEST, cli_serve, create_app, demo
 from tests.tiny import save_tiny, tiny_model, tiny_tokenizer
 
@@ -370,7 +371,8 @@ SERVER = """
 import sys, time
 import torch
 torch.set_num_threads(1)  # the tests measure behaviour, not speed: one thread keeps a busy 2-core machine usable
-from quantbench.run.backend import RunSpec, get_backend
+from quantbench.run.backend import get_backend
+from quantbench.run.spec import RunSpec
 from quantbench.run.machine import detect
 from quantbench.server import create_app, serve
 

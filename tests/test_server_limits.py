@@ -160,7 +160,8 @@ SLOW_SERVER = """
 import json, sys, time
 import torch
 torch.set_num_threads(1)
-from quantbench.run.backend import RunSpec, get_backend
+from quantbench.run.backend import get_backend
+from quantbench.run.spec import RunSpec
 from quantbench.run.machine import detect
 from quantbench.server import create_app, serve
 
@@ -288,7 +289,8 @@ def test_a_batch_holds_at_most_max_request_tokens_padded_tokens():
     from fastapi.testclient import TestClient
 
     from quantbench.engine.scoring import TransformersEngine
-    from quantbench.run.backend import LoadedVariant, VariantInfo
+    from quantbench.run.backend import LoadedVariant
+    from quantbench.run.record import VariantInfo
     from quantbench.server import create_app
     from tests.tiny import tiny_model, tiny_tokenizer
 
@@ -322,7 +324,8 @@ def test_memory_freed_by_forward_passes_is_given_back_when_the_queue_empties():
     from fastapi.testclient import TestClient
 
     from quantbench.engine.scoring import TransformersEngine
-    from quantbench.run.backend import LoadedVariant, VariantInfo
+    from quantbench.run.backend import LoadedVariant
+    from quantbench.run.record import VariantInfo
     from quantbench.server import create_app, malloc_trim
     from tests.tiny import tiny_model, tiny_tokenizer
 
@@ -345,7 +348,8 @@ def test_with_truncation_a_4_mb_state_is_cut_before_it_is_tokenized_and_answers_
 
     from quantbench.engine.scoring import TransformersEngine
     from quantbench.protocol import parse_request
-    from quantbench.run.backend import LoadedVariant, VariantInfo
+    from quantbench.run.backend import LoadedVariant
+    from quantbench.run.record import VariantInfo
     from quantbench.server import create_app
     from tests.tiny import tiny_model, tiny_tokenizer
 

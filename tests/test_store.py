@@ -7,8 +7,10 @@ import time
 
 import duckdb
 import pytest
+from pydantic import ValidationError
 
-from quantbench.store import RunResult, Store, StoreError, uuid7
+from quantbench.run.record import RunResult, uuid7
+from quantbench.store import Store, StoreError
 from quantbench.store.schema import SCHEMA_VERSION
 
 
@@ -41,7 +43,7 @@ def test_a_failing_insert_leaves_no_half_written_run(tmp_path):
     store = Store(tmp_path / "r.duckdb")
     store.write_run(RunResult(run=run_row()))
     bad = dict(ANSWER, not_a_column=1)
-    with pytest.raises(StoreError, match="not_a_column"):
+    with pytest.raises(ValidationError, match="not_a_column"):  # refused as the run's rows are made
         store.write_run(RunResult(run=run_row(), answers=[bad]))
     assert len(store.read("SELECT * FROM runs")) == 1
     assert len(store.read("SELECT * FROM answers")) == 0

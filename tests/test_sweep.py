@@ -11,10 +11,11 @@ import pytest
 from rich.console import Console
 
 from quantbench.errors import ConfigError
-from quantbench.run.backend import RunSpec
 from quantbench.run.machine import detect
+from quantbench.run.record import RunResult, uuid7
 from quantbench.run.runner import spec_hash
-from quantbench.store import RunResult, Store, uuid7
+from quantbench.run.spec import RunSpec
+from quantbench.store import Store
 from quantbench.sweep import LocalExecutor, Slot, load_sweep, plan, run_sweep, split_finished
 from tests.tiny import TinyBackend, save_tiny
 

@@ -6,7 +6,8 @@ import duckdb
 import pandas as pd
 import pytest
 
-from quantbench.store import SCHEMA_VERSION, RunResult, Store, StoreError, transfer, uuid7
+from quantbench.run.record import RunResult, uuid7
+from quantbench.store import SCHEMA_VERSION, Store, StoreError, transfer
 
 T0 = dt.datetime(2026, 11, 29, 9, tzinfo=dt.UTC)
 

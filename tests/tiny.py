@@ -11,9 +11,12 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
+from quantbench.engine.base import EngineReport
 from quantbench.engine.scoring import TransformersEngine
 from quantbench.errors import LoadError
-from quantbench.run.backend import Availability, LoadedVariant, VariantInfo
+from quantbench.run.backend import Availability, LoadedVariant
+from quantbench.run.record import VariantInfo
+from quantbench.run.spec import BackendOptions, opt
 
 CORPUS = ["State: Question: Answer: A B C D E yes no left right forward wall player observation alpha beta"] * 50
 
@@ -45,6 +48,7 @@ def save_tiny(path: Path) -> Path:
 class TinyBackend:
     name = "tiny"
     summary = "test: tiny random model"
+    Options = BackendOptions
 
     def availability(self, machine):
         return Availability(True)
@@ -55,6 +59,43 @@ class TinyBackend:
         info = VariantInfo(variant="tiny", weight_format="float32", kernel_path="transformers grouped_mm",
                            compute_dtype="float32", model_id="tiny-test", weights="synthetic")
         return LoadedVariant(engine=engine, info=info, model=model)
+
+
+def answers_in_process(suite: str) -> dict[tuple[str, str], dict]:
+    """What TinyBackend answers to every question of `suite`, computed here (no child, no store): the values a
+    run of it must store, keyed by (record_id, question)."""
+    from quantbench.protocol.suite import load_suite
+
+    engine = TransformersEngine(tiny_model(), tiny_tokenizer())
+    out = {}
+    for record in load_suite(suite).records:
+        for q, ans in engine.forward(engine.prepare(record.request)).items():
+            out[(record.id, q)] = dict(
+                benchmark=record.benchmark, options=list(ans.probabilities), probs=list(ans.probabilities.values()),
+                top=ans.top, gold=(record.gold or {}).get(q), method=ans.method, truncated=ans.truncated)
+    return out
+
+
+class ReportingBackend(TinyBackend):
+    """Its engine declares what a GPU engine reports (fused decoder ops, CUDA graph replays, some of them eager)
+    and counts its warm() calls, so what the child does with the declared features is tested on the CPU."""
+
+    def load(self, spec, machine):
+        loaded = super().load(spec, machine)
+        engine, warmed = loaded.engine, []
+        engine.warm = lambda batch: warmed.append(len(batch))
+        engine.report = lambda: EngineReport(fused_ops="rmsnorm+rope",
+                                             graphs={"replays": 7, "eager_calls": 2, "warmed": len(warmed)})
+        return loaded
+
+class KeyedOptions(BackendOptions):
+    api_key: str | None = opt(None, "test: a secret setting, as the http backend's", hashed=False, secret=True)
+
+
+class KeyedTinyBackend(TinyBackend):
+    """TinyBackend with a secret setting: the stored spec must mask it."""
+
+    Options = KeyedOptions
 
 
 class CrashBackend(TinyBackend):

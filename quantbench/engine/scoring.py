@@ -20,6 +20,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from quantbench.engine.base import EngineBase, EngineReport
+from quantbench.engine.base import Prepared as PreparedBase
 from quantbench.engine.cudagraph import GraphedDecoder
 from quantbench.engine.fused import install as install_fused_ops
 from quantbench.engine.moe.engine import reset_paths
@@ -48,10 +50,10 @@ class _Reader:
     spans: list[tuple[int, int]] = field(default_factory=list)  # continuation: (first, end) token positions
 
 
-@dataclass
-class Prepared:
+@dataclass(kw_only=True)  # as its base: fields by name
+class Prepared(PreparedBase):
+    rows: list[list[int]]  # always seen here: the run's tokenizer_hash is made from them
     request: DecisionRequest
-    rows: list[list[int]]
     readers: list[_Reader]
 
     @property
@@ -59,7 +61,7 @@ class Prepared:
         return sum(len(r) for r in self.rows)
 
 
-class TransformersEngine:
+class TransformersEngine(EngineBase):
     """Answers decision requests with a loaded causal LM (any backend that ends in a transformers model)."""
 
     def __init__(
@@ -94,7 +96,8 @@ class TransformersEngine:
     def for_spec(cls, model: Any, tokenizer: Any, spec: Any) -> TransformersEngine:
         """The engine a backend builds for a RunSpec (options, truncation, scoring method, CUDA graphs)."""
         return cls(model, tokenizer, max_options=spec.max_options, max_tokens=spec.max_tokens, truncate=spec.truncate,
-                   method=spec.method, cuda_graph=spec.cuda_graph, fused_ops=spec.fused_ops)
+                   method=spec.method, cuda_graph=spec.options.cuda_graph,
+                   fused_ops=spec.options.fused_ops)
 
     @torch.inference_mode()
     def warm(self, batch: list[Prepared]) -> None:
@@ -108,6 +111,9 @@ class TransformersEngine:
     def graph_report(self) -> dict[str, Any] | None:
         """What the CUDA graphs did (None on the CPU, where there are none)."""
         return self.decoder.report.as_dict() if self.device.type == "cuda" else None
+
+    def report(self) -> EngineReport:
+        return EngineReport(fused_ops=self.fused_ops, graphs=self.graph_report)
 
     # -- tokenization (pre-processing, timed apart from the model) ------------------------------------------
     def _encode(self, text: str, special: bool) -> list[int]:
@@ -163,7 +169,7 @@ class TransformersEngine:
                 reader.spans.append((len(ids), len(ids) + len(cont)))
                 rows.append(ids + cont)
             readers.append(reader)
-        return Prepared(request, rows, readers)
+        return Prepared(request=request, rows=rows, readers=readers)
 
     # -- the forward pass (what the latency figures time) ---------------------------------------------------
     @torch.inference_mode()

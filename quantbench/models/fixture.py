@@ -1,4 +1,4 @@
-"""The embedded default model: a tiny trained Qwen3-MoE, and random-weight models of the real 30B-A3B shape.
+"""The embedded default model: a tiny trained Qwen3-MoE (random-weight real shapes: quantbench.models.synthetic).
 
 `default_model_dir()` returns a checkpoint any backend can load and quantize: a `Qwen3MoeForCausalLM` of the real
 model's family (fused experts, top-k router, QK-norm) at hidden size 256, with its own byte-level BPE tokenizer,
@@ -8,9 +8,6 @@ quantized variant then has real decisions to keep or lose.
 The build is deterministic (seeded, deterministic algorithms, fixed thread count: a rebuild on the same kind of
 machine gives a bit-identical model.safetensors), cached under `$QUANTBENCH_CACHE` (default ~/.cache/quantbench)
 by a hash of its recipe, built in a temporary directory and renamed into place under a file lock.
-
-`build_synthetic()` makes the real Qwen3-30B-A3B text shape (the Qwen3-Omni thinker's too) with seeded random
-weights, straight on the target device, for speed and memory runs; those rows say `weights: synthetic`.
 """
 
 from __future__ import annotations
@@ -36,7 +33,7 @@ from typing import Any
 
 import torch
 
-from quantbench.errors import UnsupportedError
+from quantbench.models.build import moe_config, new_model
 
 FIXTURE_VERSION = 1
 FIXTURE_INFO_FILE = "quantbench_fixture.json"
@@ -75,31 +72,6 @@ TRAIN = {
     "aux_weight": 0.01,  # router load balancing, so every expert is trained (and matters to quantization)
     "threads": 2,
 }
-
-# Real model shapes for speed / memory runs with random weights (text decoder only).
-SYNTHETIC_SHAPES: dict[str, dict[str, Any]] = {
-    "qwen3-30b-a3b": {
-        "vocab_size": 151936,
-        "hidden_size": 2048,
-        "num_hidden_layers": 48,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 4,
-        "head_dim": 128,
-        "num_experts": 128,
-        "num_experts_per_tok": 8,
-        "moe_intermediate_size": 768,
-        "intermediate_size": 6144,
-        "norm_topk_prob": True,
-        "max_position_embeddings": 40960,
-        "rope_theta": 1000000.0,
-        "rms_norm_eps": 1e-6,
-        "tie_word_embeddings": False,
-        "initializer_range": 0.02,
-    },
-}
-# The Qwen3-Omni-30B-A3B thinker's text decoder has the same shape.
-SYNTHETIC_SHAPES["qwen3-omni-30b-a3b-thinker"] = SYNTHETIC_SHAPES["qwen3-30b-a3b"]
-
 
 @dataclass
 class FixtureInfo:
@@ -232,6 +204,17 @@ def default_model_dir(progress: bool = True) -> Path:
     return target
 
 
+def find_or_build(rebuild: bool = False, out: Path | None = None) -> FixtureInfo:
+    """The default model at `out` (default: the cache), built there (with progress) unless it is already, or
+    `rebuild`; its info, with `path` where it is (`quantbench fixture` shows it)."""
+    if out is None:
+        target = cache_dir() / "models" / f"fixture-{recipe_hash()[:8]}"
+    else:
+        target = Path(out).resolve()
+        target.parent.mkdir(parents=True, exist_ok=True)
+    return _build_into(target, rebuild=rebuild, progress=True) or read_info(target)
+
+
 def read_info(path: Path) -> FixtureInfo:
     data = json.loads((Path(path) / FIXTURE_INFO_FILE).read_text())
     return FixtureInfo(path=Path(path), **{k: v for k, v in data.items() if k in FixtureInfo.__dataclass_fields__ and k != "path"})
@@ -289,62 +272,7 @@ def build_tokenizer():
     return fast
 
 
-# -- model ----------------------------------------------------------------------------------------------------
-def _config(shape: dict[str, Any], **extra: Any):
-    from transformers import Qwen3MoeConfig
-
-    shape = dict(shape)
-    rope = {"rope_type": "default", "rope_theta": shape.pop("rope_theta")}
-    return Qwen3MoeConfig(**shape, rope_parameters=rope, decoder_sparse_step=1, mlp_only_layers=[], **extra)
-
-
-def _fill_random(model: torch.nn.Module, seed: int, std: float) -> None:
-    """Seeded N(0, std) weights and unit norms, generated on the parameters' own device."""
-    device = next(model.parameters()).device
-    gen = torch.Generator(device=device).manual_seed(seed)
-    for name, p in model.named_parameters():
-        if name.endswith("norm.weight"):
-            p.data.fill_(1.0)
-        else:
-            p.data.normal_(0.0, std, generator=gen)
-
-
-def free_bytes(device: str | torch.device) -> int:
-    """Memory a new allocation can take on `device`: free GPU memory, or the host's available RAM."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    import psutil
-
-    return psutil.virtual_memory().available
-
-
-def _new_model(config, device: str | torch.device, dtype: torch.dtype, seed: int, what: str | None = None):
-    """A Qwen3MoeForCausalLM allocated directly on `device` (no CPU init pass), filled from a seeded generator.
-    With `what` (a synthetic model's name), refuse before allocating when its weights cannot fit: a 61 GB model
-    on a 24 GiB host would otherwise be killed by the kernel with no message."""
-    from transformers import Qwen3MoeForCausalLM
-
-    with torch.device("meta"):
-        model = Qwen3MoeForCausalLM(config)
-    if what is not None:
-        need = sum(t.numel() for t in model.parameters()) * torch.finfo(dtype).bits // 8
-        free = free_bytes(device)
-        if need > free:
-            per_layer = need / config.num_hidden_layers
-            fit = int(free // per_layer) - 1
-            raise UnsupportedError(
-                f"{what}: its {str(dtype).removeprefix('torch.')} weights need {need / 2**30:.1f} GiB on {device}, {free / 2**30:.1f} GiB is "
-                f"free; give --layers N (about {per_layer / 2**30:.2f} GiB each"
-                + (f"; at most {fit} here)" if fit >= 1 else ")"))
-    model = model.to(dtype=dtype).to_empty(device=device)
-    _fill_random(model, seed, config.initializer_range)
-    # to_empty leaves buffers uninitialised: recompute the rotary frequencies on the device.
-    rotary = type(model.model.rotary_emb)(config)
-    model.model.rotary_emb = rotary.to(device)
-    return model
-
-
+# -- training -------------------------------------------------------------------------------------------------
 Example = tuple[list[int], int | None]  # (prompt ids, answer token id) or (world text ids, None): LM loss only
 
 
@@ -495,9 +423,9 @@ def build_fixture(out_dir: Path, *, seed: int = 0, steps: int | None = None, pro
     with _deterministic(TRAIN["threads"]):
         torch.manual_seed(seed)
         tokenizer = build_tokenizer()
-        config = _config(MODEL, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+        config = moe_config(MODEL, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
                          eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
-        model = _new_model(config, "cpu", torch.float32, seed)
+        model = new_model(config, "cpu", torch.float32, seed)
         model.set_experts_implementation("eager")  # on CPU its backward is 4x faster than grouped_mm
         examples = _examples(tokenizer, generate("train", 0, seed=seed, families=TRAIN["mix"]))
         examples += _world_examples(tokenizer, seed)
@@ -522,81 +450,4 @@ def build_fixture(out_dir: Path, *, seed: int = 0, steps: int | None = None, pro
     # Only deterministic facts go into the directory, so two builds of one recipe hash alike.
     record = {k: v for k, v in asdict(info).items() if k not in ("path", "train_seconds", "extra")}
     (out_dir / FIXTURE_INFO_FILE).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    return info
-
-
-# -- real shapes, random weights ------------------------------------------------------------------------------
-def synthetic_id(shape: str, layers: int | None = None, seed: int = 0) -> str:
-    n = SYNTHETIC_SHAPES[shape]["num_hidden_layers"] if layers is None else layers
-    return f"synthetic-{shape}-{n}l-seed{seed}"
-
-
-def build_synthetic(
-    shape: str = "qwen3-30b-a3b",
-    *,
-    layers: int | None = None,
-    device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.bfloat16,
-    seed: int = 0,
-    experts_impl: str = "grouped_mm",
-):
-    """A real-shape Qwen3MoeForCausalLM with seeded random weights made on `device`, and the fixture tokenizer
-    (its ids are a subset of the real vocabulary; the model keeps vocab_size 151936). Weights are synthetic:
-    latency and memory mean something, answers do not."""
-    if shape not in SYNTHETIC_SHAPES:
-        raise ValueError(f"unknown synthetic shape {shape!r}; known: {', '.join(sorted(SYNTHETIC_SHAPES))}")
-    dims = dict(SYNTHETIC_SHAPES[shape])
-    if layers is not None:
-        if layers < 1:
-            raise ValueError(f"layers must be at least 1, got {layers}")
-        dims["num_hidden_layers"] = layers
-    tokenizer = build_tokenizer()
-    config = _config(dims, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
-    # the fixture's tokenizer says 1024 tokens (the fixture's context); here prompts may be as long as the shape's
-    tokenizer.model_max_length = config.max_position_embeddings
-    model = _new_model(config, device, dtype, seed, what=synthetic_id(shape, layers, seed)).eval()
-    model.set_experts_implementation(experts_impl)
-    model.quantbench_weights = "synthetic"  # read by the runner for the row's `weights` column
-    model.quantbench_model_id = synthetic_id(shape, layers, seed)
-    return model, tokenizer
-
-
-def save_synthetic(shape: str, out_dir: Path, *, layers: int | None = None, seed: int = 0) -> Path:
-    """Write a loadable synthetic checkpoint (safetensors + tokenizer + the synthetic marker file)."""
-    from quantbench.models.checkpoint import SYNTHETIC_FILE
-
-    out_dir = Path(out_dir)
-    model, tokenizer = build_synthetic(shape, layers=layers, seed=seed)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    tokenizer.save_pretrained(out_dir)
-    marker = {"model_id": synthetic_id(shape, layers, seed), "shape": shape,
-              "layers": model.config.num_hidden_layers, "seed": seed}
-    (out_dir / SYNTHETIC_FILE).write_text(json.dumps(marker, indent=1) + "\n")
-    return out_dir
-
-
-# -- CLI ------------------------------------------------------------------------------------------------------
-def main_fixture(rebuild: bool = False, out: Path | None = None) -> FixtureInfo:
-    """`quantbench fixture [--rebuild] [--out DIR]`: build (or find) the default model, show where and how good."""
-    from rich.table import Table
-
-    from quantbench.term import console as make_console
-
-    console = make_console()
-    if out is None:
-        target = cache_dir() / "models" / f"fixture-{recipe_hash()[:8]}"
-    else:
-        target = Path(out).resolve()
-        target.parent.mkdir(parents=True, exist_ok=True)
-    built = _build_into(target, rebuild=rebuild, progress=True)
-    info = built or read_info(target)
-    console.print(f"fixture [bold]{info.model_id}[/] at {target}")
-    how = f"built in {info.train_seconds:.0f} s of training" if info.train_seconds is not None else "cached"
-    console.print(f"{how}; {info.parameters / 1e6:.1f} M parameters, {info.size_bytes / 2**20:.1f} MiB (bf16 safetensors)")
-    table = Table("family", "held-out accuracy", title="built-in suite (never trained on)")
-    for family, acc in info.accuracy.items():
-        table.add_row(family, f"{acc:.1%}")
-    table.add_row("[bold]mean[/]", f"[bold]{info.overall:.1%}[/]")
-    console.print(table)
     return info

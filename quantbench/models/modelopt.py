@@ -29,9 +29,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from quantbench.engine.moe.engine import DenseExperts, install_grouped_moe, moe_blocks
+from quantbench.engine.moe.engine import DenseExperts, install_grouped_moe
 from quantbench.errors import LoadError
-from quantbench.models.checkpoint import check_safetensors_only
+from quantbench.models.checkpoint import check_safetensors_only, model_identity
+from quantbench.models.family import moe_layout
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
@@ -405,7 +406,8 @@ def load_quantized(
     # experts: one format per projection and layer, swapped in by the grouped-MoE engine
     built: dict[int, tuple[nn.Module, nn.Module]] = {}
     expert_prefixes = []
-    for ref in moe_blocks(model):
+    moe = moe_layout(model)
+    for ref in moe.blocks:
         prefix = f"{ref.name}.experts"
         expert_prefixes.append(prefix + ".")
         num = int(getattr(ref.block.experts, "num_experts", None) or len(ref.block.experts))
@@ -415,7 +417,7 @@ def load_quantized(
             built[ref.layer_index] = _dense_experts(ck, prefix, num, dtype)
     if not built:
         raise LoadError(f"{root}: {type(model).__name__} has no MoE block; quantbench's nvfp4 / fp8 backends run MoE models")
-    path_taken = install_grouped_moe(model, lambda i, _experts: built[i], kernel)
+    path_taken = install_grouped_moe(model, lambda i, _experts: built[i], kernel, layout=moe)
 
     # dense quantized Linears (a full variant): replaced in place
     from quantbench.engine.moe.fp8 import Fp8Linear
@@ -453,3 +455,21 @@ def load_quantized(
     model.to(device)
     model.eval()
     return LoadedQuant(model, layout, path_taken, dense)
+
+
+def load_checkpoint(path: str | Path, scheme: str, *, mode: str = "packed", activations: bool = True,
+                    dtype: torch.dtype, device: str, trust_remote_code: bool = False) -> dict[str, Any]:
+    """Load the `scheme` checkpoint at `path` with quantbench's loader, and its tokenizer; the run row's fields."""
+    from transformers import (
+        AutoTokenizer,  # lazy: transformers is imported in the child only, as load_quantized's
+    )
+
+    path = Path(path)
+    loaded = load_quantized(path, scheme=scheme, mode=mode, activations=activations, dtype=dtype, device=device,
+                            trust_remote_code=trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    ident = model_identity(path)
+    source_hash = ident.pop("source_model_hash", None)
+    return {"model": loaded.model, "tokenizer": tokenizer, "layout": loaded.layout, "path": path, "ident": ident,
+            "extra": {"source_model_hash": source_hash, "producer": loaded.layout.producer,
+                      "quantized_dense_linears": len(loaded.quantized_linears)}}

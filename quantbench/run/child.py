@@ -25,13 +25,24 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from quantbench.engine import pdl
 from quantbench.engine.moe.engine import kernel_paths, kernel_paths_ran
-from quantbench.errors import ConfigError, LoadError, RequestError, UnsupportedError, is_out_of_memory
+from quantbench.errors import classify
 from quantbench.models import lineage
 from quantbench.models.checkpoint import tensor_bytes
 from quantbench.protocol.suite import load_suite
-from quantbench.run.backend import LoadedVariant, RunSpec, get_backend
+from quantbench.run.backend import LoadedVariant, get_backend
 from quantbench.run.machine import detect
 from quantbench.run.memory import MemoryTracker
+from quantbench.run.record import (
+    AnswerRow,
+    KernelPath,
+    LatencyRow,
+    LineageFacts,
+    MachineFacts,
+    Measured,
+    MemoryFacts,
+    SuiteFacts,
+)
+from quantbench.run.spec import RunSpec
 from quantbench.term import LineProgress
 
 # The parent pipes stderr to keep a tail for failed rows; it asks for live progress when it has a terminal.
@@ -72,14 +83,14 @@ def _answer_suite(loaded: LoadedVariant, records, timer: Timer, spec: RunSpec, o
     in flight (each timed end to end by the client), a local model answers them in one batched forward pass
     (throughput mode: each decision's time is the whole batch's, and `batch` says n)."""
     engine = loaded.engine
-    answers, latencies = out["answers"], out["latencies"]
+    answers: list[AnswerRow] = out["answers"]
+    latencies: list[LatencyRow] = out["latencies"]
+    measured: Measured = out["run"]
     n = max(1, spec.concurrency)
-
-    warm = getattr(engine, "warm", None)  # optional: a CUDA graph to capture before a new shape is timed
 
     # The run's tokenizer_hash: sha256 of the token ids the model was given for every suite prompt, in suite
     # order. Two runs with equal hashes saw identical inputs, whatever made them (tokenizer files, chat template,
-    # truncation); parity refuses runs whose hashes differ. Only local engines expose their ids (`rows`): a
+    # truncation); parity refuses runs whose hashes differ. Only local engines see their ids (`rows`): a
     # remote server's run leaves it empty.
     digest, hashed = hashlib.sha256(), True
 
@@ -89,29 +100,29 @@ def _answer_suite(loaded: LoadedVariant, records, timer: Timer, spec: RunSpec, o
         prepared = [engine.prepare(r.request) for r in chunk]
         prep_ms = (time.perf_counter() - t0) * 1e3 / len(chunk)
         if suite and hashed:
-            hashed = all(isinstance(getattr(p, "rows", None), list) for p in prepared)
+            hashed = all(isinstance(p.rows, list) for p in prepared)
             if hashed:
                 for record, p in zip(chunk, prepared, strict=True):
                     digest.update(json.dumps([record.id, p.rows], separators=(",", ":")).encode())
-        if warm is not None and not cold:  # the cold decision keeps its one-time costs; no other one does
-            warm(prepared)
+        if not cold:  # the cold decision keeps its one-time costs; no other one does (a CUDA graph to capture)
+            engine.warm(prepared)
         if len(chunk) == 1:
             result, ms = timer(engine.forward, prepared[0])
             results, times = [result], [ms]
         else:
             results, ms = timer(engine.forward_many, prepared)
-            times = [getattr(p, "client_ms", None) or ms for p in prepared]
+            times = [p.client_ms or ms for p in prepared]
         return [(res, prep_ms, t, engine.tokens(p), len(chunk)) for res, p, t in zip(results, prepared, times, strict=True)]
 
     def chunks(items):
         return [items[i : i + n] for i in range(0, len(items), n)]
 
     def timed(phase: str, record, prep_ms: float, model_ms: float, tokens: int, batch: int) -> None:
-        latencies.append(dict(seq=len(latencies), phase=phase, record_id=record.id, model_ms=model_ms,
-                              prep_ms=prep_ms, tokens=tokens, batch=batch))
+        latencies.append(LatencyRow(seq=len(latencies), phase=phase, record_id=record.id, model_ms=model_ms,
+                                    prep_ms=prep_ms, tokens=tokens, batch=batch))
 
     # Cold: the first decision after load (kernel compilation, allocator growth, autotuning), kept apart.
-    out["run"]["cold_ms"] = decide(records[:1], cold=True)[0][2]
+    measured.cold_ms = decide(records[:1], cold=True)[0][2]
     for i in range(spec.warmup):
         decide([records[(i * n + j + 1) % len(records)] for j in range(n)])
 
@@ -122,19 +133,19 @@ def _answer_suite(loaded: LoadedVariant, records, timer: Timer, spec: RunSpec, o
                                                                           strict=True):
                 timed("suite", record, prep_ms, model_ms, tokens, batch)
                 for q, ans in result.items():
-                    answers.append(dict(
+                    answers.append(AnswerRow(
                         record_id=record.id, benchmark=record.benchmark, question=q,
                         options=list(ans.probabilities), probs=list(ans.probabilities.values()), top=ans.top,
                         gold=(record.gold or {}).get(q), method=ans.method, truncated=ans.truncated,
                     ))
             progress.advance(task, len(chunk))
         if hashed and records:
-            out["run"]["tokenizer_hash"] = digest.hexdigest()
+            measured.tokenizer_hash = digest.hexdigest()
 
         # Latency phase: keep timing decisions until both stop rules hold (at least N decisions, S seconds).
         need_n = max(0, spec.latency_min_decisions - len(records))
         t_start = time.perf_counter()
-        need_s = max(0.0, spec.latency_min_seconds - sum(lat["model_ms"] for lat in latencies) / 1e3 / n)
+        need_s = max(0.0, spec.latency_min_seconds - sum(lat.model_ms for lat in latencies) / 1e3 / n)
         if need_n or need_s:
             task = progress.add_task(f"{loaded.info.variant}: latency", total=None)
             i = 0
@@ -147,20 +158,21 @@ def _answer_suite(loaded: LoadedVariant, records, timer: Timer, spec: RunSpec, o
 
 
 def run(spec: RunSpec, out: dict[str, Any]) -> None:
-    """Do one run in this process, filling `out` with its rows (the parent completes and stores them)."""
-    from transformers.utils import logging as hf_logging
+    """Do one run in this process, filling `out` with its rows (the parent completes and stores them). Each part
+    of `out["run"]` (a Measured) is set as soon as it is known: a run that fails keeps what it learnt."""
+    from transformers.utils import logging as hf_logging  # lazy: transformers' import costs seconds
 
     hf_logging.disable_progress_bar()  # our own progress display is enough; theirs floods a piped stderr
-    run = out["run"]
+    measured: Measured = out["run"]
     machine = detect(with_torch=True)
     device = spec.device or machine.device
     spec.device = device
-    run.update(machine.as_row())
-    run["device"] = device
+    measured.machine = MachineFacts(**machine.as_row())
+    measured.device = device
     suite = load_suite(spec.suite, max_options=spec.max_options)
     records = suite.records[: spec.limit] if spec.limit else suite.records
-    run.update(suite_id=suite.id, suite_hash=suite.hash, n_records=len(records),
-               n_questions=sum(len(r.request.questions) for r in records))
+    measured.suite = SuiteFacts(suite_id=suite.id, suite_hash=suite.hash, n_records=len(records),
+                                n_questions=sum(len(r.request.questions) for r in records))
 
     mem = MemoryTracker(device, machine.nvml_index)
     mem.before_load()
@@ -168,51 +180,36 @@ def run(spec: RunSpec, out: dict[str, Any]) -> None:
     with console.status(f"loading {spec.backend} …"):
         loaded = get_backend(spec.backend).load(spec, machine)
         loaded.engine.synchronize()
-    run["load_s"] = time.perf_counter() - t0
+    measured.load_s = time.perf_counter() - t0
     mem.after_load()
     info = loaded.info
-    run.update({k: v for k, v in vars(info).items() if k not in ("extra", "load_note")})
-    run["extra"] = {**info.extra, "load_note": info.load_note} if info.load_note else dict(info.extra)
+    measured.variant = info
+    extra = {**info.extra, "load_note": info.load_note} if info.load_note else dict(info.extra)
+    measured.extra = extra
     if loaded.model is not None:
-        run["model_tensor_bytes"] = tensor_bytes(loaded.model)
-    run.update(lineage.evidence(run.get("model_path"), spec.base_model))  # how the report finds its BF16 base
+        measured.model_tensor_bytes = tensor_bytes(loaded.model)
+    # how the report finds its BF16 base
+    measured.lineage = LineageFacts(**lineage.evidence(info.model_path, spec.base_model))
 
     # A remote backend (no model here) is timed by the wall clock: CUDA events would time this GPU, idle.
-    planned = kernel_paths(loaded.model) if loaded.model is not None else ""
+    kernel = KernelPath.planned(info.kernel_path, kernel_paths(loaded.model) if loaded.model is not None else "")
     _answer_suite(loaded, records, Timer(device if loaded.model is not None else "cpu"), spec, out)
     ran = kernel_paths_ran(loaded.model) if loaded.model is not None else ""
-    if planned and ran and ran != planned and planned in run["kernel_path"]:  # what ran, not only what was planned
-        run["kernel_path"] = run["kernel_path"].replace(planned, ran)
-        run["extra"]["kernel_paths"] = {"planned": planned, "ran": ran}
-    fused = getattr(loaded.engine, "fused_ops", None)
-    if fused:  # RMSNorm / rotary ran as quantbench's Triton kernels (quantbench.engine.fused.ops)
-        run["extra"]["fused_ops"] = fused
-        run["kernel_path"] = f"{run['kernel_path']} +fused {fused}"
+    if kernel.experts and ran and ran != kernel.experts:  # what ran, not only what was planned
+        extra["kernel_paths"] = {"planned": kernel.experts, "ran": ran}
+        kernel = kernel.model_copy(update={"experts": ran})
+    report = loaded.engine.report()
+    if report.fused_ops:  # RMSNorm / rotary ran as quantbench's Triton kernels (quantbench.engine.fused.ops)
+        extra["fused_ops"] = report.fused_ops
+        kernel = kernel.model_copy(update={"fused": report.fused_ops})
     if loaded.model is not None and str(device).startswith("cuda"):  # quantbench's kernels launched early or not
-        run["extra"]["pdl"] = pdl.enabled(torch.device(device))
-    graphs = getattr(loaded.engine, "graph_report", None)
-    if graphs is not None:  # a GPU run: say whether the timed forwards were graph replays
-        run["extra"]["cuda_graph"] = graphs
-        if graphs["replays"] and not graphs["eager_calls"]:
-            run["kernel_path"] = f"{run['kernel_path']} +cuda-graph"
-        elif graphs["replays"]:
-            run["kernel_path"] = f"{run['kernel_path']} +cuda-graph (partly eager)"
-    run.update(vars(mem.finish()))
-
-
-def classify(exc: BaseException) -> str:
-    """The failure label of an exception: `oom` only when memory ran out (the error says so), `load_error` for a
-    checkpoint that cannot be loaded, `config_error` for a setting or suite record, `unsupported` for what this
-    machine cannot run, `crashed` for anything else."""
-    if is_out_of_memory(exc):
-        return "oom"
-    if isinstance(exc, LoadError):
-        return "load_error"
-    if isinstance(exc, ConfigError | RequestError):
-        return "config_error"
-    if isinstance(exc, UnsupportedError):
-        return "unsupported"
-    return "crashed"
+        extra["pdl"] = pdl.enabled(torch.device(device))
+    if report.graphs is not None:  # a GPU run: say whether the timed forwards were graph replays
+        extra["cuda_graph"] = report.graphs
+        if report.graphs["replays"]:
+            kernel = kernel.model_copy(update={"graphs": "partly" if report.graphs["eager_calls"] else "all"})
+    measured.kernel_path = str(kernel)
+    measured.memory = MemoryFacts(**vars(mem.finish()))
 
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -251,19 +248,21 @@ def main(argv: list[str]) -> int:
     with open(result_path.with_suffix(".faulthandler"), "w") as fh:
         faulthandler.enable(file=fh)  # a segfault in a kernel still leaves a Python traceback for the row
         spec = RunSpec.from_dict(json.loads(spec_path.read_text()))
-        out: dict[str, Any] = {"run": {}, "answers": [], "latencies": []}
+        out: dict[str, Any] = {"run": Measured(), "answers": [], "latencies": []}
         try:
             run(spec, out)
-            out["status"] = "ok"
+            result = {"run": out["run"].model_dump(), "status": "ok",
+                      "answers": [a.model_dump() for a in out["answers"]],
+                      "latencies": [lat.model_dump() for lat in out["latencies"]]}
             code = 0
         except BaseException as exc:  # every failure becomes a `failed` row, never a lost run
             # Keep what identifies the run (machine, suite, variant); drop partial answers: no half-written runs.
-            out = {"run": out["run"], "status": "failed", "failure": classify(exc),
-                   "error": f"{type(exc).__name__}: {exc}\n\n" + "".join(traceback.format_exception(exc))}
-            console.print(f"[red]run failed ({out['failure']}):[/] {type(exc).__name__}: {exc}")
+            result = {"run": out["run"].model_dump(), "status": "failed", "failure": classify(exc),
+                      "error": f"{type(exc).__name__}: {exc}\n\n" + "".join(traceback.format_exception(exc))}
+            console.print(f"[red]run failed ({result['failure']}):[/] {type(exc).__name__}: {exc}")
             code = 1
         tmp = result_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(out, default=str))
+        tmp.write_text(json.dumps(result, default=str))
         tmp.replace(result_path)  # the parent sees a whole result file or none
     return code
 

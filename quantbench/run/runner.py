@@ -22,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
@@ -29,12 +30,15 @@ from pathlib import Path
 from typing import Any
 
 import quantbench
-from quantbench.errors import ConfigError
-from quantbench.run.backend import RunSpec
+from quantbench.errors import ConfigError, classify
 from quantbench.run.machine import Machine, check_gpu, detect
-from quantbench.store import RunResult, uuid7
+from quantbench.run.record import MachineFacts, Measured, Provenance, RunIdentity, RunRecord, RunResult, uuid7
+from quantbench.run.resolve import resolve
+from quantbench.run.spec import RunSpec
 
-# The settings that decide what a run measures; sweeps skip a run whose hash is already stored.
+# The settings that decide what a run measures; sweeps skip a run whose hash is already stored. Frozen (read from
+# the flat spec) so every stored row keeps its hash; a backend option declared `hashed` joins the hash only when it
+# differs from its default (RunSpec.options.hashed_changes), so cuda_graph = "off" is another configuration.
 RESULT_KEYS = ("backend", "model", "suite", "dtype", "experts_impl", "fast_moe", "nvfp4_mode", "nvfp4_activations",
                "endpoint", "concurrency", "shape", "layers", "role", "max_tokens", "truncate", "method", "limit", "seed")
 TAIL_BYTES = 16_000
@@ -76,17 +80,16 @@ def provenance() -> dict[str, Any]:
 
 
 def spec_hash(spec: RunSpec, machine: Machine) -> str:
-    key = {k: getattr(spec, k) for k in RESULT_KEYS}
+    flat = spec.flat()
+    key = {k: flat[k] for k in RESULT_KEYS}
+    key.update({k: v for k, v in spec.options.hashed_changes().items() if k not in RESULT_KEYS})
     key["gpu"] = machine.gpu_name or f"cpu:{machine.host}"
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def stored_spec(spec: RunSpec) -> dict[str, Any]:
-    """The spec as stored on the row: everything but secrets."""
-    data = spec.to_dict()
-    if data.get("api_key"):
-        data["api_key"] = "***"
-    return data
+    """The spec as stored on the row (the flat layout): everything but secrets."""
+    return {**spec.flat(), **spec.options.stored()}
 
 
 def _pump(stream, sink, tail: deque[bytes]) -> None:
@@ -250,6 +253,26 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def _resolve_in_parent(spec: RunSpec) -> tuple[RunSpec, dict[str, Any] | None]:
+    """`resolve(spec)` (training or quantizing the embedded model can take minutes) counted as a run in flight,
+    so a stop signal meanwhile ends this run as interrupted instead of exiting before its row is stored. Returns
+    the spec for the child, or the failed result (classified as a child's failure would be) and no child."""
+    with _stop.lock:
+        _stop.live += 1
+    try:
+        resolved = resolve(spec)
+    except Exception as exc:  # a failed row, never a lost run; KeyboardInterrupt still propagates
+        return spec, {"run": {}, "status": "failed", "failure": classify(exc),
+                      "error": f"{type(exc).__name__}: {exc}\n\n" + "".join(traceback.format_exception(exc))}
+    finally:
+        with _stop.lock:
+            _stop.live -= 1
+    if stopping():
+        return spec, {"run": {}, "status": "failed", "failure": "interrupted",
+                      "error": _stop_message(_stop.signum or signal.SIGTERM)}
+    return resolved, None
+
+
 def execute(spec: RunSpec, *, machine: Machine | None = None, echo: bool = True,
             env: dict[str, str] | None = None) -> RunResult:
     """Run `spec` in a fresh child process; return its rows. Raises GpuMismatchError, ConfigError or LoadError
@@ -263,70 +286,72 @@ def execute(spec: RunSpec, *, machine: Machine | None = None, echo: bool = True,
     run_id, created = str(uuid7()), dt.datetime.now(dt.UTC)
     _clear_orphaned_tmp()
 
-    with tempfile.TemporaryDirectory(prefix=f"{TMP_PREFIX}{os.getpid()}-") as tmp:
-        spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
-        spec_path.write_text(json.dumps(spec.to_dict()))
-        env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1", "QUANTBENCH_PARENT_PID": str(os.getpid())}
-        if echo and sys.stderr.isatty():
-            env["QUANTBENCH_TTY"] = "1"
-        oom_before = oom_kill_count()
-        ended = None  # "timeout" | "interrupted" when this process ended the run
-        with _stop.lock:
-            _stop.live += 1
-        try:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "quantbench.run.child", str(spec_path), str(result_path)],
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                start_new_session=True,  # its own process group: a timeout kills the child and anything it started
-            )
-            tail: deque[bytes] = deque()
-            sink = getattr(sys.stderr, "buffer", None) if echo else None
-            pump = threading.Thread(target=_pump, args=(proc.stdout, sink, tail), daemon=True)
-            pump.start()
-            deadline = time.monotonic() + spec.timeout_s
-            try:
-                while proc.poll() is None:
-                    if stopping():
-                        ended = "interrupted"
-                    elif time.monotonic() > deadline:
-                        ended = "timeout"
-                    if ended:
-                        _kill_group(proc)
-                        break
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        proc.wait(timeout=POLL_S)
-            except BaseException:  # anything else (Ctrl-C outside stop_on_signals): the child must not outlive us
-                _kill_group(proc)
-                raise
-        finally:
+    # spec_hash, the stored spec and role below stay those of the requested spec (model None for the embedded
+    # model), so a run's hash does not depend on where the cache lives; the child gets the resolved one.
+    child_spec, out = _resolve_in_parent(spec)
+    if out is None:
+        with tempfile.TemporaryDirectory(prefix=f"{TMP_PREFIX}{os.getpid()}-") as tmp:
+            spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
+            spec_path.write_text(json.dumps(child_spec.to_dict()))
+            env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1", "QUANTBENCH_PARENT_PID": str(os.getpid())}
+            if echo and sys.stderr.isatty():
+                env["QUANTBENCH_TTY"] = "1"
+            oom_before = oom_kill_count()
+            ended = None  # "timeout" | "interrupted" when this process ended the run
             with _stop.lock:
-                _stop.live -= 1
-        pump.join(timeout=5)
-        out = json.loads(result_path.read_text()) if result_path.exists() and ended is None else None
-        crash_trace = result_path.with_suffix(".faulthandler")
-        crash_text = crash_trace.read_text() if crash_trace.exists() else ""
+                _stop.live += 1
+            try:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "quantbench.run.child", str(spec_path), str(result_path)],
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                    start_new_session=True,  # its own process group: a timeout kills the child and anything it started
+                )
+                tail: deque[bytes] = deque()
+                sink = getattr(sys.stderr, "buffer", None) if echo else None
+                pump = threading.Thread(target=_pump, args=(proc.stdout, sink, tail), daemon=True)
+                pump.start()
+                deadline = time.monotonic() + spec.timeout_s
+                try:
+                    while proc.poll() is None:
+                        if stopping():
+                            ended = "interrupted"
+                        elif time.monotonic() > deadline:
+                            ended = "timeout"
+                        if ended:
+                            _kill_group(proc)
+                            break
+                        with contextlib.suppress(subprocess.TimeoutExpired):
+                            proc.wait(timeout=POLL_S)
+                except BaseException:  # anything else (Ctrl-C outside stop_on_signals): the child must not outlive us
+                    _kill_group(proc)
+                    raise
+            finally:
+                with _stop.lock:
+                    _stop.live -= 1
+            pump.join(timeout=5)
+            out = json.loads(result_path.read_text()) if result_path.exists() and ended is None else None
+            crash_trace = result_path.with_suffix(".faulthandler")
+            crash_text = crash_trace.read_text() if crash_trace.exists() else ""
 
-    stderr_tail = b"".join(tail).decode(errors="replace")
-    if ended == "timeout":
-        out = {"run": {}, "status": "failed", "failure": "timeout",
-               "error": f"the run exceeded its timeout of {spec.timeout_s:g} s and was killed\n\n{stderr_tail}"}
-    elif ended == "interrupted":
-        out = {"run": {}, "status": "failed", "failure": "interrupted",
-               "error": f"{_stop_message(_stop.signum or signal.SIGTERM)}\n\n{stderr_tail}".strip()}
-    elif out is None:
-        failure, how = death_failure(proc.returncode, oom_before, oom_kill_count())
-        out = {"run": {}, "status": "failed", "failure": failure,
-               "error": f"the child process died ({how}) before reporting\n\n{crash_text}\n{stderr_tail}".strip()}
+        stderr_tail = b"".join(tail).decode(errors="replace")
+        if ended == "timeout":
+            out = {"run": {}, "status": "failed", "failure": "timeout",
+                   "error": f"the run exceeded its timeout of {spec.timeout_s:g} s and was killed\n\n{stderr_tail}"}
+        elif ended == "interrupted":
+            out = {"run": {}, "status": "failed", "failure": "interrupted",
+                   "error": f"{_stop_message(_stop.signum or signal.SIGTERM)}\n\n{stderr_tail}".strip()}
+        elif out is None:
+            failure, how = death_failure(proc.returncode, oom_before, oom_kill_count())
+            out = {"run": {}, "status": "failed", "failure": failure,
+                   "error": f"the child process died ({how}) before reporting\n\n{crash_text}\n{stderr_tail}".strip()}
 
-    row: dict[str, Any] = {**machine.as_row(), **provenance(), **out.get("run", {})}
-    row.update(
+    identity = RunIdentity(
         run_id=run_id, created_at=created, finished_at=dt.datetime.now(dt.UTC), status=out["status"],
         failure=out.get("failure"), error=out.get("error"), backend=spec.backend, role=spec.role,
         gpu_requested=spec.gpu, spec=stored_spec(spec), spec_hash=spec_hash(spec, machine),
     )
-    row["device"] = row.get("device") or spec.device
-    if notes:
-        row["extra"] = {**(row.get("extra") or {}), **notes}
+    record = RunRecord.compose(identity, MachineFacts(**machine.as_row()), Provenance(**provenance()),
+                               Measured.model_validate(out.get("run", {})), notes)
     if out["status"] != "ok":
-        return RunResult(run=row)
-    return RunResult(run=row, answers=out["answers"], latencies=out["latencies"])
+        return RunResult(run=record)
+    return RunResult(run=record, answers=out["answers"], latencies=out["latencies"])

@@ -18,8 +18,10 @@ from quantbench.limits import (
     DEFAULT_REQUEST_TIMEOUT_S,
     Limits,
 )
-from quantbench.run.backend import LoadedVariant, RunSpec, get_backend
+from quantbench.run.backend import LoadedVariant, get_backend
 from quantbench.run.machine import detect
+from quantbench.run.resolve import resolve
+from quantbench.run.spec import RunSpec
 from quantbench.server.app import create_app, serve
 from quantbench.server.app import demo as answer_demo
 from quantbench.server.auth import API_KEY_ENV
@@ -68,7 +70,7 @@ def cli_serve(
     chosen = get_backend(backend)  # an unknown name fails here, before the port opens
 
     def load() -> LoadedVariant:
-        return chosen.load(spec, machine)
+        return chosen.load(resolve(spec), machine)  # no --model: the embedded model, prepared here first
 
     if demo:
         loaded = load()

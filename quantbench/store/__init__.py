@@ -10,19 +10,19 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import secrets
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import duckdb
 import pandas as pd
+from pydantic import BaseModel
 
 from quantbench.errors import QuantbenchError
+from quantbench.run.record import AnswerRow, LatencyRow, RunRecord, RunResult
 from quantbench.store.schema import MIGRATIONS, SCHEMA_VERSION, VIEWS
 
 DEFAULT_DB = "results.duckdb"
@@ -40,17 +40,6 @@ def default_db() -> str:
     return os.environ.get("QUANTBENCH_DB", DEFAULT_DB)
 
 
-def uuid7() -> uuid.UUID:
-    """A UUIDv7 (RFC 9562): 48-bit Unix milliseconds, then random bits. Sorts by creation time; unique across
-    machines, so stores merge without collisions."""
-    ms = time.time_ns() // 1_000_000
-    rand = int.from_bytes(secrets.token_bytes(10), "big")
-    value = (ms & ((1 << 48) - 1)) << 80 | rand & ((1 << 80) - 1)
-    value = (value & ~(0xF << 76)) | (0x7 << 76)  # version 7
-    value = (value & ~(0x3 << 62)) | (0x2 << 62)  # RFC 4122 variant
-    return uuid.UUID(int=value)
-
-
 class StoreError(QuantbenchError):
     pass
 
@@ -59,17 +48,8 @@ class StoreUnavailableError(StoreError):
     """The store's file cannot be opened or written (a missing folder, not a DuckDB file, a full disk)."""
 
 
-@dataclass
-class RunResult:
-    """One run's rows, made by the runner (or a remote task) and written here in one transaction."""
-
-    run: dict[str, Any]
-    answers: list[dict[str, Any]] = field(default_factory=list)
-    latencies: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def run_id(self) -> str:
-        return str(self.run["run_id"])
+class RecordMismatchError(StoreError):
+    """A record's fields are not its table's columns (a bug in quantbench.run.record or the schema)."""
 
 
 def _is_data_error(e: BaseException) -> bool:
@@ -78,7 +58,7 @@ def _is_data_error(e: BaseException) -> bool:
     seen: set[int] = set()
     cur: BaseException | None = e
     while cur is not None and id(cur) not in seen:
-        if isinstance(cur, DATA_ERRORS) or (isinstance(cur, StoreError) and "unknown column" in str(cur)):
+        if isinstance(cur, (*DATA_ERRORS, RecordMismatchError)):
             return True
         seen.add(id(cur))
         cur = cur.__cause__ or cur.__context__
@@ -222,18 +202,13 @@ class Store:
         return message
 
     def _write_run(self, result: RunResult) -> str:
-        run = dict(result.run)
-        run.setdefault("run_id", str(uuid7()))
-        for key in ("spec", "extra"):
-            if key in run and not isinstance(run[key], str | type(None)):
-                run[key] = json.dumps(run[key], default=str)
+        run, answers, latencies = _rows(result)
         with self.connect(write=True) as con:
             con.execute("BEGIN")
             try:
                 self._insert(con, "runs", [run])
-                rid = run["run_id"]
-                self._insert(con, "answers", [{**a, "run_id": rid} for a in result.answers])
-                self._insert(con, "latencies", [{**lat, "run_id": rid} for lat in result.latencies])
+                self._insert(con, "answers", answers)
+                self._insert(con, "latencies", latencies)
                 con.execute("COMMIT")
             except Exception:
                 with contextlib.suppress(duckdb.Error):  # an aborted transaction refuses ROLLBACK: keep the cause
@@ -242,14 +217,21 @@ class Store:
         return str(run["run_id"])
 
     @staticmethod
-    def _insert(con: duckdb.DuckDBPyConnection, table: str, rows: list[dict[str, Any]]) -> None:
+    def _insert(con: duckdb.DuckDBPyConnection, table: str, rows: list[dict[str, Any]],
+                record: type[BaseModel] | None = None) -> None:
+        """Insert `rows` (each a record's `model_dump()`). The record's fields must be exactly the table's columns:
+        a field the table lacks, or a column no field fills, is an error here rather than a NULL."""
+        cols = [c[0] for c in con.execute(f"DESCRIBE {table}").fetchall()]
+        record = record or RECORDS[table]
+        fields = set(record.model_fields)
+        if fields != set(cols):
+            raise RecordMismatchError(
+                f"{table}: the record {record.__name__} and the table disagree: unknown column(s) "
+                f"{sorted(fields - set(cols))}, column(s) with no field {sorted(set(cols) - fields)}; "
+                "add a migration (quantbench/store/schema.py) or the field (quantbench/run/record.py)")
         if not rows:
             return
-        cols = [c[0] for c in con.execute(f"DESCRIBE {table}").fetchall()]
-        unknown = set().union(*rows) - set(cols)
-        if unknown:
-            raise StoreError(f"{table}: unknown column(s) {sorted(unknown)}")
-        df = pd.DataFrame([{c: r.get(c) for c in cols} for r in rows], columns=cols)
+        df = pd.DataFrame([{c: r[c] for c in cols} for r in rows], columns=cols)
         con.register("_incoming", df)
         try:
             con.execute(f"INSERT INTO {table} SELECT * FROM _incoming")
@@ -284,11 +266,7 @@ def keep_unsaved(result: RunResult, first: list[Path] | None = None) -> tuple[Pa
     Returns (the file or None, why each folder failed)."""
     from quantbench.store.transfer import copy_nested
 
-    run = dict(result.run)
-    run.setdefault("run_id", str(uuid7()))
-    for key in ("spec", "extra"):
-        if key in run and not isinstance(run[key], str | type(None)):
-            run[key] = json.dumps(run[key], default=str)
+    run, answers, latencies = _rows(result)
     tried = []
     for folder in [*(first or []), *unsaved_folders()]:
         out = folder / f"{UNSAVED_PREFIX}{run['run_id']}.parquet"
@@ -299,8 +277,8 @@ def keep_unsaved(result: RunResult, first: list[Path] | None = None) -> tuple[Pa
             con = duckdb.connect(":memory:")
             Store(":memory:")._migrate(con)
             Store._insert(con, "runs", [run])
-            Store._insert(con, "answers", [{**a, "run_id": run["run_id"]} for a in result.answers])
-            Store._insert(con, "latencies", [{**lat, "run_id": run["run_id"]} for lat in result.latencies])
+            Store._insert(con, "answers", answers)
+            Store._insert(con, "latencies", latencies)
             copy_nested(con, partial, SCHEMA_VERSION)
             partial.replace(out)
             return out, tried
@@ -311,3 +289,18 @@ def keep_unsaved(result: RunResult, first: list[Path] | None = None) -> tuple[Pa
             if con is not None:
                 con.close()
     return None, tried
+
+
+RECORDS: dict[str, type[BaseModel]] = {"runs": RunRecord, "answers": AnswerRow, "latencies": LatencyRow}
+
+
+def _rows(result: RunResult) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The rows of the three tables, as inserted: the JSON columns as text, the run's id on every row."""
+    run = result.run.model_dump()
+    for key in ("spec", "extra"):
+        if not isinstance(run[key], str | None):
+            run[key] = json.dumps(run[key], default=str)
+    rid = run["run_id"]
+    answers = [{**a.model_dump(), "run_id": rid} for a in result.answers]
+    latencies = [{**lat.model_dump(), "run_id": rid} for lat in result.latencies]
+    return run, answers, latencies

@@ -18,7 +18,8 @@ from quantbench import term
 from quantbench.errors import ConfigError, QuantbenchError
 from quantbench.report import report_for_this_machine
 from quantbench.report.tables import runs_table
-from quantbench.store import RunResult, Store, queries
+from quantbench.run.record import RunResult
+from quantbench.store import Store, queries
 from quantbench.sweep.executor import Event, failed_result
 from quantbench.sweep.local import LocalExecutor
 from quantbench.sweep.make import make_missing
@@ -66,14 +67,14 @@ class _Display:
     def finished(self, event: Event) -> None:
         run = event.result.run
         self.running -= 1
-        if run["status"] == "ok":
+        if run.status == "ok":
             self.ok += 1
-            seconds = (run["finished_at"] - run["created_at"]).total_seconds()
+            seconds = (run.finished_at - run.created_at).total_seconds()
             self.progress.console.print(f"[green]✓[/] {event.run.label} [dim]({event.where}, {seconds:.1f} s)[/]")
         else:
             self.failed += 1
-            first = (run.get("error") or "").strip().splitlines()[:1]
-            self.progress.console.print(f"[red]✗ {event.run.label}: {run['failure']}[/] [dim]({event.where})[/] "
+            first = (run.error or "").strip().splitlines()[:1]
+            self.progress.console.print(f"[red]✗ {event.run.label}: {run.failure}[/] [dim]({event.where})[/] "
                                         + (first[0][:200] if first else ""))
         self.progress.update(self.task, advance=1, running=self.running, ok=self.ok, failed=self.failed)
 
@@ -101,7 +102,7 @@ def run_sweep(sweep: Sweep, executor: Any, store: Store, *, rerun: bool = False,
 
     def store_result(result: RunResult) -> None:
         outcome.run_ids.append(store.write_run(result))
-        if result.run["status"] == "ok":
+        if result.run.status == "ok":
             outcome.ok += 1
         else:
             outcome.failed += 1

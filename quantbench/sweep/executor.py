@@ -13,8 +13,8 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from quantbench.run.backend import RunSpec
-from quantbench.store import RunResult, uuid7
+from quantbench.run.record import RunResult, uuid7
+from quantbench.run.spec import RunSpec
 from quantbench.sweep.planning import PlannedRun
 
 

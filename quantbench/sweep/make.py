@@ -18,6 +18,7 @@ from typing import Any
 from rich.console import Console
 
 from quantbench.errors import QuantbenchError
+from quantbench.run.resolve import prepared_model_dir
 from quantbench.sweep.planning import Make, PlannedRun
 from quantbench.sweep.spec import checkpoint_ready
 
@@ -41,9 +42,7 @@ def _quantize(source: str, scheme: str, out: str, options: dict[str, Any]) -> No
 
 def _make(make: Make) -> None:
     if make.source is None:
-        from quantbench.models.quantize import default_variant
-
-        default_variant(make.scheme)  # cached; quantizes in its own child process on first use
+        prepared_model_dir(make.scheme)  # cached; quantizes in its own child process on first use
         return
     # A plain child interpreter, not a multiprocessing spawn: spawn re-runs whatever `__main__` is (under
     # Streamlit's AppTest or an embedding app that is not importable), and auto-round must not touch this process.

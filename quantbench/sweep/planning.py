@@ -18,7 +18,7 @@ from typing import Any
 
 from quantbench.errors import ConfigError
 from quantbench.models.lineage import base_model_id
-from quantbench.run.backend import RunSpec
+from quantbench.run.spec import RunSpec
 from quantbench.store import Store, queries
 from quantbench.sweep.spec import SCHEMES, Model, Sweep, checkpoint_ready, made_variant_dir
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from quantbench.run.backend import RunSpec
 from quantbench.run.machine import KNOWN_FAMILIES
-from quantbench.store import RunResult
+from quantbench.run.record import RunResult
+from quantbench.run.spec import RunSpec
 from quantbench.sweep.executor import Event, failed_result
 from quantbench.sweep.planning import PlannedRun
 
@@ -188,7 +188,7 @@ class RayExecutor:
                 except Exception as e:  # the task never returned a result: record why, keep going
                     failure, error = _failure(e)
                     result = failed_result(run.spec, failure, error, executor="ray")
-                yield Event("finished", run, result, where=str(result.run.get("host") or "ray"))
+                yield Event("finished", run, result, where=str(result.run.host or "ray"))
 
     def close(self) -> None:
         if self.owned:

@@ -2,7 +2,8 @@
 
 The format is documented in examples/sweep.toml. Every mistake in a file is a ConfigError that names the file,
 the key and the fix (`{file}: {key}: {problem}; {fix}`), raised by `load_sweep` before anything runs: variant
-settings are checked against RunSpec's own annotations, backends against the installed ones, suites are loaded,
+settings are checked against RunSpec's own annotations and the backend's declared Options, backends against the
+installed ones, suites are loaded,
 and a quantized variant of a checkpoint model must exist already unless `quantize_missing = true`.
 """
 
@@ -12,38 +13,71 @@ import difflib
 import os
 import tomllib
 import typing
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+from pydantic.fields import FieldInfo
+
 from quantbench.errors import ConfigError
-from quantbench.run.backend import RunSpec, backend_names, get_backend
+from quantbench.run.backend import backend_names, get_backend
 from quantbench.run.machine import KNOWN_FAMILIES
+from quantbench.run.spec import BackendOptions, RunSpec, choices, declared, options_class
 
 # Backends whose checkpoint `quantbench quantize --scheme <scheme>` makes from a BF16 checkpoint.
 SCHEMES = {"int4": "int4", "nvfp4": "nvfp4", "fp8": "fp8"}
 FAMILIES = tuple(f for f in KNOWN_FAMILIES if f != "cpu")
 # RunSpec fields the matrix itself sets (or that must not sit in a file): not allowed in [defaults] / [[variants]].
 AXIS_FIELDS = {"backend", "model", "suite", "gpu", "shape", "layers", "device", "api_key", "extra", "trust_remote_code"}
-SETTINGS = {f.name for f in fields(RunSpec)} - AXIS_FIELDS
+SETTINGS = set(RunSpec.GENERIC) - AXIS_FIELDS  # the generic ones; each backend's Options adds its own
 TOP_KEYS = {"name", "repeats", "quantize_missing", "variants_dir", "quantize", "suites", "gpus", "defaults", "models",
             "variants", "ray"}
 MODEL_KEYS = {"name", "fixture", "path", "shape", "layers", "trust_remote_code", *SCHEMES}
-VARIANT_KEYS = SETTINGS | {"name", "backend", "models"}
+VARIANT_KEYS = {"name", "backend", "models"}
 RAY_KEYS = {"num_cpus", "max_retries"}
 QUANTIZE_KEYS = {"iters": int, "nsamples": int, "seqlen": int, "group_size": int, "experts_only": bool, "seed": int}
-CHOICES = {
+CHOICES = {  # the generic settings'; a backend option's come from its Literal
     "role": ("candidate", "reference", "noise_floor"),
-    "nvfp4_mode": ("packed", "unpacked"),
-    "nvfp4_activations": ("on", "off"),
     "method": ("auto", "continuation"),
-    "cuda_graph": ("auto", "off"),
-    "fused_ops": ("auto", "off"),
     "dtype": ("bfloat16", "float32", "float16"),
 }
 POSITIVE = {"limit", "timeout_s", "concurrency", "max_tokens", "max_options"}
 NON_NEGATIVE = {"warmup", "latency_min_decisions", "latency_min_seconds", "seed"}
-HINTS = typing.get_type_hints(RunSpec)
+HINTS = {name: RunSpec.model_fields[name].annotation for name in RunSpec.GENERIC}
+
+
+@cache
+def installed_options() -> dict[str, FieldInfo]:
+    """Every setting an installed backend declares, but secrets (they never sit in a sweep file)."""
+    out: dict[str, FieldInfo] = {}
+    for backend in backend_names():
+        for name, info in options_class(backend).model_fields.items():
+            if not declared(info).get("secret"):
+                out.setdefault(name, info)
+    return out
+
+
+def _declared_by(backend: Any) -> dict[str, FieldInfo]:
+    """The options a variant's backend declares but secrets, or none when it names no backend that imports."""
+    try:
+        fields = options_class(backend).model_fields if isinstance(backend, str) else {}
+    except ConfigError:
+        return {}
+    return {name: info for name, info in fields.items() if not declared(info).get("secret")}
+
+
+def _rule(key: str, info: FieldInfo | None) -> tuple[Any, tuple[Any, ...] | None, str | None]:
+    """(type hint, allowed values, "positive" | "zero or more" | None) of a generic setting or a backend option."""
+    if info is None:
+        sign = "positive" if key in POSITIVE else "zero or more" if key in NON_NEGATIVE else None
+        return HINTS[key], CHOICES.get(key), sign
+    allowed = choices(info)
+    sign = None
+    for m in info.metadata:
+        sign = "positive" if getattr(m, "gt", None) == 0 else "zero or more" if getattr(m, "ge", None) == 0 else sign
+    return (type(allowed[0]) if allowed else info.annotation), allowed, sign
 
 
 @dataclass
@@ -145,20 +179,21 @@ class _Parser:
     def table(self, data: dict[str, Any], key: str, where: str) -> dict[str, Any]:
         return self.typed(data.get(key, {}), dict, where, f"a table ([{key}])")
 
-    def settings(self, table: dict[str, Any], where: str) -> dict[str, Any]:
-        """RunSpec settings, type- and range-checked against RunSpec's own annotations."""
+    def settings(self, table: dict[str, Any], where: str, options: dict[str, FieldInfo]) -> dict[str, Any]:
+        """Run settings, type- and range-checked against RunSpec's own annotations and the backend options'."""
         out = {}
         for key, value in table.items():
-            if key not in SETTINGS:
+            if key not in SETTINGS and key not in options:
                 continue
             loc = f"{where}.{key}"
-            if not _hint_ok(value, HINTS[key]):
-                self.fail(loc, f"expected {_hint_name(HINTS[key])}, got {value!r} ({_kind(value)})")
-            if key in CHOICES and value not in CHOICES[key]:
-                self.fail(loc, f"{value!r} is not one of {', '.join(CHOICES[key])}")
-            if key in POSITIVE and value <= 0 or key in NON_NEGATIVE and value < 0:
-                self.fail(loc, f"must be {'positive' if key in POSITIVE else 'zero or more'}, got {value}")
-            out[key] = float(value) if HINTS[key] is float else value
+            hint, allowed, sign = _rule(key, options.get(key))
+            if not _hint_ok(value, hint):
+                self.fail(loc, f"expected {_hint_name(hint)}, got {value!r} ({_kind(value)})")
+            if allowed and value not in allowed:
+                self.fail(loc, f"{value!r} is not one of {', '.join(map(str, allowed))}")
+            if sign == "positive" and value <= 0 or sign == "zero or more" and value < 0:
+                self.fail(loc, f"must be {sign}, got {value}")
+            out[key] = float(value) if hint is float else value
         return out
 
     def checkpoint_dir(self, value: Any, where: str, what: str) -> Path:
@@ -181,7 +216,8 @@ class _Parser:
         variants_dir = Path(self.typed(data.get("variants_dir", "variants"), str, "variants_dir", "a path"))
         variants_dir = variants_dir if variants_dir.is_absolute() else (self.base / variants_dir).resolve()
         defaults = self.table(data, "defaults", "defaults")
-        self.keys(defaults, SETTINGS, "defaults")
+        self.keys(defaults, SETTINGS | set(installed_options()), "defaults")
+        defaults = self.settings(defaults, "defaults", installed_options())
         quantize = self.table(data, "quantize", "quantize")
         self.keys(quantize, set(QUANTIZE_KEYS), "quantize")
         for key, value in quantize.items():
@@ -195,10 +231,11 @@ class _Parser:
                 self.fail(f"ray.{key}", f"must be {least} or more, got {value}")
 
         models = self.models(data.get("models"))
-        variants = self.variants(data.get("variants"), {m.name for m in models})
+        variants = self.variants(data.get("variants"), {m.name for m in models}, defaults)
+        defaults = {k: v for k, v in defaults.items() if k in SETTINGS}  # options went to the variants declaring them
         sweep = Sweep(path=self.path, name=name, models=models, variants=variants, suites=self.suites(data),
                       gpus=self.gpus(data), variants_dir=variants_dir, repeats=repeats,
-                      quantize_missing=quantize_missing, quantize=quantize, defaults=self.settings(defaults, "defaults"), ray=ray)
+                      quantize_missing=quantize_missing, quantize=quantize, defaults=defaults, ray=ray)
         if quantize:
             from quantbench.models.quantize import Recipe
 
@@ -237,7 +274,7 @@ class _Parser:
             elif kinds == ["path"]:
                 model.path = self.checkpoint_dir(item["path"], f"{where}.path", "BF16 checkpoint")
             else:
-                from quantbench.models.fixture import SYNTHETIC_SHAPES
+                from quantbench.models.synthetic import SYNTHETIC_SHAPES
 
                 model.shape = self.typed(item["shape"], str, f"{where}.shape", "a string")
                 if model.shape not in SYNTHETIC_SHAPES:
@@ -258,16 +295,18 @@ class _Parser:
             out.append(model)
         return out
 
-    def variants(self, items: Any, model_names: set[str]) -> list[Variant]:
+    def variants(self, items: Any, model_names: set[str], defaults: dict[str, Any]) -> list[Variant]:
         if items is None or items == []:
             self.fail("variants", "no variants", 'add at least one [[variants]] table, e.g. backend = "bf16"')
         self.typed(items, list, "variants", "a list of [[variants]] tables")
         installed = backend_names()
         out = []
+        declaring: set[str] = set()
         for i, item in enumerate(items):
             where = f"variants[{i}]"
             self.typed(item, dict, where, "a table")
-            self.keys(item, VARIANT_KEYS, where)
+            self.keys(item, VARIANT_KEYS | SETTINGS | set(installed_options()) | set(_declared_by(item.get("backend"))),
+                      where)
             if "backend" not in item:
                 self.fail(where, "no backend", f'give backend = "..." (installed: {", ".join(installed)})')
             backend = self.typed(item["backend"], str, f"{where}.backend", "a string")
@@ -281,7 +320,25 @@ class _Parser:
                 self.fail(f"{where}.backend", f"{backend!r} is not an installed backend",
                           (f"did you mean {near[0]!r}? " if near else "")
                           + f"installed: {', '.join(installed)} (or give package.module:Class)")
-            settings = self.settings(item, where)
+            try:
+                options = options_class(backend)
+            except ConfigError as e:
+                self.fail(f"{where}.backend", str(e))
+            own = _declared_by(backend)
+            for key in item:
+                if key in installed_options() and key not in own:
+                    self.fail(f"{where}.{key}", f"{key} is not a setting of backend {backend!r}",
+                              f"remove it; its settings: {', '.join(own) or 'none'}")
+            settings = self.settings(item, where, own)
+            for key, value in defaults.items():  # a [defaults] option applies where the backend declares it
+                if key in own and key not in settings:
+                    settings[key] = value
+            declaring.update(k for k in defaults if k in own)
+            try:
+                chosen = options.model_validate({k: v for k, v in settings.items() if k in own})
+            except ValidationError as e:
+                first = e.errors()[0]
+                self.fail(f"{where}.{first['loc'][0] if first['loc'] else 'settings'}", first["msg"])
             models = item.get("models")
             if models is not None:
                 self.typed(models, list, f"{where}.models", "a list of model names")
@@ -295,9 +352,13 @@ class _Parser:
                 if models is None and len(model_names) > 1:
                     self.fail(f"{where}.models", "an http variant measures the model its server serves",
                               'say which with models = ["NAME"]')
-            label = item.get("name") or _default_label(backend, settings)
+            label = item.get("name") or _default_label(backend, settings, chosen)
             out.append(Variant(label=self.typed(label, str, f"{where}.name", "a string"), backend=backend,
                                settings=settings, models=models))
+        for key in defaults:
+            if key not in SETTINGS and key not in declaring:
+                self.fail(f"defaults.{key}", f"no variant's backend has the setting {key}",
+                          "remove it, or add a variant whose backend declares it")
         return out
 
     def suites(self, data: dict[str, Any]) -> list[str | None]:
@@ -358,12 +419,9 @@ class _Parser:
                               "to make it with quantbench quantize first")
 
 
-def _default_label(backend: str, settings: dict[str, Any]) -> str:
-    label = backend.rpartition(":")[2] if ":" in backend else backend
-    if backend == "nvfp4":
-        label += f"-{settings.get('nvfp4_mode', 'packed')}"
-    if settings.get("experts_impl") not in (None, "grouped_mm"):
-        label += f"-{settings['experts_impl']}"
+def _default_label(backend: str, settings: dict[str, Any], options: BackendOptions) -> str:
+    """The backend's name, the parts its options' declarations add (e.g. nvfp4-packed, bf16-eager), the role."""
+    label = (backend.rpartition(":")[2] if ":" in backend else backend) + options.label()
     if settings.get("role") == "noise_floor":
         label += " (noise floor)"
     return label

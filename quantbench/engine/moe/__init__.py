@@ -4,10 +4,10 @@ from quantbench.engine.moe.engine import (
     DenseExperts,
     ExpertWeights,
     GroupedMoE,
+    MoeLayout,
     experts_nbytes,
     install_grouped_moe,
     kernel_paths,
-    moe_blocks,
     route,
 )
 
@@ -17,7 +17,7 @@ __all__ = [
     "GroupedMoE",
     "experts_nbytes",
     "install_grouped_moe",
+    "MoeLayout",
     "kernel_paths",
-    "moe_blocks",
     "route",
 ]

@@ -26,6 +26,8 @@ stable: the int4, nvfp4 and fp8 formats (quantbench.engine.moe.int4 / nvfp4 / fp
             # here (then the engine dequantizes and runs torch._grouped_mm / the CPU path)
     Implementations are nn.Modules that keep their tensors as buffers, so `.to(device)`, `model.buffers()` and
     memory figures see them; `DenseExperts` below is the reference implementation (plain weights).
+    Formats subclass `ExpertsBase`, which declares each optional feature below with the default of a format
+    that lacks it (no fused extras, no input quantization).
     Optional, additive: a format may declare `fused_features` (a set of "gather", "swiglu", "row_scale", "scatter") and then
     accept keyword arguments to grouped_mm: row_index=[S] int32 (x is the *unsorted* [T, in]; row r reads
     x[row_index[r]]), act="swiglu" (return silu(gate) * up, [S, out/2]), row_scale=[S] (multiply row r),
@@ -41,15 +43,16 @@ stable: the int4, nvfp4 and fp8 formats (quantbench.engine.moe.int4 / nvfp4 / fp
     float8_e4m3fn codes, which down's grouped_mm then takes as x (a bf16 model only; the same bits as bf16 h).
 
     class GroupedMoE(nn.Module):     # replaces one MoE block (`layer.mlp`)
-        GroupedMoE(gate, gate_up, down, *, top_k, norm_topk_prob, act="silu", kernel="auto")
+        GroupedMoE(gate, gate_up, down, *, top_k, norm_topk_prob, act="silu", kernel="auto", gate_bias=False)
         forward(hidden_states [..., H], residual=None, norm=None) -> [..., H]   # + residual, when given
                                                     # with norm too: (that, norm(that)) from one pass
         experts_forward(x [T, H], top_k_index [T, k], top_k_weights [T, k], residual=None, norm=None) -> [T, H]
         kernel_path: str             # what ran last ("cpu-vectorised", "triton-fused-int4", "dequant+grouped_mm")
 
-    def install_grouped_moe(model, make_weights, kernel="auto") -> str
+    def install_grouped_moe(model, make_weights, kernel="auto", *, layout: MoeLayout) -> str
+        # layout: where the MoE blocks are and how they route, from the model's family (quantbench.models.family)
         # make_weights(layer_index, experts_module) -> (gate_up, down); swaps every MoE block, returns the path
-    def moe_blocks(model) -> list[MoEBlockRef]       # the blocks install_grouped_moe would swap
+    MoeLayout(blocks, top_k, norm_topk_prob, hidden_act, gate_bias, shared_experts)  # what the family says
     def experts_nbytes(model) -> int                 # bytes of every GroupedMoE's expert tensors
     def kernel_paths_ran(model) -> str               # every path the forwards so far took
     def reset_paths(model) -> None                   # forget them (after a calibration pass or a probe)
@@ -60,7 +63,6 @@ stable: the int4, nvfp4 and fp8 formats (quantbench.engine.moe.int4 / nvfp4 / fp
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -93,13 +95,29 @@ class ExpertWeights(Protocol):
     def grouped_mm(self, x_sorted: Tensor, offsets: Tensor, kernel: str) -> Tensor | None: ...
 
 
+class ExpertsBase(nn.Module):
+    """The base of every format's expert weights: each optional feature of the contract above, declared with
+    the default of a format that lacks it, so the engine reads attributes instead of probing for them."""
+
+    fused_kernel: str | None = None  # the fused path grouped_mm runs; None: dequantize + grouped GEMM only
+    fused_features: frozenset[str] = frozenset()  # the fused extras grouped_mm accepts ("gather", "swiglu", ...)
+    ran_kernel: str | None = None  # the kernel the last grouped_mm ran, where a format has several
+    input_quant_rowwise: bool = False  # a row's activation quantization depends on that row alone
+    # W4A4 / W8A8 formats define quantize_input(x_sorted, offsets) -> x_sorted; None: weights-only formats
+    quantize_input: Callable[[Tensor, Tensor], Tensor] | None = None
+
+    def quantizes_input_in_kernel(self, device: torch.device) -> bool:
+        """Whether the fused kernel on `device` rounds its own inputs (then the engine does not quantize them)."""
+        return False
+
+
 def stored_nbytes(module: nn.Module) -> int:
     """Bytes of a module's own parameters and buffers, measured from the tensors."""
     tensors = list(module.parameters(recurse=False)) + list(module.buffers(recurse=False))
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-class DenseExperts(nn.Module):
+class DenseExperts(ExpertsBase):
     """Plain (unquantized) stacked expert weights [E, out, in]: the reference format, and BF16's."""
 
     fused_kernel = None
@@ -160,9 +178,9 @@ def _grouped_matmul(x: Tensor, w_t: Tensor, offsets: Tensor) -> Tensor:
     return out
 
 
-def _kernel_ran(w: ExpertWeights) -> str:
+def _kernel_ran(w: ExpertsBase) -> str:
     """The fused kernel w's last grouped_mm ran: its `ran_kernel` where a format has several, else fused_kernel."""
-    return getattr(w, "ran_kernel", None) or w.fused_kernel
+    return w.ran_kernel or w.fused_kernel
 
 
 class GroupedMoE(nn.Module):
@@ -173,13 +191,14 @@ class GroupedMoE(nn.Module):
     def __init__(
         self,
         gate: nn.Module,
-        gate_up: ExpertWeights,
-        down: ExpertWeights,
+        gate_up: ExpertsBase,
+        down: ExpertsBase,
         *,
         top_k: int,
         norm_topk_prob: bool,
         act: str | Callable[[Tensor], Tensor] = "silu",
         kernel: str = "auto",
+        gate_bias: bool = False,
     ):
         super().__init__()
         if kernel not in KERNELS:
@@ -196,6 +215,7 @@ class GroupedMoE(nn.Module):
         self.num_experts = gate_up.num_experts
         self.top_k = top_k
         self.norm_topk_prob = norm_topk_prob
+        self.gate_bias = gate_bias  # route adds gate.bias (the family's MoeLayout says whether there is one)
         self.kernel = kernel
         if isinstance(act, str):
             # lazy: transformers takes seconds to import, and backends import this module in the parent
@@ -214,7 +234,7 @@ class GroupedMoE(nn.Module):
         paths = {self._path_for(w, device) for w in (self.gate_up, self.down)}
         return "+".join(sorted(paths))
 
-    def _path_for(self, w: ExpertWeights, device: torch.device) -> str:
+    def _path_for(self, w: ExpertsBase, device: torch.device) -> str:
         if self.kernel != "grouped_mm" and device.type == "cuda" and w.fused_kernel:
             return w.fused_kernel
         if self.kernel == "fused":
@@ -231,7 +251,8 @@ class GroupedMoE(nn.Module):
         RMSNorm: the next layer's input norm), (residual + output, norm(residual + output)) from the same pass."""
         shape = hidden_states.shape
         x = hidden_states.reshape(-1, shape[-1])
-        weights, index = route(x, self.gate.weight, self.top_k, self.norm_topk_prob, getattr(self.gate, "bias", None))
+        weights, index = route(x, self.gate.weight, self.top_k, self.norm_topk_prob,
+                                self.gate.bias if self.gate_bias else None)
         res = None if residual is None else residual.reshape(-1, shape[-1])
         out = self.experts_forward(x, index, weights, residual=res, norm=norm)
         if norm is None:
@@ -271,7 +292,7 @@ class GroupedMoE(nn.Module):
             h = self.act_fn(gate) * up
         # down: the routing weights, and with a grouping the rows written straight back in (token, slot) order
         scatter = {}
-        if grouping is not None and "scatter" in getattr(self.down, "fused_features", ()):
+        if grouping is not None and "scatter" in self.down.fused_features:
             scatter = {"row_dest": grouping.row_pair}
         weighted = self._fused(self.down, h, offsets, paths, row_scale=sample_weights,
                                needs={"row_scale", "scatter"} if scatter else {"row_scale"}, **scatter)
@@ -308,20 +329,20 @@ class GroupedMoE(nn.Module):
         taking codes, a bf16 model), else None."""
         d, g = self.down, self.gate_up
         if (x.dtype != torch.bfloat16 or not self._act_is_silu
-                or not {"codes", "row_scale"} <= set(getattr(d, "fused_features", ()))
-                or "codes" not in getattr(g, "fused_features", ())
+                or not {"codes", "row_scale"} <= d.fused_features
+                or "codes" not in g.fused_features
                 or self._path_for(d, x.device) != d.fused_kernel or self._path_for(g, x.device) != g.fused_kernel):
             return None
         return d.codes_scale(x.device)
 
-    def _fused(self, w: ExpertWeights, x: Tensor, offsets: Tensor, paths: list[str], *, needs: set[str],
+    def _fused(self, w: ExpertsBase, x: Tensor, offsets: Tensor, paths: list[str], *, needs: set[str],
                **features: Any) -> Tensor | None:
         """The format's fused kernel with extra fused steps, when it declares them and runs here."""
-        if self._path_for(w, x.device) != w.fused_kernel or not needs <= set(getattr(w, "fused_features", ())):
+        if self._path_for(w, x.device) != w.fused_kernel or not needs <= w.fused_features:
             return None
-        quantize_input = getattr(w, "quantize_input", None)
-        if quantize_input is not None and not getattr(w, "quantizes_input_in_kernel", lambda d: False)(x.device):
-            if not getattr(w, "input_quant_rowwise", False):
+        quantize_input = w.quantize_input
+        if quantize_input is not None and not w.quantizes_input_in_kernel(x.device):
+            if not w.input_quant_rowwise:
                 return None  # rows must be quantized by their expert's scale: _project, after the sort
             x = quantize_input(x, offsets)  # one scale for all rows: the tokens, before the kernel gathers them
         y = w.grouped_mm(x, offsets, self.kernel, **features)
@@ -329,12 +350,12 @@ class GroupedMoE(nn.Module):
             paths.append(_kernel_ran(w))
         return y
 
-    def _project(self, w: ExpertWeights, x: Tensor, counts: Tensor, offsets: Tensor, paths: list[str]) -> Tensor:
-        quantize_input = getattr(w, "quantize_input", None)  # optional: W4A4 / W8A8 formats (nvfp4, fp8)
+    def _project(self, w: ExpertsBase, x: Tensor, counts: Tensor, offsets: Tensor, paths: list[str]) -> Tensor:
+        quantize_input = w.quantize_input  # W4A4 / W8A8 formats (nvfp4, fp8); None for the others
         path = self._path_for(w, x.device)
         # A native low-precision kernel quantizes its inputs itself (FP8 W8A8 on FP8 tensor cores): quantizing
         # them here first would only round them twice to the same codes.
-        in_kernel = path == w.fused_kernel and getattr(w, "quantizes_input_in_kernel", lambda d: False)(x.device)
+        in_kernel = path == w.fused_kernel and w.quantizes_input_in_kernel(x.device)
         if quantize_input is not None and not in_kernel:  # emulate what their fake-quant forward applies
             x = quantize_input(x, offsets)
         if path == w.fused_kernel:
@@ -374,65 +395,40 @@ class MoEBlockRef:
     block: nn.Module
 
 
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
+@dataclass(frozen=True)
+class MoeLayout:
+    """Where a model's MoE blocks are and how they route: what a model family (quantbench.models.family) tells the
+    engine, so the engine never probes a model or its config."""
 
-
-def _is_moe_block(module: nn.Module) -> bool:
-    gate, experts = getattr(module, "gate", None), getattr(module, "experts", None)
-    if gate is None or experts is None or not isinstance(getattr(gate, "weight", None), Tensor):
-        return False
-    return isinstance(experts, nn.ModuleList) or hasattr(experts, "gate_up_proj")
-
-
-def moe_blocks(model: nn.Module) -> list[MoEBlockRef]:
-    """Every MoE block (a module with a router `gate` and `experts`), in model order, with its layer index."""
-    found = []
-    for name, module in model.named_modules():
-        if not _is_moe_block(module):
-            continue
-        match = _LAYER.search(name)
-        parent_name, _, attr = name.rpartition(".")
-        found.append(MoEBlockRef(name, int(match.group(1)) if match else len(found), model.get_submodule(parent_name),
-                                 attr, module))
-    return found
-
-
-def _setting(block: nn.Module, config: Any, *names: str) -> Any:
-    for owner in (block, getattr(block, "gate", None), getattr(block, "experts", None)):
-        for n in names:
-            if owner is not None and getattr(owner, n, None) is not None:
-                return getattr(owner, n)
-    for n in names:
-        if getattr(config, n, None) is not None:
-            return getattr(config, n)
-    raise ConfigError(f"cannot tell the MoE block's {names[0]} (neither the block nor the config has {' / '.join(names)})")
+    blocks: list[MoEBlockRef]
+    top_k: int
+    norm_topk_prob: bool
+    hidden_act: str = "silu"
+    gate_bias: bool = False  # the router adds a bias to its logits
+    shared_experts: bool = False  # the blocks also run shared experts (not supported by this engine)
 
 
 def install_grouped_moe(
     model: nn.Module,
-    make_weights: Callable[[int, nn.Module], tuple[ExpertWeights, ExpertWeights]],
+    make_weights: Callable[[int, nn.Module], tuple[ExpertsBase, ExpertsBase]],
     kernel: str = "auto",
+    *,
+    layout: MoeLayout,
 ) -> str:
-    """Replace every MoE block of `model` with a GroupedMoE built from `make_weights(layer_index, experts)`.
-    Swaps one layer at a time so the old expert tensors are freed as it goes. Returns the kernel path."""
-    blocks = moe_blocks(model)
-    if not blocks:
+    """Replace every MoE block of `layout` (the model's family says where they are: quantbench.models.family) with
+    a GroupedMoE built from `make_weights(layer_index, experts)`. Swaps one layer at a time so the old expert
+    tensors are freed as it goes. Returns the kernel path."""
+    if not layout.blocks:
         raise UnsupportedError(f"{type(model).__name__} has no MoE block (a module with `gate` and `experts`)")
-    config = getattr(model, "config", None)
-    config = getattr(config, "get_text_config", lambda: config)()
+    if layout.shared_experts:
+        raise UnsupportedError(f"{type(model).__name__}: MoE blocks with shared experts are not supported by the "
+                               "grouped-MoE engine; run with --no-fast-moe")
     paths = set()
-    for ref in blocks:
-        for extra in ("shared_expert", "shared_experts"):
-            if getattr(ref.block, extra, None) is not None:
-                raise UnsupportedError(f"{ref.name}.{extra}: MoE blocks with shared experts are not supported by the "
-                                       "grouped-MoE engine; run with --no-fast-moe")
+    for ref in layout.blocks:
         gate_up, down = make_weights(ref.layer_index, ref.block.experts)
-        hidden_act = getattr(config, "hidden_act", "silu") if config is not None else "silu"
         moe = GroupedMoE(
-            ref.block.gate, gate_up, down,
-            top_k=int(_setting(ref.block, config, "top_k", "num_experts_per_tok")),
-            norm_topk_prob=bool(_setting(ref.block, config, "norm_topk_prob")),
-            act=hidden_act, kernel=kernel,
+            ref.block.gate, gate_up, down, top_k=layout.top_k, norm_topk_prob=layout.norm_topk_prob,
+            act=layout.hidden_act, kernel=kernel, gate_bias=layout.gate_bias,
         )
         setattr(ref.parent, ref.attr, moe)
         paths.add(moe.kernel_path)

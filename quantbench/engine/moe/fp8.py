@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from quantbench.engine import pdl
-from quantbench.engine.moe.engine import stored_nbytes
+from quantbench.engine.moe.engine import ExpertsBase, stored_nbytes
 from quantbench.engine.triton_common import (
     expert_of_rows,
     launch_grouped,
@@ -86,7 +86,7 @@ def native_fp8(device: torch.device | str) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
-class Fp8Experts(nn.Module):
+class Fp8Experts(ExpertsBase):
     """One projection of all E experts of a layer in FP8 E4M3 with per-row scales, as buffers."""
 
     # native path only (grouped_mm); "codes": E4M3 codes in and out (see codes_scale)

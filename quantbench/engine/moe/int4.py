@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from quantbench.engine.moe import int4_wgmma
 from quantbench.engine.moe.align import triton_available
-from quantbench.engine.moe.engine import DenseExperts, stored_nbytes
+from quantbench.engine.moe.engine import DenseExperts, ExpertsBase, stored_nbytes
 from quantbench.engine.moe.int4_kernels import (
     DEQUANT_FROM_ROWS,
     FUSED_K_BLOCK,
@@ -83,7 +83,7 @@ def fused_layout(k: int) -> int:
     return FUSED_K_BLOCK if k % FUSED_K_BLOCK == 0 else 8
 
 
-class Int4Experts(nn.Module):
+class Int4Experts(ExpertsBase):
     """One projection of all E experts of a layer, int4 + fp16 scales + uint8 zero points, as buffers."""
 
     fused_kernel = FUSED_KERNEL

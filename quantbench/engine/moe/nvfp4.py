@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from quantbench.engine import pdl
 from quantbench.engine.moe import nvfp4_wgmma
-from quantbench.engine.moe.engine import DenseExperts, stored_nbytes
+from quantbench.engine.moe.engine import DenseExperts, ExpertsBase, stored_nbytes
 from quantbench.engine.moe.nvfp4_numbers import BLOCK, dequantize, fake_quantize_activations, quantize
 from quantbench.engine.triton_common import (
     expert_of_rows,
@@ -68,7 +68,7 @@ def quantize_input_rows(x: Tensor, offsets: Tensor | None, input_scale: Tensor) 
 
 
 # -- the ExpertWeights format -----------------------------------------------------------------------------------------
-class Nvfp4Experts(nn.Module):
+class Nvfp4Experts(ExpertsBase):
     """One projection of all E experts of a layer in packed NVFP4, as buffers (see the module docstring)."""
 
     fused_kernel = FUSED_KERNEL

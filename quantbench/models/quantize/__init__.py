@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from quantbench.errors import ConfigError, QuantbenchError
+from quantbench.models.calibration import calibration_texts
 from quantbench.models.checkpoint import PROVENANCE_FILE, fingerprint, model_identity
 from quantbench.term import libraries_to, stderr_console
 
@@ -78,36 +79,6 @@ def library_versions() -> dict[str, str | None]:
         except PackageNotFoundError:
             out[name] = None
     return out
-
-
-# -- calibration ------------------------------------------------------------------------------------------------
-def calibration_texts(tokenizer: Any, nsamples: int, seqlen: int, seed: int = 0) -> list[str]:
-    """`nsamples` texts of at least `seqlen` tokens, each a run of train-split decision records rendered as the
-    runner renders them (quantbench.protocol.prompt.render_prompt) followed by the gold answer, joined by blank lines.
-    AutoRound drops texts shorter than seqlen, hence the packing."""
-    from quantbench.protocol.prompt import answer_text, render_prompt
-    from quantbench.protocol.suitegen import generate
-
-    texts: list[str] = []
-    pool: list[str] = []
-    rounds = 0
-    while len(texts) < nsamples:
-        parts, tokens = [], 0
-        while tokens < seqlen + seqlen // 10 + 8:  # a margin: tokens merge differently across the joins
-            if not pool:
-                if rounds == 64:
-                    raise QuantbenchError("calibration: the suite generator ran dry; ask for fewer or shorter samples")
-                for rec in generate("train", max(64, nsamples * 4), seed=seed + rounds):
-                    for name, question in rec.request.questions.items():
-                        gold = (rec.gold or {}).get(name, question.options[0])
-                        pool.append(render_prompt(tokenizer, rec.request, name) + answer_text(tokenizer, question, gold))
-                pool.reverse()  # pop() from the end keeps the generator's order
-                rounds += 1
-            text = pool.pop()
-            parts.append(text)
-            tokens += len(tokenizer(text, add_special_tokens=False)["input_ids"]) + 2  # + the blank line
-        texts.append("\n\n".join(parts))
-    return texts
 
 
 # -- the verb ---------------------------------------------------------------------------------------------------
@@ -206,7 +177,7 @@ def _synthetic_source(shape: str, layers: int | None, weights_seed: int) -> tupl
     that device's generator's), in host memory, and its identity: no files, so its hash is the recipe's."""
     import torch
 
-    from quantbench.models.fixture import SYNTHETIC_SHAPES, build_synthetic, synthetic_id
+    from quantbench.models.synthetic import SYNTHETIC_SHAPES, build_synthetic, synthetic_id
 
     if shape not in SYNTHETIC_SHAPES:
         raise ConfigError(f"--shape {shape!r}: use one of {', '.join(sorted(SYNTHETIC_SHAPES))}")

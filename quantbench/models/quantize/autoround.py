@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from quantbench.errors import QuantbenchError
+from quantbench.models.calibration import calibration_texts
 from quantbench.models.checkpoint import load_causal_lm
 
 
@@ -63,8 +64,6 @@ def quantize_autoround(source: Path | None, out: Path, recipe: Any, *, progress:
                        tokenizer: Any = None) -> dict[str, Any]:
     """Quantize `source` (or `model` with `tokenizer`, already in memory) with AutoRound W4A16 into `out` (a
     checkpoint directory). Returns provenance details."""
-    from quantbench.models.quantize import calibration_texts
-
     if model is None:
         from transformers import AutoTokenizer
 

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from quantbench.errors import ConfigError, QuantbenchError
+from quantbench.models.calibration import calibration_texts
 from quantbench.models.checkpoint import load_causal_lm
 
 CONFIGS = {"nvfp4": "NVFP4_DEFAULT_CFG", "fp8": "FP8_DEFAULT_CFG"}
@@ -71,7 +72,7 @@ def quantize_modelopt(
     device: str | None = None,
 ) -> Path:
     """Quantize the BF16 checkpoint `source_dir` to `scheme` (nvfp4 | fp8) into `out_dir`; returns `out_dir`.
-    `texts`: calibration texts (default: quantbench.models.quantize.calibration_texts, the train split rendered)."""
+    `texts`: calibration texts (default: quantbench.models.calibration.calibration_texts, the train split rendered)."""
     from transformers import AutoTokenizer
 
     source, out = Path(source_dir), Path(out_dir)
@@ -79,8 +80,6 @@ def quantize_modelopt(
         raise ConfigError(f"--scheme {scheme!r}: ModelOpt makes {', '.join(CONFIGS)}")
     tokenizer = AutoTokenizer.from_pretrained(source)
     if texts is None:
-        from quantbench.models.quantize import calibration_texts
-
         texts = calibration_texts(tokenizer, nsamples, seqlen)
     batches = calibration_batches(tokenizer, texts[:nsamples], seqlen)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")

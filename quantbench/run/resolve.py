@@ -1,0 +1,37 @@
+"""The parent prepares, the child measures: `resolve(spec)` turns a spec that names no model into one whose `model`
+is an existing directory, building the embedded model or quantizing its cached variant here, with progress.
+
+A backend's `load()` then only loads, so the child's `load_s` times loading alone (before this, int4 / nvfp4 / fp8
+quantized inside that window on a cold cache). Synthetic shapes (`--shape`) are not prepared: building them from
+the seed is their load, and their rows say so (`load_note`). The runner, `sweep` and `serve` all resolve here.
+"""
+
+from __future__ import annotations
+
+from quantbench.models import quantize
+from quantbench.run.backend import EMBEDDED_MODEL, get_backend
+from quantbench.run.spec import RunSpec
+
+
+def resolve(spec: RunSpec) -> RunSpec:
+    """The spec the child runs: a copy of `spec` whose `model` names the directory to load, or `spec` itself when
+    it names one already, asks for a synthetic shape, or its backend has nothing local to prepare (http)."""
+    if spec.model or spec.shape:
+        return spec
+    # A backend given by import path (`package.module:Class`) may not declare `default_model`: nothing to prepare.
+    default = getattr(get_backend(spec.backend), "default_model", None)
+    if default is None:
+        return spec
+    return spec.model_copy(update={"model": prepared_model_dir(default)})
+
+
+def prepared_model_dir(default: str) -> str:
+    """The embedded model's directory (`EMBEDDED_MODEL`), or its variant quantized with the scheme `default`;
+    trained or quantized on first use, cached (and locked) across processes afterwards."""
+    if default == EMBEDDED_MODEL:
+        # lazy: fixture imports torch; the runner's parent, which imports this module, checks a given --model
+        # without importing torch (runner.preflight) and only needs it here, to build the embedded model
+        from quantbench.models import fixture
+
+        return str(fixture.default_model_dir())  # through the module: tests replace it
+    return str(quantize.default_variant(default))
