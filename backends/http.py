@@ -137,6 +137,7 @@ class HttpEngine(EngineBase):
         deadline = time.monotonic() + self.timeout_s
         t0 = time.perf_counter()
         prepared.retries = 0
+        reconnected = False
         while True:
             try:
                 r = self.client.post(
@@ -149,6 +150,14 @@ class HttpEngine(EngineBase):
                 raise RemoteError(
                     None, f"POST {self.url}: no answer within {self.timeout_s:.0f} s ({e})"
                 ) from e
+            except httpx.RemoteProtocolError as e:
+                # The server closed a kept-alive connection as this request went out on it (uvicorn drops idle
+                # ones after 5 s): nothing was answered, and a decision is safe to ask again. Once.
+                if reconnected:
+                    raise RemoteError(None, f"POST {self.url}: {type(e).__name__}: {e}") from e
+                reconnected = True
+                prepared.retries += 1
+                continue
             except httpx.TransportError as e:
                 raise RemoteError(None, f"POST {self.url}: {type(e).__name__}: {e}") from e
             retry_after = r.headers.get("retry-after", "")

@@ -35,7 +35,7 @@ def test_the_qwen3_layout_names_every_sparse_layer_and_its_routing_from_the_conf
         ("model.layers.0.mlp", 0, "mlp"), ("model.layers.1.mlp", 1, "mlp")]
     assert all(ref.block is model.model.layers[ref.layer_index].mlp for ref in layout.blocks)
     assert (layout.top_k, layout.norm_topk_prob, layout.hidden_act) == (2, True, "silu")
-    assert (layout.gate_bias, layout.shared_experts) == (False, False)
+    assert (layout.gate_bias, layout.shared_experts) == (False, None)
     model.config.mlp_only_layers = [0]  # a dense layer: not an MoE block, whatever its module holds
     assert [ref.layer_index for ref in moe_layout(model).blocks] == [1]
 

@@ -18,7 +18,7 @@ import uvicorn
 
 import backends.http as http_backend
 from backends.bf16 import Bf16Backend
-from backends.http import HttpBackend, RemoteError, check_answers
+from backends.http import HttpBackend, HttpEngine, RemoteError, check_answers
 from quantbench.engine.scoring import TransformersEngine
 from quantbench.errors import ConfigError, LoadError
 from quantbench.models.fixture import default_model_dir
@@ -216,3 +216,30 @@ def test_a_run_through_the_runner_stores_the_servers_answers_and_client_latencie
     store.write_run(result)
     stored = store.read("SELECT backend, variant, n_timed FROM run_summary")
     assert stored.iloc[0].tolist() == ["http", "float32", 8]
+
+
+def test_a_kept_alive_connection_the_server_closed_is_asked_again_once():
+    """uvicorn closes an idle keep-alive connection after 5 s; a POST that went out on it as it closed gets no
+    answer (RemoteProtocolError). The decision is asked again on a new connection, once; a second one fails."""
+    request = parse_request(CARD_BODY)
+    answer = {"model": "m", "model_ms": 1.0, "tokens": 9, "answers": {"action": {"top": "left", "method": "label_logit",
+                                                   "probabilities": {"left": 0.5, "right": 0.3, "forward": 0.2}}}}
+    calls = []
+
+    def closing(times):
+        def handler(req):
+            calls.append(req)
+            if len(calls) <= times:
+                raise httpx.RemoteProtocolError("Server disconnected without sending a response.", request=req)
+            return httpx.Response(200, json=answer)
+        return handler
+
+    engine = HttpEngine("http://127.0.0.1:1", httpx.Client(transport=httpx.MockTransport(closing(1))))
+    prepared = engine.prepare(request)
+    assert engine.forward(prepared)["action"].top == "left"
+    assert (len(calls), prepared.retries) == (2, 1)
+    calls.clear()
+    engine = HttpEngine("http://127.0.0.1:1", httpx.Client(transport=httpx.MockTransport(closing(2))))
+    with pytest.raises(RemoteError, match="RemoteProtocolError"):
+        engine.forward(engine.prepare(request))
+    assert len(calls) == 2

@@ -94,7 +94,7 @@ def test_a_run_of_a_checkpoint_made_elsewhere_records_its_base_and_how(made_else
                                  latency_min_decisions=1, latency_min_seconds=0.0), echo=False)
     finally:
         (int4 / "README.md").unlink()
-    run = result.run
+    run = result.run.model_dump()
     assert run["status"] == "ok", run.get("error")
     assert run["model_id"] == int4.name  # its own id: nothing but the evidence ties it to Tiny-MoE
     assert (run["base_model"], run["base_model_how"]) == ("acme/Tiny-MoE", "model_card")

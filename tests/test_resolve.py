@@ -88,7 +88,7 @@ def test_the_parent_prepares_and_the_childs_load_s_times_loading_alone(tmp_path,
     requested = RunSpec(backend="tests.test_resolve:PreparedBackend", suite=suite, gpu="cpu", warmup=0,
                         latency_min_decisions=1, latency_min_seconds=0.0)
     result = execute(requested, echo=False)
-    run = result.run
+    run = result.run.model_dump()
     assert run["status"] == "ok", run["error"]
     [(prepare_ended, where)] = prepared_at
     assert where == os.getpid()  # prepared once, in the parent
@@ -105,7 +105,7 @@ def test_a_failure_while_preparing_is_a_failed_row_classified_as_a_childs_would_
 
     monkeypatch.setattr(quantbench.models.fixture, "default_model_dir", broken_prepare)
     result = execute(RunSpec(backend="tests.test_resolve:PreparedBackend", suite=suite, gpu="cpu"), echo=False)
-    run = result.run
+    run = result.run.model_dump()
     assert (run["status"], run["failure"]) == ("failed", "load_error")
     assert run["error"].startswith("LoadError: fixture cache: model.safetensors is truncated\n\nTraceback")
     assert run["spec"]["model"] is None and run["backend"] == "tests.test_resolve:PreparedBackend"

@@ -7,13 +7,16 @@ from typing import Any
 
 import psutil
 import torch
-from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from quantbench.errors import UnsupportedError
 
 
 def moe_config(shape: dict[str, Any], **extra: Any):
     """The Qwen3MoeConfig of a shape (the fixture's MODEL, a SYNTHETIC_SHAPES entry): every layer sparse."""
+    # lazy: transformers takes seconds to import, and `quantbench backends` imports every backend (and so this
+    # module) only to ask what it can do here
+    from transformers import Qwen3MoeConfig
+
     shape = dict(shape)
     rope = {"rope_type": "default", "rope_theta": shape.pop("rope_theta")}
     return Qwen3MoeConfig(**shape, rope_parameters=rope, decoder_sparse_step=1, mlp_only_layers=[], **extra)
@@ -42,6 +45,8 @@ def new_model(config, device: str | torch.device, dtype: torch.dtype, seed: int,
     """A Qwen3MoeForCausalLM allocated directly on `device` (no CPU init pass), filled from a seeded generator.
     With `what` (a synthetic model's name), refuse before allocating when its weights cannot fit: a 61 GB model
     on a 24 GiB host would otherwise be killed by the kernel with no message."""
+    from transformers import Qwen3MoeForCausalLM  # lazy: as in moe_config
+
     with torch.device("meta"):
         model = Qwen3MoeForCausalLM(config)
     if what is not None:

@@ -102,8 +102,8 @@ class GenericMoeFamily(_TransformersCausalLM):
         config = getattr(model, "config", None)
         config = getattr(config, "get_text_config", lambda: config)()
         first = blocks[0].block
-        shared = any(getattr(ref.block, extra, None) is not None for ref in blocks
-                     for extra in ("shared_expert", "shared_experts"))
+        shared = next((f"{ref.name}.{extra}" for ref in blocks for extra in ("shared_expert", "shared_experts")
+                       if getattr(ref.block, extra, None) is not None), None)
         return MoeLayout(
             blocks=blocks,
             top_k=int(_setting(first, config, "top_k", "num_experts_per_tok")),

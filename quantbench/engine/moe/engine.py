@@ -405,7 +405,7 @@ class MoeLayout:
     norm_topk_prob: bool
     hidden_act: str = "silu"
     gate_bias: bool = False  # the router adds a bias to its logits
-    shared_experts: bool = False  # the blocks also run shared experts (not supported by this engine)
+    shared_experts: str | None = None  # the first shared-experts module, when the blocks run them (unsupported)
 
 
 def install_grouped_moe(
@@ -421,7 +421,7 @@ def install_grouped_moe(
     if not layout.blocks:
         raise UnsupportedError(f"{type(model).__name__} has no MoE block (a module with `gate` and `experts`)")
     if layout.shared_experts:
-        raise UnsupportedError(f"{type(model).__name__}: MoE blocks with shared experts are not supported by the "
+        raise UnsupportedError(f"{layout.shared_experts}: MoE blocks with shared experts are not supported by the "
                                "grouped-MoE engine; run with --no-fast-moe")
     paths = set()
     for ref in layout.blocks:
