@@ -1,7 +1,8 @@
 """The `quantbench` command. Each subcommand is a thin wrapper: the work lives in the module it names.
 
-The commands are plain functions in the module of their area (run, store, models, serve), registered here in the
-order `quantbench --help` lists them; what they share is cli/common.py, so no command module imports this one."""
+The commands are plain functions in the module of their area (run, store, models, serve), registered here
+in the order `quantbench --help` lists them; what they share is in cli/common.py, so no command module
+imports this one (no cycle)."""
 
 from __future__ import annotations
 

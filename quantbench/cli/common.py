@@ -17,7 +17,7 @@ DbOpt = Annotated[Path, typer.Option("--db", help="Results store (DuckDB). Defau
 
 
 def _db(db: Path | None) -> Path:
-    from quantbench.store import default_db
+    from quantbench.store import default_db  # lazy: a fast --help
 
     return Path(db) if db else Path(default_db())
 

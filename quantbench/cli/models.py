@@ -21,7 +21,7 @@ def fixture(
     seed: Annotated[int, typer.Option(help="--shape: the random weights' seed")] = 0,
 ) -> None:
     """Build (or show) the embedded default model: a small trained Qwen3-MoE with its own tokenizer."""
-    from quantbench.models.fixture import find_or_build
+    from quantbench.models.fixture import find_or_build  # lazy: a fast --help
     from quantbench.models.synthetic import SYNTHETIC_SHAPES, save_synthetic, synthetic_id
 
     try:
@@ -74,13 +74,13 @@ def quantize(
                                           "calibration pass)")] = True,
 ) -> None:
     """Make a quantized variant with the library that owns the format (auto-round, nvidia-modelopt)."""
-    from quantbench.models.quantize import quantize as do_quantize
+    from quantbench.models.quantize import quantize as do_quantize  # lazy: a fast --help
 
     try:
         if model is not None and shape is not None:
             raise ConfigError("give --model or --shape, not both")
         if model is None and shape is None:
-            from quantbench.models.fixture import default_model_dir
+            from quantbench.models.fixture import default_model_dir  # lazy: a fast --help
 
             model = str(default_model_dir())
         path = do_quantize(model, scheme, out_dir, iters=iters, nsamples=nsamples, seqlen=seqlen,

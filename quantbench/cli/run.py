@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import signal
 from pathlib import Path
 from typing import Annotated
@@ -16,13 +17,13 @@ from quantbench.term import rule
 
 
 def _spec(**kw):
-    from quantbench.run.spec import RunSpec
+    from quantbench.run.spec import RunSpec  # lazy: a fast --help
 
     return RunSpec(**kw)
 
 
 def _execute_and_store(spec, db: Path) -> tuple[str, str]:
-    from quantbench.run.runner import execute, stop_on_signals, stop_requested
+    from quantbench.run.runner import execute, stop_on_signals, stop_requested  # lazy: a fast --help
     from quantbench.store import Store
 
     with stop_on_signals():  # SIGTERM / SIGHUP / Ctrl-C: the child is killed, the run stored as interrupted
@@ -38,7 +39,7 @@ def _execute_and_store(spec, db: Path) -> tuple[str, str]:
 def _declared_options() -> dict:
     """{name: FieldInfo} of every setting an installed backend declares; a name two backends declare is one flag,
     so its type must agree."""
-    from quantbench.run.backend import backend_names
+    from quantbench.run.backend import backend_names  # lazy: a fast --help
     from quantbench.run.spec import options_class
 
     out: dict = {}
@@ -61,9 +62,7 @@ class RunCommand(typer.core.TyperCommand):
     def option_params(self) -> list:
         """The backend flags, made by typer from a signature built from the declarations (same help rendering)."""
         if self._options is None:
-            import inspect
-
-            from quantbench.run.spec import choices, declared, flag_of
+            from quantbench.run.spec import choices, declared, flag_of  # lazy: a fast --help
 
             params = []
             for name, info in _declared_options().items():
@@ -84,7 +83,7 @@ class RunCommand(typer.core.TyperCommand):
 
     def get_params(self, ctx):
         """The command's own flags with each backend flag after the flag its declaration names."""
-        from quantbench.run.spec import declared
+        from quantbench.run.spec import declared  # lazy: a fast --help
 
         anchors = {name: declared(info).get("after") for name, info in _declared_options().items()}
         pending = list(self.option_params())
@@ -113,7 +112,7 @@ def backend_settings(backend: str, flags: dict[str, tuple], **chosen: object) ->
     """The backend's own settings from the `run` flags, checked against its declared Options: a flag it does not
     declare is refused, naming the backend and its settings; an environment variable it does not declare is not
     its business."""
-    from pydantic import ValidationError
+    from pydantic import ValidationError  # lazy: a fast --help
 
     from quantbench.run.spec import flag_of, options_class, options_error
 
@@ -169,7 +168,7 @@ def run(
         flags = ctx.meta["backend_options"]
         options = backend_settings(backend, flags, **({"experts_impl": experts_impl} if noise_floor else {}))
         if base_model is not None:
-            from quantbench.models.lineage import resolve_given_base
+            from quantbench.models.lineage import resolve_given_base  # lazy: a fast --help
 
             base_model = resolve_given_base(base_model)
         spec = _spec(backend=backend, model=model, suite=suite, gpu=gpu, device=device, dtype=dtype, base_model=base_model,
@@ -205,7 +204,7 @@ def noise_floor_kernel(gpu: str) -> tuple[str, str]:
     On a GPU that is transformers' `eager` experts loop instead of `grouped_mm` (the card's floor). On a CPU the
     two compute bit-identical answers, which would make a floor of zero noise, so there the second kernel is
     float32 arithmetic over the same bf16 weights: what bf16 rounding alone moves."""
-    from quantbench.run.machine import detect
+    from quantbench.run.machine import detect  # lazy: a fast --help
 
     on_cpu = gpu.strip().lower() == "cpu" or not detect().has_gpu
     return ("grouped_mm", "float32") if on_cpu else ("eager", "bfloat16")
@@ -250,7 +249,7 @@ def demo(
                 failed.append((label, run_id))
         df = queries.run_summaries(Store(path), ids)
         out.print(runs_table(df, f"quantbench demo — stored in {path}"))
-        from quantbench.report import report_for_this_machine
+        from quantbench.report import report_for_this_machine  # lazy: a fast --help
         from quantbench.run.machine import detect
 
         # Plain print: the report is markdown meant to be pasted, so no wrapping or markup from rich.
@@ -283,7 +282,7 @@ def demo_failures(store, failed: list[tuple[str, str]], n_runs: int) -> str:
 
 def backends() -> None:
     """List installed backends (entry points) and what each can do on this machine."""
-    from quantbench.run.backend import backend_names, get_backend
+    from quantbench.run.backend import backend_names, get_backend  # lazy: a fast --help
     from quantbench.run.machine import detect
 
     machine = detect()
@@ -309,7 +308,7 @@ def sweep(
     db: DbOpt = None,
 ) -> None:
     """Run a matrix of models × variants × GPUs, one fresh process per run, locally or on Ray."""
-    from quantbench.run.runner import stop_on_signals, stop_requested
+    from quantbench.run.runner import stop_on_signals, stop_requested  # lazy: a fast --help
     from quantbench.sweep import cli_sweep
 
     try:

@@ -30,7 +30,7 @@ def serve(
     header_timeout: Annotated[float, typer.Option(help="Seconds a connection may take to send a request's headers before it is closed")] = limits.DEFAULT_HEADER_TIMEOUT_S,
 ) -> None:
     """Serve the SystemOne decision API (POST /v1/systemone, GET /healthz) over HTTP."""
-    from quantbench.server import cli_serve
+    from quantbench.server import cli_serve  # lazy: a fast --help
 
     try:
         raise typer.Exit(cli_serve(model, backend, host, port, api_key, demo, allow_truncation, max_batch,

@@ -1,4 +1,4 @@
-"""The commands that read or move the results store: `runs`, `migrate`, `compare`, `report`, `export`, `merge`."""
+"""The commands over the results store: `runs`, `migrate`, `compare`, `report`, `export`, `merge`."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def runs(
 
 def migrate(db: DbOpt = None) -> None:
     """Bring a results store from an older quantbench up to this schema version (in place, keeping every row)."""
-    from quantbench.store import Store
+    from quantbench.store import Store  # lazy: a fast --help
 
     try:
         store = Store(_db(db))
