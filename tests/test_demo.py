@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 import quantbench.cli as cli
+import quantbench.cli.run as cli_run
 import quantbench.models.fixture
 from quantbench.run.record import RunResult
 from quantbench.store import Store
@@ -50,7 +51,7 @@ def demo_store(tmp_path, monkeypatch):
         run_id = Store(db).write_run(result)
         return run_id, result.run.status
 
-    monkeypatch.setattr(cli, "_execute_and_store", execute_and_store)
+    monkeypatch.setattr(cli_run, "_execute_and_store", execute_and_store)
     monkeypatch.setattr(quantbench.models.fixture, "default_model_dir", lambda: tmp_path / "fixture")
     return store, old_int4
 
@@ -69,7 +70,7 @@ def test_a_failed_variant_is_reported_as_failed_and_the_demo_exits_non_zero(demo
 
 def test_a_demo_where_every_variant_succeeds_exits_0_and_reports_only_its_own_runs(demo_store, monkeypatch):
     store, old_int4 = demo_store
-    real = cli._execute_and_store
+    real = cli_run._execute_and_store
 
     def all_ok(spec, db):
         if spec.backend == "int4":
@@ -77,7 +78,7 @@ def test_a_demo_where_every_variant_succeeds_exits_0_and_reports_only_its_own_ru
             return run_id, "ok"
         return real(spec, db)
 
-    monkeypatch.setattr(cli, "_execute_and_store", all_ok)
+    monkeypatch.setattr(cli_run, "_execute_and_store", all_ok)
     done = CliRunner().invoke(cli.app, ["demo", "--db", str(store.path)])
     assert done.exit_code == 0, done.output
     assert "failed" not in done.stdout

@@ -11,7 +11,8 @@ import typer.main
 from typer.testing import CliRunner
 
 from backends.int4 import Int4Backend
-from quantbench.cli import DEMO_VARIANTS, app
+from quantbench.cli import app
+from quantbench.cli.run import DEMO_VARIANTS
 from quantbench.errors import ConfigError
 from quantbench.run import backend as backend_module
 from quantbench.run import spec as spec_module
@@ -165,7 +166,7 @@ def test_run_refuses_a_flag_the_backend_does_not_declare(tmp_path):
 
 def test_run_passes_a_declared_flag_to_the_backend(tmp_path, monkeypatch):
     seen = []
-    monkeypatch.setattr("quantbench.cli._execute_and_store", lambda spec, db: seen.append(spec) or ("r", "ok"))
+    monkeypatch.setattr("quantbench.cli.run._execute_and_store", lambda spec, db: seen.append(spec) or ("r", "ok"))
     monkeypatch.setattr("quantbench.report.tables.runs_table", lambda df, title: "")
     monkeypatch.setattr("quantbench.store.queries.run_summary", lambda store, run_id: None)
     CliRunner().invoke(app, ["run", "--backend", "nvfp4", "--nvfp4", "unpacked", "--cuda-graph", "off",

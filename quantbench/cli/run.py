@@ -1,10 +1,9 @@
-"""The `quantbench` command. Each subcommand is a thin wrapper: the work lives in the module it names."""
+"""The commands that measure: `run` (with its backend flags), `demo`, `backends` and `sweep`."""
 
 from __future__ import annotations
 
-import json
+import inspect
 import signal
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -12,40 +11,19 @@ import typer
 from rich.table import Table
 
 from quantbench import limits
+from quantbench.cli.common import DbOpt, _db, _fail, err, out
 from quantbench.errors import ConfigError, QuantbenchError
-from quantbench.term import console, rule
-
-app = typer.Typer(
-    help="Which quant of a mixture-of-experts model should I use on this GPU? Measured, reproducibly.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-)
-# Tables are meant to be read whole: when stdout is a file or a pipe, don't squeeze them into 80 columns.
-out = console()
-err = console(stderr=True)
-
-DbOpt = Annotated[Path, typer.Option("--db", help="Results store (DuckDB). Default: $QUANTBENCH_DB or ./results.duckdb")]
-
-
-def _db(db: Path | None) -> Path:
-    from quantbench.store import default_db
-
-    return Path(db) if db else Path(default_db())
-
-
-def _fail(e: Exception) -> None:
-    err.print(f"[bold red]error:[/] {e}", soft_wrap=True)  # one line: the terminal wraps it, a pipe or log keeps it whole
-    raise typer.Exit(2)
+from quantbench.term import rule
 
 
 def _spec(**kw):
-    from quantbench.run.spec import RunSpec
+    from quantbench.run.spec import RunSpec  # lazy: a fast --help
 
     return RunSpec(**kw)
 
 
 def _execute_and_store(spec, db: Path) -> tuple[str, str]:
-    from quantbench.run.runner import execute, stop_on_signals, stop_requested
+    from quantbench.run.runner import execute, stop_on_signals, stop_requested  # lazy: a fast --help
     from quantbench.store import Store
 
     with stop_on_signals():  # SIGTERM / SIGHUP / Ctrl-C: the child is killed, the run stored as interrupted
@@ -61,7 +39,7 @@ def _execute_and_store(spec, db: Path) -> tuple[str, str]:
 def _declared_options() -> dict:
     """{name: FieldInfo} of every setting an installed backend declares; a name two backends declare is one flag,
     so its type must agree."""
-    from quantbench.run.backend import backend_names
+    from quantbench.run.backend import backend_names  # lazy: a fast --help
     from quantbench.run.spec import options_class
 
     out: dict = {}
@@ -84,9 +62,7 @@ class RunCommand(typer.core.TyperCommand):
     def option_params(self) -> list:
         """The backend flags, made by typer from a signature built from the declarations (same help rendering)."""
         if self._options is None:
-            import inspect
-
-            from quantbench.run.spec import choices, declared, flag_of
+            from quantbench.run.spec import choices, declared, flag_of  # lazy: a fast --help
 
             params = []
             for name, info in _declared_options().items():
@@ -107,7 +83,7 @@ class RunCommand(typer.core.TyperCommand):
 
     def get_params(self, ctx):
         """The command's own flags with each backend flag after the flag its declaration names."""
-        from quantbench.run.spec import declared
+        from quantbench.run.spec import declared  # lazy: a fast --help
 
         anchors = {name: declared(info).get("after") for name, info in _declared_options().items()}
         pending = list(self.option_params())
@@ -136,7 +112,7 @@ def backend_settings(backend: str, flags: dict[str, tuple], **chosen: object) ->
     """The backend's own settings from the `run` flags, checked against its declared Options: a flag it does not
     declare is refused, naming the backend and its settings; an environment variable it does not declare is not
     its business."""
-    from pydantic import ValidationError
+    from pydantic import ValidationError  # lazy: a fast --help
 
     from quantbench.run.spec import flag_of, options_class, options_error
 
@@ -156,7 +132,6 @@ def backend_settings(backend: str, flags: dict[str, tuple], **chosen: object) ->
     return settings
 
 
-@app.command(cls=RunCommand)
 def run(
     ctx: typer.Context,
     backend: Annotated[str, typer.Option(help="bf16 | int4 | nvfp4 | fp8 | http (see `quantbench backends`)")] = "bf16",
@@ -193,7 +168,7 @@ def run(
         flags = ctx.meta["backend_options"]
         options = backend_settings(backend, flags, **({"experts_impl": experts_impl} if noise_floor else {}))
         if base_model is not None:
-            from quantbench.models.lineage import resolve_given_base
+            from quantbench.models.lineage import resolve_given_base  # lazy: a fast --help
 
             base_model = resolve_given_base(base_model)
         spec = _spec(backend=backend, model=model, suite=suite, gpu=gpu, device=device, dtype=dtype, base_model=base_model,
@@ -229,7 +204,7 @@ def noise_floor_kernel(gpu: str) -> tuple[str, str]:
     On a GPU that is transformers' `eager` experts loop instead of `grouped_mm` (the card's floor). On a CPU the
     two compute bit-identical answers, which would make a floor of zero noise, so there the second kernel is
     float32 arithmetic over the same bf16 weights: what bf16 rounding alone moves."""
-    from quantbench.run.machine import detect
+    from quantbench.run.machine import detect  # lazy: a fast --help
 
     on_cpu = gpu.strip().lower() == "cpu" or not detect().has_gpu
     return ("grouped_mm", "float32") if on_cpu else ("eager", "bfloat16")
@@ -245,7 +220,6 @@ DEMO_VARIANTS = [
 ]
 
 
-@app.command()
 def demo(
     db: DbOpt = None,
     limit: Annotated[int | None, typer.Option(help="Only the first N records of the suite")] = None,
@@ -275,7 +249,7 @@ def demo(
                 failed.append((label, run_id))
         df = queries.run_summaries(Store(path), ids)
         out.print(runs_table(df, f"quantbench demo — stored in {path}"))
-        from quantbench.report import report_for_this_machine
+        from quantbench.report import report_for_this_machine  # lazy: a fast --help
         from quantbench.run.machine import detect
 
         # Plain print: the report is markdown meant to be pasted, so no wrapping or markup from rich.
@@ -306,10 +280,9 @@ def demo_failures(store, failed: list[tuple[str, str]], n_runs: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-@app.command()
 def backends() -> None:
     """List installed backends (entry points) and what each can do on this machine."""
-    from quantbench.run.backend import backend_names, get_backend
+    from quantbench.run.backend import backend_names, get_backend  # lazy: a fast --help
     from quantbench.run.machine import detect
 
     machine = detect()
@@ -326,247 +299,6 @@ def backends() -> None:
     out.print(t)
 
 
-@app.command()
-def runs(
-    db: DbOpt = None,
-    last: Annotated[int, typer.Option(help="Show the newest N runs")] = 30,
-) -> None:
-    """List stored runs, one self-describing row each."""
-    from quantbench.report.tables import runs_table  # lazy: a fast --help
-    from quantbench.store import Store, queries
-
-    try:
-        df = queries.newest_run_summaries(Store(_db(db)), last)
-    except QuantbenchError as e:
-        _fail(e)
-    out.print(runs_table(df, f"runs in {_db(db)}"))
-
-
-@app.command()
-def migrate(db: DbOpt = None) -> None:
-    """Bring a results store from an older quantbench up to this schema version (in place, keeping every row)."""
-    from quantbench.store import Store
-
-    try:
-        store = Store(_db(db))
-        before = store.schema_version()
-        after = store.migrate()
-        out.print(f"{store.path}: schema version {before} → {after}")
-    except QuantbenchError as e:
-        _fail(e)
-
-
-@app.command()
-def fixture(
-    rebuild: Annotated[bool, typer.Option(help="Build again even if cached")] = False,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="Write the checkpoint here instead of the cache")] = None,
-    shape: Annotated[str | None, typer.Option(help="Instead: the same family at a real shape (qwen3-30b-a3b) with "
-                                                   "seeded random weights, written to --out (weights: synthetic)")] = None,
-    layers: Annotated[int | None, typer.Option(help="--shape: number of layers (default: the real model's)")] = None,
-    seed: Annotated[int, typer.Option(help="--shape: the random weights' seed")] = 0,
-) -> None:
-    """Build (or show) the embedded default model: a small trained Qwen3-MoE with its own tokenizer."""
-    from quantbench.models.fixture import find_or_build
-    from quantbench.models.synthetic import SYNTHETIC_SHAPES, save_synthetic, synthetic_id
-
-    try:
-        if shape is None:
-            if layers is not None:
-                raise ConfigError("--layers applies to --shape only: the embedded model's layers are part of its recipe")
-            info = find_or_build(rebuild, out_dir)
-            out.print(f"fixture [bold]{info.model_id}[/] at {info.path}")
-            how = f"built in {info.train_seconds:.0f} s of training" if info.train_seconds is not None else "cached"
-            out.print(f"{how}; {info.parameters / 1e6:.1f} M parameters, {info.size_bytes / 2**20:.1f} MiB "
-                      "(bf16 safetensors)")
-            table = Table("family", "held-out accuracy", title="built-in suite (never trained on)")
-            for family, acc in info.accuracy.items():
-                table.add_row(family, f"{acc:.1%}")
-            table.add_row("[bold]mean[/]", f"[bold]{info.overall:.1%}[/]")
-            out.print(table)
-            return
-        if shape not in SYNTHETIC_SHAPES:
-            raise ConfigError(f"--shape {shape!r}: use one of {', '.join(sorted(SYNTHETIC_SHAPES))}")
-        if out_dir is None:
-            raise ConfigError("--shape writes a checkpoint (61 GB at 48 layers): give --out DIR")
-        if layers is not None and layers < 1:
-            raise ConfigError(f"--layers {layers}: give at least 1")
-        with err.status(f"building {synthetic_id(shape, layers, seed)} …"):
-            path = save_synthetic(shape, out_dir, layers=layers, seed=seed)
-        size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
-        out.print(f"{synthetic_id(shape, layers, seed)} (random weights: speed and memory only) at {path}, "
-                  f"{size / 1e9:.2f} GB")
-    except QuantbenchError as e:
-        _fail(e)
-
-
-@app.command()
-def quantize(
-    model: Annotated[str | None, typer.Option(help="BF16 checkpoint dir. Default: the embedded fixture")] = None,
-    scheme: Annotated[str, typer.Option(help="int4 (AutoRound W4A16) | nvfp4 (ModelOpt) | fp8 (ModelOpt)")] = "int4",
-    out_dir: Annotated[Path, typer.Option("--out", help="Where the quantized checkpoint goes (a new dir)")] = ...,
-    iters: Annotated[int, typer.Option(help="int4: 0 = RTN (fast), 200 = SignRound")] = 0,
-    nsamples: Annotated[int, typer.Option(help="Calibration samples (rendered decision records)")] = 128,
-    seqlen: Annotated[int, typer.Option(help="Calibration sequence length (tokens)")] = 512,
-    group_size: Annotated[int, typer.Option(help="int4 group size")] = 128,
-    experts_only: Annotated[bool, typer.Option("--experts-only/--all", help="Quantize only the MoE experts (as the card)")] = True,
-    overwrite: Annotated[bool, typer.Option(help="Replace --out if it exists")] = False,
-    shape: Annotated[str | None, typer.Option(help="int4: quantize the synthetic model of `run --shape` (e.g. "
-                                              "qwen3-30b-a3b) from memory instead of a checkpoint")] = None,
-    layers: Annotated[int | None, typer.Option(help="--shape: its number of layers (default: the real one)")] = None,
-    seed: Annotated[int, typer.Option(help="--shape: the seed of its random weights (as `run --seed`)")] = 0,
-    opt_rtn: Annotated[bool, typer.Option("--opt-rtn/--plain-rtn", help="int4 with --iters 0: auto-round's "
-                                          "optimized RTN (its default: a search per group, which it skips for MoE "
-                                          "experts) or plain round-to-nearest (its disable_opt_rtn: no "
-                                          "calibration pass)")] = True,
-) -> None:
-    """Make a quantized variant with the library that owns the format (auto-round, nvidia-modelopt)."""
-    from quantbench.models.quantize import quantize as do_quantize
-
-    try:
-        if model is not None and shape is not None:
-            raise ConfigError("give --model or --shape, not both")
-        if model is None and shape is None:
-            from quantbench.models.fixture import default_model_dir
-
-            model = str(default_model_dir())
-        path = do_quantize(model, scheme, out_dir, iters=iters, nsamples=nsamples, seqlen=seqlen,
-                           group_size=group_size, experts_only=experts_only, overwrite=overwrite, shape=shape,
-                           layers=layers, weights_seed=seed, opt_rtn=opt_rtn)
-        out.print(f"[green]quantized[/] {model or shape} → [bold]{path}[/] ({scheme}); run it with "
-                  f"`quantbench run --backend {scheme} --model {path}`")
-    except QuantbenchError as e:
-        _fail(e)
-
-
-MARGIN_AGREEMENT_HELP = ("Verdict: top-answer agreement a variant may lose beyond the noise floor's and still count "
-                         "as equivalent, a fraction (0.02 = 2 points)")
-MARGIN_TV_HELP = "Verdict: mean total variation a variant may add beyond the noise floor's and still count as equivalent"
-
-
-@app.command()
-def compare(
-    run_id: Annotated[str, typer.Argument(help="Candidate run id (or a unique prefix)")],
-    reference: Annotated[str | None, typer.Option(help="Reference run (default: BF16 of the same model, suite, GPU)")] = None,
-    noise_floor: Annotated[str | None, typer.Option(help="Noise-floor run (default: the reference's)")] = None,
-    fmt: Annotated[str, typer.Option("--format", help="table | json")] = "table",
-    margin_agreement: Annotated[float, typer.Option(help=MARGIN_AGREEMENT_HELP)] = 0.02,
-    margin_tv: Annotated[float, typer.Option(help=MARGIN_TV_HELP)] = 0.01,
-    db: DbOpt = None,
-) -> None:
-    """Parity of one run with its BF16 reference, beside the noise floor, with a verdict."""
-    from quantbench.analysis.parity import compare as compare_runs  # lazy: a fast --help
-    from quantbench.analysis.stats import Margins, ParityError
-    from quantbench.report.tables import print_comparison
-    from quantbench.store import Store
-
-    try:
-        if fmt not in ("table", "json"):
-            raise ParityError(f"--format {fmt!r}: use table or json")
-        comp = compare_runs(Store(_db(db)), run_id, reference, noise_floor, margins=Margins(margin_agreement, margin_tv))
-        if fmt == "json":
-            print(json.dumps(comp.to_dict(), indent=2, default=str))
-        else:
-            print_comparison(comp)
-    except QuantbenchError as e:
-        _fail(e)
-
-
-@app.command()
-def report(
-    fmt: Annotated[str, typer.Option("--format", help="markdown | csv | json")] = "markdown",
-    gpu: Annotated[str | None, typer.Option(help="A GPU family (hopper, cpu …) or part of a GPU name")] = None,
-    model: Annotated[str | None, typer.Option(help="Only this model id")] = None,
-    vram_budget_gib: Annotated[float | None, typer.Option(help="Rule: peak memory must fit this budget (GiB)")] = None,
-    min_agreement: Annotated[float | None, typer.Option(help="Rule: minimum agreement with BF16 (0.95 or 95)")] = None,
-    since: Annotated[str | None, typer.Option(help="Only runs made at or after this date / ISO time (UTC)")] = None,
-    history: Annotated[bool, typer.Option("--all", help="Every kernel generation's newest run and every fixture build, not only the newest of each variant")] = False,
-    margin_agreement: Annotated[float, typer.Option(help=MARGIN_AGREEMENT_HELP)] = 0.02,
-    margin_tv: Annotated[float, typer.Option(help=MARGIN_TV_HELP)] = 0.01,
-    db: DbOpt = None,
-) -> None:
-    """The "Which quant should I use?" table, one per GPU, from the store."""
-    from quantbench.report import report_text  # lazy: a fast --help
-
-    try:
-        # Plain print: the report is meant to be pasted (a model card), so no wrapping or markup from rich.
-        print(report_text(str(_db(db)), fmt, gpu, model, vram_budget_gib, min_agreement, since=since,
-                          history=history, margin_agreement=margin_agreement, margin_tv=margin_tv), end="")
-    except QuantbenchError as e:
-        _fail(e)
-
-
-@app.command()
-def export(
-    out_path: Annotated[str, typer.Option("--out", help="Parquet file (or folder) to write")] = "results.parquet",
-    db: DbOpt = None,
-) -> None:
-    """Export the store to Parquet, to share results with other machines."""
-    from quantbench.report.tables import print_exported  # lazy: a fast --help
-    from quantbench.store import Store
-    from quantbench.store.transfer import export as export_runs
-
-    try:
-        store = Store(_db(db))
-        print_exported(store, export_runs(store, out_path))
-    except QuantbenchError as e:
-        _fail(e)
-
-
-@app.command()
-def merge(
-    sources: Annotated[list[str], typer.Argument(help="Parquet files, other .duckdb stores, or folders of them")],
-    db: DbOpt = None,
-) -> None:
-    """Merge results from other machines into this store (idempotent: merging twice adds nothing)."""
-    from quantbench.report.tables import print_merged  # lazy: a fast --help
-    from quantbench.store import Store
-    from quantbench.store.transfer import PartialMergeError
-    from quantbench.store.transfer import merge as merge_sources
-
-    store = Store(_db(db))
-    try:
-        summary = merge_sources(store, sources)
-    except PartialMergeError as e:  # the sources before the failing one are in: say what they added
-        print_merged(store, e.summary)
-        _fail(e)
-    except QuantbenchError as e:
-        _fail(e)
-    print_merged(store, summary)
-
-
-@app.command()
-def serve(
-    model: Annotated[str | None, typer.Option(help="Checkpoint dir. Default: the embedded fixture (or its variant)")] = None,
-    backend: Annotated[str, typer.Option(help="bf16 | int4 | nvfp4 | fp8")] = "bf16",
-    host: Annotated[str, typer.Option(help="Address to bind (loopback unless told otherwise)")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port")] = 8000,
-    api_key: Annotated[str | None, typer.Option(envvar="QUANTBENCH_API_KEY", help="Require this key on every request")] = None,
-    demo: Annotated[bool, typer.Option(help="Answer one built-in decision, print it, exit")] = False,
-    allow_truncation: Annotated[bool, typer.Option(help="Cut over-long states instead of answering 413")] = False,
-    max_batch: Annotated[int, typer.Option(help="Most requests batched into one forward pass")] = 16,
-    trust_remote_code: Annotated[bool, typer.Option(help="Allow the checkpoint's own Python code")] = False,
-    max_body_bytes: Annotated[int, typer.Option(help="Largest request body (413 past it)")] = limits.DEFAULT_MAX_BODY_BYTES,
-    max_questions: Annotated[int, typer.Option(help="Most questions per request (413 past it)")] = limits.DEFAULT_MAX_QUESTIONS,
-    max_options: Annotated[int, typer.Option(help="Most options of one question (422 past it; past 26 they are numbered and scored by continuation)")] = limits.DEFAULT_MAX_OPTIONS,
-    max_total_options: Annotated[int, typer.Option(help="Most options over all questions of a request, yes/no counting two (413 past it)")] = limits.DEFAULT_MAX_TOTAL_OPTIONS,
-    max_request_tokens: Annotated[int, typer.Option(help="Most tokens of a request's sequences, padded (413 past it); also the most per batched forward pass")] = limits.DEFAULT_MAX_REQUEST_TOKENS,
-    request_timeout: Annotated[float, typer.Option(help="Seconds from a request's headers to its answer: 408 while its body is read, 504 after (the request is dropped)")] = limits.DEFAULT_REQUEST_TIMEOUT_S,
-    header_timeout: Annotated[float, typer.Option(help="Seconds a connection may take to send a request's headers before it is closed")] = limits.DEFAULT_HEADER_TIMEOUT_S,
-) -> None:
-    """Serve the SystemOne decision API (POST /v1/systemone, GET /healthz) over HTTP."""
-    from quantbench.server import cli_serve
-
-    try:
-        raise typer.Exit(cli_serve(model, backend, host, port, api_key, demo, allow_truncation, max_batch,
-                                   trust_remote_code, max_body_bytes=max_body_bytes, max_questions=max_questions,
-                                   max_options=max_options, max_total_options=max_total_options,
-                                   max_request_tokens=max_request_tokens, request_timeout_s=request_timeout,
-                                   header_timeout_s=header_timeout) or 0)
-    except QuantbenchError as e:
-        _fail(e)
-
-
-@app.command()
 def sweep(
     path: Annotated[Path, typer.Argument(help="sweep.toml (see examples/sweep.toml)")],
     executor: Annotated[str, typer.Option(help="local | ray")] = "local",
@@ -576,7 +308,7 @@ def sweep(
     db: DbOpt = None,
 ) -> None:
     """Run a matrix of models × variants × GPUs, one fresh process per run, locally or on Ray."""
-    from quantbench.run.runner import stop_on_signals, stop_requested
+    from quantbench.run.runner import stop_on_signals, stop_requested  # lazy: a fast --help
     from quantbench.sweep import cli_sweep
 
     try:
@@ -589,10 +321,3 @@ def sweep(
         raise typer.Exit(128 + signum)
     if getattr(outcome, "failed", 0):
         raise typer.Exit(1)
-
-
-def main() -> None:
-    try:
-        app()
-    except KeyboardInterrupt:
-        sys.exit(130)

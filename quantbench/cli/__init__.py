@@ -1,0 +1,39 @@
+"""The `quantbench` command. Each subcommand is a thin wrapper: the work lives in the module it names.
+
+The commands are plain functions in the module of their area (run, store, models, serve), registered here
+in the order `quantbench --help` lists them; what they share is in cli/common.py, so no command module
+imports this one (no cycle)."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from quantbench.cli import models, run, serve, store
+
+app = typer.Typer(
+    help="Which quant of a mixture-of-experts model should I use on this GPU? Measured, reproducibly.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.command(cls=run.RunCommand)(run.run)
+app.command()(run.demo)
+app.command()(run.backends)
+app.command()(store.runs)
+app.command()(store.migrate)
+app.command()(models.fixture)
+app.command()(models.quantize)
+app.command()(store.compare)
+app.command()(store.report)
+app.command()(store.export)
+app.command()(store.merge)
+app.command()(serve.serve)
+app.command()(run.sweep)
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -1,0 +1,92 @@
+"""The commands that make models: `fixture` (the embedded model, or a synthetic real shape) and `quantize`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from quantbench.cli.common import _fail, err, out
+from quantbench.errors import ConfigError, QuantbenchError
+
+
+def fixture(
+    rebuild: Annotated[bool, typer.Option(help="Build again even if cached")] = False,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Write the checkpoint here instead of the cache")] = None,
+    shape: Annotated[str | None, typer.Option(help="Instead: the same family at a real shape (qwen3-30b-a3b) with "
+                                                   "seeded random weights, written to --out (weights: synthetic)")] = None,
+    layers: Annotated[int | None, typer.Option(help="--shape: number of layers (default: the real model's)")] = None,
+    seed: Annotated[int, typer.Option(help="--shape: the random weights' seed")] = 0,
+) -> None:
+    """Build (or show) the embedded default model: a small trained Qwen3-MoE with its own tokenizer."""
+    from quantbench.models.fixture import find_or_build  # lazy: a fast --help
+    from quantbench.models.synthetic import SYNTHETIC_SHAPES, save_synthetic, synthetic_id
+
+    try:
+        if shape is None:
+            if layers is not None:
+                raise ConfigError("--layers applies to --shape only: the embedded model's layers are part of its recipe")
+            info = find_or_build(rebuild, out_dir)
+            out.print(f"fixture [bold]{info.model_id}[/] at {info.path}")
+            how = f"built in {info.train_seconds:.0f} s of training" if info.train_seconds is not None else "cached"
+            out.print(f"{how}; {info.parameters / 1e6:.1f} M parameters, {info.size_bytes / 2**20:.1f} MiB "
+                      "(bf16 safetensors)")
+            table = Table("family", "held-out accuracy", title="built-in suite (never trained on)")
+            for family, acc in info.accuracy.items():
+                table.add_row(family, f"{acc:.1%}")
+            table.add_row("[bold]mean[/]", f"[bold]{info.overall:.1%}[/]")
+            out.print(table)
+            return
+        if shape not in SYNTHETIC_SHAPES:
+            raise ConfigError(f"--shape {shape!r}: use one of {', '.join(sorted(SYNTHETIC_SHAPES))}")
+        if out_dir is None:
+            raise ConfigError("--shape writes a checkpoint (61 GB at 48 layers): give --out DIR")
+        if layers is not None and layers < 1:
+            raise ConfigError(f"--layers {layers}: give at least 1")
+        with err.status(f"building {synthetic_id(shape, layers, seed)} …"):
+            path = save_synthetic(shape, out_dir, layers=layers, seed=seed)
+        size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+        out.print(f"{synthetic_id(shape, layers, seed)} (random weights: speed and memory only) at {path}, "
+                  f"{size / 1e9:.2f} GB")
+    except QuantbenchError as e:
+        _fail(e)
+
+
+def quantize(
+    model: Annotated[str | None, typer.Option(help="BF16 checkpoint dir. Default: the embedded fixture")] = None,
+    scheme: Annotated[str, typer.Option(help="int4 (AutoRound W4A16) | nvfp4 (ModelOpt) | fp8 (ModelOpt)")] = "int4",
+    out_dir: Annotated[Path, typer.Option("--out", help="Where the quantized checkpoint goes (a new dir)")] = ...,
+    iters: Annotated[int, typer.Option(help="int4: 0 = RTN (fast), 200 = SignRound")] = 0,
+    nsamples: Annotated[int, typer.Option(help="Calibration samples (rendered decision records)")] = 128,
+    seqlen: Annotated[int, typer.Option(help="Calibration sequence length (tokens)")] = 512,
+    group_size: Annotated[int, typer.Option(help="int4 group size")] = 128,
+    experts_only: Annotated[bool, typer.Option("--experts-only/--all", help="Quantize only the MoE experts (as the card)")] = True,
+    overwrite: Annotated[bool, typer.Option(help="Replace --out if it exists")] = False,
+    shape: Annotated[str | None, typer.Option(help="int4: quantize the synthetic model of `run --shape` (e.g. "
+                                              "qwen3-30b-a3b) from memory instead of a checkpoint")] = None,
+    layers: Annotated[int | None, typer.Option(help="--shape: its number of layers (default: the real one)")] = None,
+    seed: Annotated[int, typer.Option(help="--shape: the seed of its random weights (as `run --seed`)")] = 0,
+    opt_rtn: Annotated[bool, typer.Option("--opt-rtn/--plain-rtn", help="int4 with --iters 0: auto-round's "
+                                          "optimized RTN (its default: a search per group, which it skips for MoE "
+                                          "experts) or plain round-to-nearest (its disable_opt_rtn: no "
+                                          "calibration pass)")] = True,
+) -> None:
+    """Make a quantized variant with the library that owns the format (auto-round, nvidia-modelopt)."""
+    from quantbench.models.quantize import quantize as do_quantize  # lazy: a fast --help
+
+    try:
+        if model is not None and shape is not None:
+            raise ConfigError("give --model or --shape, not both")
+        if model is None and shape is None:
+            from quantbench.models.fixture import default_model_dir  # lazy: a fast --help
+
+            model = str(default_model_dir())
+        path = do_quantize(model, scheme, out_dir, iters=iters, nsamples=nsamples, seqlen=seqlen,
+                           group_size=group_size, experts_only=experts_only, overwrite=overwrite, shape=shape,
+                           layers=layers, weights_seed=seed, opt_rtn=opt_rtn)
+        out.print(f"[green]quantized[/] {model or shape} → [bold]{path}[/] ({scheme}); run it with "
+                  f"`quantbench run --backend {scheme} --model {path}`")
+    except QuantbenchError as e:
+        _fail(e)

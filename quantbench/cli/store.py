@@ -1,0 +1,131 @@
+"""The commands over the results store: `runs`, `migrate`, `compare`, `report`, `export`, `merge`."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from quantbench.cli.common import DbOpt, _db, _fail, out
+from quantbench.errors import QuantbenchError
+
+
+def runs(
+    db: DbOpt = None,
+    last: Annotated[int, typer.Option(help="Show the newest N runs")] = 30,
+) -> None:
+    """List stored runs, one self-describing row each."""
+    from quantbench.report.tables import runs_table  # lazy: a fast --help
+    from quantbench.store import Store, queries
+
+    try:
+        df = queries.newest_run_summaries(Store(_db(db)), last)
+    except QuantbenchError as e:
+        _fail(e)
+    out.print(runs_table(df, f"runs in {_db(db)}"))
+
+
+def migrate(db: DbOpt = None) -> None:
+    """Bring a results store from an older quantbench up to this schema version (in place, keeping every row)."""
+    from quantbench.store import Store  # lazy: a fast --help
+
+    try:
+        store = Store(_db(db))
+        before = store.schema_version()
+        after = store.migrate()
+        out.print(f"{store.path}: schema version {before} → {after}")
+    except QuantbenchError as e:
+        _fail(e)
+
+
+MARGIN_AGREEMENT_HELP = ("Verdict: top-answer agreement a variant may lose beyond the noise floor's and still count "
+                         "as equivalent, a fraction (0.02 = 2 points)")
+MARGIN_TV_HELP = "Verdict: mean total variation a variant may add beyond the noise floor's and still count as equivalent"
+
+
+def compare(
+    run_id: Annotated[str, typer.Argument(help="Candidate run id (or a unique prefix)")],
+    reference: Annotated[str | None, typer.Option(help="Reference run (default: BF16 of the same model, suite, GPU)")] = None,
+    noise_floor: Annotated[str | None, typer.Option(help="Noise-floor run (default: the reference's)")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="table | json")] = "table",
+    margin_agreement: Annotated[float, typer.Option(help=MARGIN_AGREEMENT_HELP)] = 0.02,
+    margin_tv: Annotated[float, typer.Option(help=MARGIN_TV_HELP)] = 0.01,
+    db: DbOpt = None,
+) -> None:
+    """Parity of one run with its BF16 reference, beside the noise floor, with a verdict."""
+    from quantbench.analysis.parity import compare as compare_runs  # lazy: a fast --help
+    from quantbench.analysis.stats import Margins, ParityError
+    from quantbench.report.tables import print_comparison
+    from quantbench.store import Store
+
+    try:
+        if fmt not in ("table", "json"):
+            raise ParityError(f"--format {fmt!r}: use table or json")
+        comp = compare_runs(Store(_db(db)), run_id, reference, noise_floor, margins=Margins(margin_agreement, margin_tv))
+        if fmt == "json":
+            print(json.dumps(comp.to_dict(), indent=2, default=str))
+        else:
+            print_comparison(comp)
+    except QuantbenchError as e:
+        _fail(e)
+
+
+def report(
+    fmt: Annotated[str, typer.Option("--format", help="markdown | csv | json")] = "markdown",
+    gpu: Annotated[str | None, typer.Option(help="A GPU family (hopper, cpu …) or part of a GPU name")] = None,
+    model: Annotated[str | None, typer.Option(help="Only this model id")] = None,
+    vram_budget_gib: Annotated[float | None, typer.Option(help="Rule: peak memory must fit this budget (GiB)")] = None,
+    min_agreement: Annotated[float | None, typer.Option(help="Rule: minimum agreement with BF16 (0.95 or 95)")] = None,
+    since: Annotated[str | None, typer.Option(help="Only runs made at or after this date / ISO time (UTC)")] = None,
+    history: Annotated[bool, typer.Option("--all", help="Every kernel generation's newest run and every fixture build, not only the newest of each variant")] = False,
+    margin_agreement: Annotated[float, typer.Option(help=MARGIN_AGREEMENT_HELP)] = 0.02,
+    margin_tv: Annotated[float, typer.Option(help=MARGIN_TV_HELP)] = 0.01,
+    db: DbOpt = None,
+) -> None:
+    """The "Which quant should I use?" table, one per GPU, from the store."""
+    from quantbench.report import report_text  # lazy: a fast --help
+
+    try:
+        # Plain print: the report is meant to be pasted (a model card), so no wrapping or markup from rich.
+        print(report_text(str(_db(db)), fmt, gpu, model, vram_budget_gib, min_agreement, since=since,
+                          history=history, margin_agreement=margin_agreement, margin_tv=margin_tv), end="")
+    except QuantbenchError as e:
+        _fail(e)
+
+
+def export(
+    out_path: Annotated[str, typer.Option("--out", help="Parquet file (or folder) to write")] = "results.parquet",
+    db: DbOpt = None,
+) -> None:
+    """Export the store to Parquet, to share results with other machines."""
+    from quantbench.report.tables import print_exported  # lazy: a fast --help
+    from quantbench.store import Store
+    from quantbench.store.transfer import export as export_runs
+
+    try:
+        store = Store(_db(db))
+        print_exported(store, export_runs(store, out_path))
+    except QuantbenchError as e:
+        _fail(e)
+
+
+def merge(
+    sources: Annotated[list[str], typer.Argument(help="Parquet files, other .duckdb stores, or folders of them")],
+    db: DbOpt = None,
+) -> None:
+    """Merge results from other machines into this store (idempotent: merging twice adds nothing)."""
+    from quantbench.report.tables import print_merged  # lazy: a fast --help
+    from quantbench.store import Store
+    from quantbench.store.transfer import PartialMergeError
+    from quantbench.store.transfer import merge as merge_sources
+
+    store = Store(_db(db))
+    try:
+        summary = merge_sources(store, sources)
+    except PartialMergeError as e:  # the sources before the failing one are in: say what they added
+        print_merged(store, e.summary)
+        _fail(e)
+    except QuantbenchError as e:
+        _fail(e)
+    print_merged(store, summary)
