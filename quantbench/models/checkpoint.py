@@ -108,6 +108,25 @@ def check_safetensors_header(file: Path) -> None:
         raise LoadError(f"{file}: truncated: {size:,} bytes, its header describes {need:,}; {fix}")
 
 
+def unread_tensors(root: Path, prefixes: tuple[str, ...]) -> dict[str, Any]:
+    """The tensors under `prefixes` that a load leaves unread, from the safetensors headers alone (no tensor
+    read): {"components", "tensors", "bytes", "total_bytes"}."""
+    tensors = nbytes = total = 0
+    for f in sorted(root.glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+        for key, t in header.items():
+            if key == "__metadata__":
+                continue
+            size = t["data_offsets"][1] - t["data_offsets"][0]
+            total += size
+            if key.startswith(prefixes):
+                tensors += 1
+                nbytes += size
+    return {"components": [p.rstrip(".") for p in prefixes], "tensors": tensors, "bytes": nbytes,
+            "total_bytes": total}
+
+
 def read_config(root: Path) -> dict[str, Any]:
     """config.json of a checkpoint directory, or a LoadError that names the file and the fix."""
     file = root / "config.json"
@@ -122,15 +141,17 @@ def read_config(root: Path) -> dict[str, Any]:
     return config
 
 
-def load_causal_lm(path: str | Path, *, dtype: torch.dtype, device: str, trust_remote_code: bool = False, **kwargs: Any):
-    """AutoModelForCausalLM.from_pretrained, refusing any checkpoint that does not fill the model exactly."""
+def load_causal_lm(path: str | Path, *, dtype: torch.dtype, device: str, trust_remote_code: bool = False,
+                   model_class: Any = None, **kwargs: Any):
+    """AutoModelForCausalLM.from_pretrained (or `model_class`'s, for a family with no causal-LM class), refusing
+    any checkpoint that does not fill the model exactly."""
     from transformers import AutoModelForCausalLM
 
     root = Path(path)
     read_config(root)
     check_safetensors_only(root)
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(
+        model, info = (model_class or AutoModelForCausalLM).from_pretrained(
             root,
             dtype=dtype,
             device_map=device,
