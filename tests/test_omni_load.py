@@ -117,6 +117,38 @@ def test_a_full_checkpoint_loads_the_thinker_only_never_reading_the_talker(monke
     assert torch.equal(logits(loaded.model), logits(reference()))
 
 
+PEAK = """
+import sys
+import torch
+from pathlib import Path
+from quantbench.models.checkpoint import read_config
+from quantbench.models.family import family_of
+def anonymous():  # RssAnon: tensors read into memory, not library or mapped-file pages the kernel may drop
+    status = Path("/proc/self/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("RssAnon:"))) * 1024
+root = Path(sys.argv[1])
+family = family_of(read_config(root))
+family.build_meta(root, torch.bfloat16)  # imports transformers' modeling code before the baseline
+before = anonymous()
+model = family.load(root, torch.bfloat16, "cpu")
+print(anonymous() - before)
+"""
+
+
+def test_loading_a_full_checkpoint_never_brings_the_talker_into_memory(tmp_path):
+    # a talker ~13x the thinker: read, it would show in the process's anonymous memory after the load (the
+    # thinker's load adds ~7 MB; transformers' own load of the full model ~138 MB, measured here)
+    full = build_full(tmp_path / "big-talker", talker_hidden=1024, talker_layers=4)
+    from quantbench.models.checkpoint import unread_tensors
+
+    talker = unread_tensors(full, ("talker.", "code2wav."))["bytes"]
+    assert talker > 100e6
+    done = subprocess.run([sys.executable, "-c", PEAK, str(full)], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    grew = int(done.stdout.strip().splitlines()[-1])
+    assert grew < talker / 2, (grew, talker)
+
+
 def test_the_thinker_context_limit_comes_from_its_text_config():
     assert load(Bf16Backend(), checkpoints()["thinker"]).engine.max_tokens == 4096
 
