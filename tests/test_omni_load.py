@@ -326,3 +326,27 @@ def test_lineage_pairs_every_layout_of_the_thinker_by_canonical_tensor_names():
     assert canonical_tensor_name("model.layers.0.mlp.gate.weight") == "model.layers.0.mlp.gate.weight"  # text: as is
     hashes = {name: shared_tensors_hash(path) for name, path in checkpoints().items()}
     assert hashes["full"] is not None and len(set(hashes.values())) == 1, hashes
+
+
+def test_a_run_records_the_skipped_talker_and_a_checkpoint_short_of_a_tensor_is_a_load_error_row(tmp_path,
+                                                                                              monkeypatch):
+    from quantbench.run.runner import execute
+
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    suite = tmp_path / "one.jsonl"
+    suite.write_text(json.dumps({"id": "r0", "benchmark": "mini", "gold": {"ok": "yes"},
+                                 "request": {"state": {"observation": "wall"}, "questions": {"ok": {"type": "boolean"}}}})
+                     + "\n")
+
+    def run(model: Path):
+        return execute(RunSpec(backend="bf16", model=str(model), suite=str(suite), gpu="cpu", warmup=0,
+                               latency_min_decisions=1, latency_min_seconds=0.0), echo=False).run
+
+    ok = run(checkpoints()["full"])
+    assert ok.status == "ok", ok.error
+    assert ok.extra["skipped"]["bytes"] == 870210 and ok.extra["family"] == "qwen3_omni_thinker"
+    short = rewritten(checkpoints()["full"], "short", lambda t: {k: v for k, v in t.items()
+                                                                 if k != "thinker.model.layers.0.mlp.gate.weight"})
+    failed = run(short)
+    assert (failed.status, failed.failure) == ("failed", "load_error")
+    assert "no tensor for model.language_model.layers.0.mlp.gate.weight" in failed.error
