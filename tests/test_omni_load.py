@@ -350,3 +350,16 @@ def test_a_run_records_the_skipped_talker_and_a_checkpoint_short_of_a_tensor_is_
     failed = run(short)
     assert (failed.status, failed.failure) == ("failed", "load_error")
     assert "no tensor for model.language_model.layers.0.mlp.gate.weight" in failed.error
+
+
+def test_preflight_refuses_an_omni_config_without_its_text_decoder_before_any_child(tmp_path):
+    from quantbench.run.runner import preflight
+
+    broken = tmp_path / "no-text"
+    shutil.copytree(checkpoints()["full"], broken)
+    config = json.loads((broken / "config.json").read_text())
+    del config["thinker_config"]["text_config"]
+    (broken / "config.json").write_text(json.dumps(config))
+    with pytest.raises(LoadError, match=r"config\.json: model_type qwen3_omni_moe without thinker_config\.text_config"):
+        preflight(RunSpec(backend="bf16", model=str(broken), gpu="cpu"))
+    assert preflight(RunSpec(backend="bf16", model=str(checkpoints()["full"]), gpu="cpu")) == {}
