@@ -15,6 +15,7 @@ from quantbench.engine.scoring import TransformersEngine
 from quantbench.errors import ConfigError
 from quantbench.models.checkpoint import experts_tensor_bytes, model_identity, read_config
 from quantbench.models.family import family_of, moe_layout
+from quantbench.models.modelopt import unread_note
 from quantbench.models.synthetic import build_synthetic, synthetic_id
 from quantbench.run.backend import EMBEDDED_MODEL, Availability, LoadedVariant, dir_bytes, model_dir
 from quantbench.run.placement import dtype_of
@@ -70,6 +71,7 @@ class Bf16Backend:
             ident = {"model_id": synthetic_id(spec.shape, spec.layers, spec.seed),
                      "model_path": None, "model_hash": f"seed:{spec.seed}", "weights": "synthetic"}
             note, disk = "built in memory from the seed; load time is not a disk load", None
+            extra = {}
         else:
             from transformers import AutoTokenizer
 
@@ -78,7 +80,8 @@ class Bf16Backend:
             tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=spec.trust_remote_code)
             ident = model_identity(path)
             ident.pop("source_model_hash", None)
-            note, disk = "", dir_bytes(path)
+            extra, note = unread_note(path)
+            disk = dir_bytes(path)
         impl = set_experts_implementation(model, spec.options.experts_impl)
         ours = spec.options.experts_impl == QUANTBENCH_IMPL  # quantbench's engine runs the experts, not transformers
         engine = TransformersEngine.for_spec(model, tokenizer, spec)
@@ -93,6 +96,7 @@ class Bf16Backend:
             disk_bytes=disk,
             experts_bytes=experts_nbytes(model) if ours else experts_tensor_bytes(model),
             load_note=note,
+            extra=extra,
             **ident,
         )
         return LoadedVariant(engine=engine, info=info, model=model)

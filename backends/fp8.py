@@ -64,7 +64,8 @@ class Fp8Backend:
             layout = got["layout"]
             activations = layout.activations
             fields = {"model": got["model"], "tokenizer": got["tokenizer"], "weight_format": layout.weight_format,
-                      "disk_bytes": dir_bytes(got["path"]), "extra": got["extra"], "load_note": "", **got["ident"]}
+                      "disk_bytes": dir_bytes(got["path"]), "extra": got["extra"], "load_note": got["load_note"],
+                      **got["ident"]}
         model = fields.pop("model")
         engine = TransformersEngine.for_spec(model, fields.pop("tokenizer"), spec)
         native = native_here(device_of(spec), activations)

@@ -25,7 +25,8 @@ import torch
 from quantbench.engine.scoring import TransformersEngine
 from quantbench.errors import ConfigError, LoadError
 from quantbench.models.checkpoint import experts_tensor_bytes, model_identity, read_config
-from quantbench.models.family import family_of, moe_layout
+from quantbench.models.family import Qwen3OmniThinkerFamily, family_of, moe_layout
+from quantbench.models.modelopt import unread_note
 from quantbench.models.synthetic import build_synthetic, synthetic_id
 from quantbench.run.backend import Availability, LoadedVariant, dir_bytes, model_dir
 from quantbench.run.placement import device_of, dtype_of
@@ -70,7 +71,8 @@ def transformers_state_restored() -> Iterator[None]:
         "get_mu": getattr(modeling_utils, "get_checkpoint_conversion_mapping", None),
     }
     blocks = {}
-    for mod_name in ("transformers.models.qwen3_moe.modeling_qwen3_moe",):
+    for mod_name in ("transformers.models.qwen3_moe.modeling_qwen3_moe",
+                     "transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe"):  # auto-round patches it too
         mod = importlib.import_module(mod_name)
         blocks[mod] = {k: v for k, v in vars(mod).items() if isinstance(v, type)}
     try:
@@ -127,16 +129,24 @@ class Int4Backend:
         path = model_dir(spec)
         qc = read_quant_config(path)
         library_log: list[str] = []  # auto-round's INFO/WARNING lines while loading: kept on the run, not printed
-        with transformers_state_restored(), logs_kept("autoround", library_log):
-            model = family_of(read_config(path)).load(path, dtype, device, spec.trust_remote_code)
-        if dtype == torch.float32:
+        family = family_of(read_config(path))
+        omni_fast = isinstance(family, Qwen3OmniThinkerFamily) and spec.options.fast_moe
+        if omni_fast:  # transformers cannot load this export: quantbench's loader reads it into the engine
+            engine_kernel = "grouped_mm" if dtype == torch.float32 and device.startswith("cuda") else "auto"
+            model, omni_kernel = family.load_int4(path, dtype, device, sym=qc.get("sym", True), kernel=engine_kernel,
+                                                  trust_remote_code=spec.trust_remote_code)
+        else:
+            with transformers_state_restored(), logs_kept("autoround", library_log):
+                load = family.load_per_expert if isinstance(family, Qwen3OmniThinkerFamily) else family.load
+                model = load(path, dtype, device, spec.trust_remote_code)
+        if dtype == torch.float32 and not omni_fast:
             # auto-round casts to fp16 when asked for fp32 (its kernels' dtype list), and transformers forbids
             # .float() on a quantized model; exact CPU comparisons want fp32, so cast through nn.Module's own .to
             torch.nn.Module.to(model, torch.float32)
         if spec.options.fast_moe:
             # the fused kernel computes in bf16/fp16; float32 on a GPU takes the dequantize + grouped_mm path
             engine_kernel = "grouped_mm" if dtype == torch.float32 and device.startswith("cuda") else "auto"
-            kernel = f"quantbench grouped-moe {install_int4_engine(model, qc, engine_kernel)}"
+            kernel = f"quantbench grouped-moe {omni_kernel if omni_fast else install_int4_engine(model, qc, engine_kernel)}"
             experts_bytes = _engine_bytes(model)
         else:
             kernel = per_expert_kernel(model)
@@ -147,6 +157,7 @@ class Int4Backend:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=spec.trust_remote_code)
         ident = model_identity(path)
         source_hash = ident.pop("source_model_hash", None)
+        unread, note = unread_note(path)
         engine = TransformersEngine.for_spec(model, tokenizer, spec)
         info = VariantInfo(
             variant="int4",
@@ -157,7 +168,8 @@ class Int4Backend:
             disk_bytes=dir_bytes(path),
             experts_bytes=experts_bytes,
             extra={"source_model_hash": source_hash, "fast_moe": spec.options.fast_moe,
-                   **({"library_log": library_log} if library_log else {})},
+                   **({"library_log": library_log} if library_log else {}), **unread},
+            load_note=note,
             **ident,
         )
         return LoadedVariant(engine=engine, info=info, model=model)

@@ -75,7 +75,8 @@ class Nvfp4Backend:
                                   device=device_of(spec), trust_remote_code=spec.trust_remote_code)
             layout = got["layout"]
             fields = {"model": got["model"], "tokenizer": got["tokenizer"], "weight_format": layout.weight_format,
-                      "disk_bytes": dir_bytes(got["path"]), "extra": got["extra"], "load_note": "", **got["ident"]}
+                      "disk_bytes": dir_bytes(got["path"]), "extra": got["extra"], "load_note": got["load_note"],
+                      **got["ident"]}
         model = fields.pop("model")
         engine = TransformersEngine.for_spec(model, fields.pop("tokenizer"), spec)
         blackwell = getattr(machine, "gpu_family", "cpu") == "blackwell"

@@ -80,14 +80,16 @@ class TransformersEngine(EngineBase):
             raise ValueError(f"method must be 'auto' or 'continuation', not {method!r}")
         self.model, self.tokenizer = model, tokenizer
         self.max_options, self.truncate, self.method = max_options, truncate, method
-        limit = getattr(model.config, "max_position_embeddings", None) or 1 << 30
+        # the text config: a multimodal model (Qwen3-Omni's thinker) keeps the context length there
+        limit = getattr(model.config.get_text_config(), "max_position_embeddings", None) or 1 << 30
         self.max_tokens = min(limit, max_tokens) if max_tokens else limit
         self.device = next(model.parameters()).device
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self._add_special = not uses_chat_template(tokenizer)
         self._label_cache: dict[tuple[str, ...], list[int] | None] = {}
         # what quantbench.engine.fused.ops swapped in (None: transformers' own ops), before any graph is captured
-        self.fused_ops = install_fused_ops(model, fused_ops if self.device.type == "cuda" else "off")
+        # scoped to the text decoder: a multimodal model's vision / audio towers run as transformers has them
+        self.fused_ops = install_fused_ops(model.get_decoder(), fused_ops if self.device.type == "cuda" else "off")
         reset_paths(model)  # the install probes' forwards are not the run's: what a run ran is read after it
         self.decoder = GraphedDecoder(model.get_decoder(), pad_id=self.pad_id, max_width=self.max_tokens,
                                       mode=cuda_graph if self.device.type == "cuda" else "off")

@@ -108,6 +108,25 @@ def check_safetensors_header(file: Path) -> None:
         raise LoadError(f"{file}: truncated: {size:,} bytes, its header describes {need:,}; {fix}")
 
 
+def unread_tensors(root: Path, prefixes: tuple[str, ...]) -> dict[str, Any]:
+    """The tensors under `prefixes` that a load leaves unread, from the safetensors headers alone (no tensor
+    read): {"components", "tensors", "bytes", "total_bytes"}."""
+    tensors = nbytes = total = 0
+    for f in sorted(root.glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+        for key, t in header.items():
+            if key == "__metadata__":
+                continue
+            size = t["data_offsets"][1] - t["data_offsets"][0]
+            total += size
+            if key.startswith(prefixes):
+                tensors += 1
+                nbytes += size
+    return {"components": [p.rstrip(".") for p in prefixes], "tensors": tensors, "bytes": nbytes,
+            "total_bytes": total}
+
+
 def read_config(root: Path) -> dict[str, Any]:
     """config.json of a checkpoint directory, or a LoadError that names the file and the fix."""
     file = root / "config.json"
@@ -122,15 +141,32 @@ def read_config(root: Path) -> dict[str, Any]:
     return config
 
 
-def load_causal_lm(path: str | Path, *, dtype: torch.dtype, device: str, trust_remote_code: bool = False, **kwargs: Any):
-    """AutoModelForCausalLM.from_pretrained, refusing any checkpoint that does not fill the model exactly."""
+def check_family_config(root: Path, config: dict[str, Any]) -> None:
+    """Refuse, before any model is built, a Qwen3-Omni-MoE config.json without its text decoder's config (else
+    transformers fills in the 30B defaults and the load fails only after building them, naming tensors)."""
+    model_type = config.get("model_type")
+    if model_type == "qwen3_omni_moe":
+        where, text = "thinker_config.text_config", (config.get("thinker_config") or {}).get("text_config")
+    elif model_type == "qwen3_omni_moe_thinker":
+        where, text = "text_config", config.get("text_config")
+    else:
+        return
+    if not isinstance(text, dict) or not text:
+        raise LoadError(f"{root}/config.json: model_type {model_type} without {where}; a Qwen3-Omni-MoE checkpoint's "
+                        "config must describe its thinker's text decoder (restore the checkpoint's own config.json)")
+
+
+def load_causal_lm(path: str | Path, *, dtype: torch.dtype, device: str, trust_remote_code: bool = False,
+                   model_class: Any = None, **kwargs: Any):
+    """AutoModelForCausalLM.from_pretrained (or `model_class`'s, for a family with no causal-LM class), refusing
+    any checkpoint that does not fill the model exactly."""
     from transformers import AutoModelForCausalLM
 
     root = Path(path)
     read_config(root)
     check_safetensors_only(root)
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(
+        model, info = (model_class or AutoModelForCausalLM).from_pretrained(
             root,
             dtype=dtype,
             device_map=device,

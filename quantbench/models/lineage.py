@@ -96,6 +96,21 @@ def _safetensors_index(file: Path) -> tuple[int, dict[str, Any]]:
     return 8 + n, header
 
 
+def canonical_tensor_name(name: str) -> str | None:
+    """One name per tensor whichever layout wrote it, so that a variant pairs with its base: Qwen3-Omni's
+    ModelOpt export uses module names (`model.language_model.…`, `model.visual.…`) where transformers and
+    auto-round write hub names (`model.…`, `visual.…`), and a full checkpoint puts the thinker under `thinker.`.
+    None for the talker and code2wav of a full checkpoint, which no decision reads."""
+    if name.startswith(("talker.", "code2wav.")):
+        return None
+    name = name.removeprefix("thinker.")
+    if name.startswith("model.language_model."):
+        return "model." + name[len("model.language_model."):]
+    if name.startswith(("model.visual.", "model.audio_tower.")):
+        return name[len("model."):]
+    return name
+
+
 def shared_tensors_hash(path: Path) -> str | None:
     """sha256 over the name, dtype, shape and bytes of every tensor quantization leaves alone (see the module
     doc), read straight from the safetensors files (nothing is unpickled or converted); None when the checkpoint
@@ -104,7 +119,8 @@ def shared_tensors_hash(path: Path) -> str | None:
         entries = []
         for file in sorted(path.glob("*.safetensors")):
             start, header = _safetensors_index(file)
-            entries += [(name, file, start, meta) for name, meta in header.items() if SHARED_TENSOR.search(name)]
+            named = ((canonical_tensor_name(name), meta) for name, meta in header.items())
+            entries += [(name, file, start, meta) for name, meta in named if name and SHARED_TENSOR.search(name)]
         if not entries:
             return None
         h = hashlib.sha256()

@@ -22,48 +22,14 @@ from torch import Tensor, nn
 
 from quantbench.engine.moe.engine import DenseExperts, install_grouped_moe
 from quantbench.errors import LoadError
-from quantbench.models.checkpoint import check_safetensors_only, model_identity
-from quantbench.models.family import moe_layout
+from quantbench.models.checkpoint import model_identity, read_config, unread_tensors
+from quantbench.models.family import Qwen3OmniThinkerFamily, family_of, moe_layout
 from quantbench.models.layout import Layout, read_layout
+from quantbench.models.strict import Checkpoint, finish, stacked_experts
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
 
-# -- reading the tensors ------------------------------------------------------------------------------------------------
-class Checkpoint:
-    """Every tensor of a safetensors checkpoint by name, read on demand; remembers which were used."""
-
-    def __init__(self, root: Path, device: str):
-        from safetensors import safe_open
-
-        check_safetensors_only(root)
-        self.root = root
-        self.files: dict[str, Any] = {}
-        self.where: dict[str, str] = {}
-        for f in sorted(root.glob("*.safetensors")):
-            handle = safe_open(str(f), framework="pt", device=device)
-            self.files[f.name] = handle
-            for key in handle.keys():
-                if key in self.where:
-                    raise LoadError(f"{root}: tensor {key} is in both {self.where[key]} and {f.name}")
-                self.where[key] = f.name
-        self.used: set[str] = set()
-
-    def __contains__(self, key: str) -> bool:
-        return key in self.where
-
-    def take(self, key: str, what: str = "") -> Tensor:
-        if key not in self.where:
-            raise LoadError(f"{self.root}: tensor {key} is missing{' (' + what + ')' if what else ''}; the checkpoint "
-                            "is incomplete or not in the layout its config.json declares")
-        self.used.add(key)
-        return self.files[self.where[key]].get_tensor(key)
-
-    def maybe(self, key: str) -> Tensor | None:
-        return self.take(key) if key in self.where else None
-
-    def unused(self) -> list[str]:
-        return sorted(set(self.where) - self.used)
 
 
 def _scalar(t: Tensor, key: str, reciprocal: bool) -> Tensor:
@@ -174,11 +140,7 @@ def build_experts(ck: Checkpoint, prefix: str, num_experts: int, layout: Layout,
 
 def _dense_experts(ck: Checkpoint, prefix: str, num_experts: int, dtype: torch.dtype) -> tuple[nn.Module, nn.Module]:
     """BF16 experts of a layer the checkpoint left unquantized (per-expert tensors, fused as transformers does)."""
-    def w(e: int, p: str) -> Tensor:
-        return ck.take(f"{prefix}.{e}.{p}.weight").to(dtype)
-
-    gate_up = torch.stack([torch.cat([w(e, "gate_proj"), w(e, "up_proj")]) for e in range(num_experts)])
-    down = torch.stack([w(e, "down_proj") for e in range(num_experts)])
+    gate_up, down = stacked_experts(ck, prefix, num_experts, dtype)
     return DenseExperts(gate_up), DenseExperts(down)
 
 
@@ -201,55 +163,6 @@ def _quantized_prefixes(ck: Checkpoint, layout: Layout) -> set[str]:
     return {k[: -len(suffix)] for k in ck.where if k.endswith(suffix) and f"{k[: -len(suffix)]}.weight_scale" in ck}
 
 
-def _fill_remaining(model: nn.Module, ck: Checkpoint, dtype: torch.dtype, built: set[int]) -> None:
-    """Every parameter and persistent buffer not built above gets its tensor from the checkpoint, or the load fails."""
-    owners: dict[int, list[tuple[nn.Module, str, str, bool]]] = {}
-    for mname, module in model.named_modules(remove_duplicate=False):
-        for pname, p in module.named_parameters(recurse=False):
-            owners.setdefault(id(p), []).append((module, pname, f"{mname}.{pname}".lstrip("."), True))
-        for bname, b in module.named_buffers(recurse=False):
-            if b is None or bname in module._non_persistent_buffers_set:
-                continue
-            owners.setdefault(id(b), []).append((module, bname, f"{mname}.{bname}".lstrip("."), False))
-    missing = []
-    for tid, places in owners.items():
-        if tid in built:
-            continue
-        names = [n for _, _, n, _ in places]
-        key = next((n for n in names if n in ck), None)
-        if key is None:
-            missing.append(names[0])
-            continue
-        current = places[0][0]._parameters.get(places[0][1]) if places[0][3] else places[0][0]._buffers[places[0][1]]
-        t = ck.take(key)
-        for other in names:  # tied weights: every alias the checkpoint also stores is used up
-            if other in ck:
-                ck.take(other)
-        if tuple(t.shape) != tuple(current.shape):
-            raise LoadError(f"tensor {key}: shape {tuple(t.shape)}, the model expects {tuple(current.shape)}")
-        if t.is_floating_point():
-            t = t.to(current.dtype)
-        value = nn.Parameter(t, requires_grad=False) if places[0][3] else t
-        for module, attr, _, is_param in places:
-            (module._parameters if is_param else module._buffers)[attr] = value
-    if missing:
-        shown = ", ".join(missing[:6]) + (f" … (+{len(missing) - 6} more)" if len(missing) > 6 else "")
-        raise LoadError(f"{ck.root}: the checkpoint has no tensor for {shown}; refusing to run with made-up weights")
-
-
-def _init_non_persistent(model: nn.Module, device: str) -> None:
-    """Non-persistent buffers (rotary inv_freq) are computed, not stored: transformers' own init computes them."""
-    for name, module in model.named_modules():
-        metas = [b for b, t in module._buffers.items() if t is not None and t.is_meta]
-        if not metas:
-            continue
-        if any(True for _ in module.parameters(recurse=False)):
-            raise LoadError(f"{name}: computed buffers {metas} on a module with weights; cannot initialise them safely")
-        for b in metas:
-            module._buffers[b] = torch.empty_like(module._buffers[b], device=device)
-        model._init_weights(module)
-
-
 def load_quantized(
     path: str | Path,
     *,
@@ -263,8 +176,6 @@ def load_quantized(
 ) -> LoadedQuant:
     """Load an NVFP4 (`mode` packed | unpacked, `activations` on | off) or FP8 checkpoint onto its transformers
     model with quantbench's grouped-MoE engine; every tensor from the checkpoint, or a LoadError."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     root = Path(path)
     layout = read_layout(root)
     if layout.scheme != scheme:
@@ -273,13 +184,7 @@ def load_quantized(
         raise LoadError(f"--nvfp4 {mode!r}: use packed or unpacked")
     if not activations and layout.scheme == "nvfp4":
         layout = replace(layout, activations="none")
-    config = AutoConfig.from_pretrained(root, trust_remote_code=trust_remote_code)
-    for attr in ("quantization_config",):
-        if hasattr(config, attr):
-            delattr(config, attr)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
-    ck = Checkpoint(root, device)
+    model, ck = _meta_model(root, dtype, device, trust_remote_code)
     quantized = _quantized_prefixes(ck, layout)
     acts_on = layout.activations != "none"
 
@@ -326,15 +231,44 @@ def load_quantized(
     made = (DenseExperts, Nvfp4Linear, Fp8Linear)  # built from the checkpoint above (the nvfp4 / fp8 formats too)
     built_ids = {id(t) for m in model.modules() if isinstance(m, made) or hasattr(m, "quantize_input")
                  for t in m.buffers(recurse=False) if t is not None}
-    _fill_remaining(model, ck, dtype, built_ids)
-    _init_non_persistent(model, device)
-    left = ck.unused()
-    if left:
-        shown = ", ".join(left[:6]) + (f" … (+{len(left) - 6} more)" if len(left) > 6 else "")
-        raise LoadError(f"{root}: tensors the model has no place for: {shown}; the checkpoint does not match its config")
-    model.to(device)
-    model.eval()
+    finish(model, ck, dtype, device, built_ids)
     return LoadedQuant(model, layout, path_taken, dense)
+
+
+def _meta_model(root: Path, dtype: torch.dtype, device: str, trust_remote_code: bool) -> tuple[nn.Module, Checkpoint]:
+    """The checkpoint's model on the meta device, and its tensors by the model's module names."""
+    config = read_config(root)
+    family = family_of(config)
+    if isinstance(family, Qwen3OmniThinkerFamily):
+        model = family.build_meta(root, dtype, trust_remote_code)
+        return model, Checkpoint(root, device, rename=lambda key: family.module_name(key, config))
+    from transformers import (  # lazy: transformers is imported in the child only
+        AutoConfig,
+        AutoModelForCausalLM,
+    )
+
+    hf_config = AutoConfig.from_pretrained(root, trust_remote_code=trust_remote_code)
+    for attr in ("quantization_config",):
+        if hasattr(hf_config, attr):
+            delattr(hf_config, attr)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype, trust_remote_code=trust_remote_code)
+    return model, Checkpoint(root, device)
+
+
+def unread_note(root: Path) -> tuple[dict[str, Any], str]:
+    """What a run records about the checkpoint components it never read: (extra fields, load note)."""
+    config = read_config(root)
+    family = family_of(config)
+    prefixes = family.unread_prefixes(config) if isinstance(family, Qwen3OmniThinkerFamily) else ()
+    if not isinstance(family, Qwen3OmniThinkerFamily):
+        return {}, ""  # text families: the run row stays as it was
+    if not prefixes:
+        return {"family": family.name}, ""
+    skipped = unread_tensors(root, prefixes)
+    note = (f"{' + '.join(skipped['components'])} not read: {skipped['tensors']} tensors, {skipped['bytes']:,} bytes "
+            f"of {skipped['total_bytes']:,}")
+    return {"family": family.name, "skipped": skipped}, note
 
 
 def load_checkpoint(path: str | Path, scheme: str, *, mode: str = "packed", activations: bool = True,
@@ -350,6 +284,7 @@ def load_checkpoint(path: str | Path, scheme: str, *, mode: str = "packed", acti
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     ident = model_identity(path)
     source_hash = ident.pop("source_model_hash", None)
+    unread, note = unread_note(path)
     return {"model": loaded.model, "tokenizer": tokenizer, "layout": loaded.layout, "path": path, "ident": ident,
             "extra": {"source_model_hash": source_hash, "producer": loaded.layout.producer,
-                      "quantized_dense_linears": len(loaded.quantized_linears)}}
+                      "quantized_dense_linears": len(loaded.quantized_linears), **unread}, "load_note": note}

@@ -114,7 +114,7 @@ def preflight(spec: RunSpec) -> dict[str, Any]:
     `extra` (an `auto_map` that was not followed)."""
     notes: dict[str, Any] = {}
     if spec.model and not spec.shape and spec.backend != "http":
-        from quantbench.models.checkpoint import check_safetensors_only, read_config
+        from quantbench.models.checkpoint import check_family_config, check_safetensors_only, read_config
 
         root = Path(spec.model)
         if not root.exists():
@@ -124,6 +124,7 @@ def preflight(spec: RunSpec) -> dict[str, Any]:
             raise ConfigError(f"--model {spec.model}: a file, not a directory; give the checkpoint's directory "
                               "(config.json + *.safetensors)")
         config = read_config(root)
+        check_family_config(root, config)
         check_safetensors_only(root)
         auto_map = config.get("auto_map")
         if auto_map and not spec.trust_remote_code:
