@@ -299,6 +299,14 @@ def test_malformed_parts_name_the_field(part: dict, field: str, words: str):
     assert info.value.field == field and words in str(info.value)
 
 
+@pytest.mark.parametrize(("state", "field"), [({"image": "data:image/png;base64,iVBORw0KGgo="}, "state.image"),
+                                             ({"clips": ["a", "DATA:video/mp4;base64,AAAA"]}, "state.clips[1]")])
+def test_a_media_data_uri_written_as_text_is_refused(state: dict, field: str):
+    with pytest.raises(RequestError) as info:
+        parse_request({"state": state, "questions": QUESTIONS})
+    assert info.value.field == field and "send it as a media part" in info.value.fix
+
+
 def test_a_request_never_reads_a_path():
     err = refused({"type": "image", "path": "cat.png"})  # no base: a request from the network
     assert err.field == "state.camera.path" and "requests never name local files" in err.problem

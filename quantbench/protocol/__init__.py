@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any, Literal
 
 from pydantic import (
@@ -270,13 +269,7 @@ def check_media_part(field: str, part: dict[str, Any], limits: Limits) -> None:
         path = part["path"]
         if not isinstance(path, str) or not path.strip():
             raise RequestError(f"{field}.path", "must be a non-empty relative path", "write e.g. media/frame.png")
-        if PurePosixPath(path).is_absolute() or PureWindowsPath(path).is_absolute() or ".." in PurePosixPath(
-            path.replace("\\", "/")
-        ).parts:
-            raise RequestError(
-                f"{field}.path", f"{path!r} is outside the suite's folder",
-                "give a path relative to the suite file, inside its folder (no .., not absolute)",
-            )
+        # Where it may point is checked where it is read: inside a suite file's folder (media.resolve_media_path).
     else:
         frames, fps = part["frames"], part["fps"]
         if not isinstance(frames, list) or not frames:
@@ -297,8 +290,30 @@ def check_media_part(field: str, part: dict[str, Any], limits: Limits) -> None:
                 raise _media_too_large(f"{field}.frames[{i}]", encoded_size(payload), limits)
 
 
+MEDIA_URI_PREFIXES = tuple(f"data:{kind}/" for kind in MEDIA_MIMES)
+
+
+def _bare_media_uri(state: Any) -> None:
+    """A media data URI written as a plain text value (the convention before media parts) would reach a model as
+    base64 text: refuse it, saying how to write the part."""
+    if not isinstance(state, dict):
+        return
+    for key, value in state.items():
+        items = enumerate(value) if isinstance(value, list) else [(None, value)]
+        for i, item in items:
+            if isinstance(item, str) and item[:11].lower().startswith(MEDIA_URI_PREFIXES):
+                kind = item[5:].split("/", 1)[0].lower()
+                raise RequestError(
+                    f"state.{key}" if i is None else f"state.{key}[{i}]",
+                    f"is {MEDIA_NOUNS[kind]} data URI written as text",
+                    f'send it as a media part: {{"type": "{kind}", "data": "data:{kind}/..."}}',
+                )
+
+
 def check_media(state: Any, limits: Limits) -> None:
-    """The media parts of a parsed state: their count, then each part's JSON (check_media_part)."""
+    """The media parts of a parsed state: their count, then each part's JSON (check_media_part). A media data URI
+    given as a plain string is refused too."""
+    _bare_media_uri(state)
     parts = media_parts(state)
     if len(parts) > limits.max_media_parts:
         raise LimitError(
