@@ -373,3 +373,24 @@ def test_suite_media_limits_are_checked_at_load(tmp_path: Path):
     path = write_suite(tmp_path, {"type": "video", "frames": frames, "fps": 2})
     with pytest.raises(ConfigError, match=r"suite\.jsonl:1: state\.camera\.frames: .*--max-video-frames"):
         load_suite(path, limits=Limits(max_video_frames=4))
+
+
+# -- a run: a text-only model given a suite with media ---------------------------------------------------------
+
+
+def test_a_text_model_run_on_a_media_suite_fails_naming_the_record_and_field(tmp_path: Path, monkeypatch):
+    from quantbench.run.runner import execute
+    from quantbench.run.spec import RunSpec
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+    (tmp_path / "frame.png").write_bytes(image_bytes("PNG"))
+    text = {"id": "t1", "benchmark": "m", "request": {"state": {"observation": "wall"}, "questions": QUESTIONS}}
+    media = {"id": "m1", "benchmark": "m",
+             "request": {"state": {"views": ["left:", {"type": "image", "path": "frame.png"}]}, "questions": QUESTIONS}}
+    suite = tmp_path / "suite.jsonl"
+    suite.write_text(json.dumps(text) + "\n" + json.dumps(media) + "\n")
+    result = execute(RunSpec(backend="tests.tiny:TinyBackend", suite=str(suite), gpu="cpu", warmup=1), echo=False)
+    assert (result.run.status, result.run.failure) == ("failed", "config_error")
+    assert "record m1: state.views[1]: the model reads text only; it has no image input" in result.run.error
+    assert result.answers == []

@@ -327,6 +327,18 @@ def check_media(state: Any, limits: Limits) -> None:
         check_media_part(field, part, limits)
 
 
+def refuse_unread_media(request: DecisionRequest, modalities: frozenset[str], where: str = "") -> None:
+    """RequestError naming the first media part whose type the model has no input for (`modalities`: the types
+    it reads; empty for a text-only model). `where` prefixes the field (a suite record: `record r7: `)."""
+    for field, part in request.media_parts():
+        if part["type"] not in modalities:
+            reads = f"reads {', '.join(sorted(modalities))} and text" if modalities else "reads text only"
+            raise RequestError(
+                f"{where}{field}", f"the model {reads}; it has no {part['type']} input",
+                "run a model with that input, or leave such records out of the suite",
+            )
+
+
 class LimitError(RequestError):
     """A request over one of the deployment's limits: `status` is the HTTP answer (413 for a request that is too
     large as a whole, 422 for one question with too many options), `limit` the value broken, `flag` what sets it."""
