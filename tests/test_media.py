@@ -288,6 +288,8 @@ def test_too_many_parts_are_refused():
         ({"type": "video", "frames": ["data:image/png;base64,AA"]}, "state.x.fps", "is required with frames"),
         ({"type": "video", "data": "data:video/mp4;base64,AA", "fps": 2}, "state.x.fps", "goes with frames only"),
         ({"type": "video", "frames": ["data:image/png;base64,AA"], "fps": 0}, "state.x.fps", "above 0"),
+        ({"type": "video", "frames": ["data:image/png;base64,AA"], "fps": float("inf")}, "state.x.fps", "above 0"),
+        ({"type": ["image"], "data": "data:image/png;base64,AA"}, "state.x.type", "unknown media type ['image']"),
         ({"type": "video", "frames": [], "fps": 2}, "state.x.frames", "non-empty list"),
         ({"type": "video", "frames": ["https://x/1.png"], "fps": 2}, "state.x.frames[0]", "must be a data URI"),
         ({"type": "image", "data": "data:image/png,rawbytes"}, "state.x.data", "not a base64 data URI"),

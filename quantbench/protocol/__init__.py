@@ -248,7 +248,7 @@ def check_media_part(field: str, part: dict[str, Any], limits: Limits) -> None:
     """The JSON of one media part: known type, one source, data URI headers, encoded sizes, frame count and fps.
     Nothing is decoded (quantbench.protocol.media does that)."""
     kind = part["type"]
-    if kind not in MEDIA_MIMES:
+    if not isinstance(kind, str) or kind not in MEDIA_MIMES:
         raise RequestError(f"{field}.type", f"unknown media type {kind!r}", "use image, audio or video")
     sources = [k for k in MEDIA_SOURCES if k in part]
     if len(sources) > 1:
@@ -282,7 +282,7 @@ def check_media_part(field: str, part: dict[str, Any], limits: Limits) -> None:
                 f"send fewer frames (sample them at a lower fps), or raise {flag('max_video_frames')}",
                 limit=limits.max_video_frames, flag=flag("max_video_frames"), status=413,
             )
-        if isinstance(fps, bool) or not isinstance(fps, int | float) or not fps > 0:
+        if isinstance(fps, bool) or not isinstance(fps, int | float) or not 0 < fps < float("inf"):
             raise RequestError(f"{field}.fps", f"must be a number of frames per second above 0, got {fps!r}", "")
         for i, frame in enumerate(frames):
             _, payload = data_uri_format(f"{field}.frames[{i}]", "image", frame)
