@@ -236,7 +236,8 @@ def encoded_size(payload: str) -> int:
     return len(payload) * 3 // 4
 
 
-def _media_too_large(field: str, size: int, limits: Limits) -> LimitError:
+def media_too_large(field: str, size: int, limits: Limits) -> LimitError:
+    """The LimitError of a part over --max-media-bytes."""
     return LimitError(
         field, f"the part is {size} bytes, over the limit of {limits.max_media_bytes} ({flag('max_media_bytes')})",
         f"send smaller media, or raise {flag('max_media_bytes')}",
@@ -264,7 +265,7 @@ def check_media_part(field: str, part: dict[str, Any], limits: Limits) -> None:
     if source == "data":
         _, payload = data_uri_format(f"{field}.data", kind, part["data"])
         if encoded_size(payload) > limits.max_media_bytes:
-            raise _media_too_large(f"{field}.data", encoded_size(payload), limits)
+            raise media_too_large(f"{field}.data", encoded_size(payload), limits)
     elif source == "path":
         path = part["path"]
         if not isinstance(path, str) or not path.strip():
@@ -287,7 +288,7 @@ def check_media_part(field: str, part: dict[str, Any], limits: Limits) -> None:
         for i, frame in enumerate(frames):
             _, payload = data_uri_format(f"{field}.frames[{i}]", "image", frame)
             if encoded_size(payload) > limits.max_media_bytes:
-                raise _media_too_large(f"{field}.frames[{i}]", encoded_size(payload), limits)
+                raise media_too_large(f"{field}.frames[{i}]", encoded_size(payload), limits)
 
 
 MEDIA_URI_PREFIXES = tuple(f"data:{kind}/" for kind in MEDIA_MIMES)

@@ -34,6 +34,7 @@ from quantbench.protocol import (
     check_media_part,
     data_uri_format,
     media_parts,
+    media_too_large,
 )
 
 if TYPE_CHECKING:
@@ -120,7 +121,7 @@ def _part_bytes(field: str, part: dict[str, Any], limits: Limits, base: Path | N
         target = resolve_media_path(base, part["path"], source)
         size = target.stat().st_size
         if size > limits.max_media_bytes:
-            raise _too_many_bytes(source, size, limits)
+            raise media_too_large(source, size, limits)
         return target.read_bytes(), source, None
     source = f"{field}.data"
     declared, payload = data_uri_format(source, part["type"], part["data"])
@@ -133,16 +134,8 @@ def _b64(field: str, payload: str, limits: Limits) -> bytes:
     except (binascii.Error, ValueError):
         raise RequestError(field, "its base64 payload does not decode", "encode the bytes as standard base64") from None
     if len(raw) > limits.max_media_bytes:
-        raise _too_many_bytes(field, len(raw), limits)
+        raise media_too_large(field, len(raw), limits)
     return raw
-
-
-def _too_many_bytes(field: str, size: int, limits: Limits) -> LimitError:
-    return LimitError(
-        field, f"the part is {size} bytes, over the limit of {limits.max_media_bytes} ({flag('max_media_bytes')})",
-        f"send smaller media, or raise {flag('max_media_bytes')}",
-        limit=limits.max_media_bytes, flag=flag("max_media_bytes"), status=413,
-    )
 
 
 def _over(field: str, problem: str, name: str, limits: Limits, fix: str) -> LimitError:
