@@ -24,6 +24,19 @@ DEFAULT_MAX_REQUEST_TOKENS = 32_768
 DEFAULT_MAX_BODY_BYTES = 4 << 20  # 4 MiB
 DEFAULT_REQUEST_TIMEOUT_S = 60.0  # from the request's headers to its answer
 DEFAULT_HEADER_TIMEOUT_S = 10.0  # a connection that sends no complete request headers this long is closed
+# Media parts (quantbench.protocol.media): each checked before the part is decoded in full, so a small body cannot
+# unpack into gigabytes (a 30,000 x 30,000 PNG is 874 KB; an hour of silence in FLAC about 90 KB).
+DEFAULT_MAX_MEDIA_PARTS = 16  # parts in one request's state (each frame of a `frames` video counts as a frame)
+DEFAULT_MAX_MEDIA_BYTES = 16 << 20  # 16 MiB of encoded bytes per part (a file, or a data URI's decoded base64)
+DEFAULT_MAX_IMAGE_PIXELS = 4096 * 4096  # per image or video frame, read from its header
+DEFAULT_MAX_AUDIO_SECONDS = 600  # per audio part, read from its header
+DEFAULT_MAX_VIDEO_FRAMES = 256  # per video part, after sampling to its fps
+DEFAULT_MAX_VIDEO_SECONDS = 600  # per video part, read from its stream header
+
+
+# The media limits' names, in the order the CLI shows their flags.
+MEDIA_LIMITS = ("max_media_parts", "max_media_bytes", "max_image_pixels", "max_audio_seconds", "max_video_frames",
+                "max_video_seconds")
 
 
 @dataclass(frozen=True)
@@ -33,10 +46,17 @@ class Limits:
     max_options: int = DEFAULT_MAX_OPTIONS
     max_questions: int = DEFAULT_MAX_QUESTIONS
     max_total_options: int = DEFAULT_MAX_TOTAL_OPTIONS
+    max_media_parts: int = DEFAULT_MAX_MEDIA_PARTS
+    max_media_bytes: int = DEFAULT_MAX_MEDIA_BYTES
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    max_audio_seconds: int = DEFAULT_MAX_AUDIO_SECONDS
+    max_video_frames: int = DEFAULT_MAX_VIDEO_FRAMES
+    max_video_seconds: int = DEFAULT_MAX_VIDEO_SECONDS
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            least = 1 if f.name == "max_questions" else 2  # a choice question has at least two options
+            # a choice question has at least two options; every other limit counts from one
+            least = 2 if f.name in ("max_options", "max_total_options") else 1
             if getattr(self, f.name) < least:
                 raise ConfigError(f"{flag(f.name)} {getattr(self, f.name)}: use {least} or more")
 

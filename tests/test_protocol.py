@@ -71,9 +71,11 @@ def test_invalid_json_text_says_where():
         parse_request('{"state": {}, "questions": ')
 
 
-def test_media_fields_are_found():
-    req = parse_request({"state": {"image": "data:...", "text": "hi"}, "questions": {"q": {"type": "boolean"}}})
-    assert req.media_fields() == ["image"]
+def test_media_fields_are_found_by_shape_not_by_key():
+    part = {"type": "image", "data": "data:image/png;base64,iVBORw0KGgo="}
+    req = parse_request({"state": {"image": "a red door", "camera": part, "text": "hi"},
+                         "questions": {"q": {"type": "boolean"}}})
+    assert req.media_fields() == ["state.camera"]
 
 
 def test_limits_are_checked_on_the_counts_before_any_field_is_validated():

@@ -192,8 +192,11 @@ BAD_INPUTS = [
     ("unknown_field", _req(temperature=0.7), 422, "temperature"),
     ("unknown_question_field", _req(questions={"q": {"type": "boolean", "weight": 2}}), 422, "weight"),
     ("duplicate_key", b'{"state": {"o": 1, "o": 2}, "questions": {"q": {"type": "boolean"}}}', 422, "duplicate"),
-    ("media_image", _req(state={"image": "data:image/png;base64,iVBORw0KGgo="}), 422, "text only"),
-    ("media_audio", _req(state={"observation": "hi", "Audio": [0.1, 0.2]}), 422, "audio"),
+    ("media_image", _req(state={"camera": {"type": "image", "data": "data:image/png;base64,iVBORw0KGgo="}}), 422,
+     "text only"),
+    ("media_audio", _req(state={"observation": "hi", "mic": [{"type": "audio", "data": "data:audio/wav;base64,"}]}),
+     422, "state.mic[0]"),
+    ("media_uri_as_text", _req(state={"image": "data:image/png;base64,iVBORw0KGgo="}), 422, "media part"),
 ]
 
 

@@ -14,11 +14,32 @@ which checks the counts on the parsed JSON first, in time linear in the number o
 is validated; `DecisionRequest.model_validate(data, context={"max_options": 64})` checks the options alone. Every
 problem is reported as a `RequestError` naming the field and the fix; a broken limit as a `LimitError` that
 also names the limit and its flag.
+
+Media in the state. A state value may be a media part, or a list mixing parts and ordinary values, under any key:
+a part is known by its shape, not by its key's name. A part is a JSON object whose keys are among `type`, `data`,
+`path`, `frames`, `fps`, with `type` and exactly one of `data` / `path` / `frames`:
+
+    {"type": "image", "data": "data:image/png;base64,..."}       # image/png, image/jpeg, image/webp
+    {"type": "audio", "data": "data:audio/wav;base64,..."}       # audio/wav (x-wav, wave), audio/flac (x-flac)
+    {"type": "video", "data": "data:video/mp4;base64,..."}       # video/mp4
+    {"type": "video", "frames": ["data:image/png;base64,...", ...], "fps": 2}
+    {"type": "image", "path": "media/frame.png"}                 # suites only: relative to the suite file
+
+    {"state": {"observation": "a door", "camera": {"type": "image", "data": "data:image/png;base64,..."},
+               "views": ["left view:", {"type": "image", "data": "..."}]}, "questions": {...}}
+
+An object with other keys, or without `type` and a source, is an ordinary value; parts nested deeper than a list
+are ordinary values too. Fields are named `state.camera`, `state.views[1]`, `state.clip.frames[7]`. `data` must
+be a base64 data URI whose mime type is one of the type's formats (and matches the bytes when decoded): quantbench
+never fetches a URL. `path` is read only from a suite file, inside the suite file's folder (`..`, absolute paths
+and symlinks out are refused); the server refuses it. The checks here are on the JSON only (type, source, data
+URI header, encoded size, counts); quantbench.protocol.media decodes and checks pixels, seconds and frames.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal
 
 from pydantic import (
@@ -36,7 +57,17 @@ from quantbench.limits import DEFAULT_MAX_OPTIONS, Limits, flag
 
 __all__ = ["DEFAULT_MAX_OPTIONS", "Limits"]  # re-exported: the protocol's limits live in quantbench.limits
 BOOLEAN_OPTIONS = ("yes", "no")
-MEDIA_KEYS = ("image", "images", "audio", "audios", "video", "videos")
+# Media type -> the mime types of a data URI quantbench decodes for it (and the format each is).
+MEDIA_MIMES: dict[str, dict[str, str]] = {
+    "image": {"image/png": "PNG", "image/jpeg": "JPEG", "image/webp": "WEBP"},
+    "audio": {"audio/wav": "WAV", "audio/x-wav": "WAV", "audio/wave": "WAV", "audio/flac": "FLAC",
+              "audio/x-flac": "FLAC"},
+    "video": {"video/mp4": "MP4"},
+}
+MEDIA_NOUNS = {"image": "an image", "audio": "an audio", "video": "a video"}  # for messages: "not an image format"
+MEDIA_SOURCES = ("data", "path", "frames")
+MEDIA_PART_KEYS = frozenset({"type", *MEDIA_SOURCES, "fps"})
+DATA_URI = re.compile(r"data:([A-Za-z0-9.+-]+/[A-Za-z0-9.+-]+);base64,")
 
 
 class Question(BaseModel):
@@ -114,9 +145,13 @@ class DecisionRequest(BaseModel):
                 raise ValueError("a question has an empty name; give every question a non-empty name")
         return v
 
+    def media_parts(self) -> list[tuple[str, dict[str, Any]]]:
+        """(field, part) for each media part of the state, in order: `("state.views[1]", {"type": "image", ...})`."""
+        return media_parts(self.state)
+
     def media_fields(self) -> list[str]:
-        """State keys that carry image / audio / video (this text-only runner cannot read them)."""
-        return [k for k in self.state if k.lower() in MEDIA_KEYS]
+        """The fields of the state's media parts (`state.camera`, `state.views[1]`)."""
+        return [name for name, _ in media_parts(self.state)]
 
 
 class QuestionAnswer(BaseModel):
@@ -155,6 +190,156 @@ class SuiteRecord(BaseModel):
         return self
 
 
+def is_media_part(value: Any) -> bool:
+    """A media part by its shape: an object of part keys only, with `type` and a source (data, path or frames)."""
+    return (
+        isinstance(value, dict) and "type" in value and any(k in value for k in MEDIA_SOURCES)
+        and all(k in MEDIA_PART_KEYS for k in value)
+    )
+
+
+def media_parts(state: Any) -> list[tuple[str, dict[str, Any]]]:
+    """(field, part) for each media part of a state (a value, or an item of a list value), in order."""
+    found: list[tuple[str, dict[str, Any]]] = []
+    if not isinstance(state, dict):
+        return found
+    for key, value in state.items():
+        if is_media_part(value):
+            found.append((f"state.{key}", value))
+        elif isinstance(value, list):
+            found.extend((f"state.{key}[{i}]", item) for i, item in enumerate(value) if is_media_part(item))
+    return found
+
+
+def data_uri_format(field: str, kind: str, uri: Any) -> tuple[str, str]:
+    """(format, base64 payload) of a data URI of media type `kind`, or RequestError naming `field`."""
+    formats = MEDIA_MIMES[kind]
+    if not isinstance(uri, str) or not uri.startswith("data:"):
+        got = f"{uri[:40]!r}" if isinstance(uri, str) else type(uri).__name__
+        raise RequestError(
+            field, f"must be a data URI (data:<mime>;base64,...), got {got}",
+            "embed the bytes as base64; quantbench never fetches URLs or reads paths named in data",
+        )
+    header = DATA_URI.match(uri)
+    if header is None:
+        raise RequestError(field, "is not a base64 data URI", "write it as data:<mime>;base64,<bytes in base64>")
+    mime = header.group(1).lower()
+    if mime not in formats:
+        raise RequestError(
+            field, f"mime type {mime} is not {MEDIA_NOUNS[kind]} format quantbench reads", "send " + ", ".join(formats)
+        )
+    return formats[mime], uri[header.end():]
+
+
+def encoded_size(payload: str) -> int:
+    """Bytes a base64 payload decodes to (at most), without decoding it."""
+    return len(payload) * 3 // 4
+
+
+def media_too_large(field: str, size: int, limits: Limits) -> LimitError:
+    """The LimitError of a part over --max-media-bytes."""
+    return LimitError(
+        field, f"the part is {size} bytes, over the limit of {limits.max_media_bytes} ({flag('max_media_bytes')})",
+        f"send smaller media, or raise {flag('max_media_bytes')}",
+        limit=limits.max_media_bytes, flag=flag("max_media_bytes"), status=413,
+    )
+
+
+def check_media_part(field: str, part: dict[str, Any], limits: Limits) -> None:
+    """The JSON of one media part: known type, one source, data URI headers, encoded sizes, frame count and fps.
+    Nothing is decoded (quantbench.protocol.media does that)."""
+    kind = part["type"]
+    if not isinstance(kind, str) or kind not in MEDIA_MIMES:
+        raise RequestError(f"{field}.type", f"unknown media type {kind!r}", "use image, audio or video")
+    sources = [k for k in MEDIA_SOURCES if k in part]
+    if len(sources) > 1:
+        raise RequestError(field, f"has both {sources[0]} and {sources[1]}", "give exactly one source")
+    source = sources[0]
+    if source == "frames" and kind != "video":
+        raise RequestError(f"{field}.frames", f"{MEDIA_NOUNS[kind]} part has no frames", "send data, or use type video")
+    if ("fps" in part) != (source == "frames"):
+        raise RequestError(
+            f"{field}.fps", "is required with frames" if source == "frames" else "goes with frames only",
+            "give the frames' rate as fps beside frames; an mp4 carries its own rate",
+        )
+    if source == "data":
+        _, payload = data_uri_format(f"{field}.data", kind, part["data"])
+        if encoded_size(payload) > limits.max_media_bytes:
+            raise media_too_large(f"{field}.data", encoded_size(payload), limits)
+    elif source == "path":
+        path = part["path"]
+        if not isinstance(path, str) or not path.strip():
+            raise RequestError(f"{field}.path", "must be a non-empty relative path", "write e.g. media/frame.png")
+        # Where it may point is checked where it is read: inside a suite file's folder (media.resolve_media_path).
+    else:
+        frames, fps = part["frames"], part["fps"]
+        if not isinstance(frames, list) or not frames:
+            raise RequestError(f"{field}.frames", "must be a non-empty list of image data URIs", "")
+        if len(frames) > limits.max_video_frames:
+            raise LimitError(
+                f"{field}.frames",
+                f"the video has {len(frames)} frames, over the limit of {limits.max_video_frames} "
+                f"({flag('max_video_frames')})",
+                f"send fewer frames (sample them at a lower fps), or raise {flag('max_video_frames')}",
+                limit=limits.max_video_frames, flag=flag("max_video_frames"), status=413,
+            )
+        if isinstance(fps, bool) or not isinstance(fps, int | float) or not 0 < fps < float("inf"):
+            raise RequestError(f"{field}.fps", f"must be a number of frames per second above 0, got {fps!r}", "")
+        for i, frame in enumerate(frames):
+            _, payload = data_uri_format(f"{field}.frames[{i}]", "image", frame)
+            if encoded_size(payload) > limits.max_media_bytes:
+                raise media_too_large(f"{field}.frames[{i}]", encoded_size(payload), limits)
+
+
+MEDIA_URI_PREFIXES = tuple(f"data:{kind}/" for kind in MEDIA_MIMES)
+
+
+def _bare_media_uri(state: Any) -> None:
+    """A media data URI written as a plain text value (the convention before media parts) would reach a model as
+    base64 text: refuse it, saying how to write the part."""
+    if not isinstance(state, dict):
+        return
+    for key, value in state.items():
+        items = enumerate(value) if isinstance(value, list) else [(None, value)]
+        for i, item in items:
+            if isinstance(item, str) and item[:11].lower().startswith(MEDIA_URI_PREFIXES):
+                kind = item[5:].split("/", 1)[0].lower()
+                raise RequestError(
+                    f"state.{key}" if i is None else f"state.{key}[{i}]",
+                    f"is {MEDIA_NOUNS[kind]} data URI written as text",
+                    f'send it as a media part: {{"type": "{kind}", "data": "data:{kind}/..."}}',
+                )
+
+
+def check_media(state: Any, limits: Limits) -> None:
+    """The media parts of a parsed state: their count, then each part's JSON (check_media_part). A media data URI
+    given as a plain string is refused too."""
+    _bare_media_uri(state)
+    parts = media_parts(state)
+    if len(parts) > limits.max_media_parts:
+        raise LimitError(
+            "state",
+            f"the state has {len(parts)} media parts, over the limit of {limits.max_media_parts} "
+            f"({flag('max_media_parts')})",
+            f"send at most {limits.max_media_parts} parts per request, or raise {flag('max_media_parts')}",
+            limit=limits.max_media_parts, flag=flag("max_media_parts"), status=413,
+        )
+    for field, part in parts:
+        check_media_part(field, part, limits)
+
+
+def refuse_unread_media(request: DecisionRequest, modalities: frozenset[str], where: str = "") -> None:
+    """RequestError naming the first media part whose type the model has no input for (`modalities`: the types
+    it reads; empty for a text-only model). `where` prefixes the field (a suite record: `record r7: `)."""
+    for field, part in request.media_parts():
+        if part["type"] not in modalities:
+            reads = f"reads {', '.join(sorted(modalities))} and text" if modalities else "reads text only"
+            raise RequestError(
+                f"{where}{field}", f"the model {reads}; it has no {part['type']} input",
+                "run a model with that input, or leave such records out of the suite",
+            )
+
+
 class LimitError(RequestError):
     """A request over one of the deployment's limits: `status` is the HTTP answer (413 for a request that is too
     large as a whole, 422 for one question with too many options), `limit` the value broken, `flag` what sets it."""
@@ -166,7 +351,9 @@ class LimitError(RequestError):
 
 def check_limits(data: dict[str, Any], limits: Limits) -> None:
     """Refuse a parsed request whose counts break `limits`, before its fields are validated: one len() per
-    question, so a request of 100,000 questions costs no more than reading its JSON."""
+    question, so a request of 100,000 questions costs no more than reading its JSON. Media parts are checked
+    first (check_media: their JSON only, nothing decoded)."""
+    check_media(data.get("state"), limits)
     questions = data.get("questions")
     if not isinstance(questions, dict):
         return  # not a mapping: field validation says what is wrong with it

@@ -28,6 +28,7 @@ from quantbench.engine.moe.engine import kernel_paths, kernel_paths_ran
 from quantbench.errors import classify
 from quantbench.models import lineage
 from quantbench.models.checkpoint import tensor_bytes
+from quantbench.protocol import refuse_unread_media
 from quantbench.protocol.suite import load_suite
 from quantbench.run.backend import LoadedVariant, get_backend
 from quantbench.run.machine import detect
@@ -191,6 +192,10 @@ def run(spec: RunSpec, out: dict[str, Any]) -> None:
     # how the report finds its BF16 base
     measured.lineage = LineageFacts(**lineage.evidence(info.model_path, spec.base_model))
 
+    if loaded.model is not None:  # a local model: media it has no input for is refused (a server says it itself)
+        modalities = frozenset(getattr(loaded.engine, "modalities", ()))
+        for record in records:
+            refuse_unread_media(record.request, modalities, where=f"record {record.id}: ")
     # A remote backend (no model here) is timed by the wall clock: CUDA events would time this GPU, idle.
     kernel = KernelPath.planned(info.kernel_path, kernel_paths(loaded.model) if loaded.model is not None else "")
     _answer_suite(loaded, records, Timer(device if loaded.model is not None else "cpu"), spec, out)

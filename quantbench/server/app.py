@@ -31,6 +31,7 @@ from quantbench.limits import (
     DEFAULT_MAX_REQUEST_TOKENS,
     DEFAULT_MAX_TOTAL_OPTIONS,
     DEFAULT_REQUEST_TIMEOUT_S,
+    MEDIA_LIMITS,
     Limits,
     flag,
 )
@@ -149,13 +150,15 @@ def create_app(
     max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS,
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
     machine: Any = None,
+    media_limits: dict[str, int] | None = None,
 ) -> FastAPI:
     """The SystemOne app. `loader` runs in a background thread when the app starts (the port is open meanwhile)."""
     if max_batch < 1 or max_queue < 1 or max_wait_ms < 0 or max_body_bytes < 1:
         raise ValueError("max_batch, max_queue and max_body_bytes must be >= 1 and max_wait_ms >= 0")
     if max_request_tokens < 1 or not request_timeout_s > 0:
         raise ValueError("max_request_tokens must be >= 1 and request_timeout_s > 0")
-    limits = Limits(max_options=max_options, max_questions=max_questions, max_total_options=max_total_options)
+    limits = Limits(max_options=max_options, max_questions=max_questions, max_total_options=max_total_options,
+                    **(media_limits or {}))  # max_media_bytes, max_image_pixels, ... (quantbench.limits)
     state = ServerState()
 
     def loaded_ok(loaded: LoadedVariant) -> None:
@@ -241,6 +244,7 @@ def create_app(
                 "max_total_options": max_total_options,
                 "max_request_tokens": max_request_tokens,
                 "request_timeout_s": request_timeout_s,
+                **{name: getattr(limits, name) for name in MEDIA_LIMITS},
             },
             "metrics": state.metrics.to_dict(),
         }
@@ -254,7 +258,9 @@ def create_app(
     def prepare(body: bytes) -> Any:
         """On the preparing thread: parse and check the body, tokenize it, check its tokens (no model work)."""
         engine = state.batcher.engine  # type: ignore[union-attr]  # requests reach here only once loaded
-        decision, cut = bound_long_state(engine, decode_request(body, limits=limits))
+        # The engine's `modalities`: the media types its model reads (none: a text-only model).
+        modalities = frozenset(getattr(engine, "modalities", ()))
+        decision, cut = bound_long_state(engine, decode_request(body, limits=limits, modalities=modalities))
         prepared = engine.prepare(decision)
         if cut:
             for reader in getattr(prepared, "readers", []):

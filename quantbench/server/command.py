@@ -47,6 +47,7 @@ def cli_serve(
     max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS,
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
+    media_limits: dict[str, int] | None = None,
 ) -> int:
     """`quantbench serve`: load `model` through `backend` (as the runner does) and serve it, or answer --demo."""
     if backend == "http":
@@ -64,7 +65,9 @@ def cli_serve(
         raise ConfigError("--max-request-tokens and --max-body-bytes: use 1 or more")
     if not (request_timeout_s > 0 and header_timeout_s > 0):
         raise ConfigError("--request-timeout and --header-timeout: use a number of seconds above 0")
-    Limits(max_options=max_options, max_questions=max_questions, max_total_options=max_total_options)
+    # media_limits: {"max_media_bytes": ..., ...} from the --max-media-bytes, --max-image-pixels, ... flags
+    Limits(max_options=max_options, max_questions=max_questions, max_total_options=max_total_options,
+           **(media_limits or {}))
     machine = detect(with_torch=True)
     spec.device = machine.device
     chosen = get_backend(backend)  # an unknown name fails here, before the port opens
@@ -105,6 +108,7 @@ def cli_serve(
         max_request_tokens=max_request_tokens,
         request_timeout_s=request_timeout_s,
         machine=machine,
+        media_limits=media_limits,
     )
     code = serve(app, host, port, header_timeout_s=header_timeout_s)
     if code:  # serve() stopped the server because the model failed to load; the app's state says why

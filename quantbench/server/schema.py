@@ -15,6 +15,7 @@ from starlette.requests import ClientDisconnect
 from quantbench.errors import ContextLengthError, RequestError
 from quantbench.limits import DEFAULT_MAX_OPTIONS, Limits, flag
 from quantbench.protocol import DecisionRequest, LimitError, check_limits, loads_strict, parse_request
+from quantbench.protocol.media import decode_part
 from quantbench.protocol.prompt import render_state
 
 # The reference card's curl example: what `--demo` answers.
@@ -118,10 +119,15 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 def decode_request(
-    body: bytes, *, max_options: int = DEFAULT_MAX_OPTIONS, limits: Limits | None = None
+    body: bytes,
+    *,
+    max_options: int = DEFAULT_MAX_OPTIONS,
+    limits: Limits | None = None,
+    modalities: frozenset[str] = frozenset(),
 ) -> DecisionRequest:
     """Bytes -> DecisionRequest, or Rejected: 400 for bytes that are not JSON text, 422 for a wrong request,
-    413 / 422 for one over `limits` (default: the protocol's, with `max_options`)."""
+    413 / 422 for one over `limits` (default: the protocol's, with `max_options`). Media parts (checked by
+    `media_gate`) only of the types in `modalities`, what the served model reads."""
 
     def bad(problem: str, fix: str) -> Rejected:
         return Rejected(400, ErrorBody(detail=f"request: {problem} ({fix})", field="request", fix=fix))
@@ -157,18 +163,36 @@ def decode_request(
         request = parse_request(data, limits=limits)
     except RequestError as e:
         raise from_request_error(422, e) from None
-    media = request.media_fields()
-    if media:
-        # Every engine quantbench serves is a text-only language model: there is no tower to read media with.
-        raise Rejected(
-            422,
-            ErrorBody(
-                detail=f"state.{media[0]}: the served model reads text only and has no image/audio/video input",
-                field=f"state.{media[0]}",
-                fix="send a text-only state (describe the media in words) or use a server whose model has that tower",
-            ),
-        )
+    media_gate(request, limits, modalities)
     return request
+
+
+def media_gate(request: DecisionRequest, limits: Limits, modalities: frozenset[str]) -> None:
+    """Refuse media the server must not or cannot read, naming the field: a `path` (the server never reads local
+    files; a `data` that is not a data URI was refused by the protocol: it never fetches URLs), a type the model
+    has no input for, and bytes that do not decode or break a limit (413). Decoding runs on the preparing
+    thread, as tokenizing does."""
+    parts = request.media_parts()
+    for field, part in parts:
+        if "path" in part:
+            raise Rejected(422, ErrorBody(
+                detail=f"{field}.path: the server never reads local files",
+                field=f"{field}.path",
+                fix='send the bytes inline as "data": "data:<mime>;base64,..."',
+            ))
+    for field, part in parts:
+        if part["type"] not in modalities:
+            reads = f"reads {', '.join(sorted(modalities))} and text" if modalities else "reads text only"
+            raise Rejected(422, ErrorBody(
+                detail=f"{field}: the served model {reads}; it has no {part['type']} input",
+                field=field,
+                fix="send a state without it (describe it in words), or use a server whose model has that input",
+            ))
+    for field, part in parts:
+        try:
+            decode_part(field, part, limits)
+        except RequestError as e:
+            raise from_request_error(422, e) from None
 
 
 # A state this many characters per token of context is tokenized only as far as that: a 4 MB state took 13 s to
