@@ -145,6 +145,18 @@ def test_quantize_resolves_its_source_through_the_hub_cache(cache, tmp_path):
     assert not (tmp_path / "out").exists()  # refused before anything was written
 
 
+def test_serve_refuses_an_unresolvable_hub_id_before_the_port_opens_and_demos_a_cached_one(cache, tiny_dir,
+                                                                                             capsys):
+    from quantbench.server.command import cli_serve
+
+    with pytest.raises(LoadError, match=f"--model {REPO}: no such directory here, and {REPO} is not in"):
+        cli_serve(REPO, "bf16", port=9)
+    populate(cache, tiny_dir, REPO, COMMIT)
+    assert cli_serve(REPO, "bf16", demo=True) == 0
+    response = json.loads(capsys.readouterr().out)
+    assert response["model"] == REPO  # the model id the server reports is the hub repo's
+
+
 def test_snapshot_of_reads_repo_and_commit_from_the_cache_layout_only(tmp_path):
     assert hub.snapshot_of(tmp_path / "models--org--name" / "snapshots" / COMMIT) == ("org/name", COMMIT)
     assert hub.snapshot_of(tmp_path / "models--org--name" / "snapshots" / "main") is None
