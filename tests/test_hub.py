@@ -157,6 +157,20 @@ def test_serve_refuses_an_unresolvable_hub_id_before_the_port_opens_and_demos_a_
     assert response["model"] == REPO  # the model id the server reports is the hub repo's
 
 
+def test_a_sweep_file_may_name_a_model_by_hub_id(cached, tmp_path):
+    from quantbench.sweep.spec import load_sweep
+
+    sweep = tmp_path / "sweep.toml"
+    sweep.write_text(f'[[models]]\nname = "tiny"\npath = "{REPO}@v1"\n[[variants]]\nbackend = "bf16"\n')
+    assert [m.path for m in load_sweep(sweep).models] == [cached]
+    # its runs name the snapshot directory; the parent still records the repo and commit
+    notes = preflight(RunSpec(backend="bf16", model=str(cached), gpu="cpu"))
+    assert notes["hub"] == {"repo_id": REPO, "commit": COMMIT, "path": str(cached)}
+    sweep.write_text(f'[[models]]\nname = "tiny"\npath = "{REPO}@v9"\n[[variants]]\nbackend = "bf16"\n')
+    with pytest.raises(ConfigError, match=rf"sweep.toml: models\[0\]\.path: --model {REPO}@v9: revision v9 of "):
+        load_sweep(sweep)
+
+
 def test_snapshot_of_reads_repo_and_commit_from_the_cache_layout_only(tmp_path):
     assert hub.snapshot_of(tmp_path / "models--org--name" / "snapshots" / COMMIT) == ("org/name", COMMIT)
     assert hub.snapshot_of(tmp_path / "models--org--name" / "snapshots" / "main") is None

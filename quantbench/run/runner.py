@@ -122,6 +122,8 @@ def preflight(spec: RunSpec) -> dict[str, Any]:
         if hub.is_hub_id(spec.model):
             snapshot = hub.resolve(spec.model)
             root, notes["hub"] = snapshot.path, snapshot.note()
+        elif held := hub.snapshot_of(root):  # a hub cache snapshot given as a directory (a sweep's hub id)
+            notes["hub"] = {"repo_id": held[0], "commit": held[1], "path": str(root.absolute())}
         if not root.exists():
             raise ConfigError(f"--model {spec.model}: no such directory; give a checkpoint directory "
                               "(config.json + *.safetensors), a hub id org/name[@revision], or omit --model for "
