@@ -145,6 +145,27 @@ def test_quantize_resolves_its_source_through_the_hub_cache(cache, tmp_path):
     assert not (tmp_path / "out").exists()  # refused before anything was written
 
 
+def test_quantize_of_a_hub_id_quantizes_the_cached_snapshot_and_records_its_repo_and_commit(cached, tmp_path,
+                                                                                             monkeypatch):
+    import quantbench.models.quantize.autoround as autoround
+    from quantbench.models.quantize import quantize
+
+    given: list[Path] = []
+
+    def library(source, out, recipe, progress):  # auto-round's part, measured in test_quantize_output
+        given.append(source)
+        out.mkdir(parents=True)
+        (out / "config.json").write_text("{}")
+        return {}
+
+    monkeypatch.setattr(autoround, "quantize_autoround", library)
+    out = quantize(f"{REPO}@v1", "int4", tmp_path / "out", progress=False)
+    assert given == [cached]
+    prov = json.loads((out / "quantbench_provenance.json").read_text())
+    assert (prov["source_model_id"], prov["source_revision"], prov["source_model_path"]) == (REPO, COMMIT,
+                                                                                              str(cached))
+
+
 def test_serve_refuses_an_unresolvable_hub_id_before_the_port_opens_and_demos_a_cached_one(cache, tiny_dir,
                                                                                              capsys):
     from quantbench.server.command import cli_serve
