@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quantbench.errors import LoadError, is_out_of_memory
+from quantbench.models import hub
 
 if TYPE_CHECKING:  # only annotations: the parent checks checkpoints (runner.preflight) without importing torch
     import torch
@@ -58,6 +59,9 @@ def model_identity(path: str | Path) -> dict[str, Any]:
     synth = read_json(root / SYNTHETIC_FILE)
     config = read_json(root / "config.json") or {}
     model_id = prov.get("source_model_id") or (synth or {}).get("model_id") or config.get("quantbench_model_id")
+    revision = prov.get("source_revision") or config.get("quantbench_revision")
+    if not model_id and (snapshot := hub.snapshot_of(root)):  # a hub cache snapshot: its repo id and commit
+        model_id, revision = snapshot
     if not model_id:
         model_id = config.get("_name_or_path") or root.name
     weights = "synthetic" if synth or prov.get("weights") == "synthetic" else "checkpoint"
@@ -67,7 +71,7 @@ def model_identity(path: str | Path) -> dict[str, Any]:
         "model_id": model_id,
         "model_path": str(root.resolve()),
         "model_hash": fingerprint(root),
-        "model_revision": prov.get("source_revision") or config.get("quantbench_revision"),
+        "model_revision": revision,
         "weights": weights,
         "source_model_hash": prov.get("source_model_hash"),
     }

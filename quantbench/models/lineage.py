@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from quantbench.errors import ConfigError
+from quantbench.models import hub
 
 HOWS = ("quantbench", "given", "model_card")  # recorded on the run; `tensors` is found at report time
 SHARED_TENSOR = re.compile(r"(^|\.)embed_tokens\.weight$|norm\.weight$|(^|\.)mlp\.gate\.weight$")
@@ -42,8 +43,9 @@ def base_model_id(path: Path) -> str:
         return json.loads(f.read_text()) if f.is_file() else {}
 
     prov, synth, config = read("quantbench_provenance.json"), read("quantbench_synthetic.json"), read("config.json")
+    snapshot = hub.snapshot_of(path)  # a hub cache snapshot: its repo id, as model_identity records it
     return (prov.get("source_model_id") or synth.get("model_id") or config.get("quantbench_model_id")
-            or config.get("_name_or_path") or path.resolve().name)
+            or (snapshot[0] if snapshot else None) or config.get("_name_or_path") or path.resolve().name)
 
 
 def resolve_given_base(base: str) -> str:

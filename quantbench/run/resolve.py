@@ -8,14 +8,17 @@ the seed is their load, and their rows say so (`load_note`). The runner, `sweep`
 
 from __future__ import annotations
 
-from quantbench.models import quantize
+from quantbench.models import hub, quantize
 from quantbench.run.backend import EMBEDDED_MODEL, get_backend
 from quantbench.run.spec import RunSpec
 
 
 def resolve(spec: RunSpec) -> RunSpec:
     """The spec the child runs: a copy of `spec` whose `model` names the directory to load, or `spec` itself when
-    it names one already, asks for a synthetic shape, or its backend has nothing local to prepare (http)."""
+    it names one already, asks for a synthetic shape, or its backend has nothing local to prepare (http). A hub
+    id (`org/name[@revision]`, quantbench.models.hub) becomes its snapshot directory in the Hugging Face cache."""
+    if spec.model and not spec.shape and spec.backend != "http" and hub.is_hub_id(spec.model):
+        return spec.model_copy(update={"model": str(hub.resolve(spec.model).path)})
     if spec.model or spec.shape:
         return spec
     # A backend given by import path (`package.module:Class`) may not declare `default_model`: nothing to prepare.

@@ -31,6 +31,7 @@ from typing import Any
 
 import quantbench
 from quantbench.errors import ConfigError, classify
+from quantbench.models import hub
 from quantbench.run.machine import Machine, check_gpu, detect
 from quantbench.run.record import MachineFacts, Measured, Provenance, RunIdentity, RunRecord, RunResult, uuid7
 from quantbench.run.resolve import resolve
@@ -109,17 +110,24 @@ _warned: set[str] = set()
 
 def preflight(spec: RunSpec) -> dict[str, Any]:
     """Check in this process, in well under a second, what would otherwise fail only after the child has imported
-    torch: --model is a checkpoint directory with a readable config.json and whole safetensors files, --suite
-    parses. Raises ConfigError / LoadError naming the flag or file and the fix. Returns notes for the run's
-    `extra` (an `auto_map` that was not followed)."""
+    torch: --model is a checkpoint directory (or a hub id whose snapshot is in the Hugging Face cache) with a
+    readable config.json and whole safetensors files, --suite parses. Raises ConfigError / LoadError naming the
+    flag or file and the fix. Returns notes for the run's `extra` (an `auto_map` that was not followed, the hub
+    repo and commit a hub id resolved to)."""
     notes: dict[str, Any] = {}
     if spec.model and not spec.shape and spec.backend != "http":
         from quantbench.models.checkpoint import check_family_config, check_safetensors_only, read_config
 
         root = Path(spec.model)
+        if hub.is_hub_id(spec.model):
+            snapshot = hub.resolve(spec.model)
+            root, notes["hub"] = snapshot.path, snapshot.note()
+        elif held := hub.snapshot_of(root):  # a hub cache snapshot given as a directory (a sweep's hub id)
+            notes["hub"] = {"repo_id": held[0], "commit": held[1], "path": str(root.absolute())}
         if not root.exists():
             raise ConfigError(f"--model {spec.model}: no such directory; give a checkpoint directory "
-                              "(config.json + *.safetensors), or omit --model for the embedded default model")
+                              "(config.json + *.safetensors), a hub id org/name[@revision], or omit --model for "
+                              "the embedded default model")
         if not root.is_dir():
             raise ConfigError(f"--model {spec.model}: a file, not a directory; give the checkpoint's directory "
                               "(config.json + *.safetensors)")

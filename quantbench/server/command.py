@@ -71,6 +71,8 @@ def cli_serve(
     machine = detect(with_torch=True)
     spec.device = machine.device
     chosen = get_backend(backend)  # an unknown name fails here, before the port opens
+    if model:  # a hub id becomes its cached snapshot now: one that cannot resolve is refused before the port opens
+        spec = resolve(spec)
 
     def load() -> LoadedVariant:
         return chosen.load(resolve(spec), machine)  # no --model: the embedded model, prepared here first

@@ -21,7 +21,8 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
-from quantbench.errors import ConfigError
+from quantbench.errors import ConfigError, QuantbenchError
+from quantbench.models import hub
 from quantbench.run.backend import backend_names, get_backend
 from quantbench.run.machine import KNOWN_FAMILIES
 from quantbench.run.spec import BackendOptions, RunSpec, choices, declared, options_class
@@ -197,8 +198,14 @@ class _Parser:
         return out
 
     def checkpoint_dir(self, value: Any, where: str, what: str) -> Path:
-        path = Path(self.typed(value, str, where, "a directory path (a string)")).expanduser()
+        text = self.typed(value, str, where, "a directory path (a string)")
+        path = Path(text).expanduser()
         path = path if path.is_absolute() else (self.base / path).resolve()
+        if not path.exists() and hub.is_hub_id(text):  # org/name[@revision]: its snapshot in the hub cache
+            try:
+                path = hub.resolve(text).path
+            except QuantbenchError as e:
+                self.fail(where, str(e))
         if not path.is_dir():
             self.fail(where, f"{path} does not exist or is not a directory", f"give the {what} directory")
         if not (path / "config.json").is_file():

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from quantbench.errors import ConfigError, QuantbenchError
+from quantbench.models import hub
 from quantbench.models.calibration import calibration_texts
 from quantbench.models.checkpoint import PROVENANCE_FILE, fingerprint, model_identity
 from quantbench.term import libraries_to, stderr_console
@@ -118,6 +119,8 @@ def quantize(
                           f"{scheme} variant is made in memory by `quantbench run --backend {scheme} --shape {shape}`")
     out = Path(out_dir)
     source = None if source_dir is None else Path(source_dir)
+    if source_dir is not None and hub.is_hub_id(str(source_dir)):
+        source = hub.resolve(str(source_dir)).path  # its snapshot in the Hugging Face cache (the origin records it)
     if source is not None and not (source / "config.json").is_file():
         raise ConfigError(f"--model {source}: no config.json; give a BF16 checkpoint directory")
     if out.exists() and any(out.iterdir()):
