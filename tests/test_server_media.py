@@ -127,3 +127,15 @@ def test_healthz_shows_the_media_limits(media_server):
     limits = media_server.get("/healthz").json()["limits"]
     assert limits["max_image_pixels"] == 10_000 and limits["max_video_frames"] == 8
     assert limits["max_media_bytes"] == 16 << 20 and limits["max_audio_seconds"] == 600
+
+
+def test_serve_takes_the_media_limits_as_flags_and_refuses_a_bad_one():
+    """`quantbench serve --max-…` reaches the limits: a bad value is refused before anything loads, naming the flag."""
+    from typer.testing import CliRunner
+
+    from quantbench.cli import app
+
+    for flag in ("--max-media-parts", "--max-media-bytes", "--max-image-pixels", "--max-audio-seconds",
+                 "--max-video-frames", "--max-video-seconds"):
+        out = CliRunner().invoke(app, ["serve", flag, "0"])
+        assert out.exit_code == 2 and f"{flag} 0: use 1 or more" in out.output, (flag, out.output)

@@ -55,7 +55,7 @@ def fixture(
 
 
 def quantize(
-    model: Annotated[str | None, typer.Option(help="BF16 checkpoint dir. Default: the embedded fixture")] = None,
+    model: Annotated[str | None, typer.Option(help="BF16 checkpoint dir or hub id org/name[@revision]. Default: the embedded fixture")] = None,
     scheme: Annotated[str, typer.Option(help="int4 (AutoRound W4A16) | nvfp4 (ModelOpt) | fp8 (ModelOpt)")] = "int4",
     out_dir: Annotated[Path, typer.Option("--out", help="Where the quantized checkpoint goes (a new dir)")] = ...,
     iters: Annotated[int, typer.Option(help="int4: 0 = RTN (fast), 200 = SignRound")] = 0,

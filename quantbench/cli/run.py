@@ -135,7 +135,7 @@ def backend_settings(backend: str, flags: dict[str, tuple], **chosen: object) ->
 def run(
     ctx: typer.Context,
     backend: Annotated[str, typer.Option(help="bf16 | int4 | nvfp4 | fp8 | http (see `quantbench backends`)")] = "bf16",
-    model: Annotated[str | None, typer.Option(help="Checkpoint dir. Default: the embedded fixture (or its variant)")] = None,
+    model: Annotated[str | None, typer.Option(help="Checkpoint dir or hub id org/name[@revision]. Default: the embedded fixture (or its variant)")] = None,
     suite: Annotated[str | None, typer.Option(help="Suite JSONL. Default: the built-in suite")] = None,
     gpu: Annotated[str, typer.Option(help="auto | cpu | ampere | ada | hopper | blackwell | part of a GPU name")] = "auto",
     db: DbOpt = None,

@@ -12,7 +12,7 @@ from quantbench.errors import QuantbenchError
 
 
 def serve(
-    model: Annotated[str | None, typer.Option(help="Checkpoint dir. Default: the embedded fixture (or its variant)")] = None,
+    model: Annotated[str | None, typer.Option(help="Checkpoint dir or hub id org/name[@revision]. Default: the embedded fixture (or its variant)")] = None,
     backend: Annotated[str, typer.Option(help="bf16 | int4 | nvfp4 | fp8")] = "bf16",
     host: Annotated[str, typer.Option(help="Address to bind (loopback unless told otherwise)")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port")] = 8000,
@@ -28,6 +28,12 @@ def serve(
     max_request_tokens: Annotated[int, typer.Option(help="Most tokens of a request's sequences, padded (413 past it); also the most per batched forward pass")] = limits.DEFAULT_MAX_REQUEST_TOKENS,
     request_timeout: Annotated[float, typer.Option(help="Seconds from a request's headers to its answer: 408 while its body is read, 504 after (the request is dropped)")] = limits.DEFAULT_REQUEST_TIMEOUT_S,
     header_timeout: Annotated[float, typer.Option(help="Seconds a connection may take to send a request's headers before it is closed")] = limits.DEFAULT_HEADER_TIMEOUT_S,
+    max_media_parts: Annotated[int, typer.Option(help="Most media parts in one request's state (413 past it)")] = limits.DEFAULT_MAX_MEDIA_PARTS,
+    max_media_bytes: Annotated[int, typer.Option(help="Largest encoded media part, in bytes (413 past it)")] = limits.DEFAULT_MAX_MEDIA_BYTES,
+    max_image_pixels: Annotated[int, typer.Option(help="Most pixels of an image or video frame, read from its header (413 past it)")] = limits.DEFAULT_MAX_IMAGE_PIXELS,
+    max_audio_seconds: Annotated[int, typer.Option(help="Longest audio part, in seconds, read from its header (413 past it)")] = limits.DEFAULT_MAX_AUDIO_SECONDS,
+    max_video_frames: Annotated[int, typer.Option(help="Most frames of a video part after sampling to its fps (413 past it)")] = limits.DEFAULT_MAX_VIDEO_FRAMES,
+    max_video_seconds: Annotated[int, typer.Option(help="Longest video part, in seconds, read from its stream header (413 past it)")] = limits.DEFAULT_MAX_VIDEO_SECONDS,
 ) -> None:
     """Serve the SystemOne decision API (POST /v1/systemone, GET /healthz) over HTTP."""
     from quantbench.server import cli_serve  # lazy: a fast --help
@@ -37,6 +43,11 @@ def serve(
                                    trust_remote_code, max_body_bytes=max_body_bytes, max_questions=max_questions,
                                    max_options=max_options, max_total_options=max_total_options,
                                    max_request_tokens=max_request_tokens, request_timeout_s=request_timeout,
-                                   header_timeout_s=header_timeout) or 0)
+                                   header_timeout_s=header_timeout,
+                                   media_limits={"max_media_parts": max_media_parts, "max_media_bytes": max_media_bytes,
+                                                 "max_image_pixels": max_image_pixels,
+                                                 "max_audio_seconds": max_audio_seconds,
+                                                 "max_video_frames": max_video_frames,
+                                                 "max_video_seconds": max_video_seconds}) or 0)
     except QuantbenchError as e:
         _fail(e)
