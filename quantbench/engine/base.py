@@ -40,6 +40,8 @@ class EngineReport:
 
 @runtime_checkable
 class DecisionEngine(Protocol):
+    modalities: frozenset[str]  # the media part types its model reads (quantbench.protocol.media); empty: text only
+
     def prepare(self, request: Any) -> Prepared: ...
     def forward(self, prepared: Any) -> dict[str, QuestionAnswer]: ...
     def forward_many(self, batch: list[Any]) -> list[dict[str, QuestionAnswer]]: ...
@@ -50,7 +52,9 @@ class DecisionEngine(Protocol):
 
 
 class EngineBase:
-    """The optional features' defaults: nothing to warm, nothing to wait for, nothing special ran."""
+    """The optional features' defaults: nothing to warm, nothing to wait for, nothing special ran, text only."""
+
+    modalities: frozenset[str] = frozenset()
 
     def warm(self, batch: list[Any]) -> None:
         """Make ready, outside any timing, what the forward of `batch` will use (a CUDA graph)."""

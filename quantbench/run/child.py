@@ -193,9 +193,8 @@ def run(spec: RunSpec, out: dict[str, Any]) -> None:
     measured.lineage = LineageFacts(**lineage.evidence(info.model_path, spec.base_model))
 
     if loaded.model is not None:  # a local model: media it has no input for is refused (a server says it itself)
-        modalities = frozenset(getattr(loaded.engine, "modalities", ()))
         for record in records:
-            refuse_unread_media(record.request, modalities, where=f"record {record.id}: ")
+            refuse_unread_media(record.request, loaded.engine.modalities, where=f"record {record.id}: ")
     # A remote backend (no model here) is timed by the wall clock: CUDA events would time this GPU, idle.
     kernel = KernelPath.planned(info.kernel_path, kernel_paths(loaded.model) if loaded.model is not None else "")
     _answer_suite(loaded, records, Timer(device if loaded.model is not None else "cpu"), spec, out)

@@ -259,7 +259,7 @@ def create_app(
         """On the preparing thread: parse and check the body, tokenize it, check its tokens (no model work)."""
         engine = state.batcher.engine  # type: ignore[union-attr]  # requests reach here only once loaded
         # The engine's `modalities`: the media types its model reads (none: a text-only model).
-        modalities = frozenset(getattr(engine, "modalities", ()))
+        modalities = engine.modalities
         decision, cut = bound_long_state(engine, decode_request(body, limits=limits, modalities=modalities))
         prepared = engine.prepare(decision)
         if cut:
