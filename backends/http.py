@@ -4,9 +4,11 @@
     quantbench run --backend http --endpoint http://127.0.0.1:8000 --concurrency 4
 
 `load` waits for GET /healthz to answer 200 and records what the server says it serves as the run's provenance.
-`prepare` serialises a request, `forward` is the POST (its wall time, end to end on the client, is what the
+`prepare` serialises a request (a suite's `"path"` media parts inlined as data URIs: a server never reads local
+files; each file checked as a local run checks it, its mime type sniffed from its bytes), `forward` is the POST (its wall time, end to end on the client, is what the
 runner times), `forward_many` keeps `concurrency` POSTs in flight. A 503 with Retry-After (queue full) is
-retried within the request timeout; any other error status becomes a `RemoteError` carrying the server's reason.
+retried within the request timeout; any other error status becomes a `RemoteError` carrying the server's reason,
+a `RemoteRequestError` (a RequestError: the run names the record and the field) when the server names a field.
 """
 
 from __future__ import annotations
@@ -16,13 +18,16 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from quantbench.engine.base import EngineBase, Prepared
-from quantbench.errors import ConfigError, LoadError, QuantbenchError
+from quantbench.errors import ConfigError, LoadError, QuantbenchError, RequestError
+from quantbench.limits import Limits
 from quantbench.protocol import DecisionRequest, DecisionResponse, QuestionAnswer
+from quantbench.protocol.media import inline_media_paths
 from quantbench.run.backend import Availability, LoadedVariant
 from quantbench.run.record import VariantInfo
 from quantbench.run.spec import BackendOptions, RunSpec, opt
@@ -41,6 +46,26 @@ class RemoteError(QuantbenchError):
     def __init__(self, status: int | None, message: str):
         self.status = status
         super().__init__(message)
+
+
+class RemoteRequestError(RemoteError, RequestError):
+    """The server refused the request with a 4xx naming a field (media its model cannot read, a prompt over its
+    context, a limit): a problem of the record, not of the server."""
+
+    def __init__(self, status: int, url: str, field: str, problem: str, fix: str):
+        RequestError.__init__(self, field, f"POST {url} answered {status}: {problem}", fix)
+        self.status = status
+
+
+def _refusal(response: httpx.Response, url: str) -> RemoteError:
+    """The error of a non-200 answer: a RemoteRequestError when a 4xx body names the field (quantbench servers'
+    ErrorBody: detail, field, fix), else a RemoteError with the server's reason."""
+    body = _json(response)
+    field, detail, fix = body.get("field"), str(body.get("detail", "")), body.get("fix") or ""
+    if 400 <= response.status_code < 500 and isinstance(field, str) and field and field != "request":
+        problem = detail.removeprefix(f"{field}: ").removesuffix(f" ({fix})") if detail else "refused"
+        return RemoteRequestError(response.status_code, url, field, problem, str(fix))
+    return RemoteError(response.status_code, f"POST {url} answered {response.status_code}: {_reason(response)}")
 
 
 @dataclass
@@ -120,17 +145,23 @@ class HttpEngine(EngineBase):
         *,
         concurrency: int = 1,
         timeout_s: float = REQUEST_TIMEOUT_S,
+        media_base: Path | None = None,
+        limits: Limits | None = None,
     ):
+        """`media_base`: the suite file's folder, where `path` media parts are read from (None: refused);
+        `limits`: what those files are checked against (a local run's: the protocol's defaults)."""
         if concurrency < 1:
             raise ConfigError(f"--concurrency {concurrency}: use 1 or more requests in flight")
         self.url, self.client = normalize_endpoint(endpoint) + PATH, client
         self.concurrency, self.timeout_s = concurrency, timeout_s
+        self.media_base, self.limits = media_base, limits or Limits()
         self._pool = (
             ThreadPoolExecutor(concurrency, thread_name_prefix="quantbench-http") if concurrency > 1 else None
         )
 
     def prepare(self, request: DecisionRequest) -> HttpPrepared:
-        body = request.model_dump(mode="json", exclude_none=True)
+        sent = inline_media_paths(request, self.limits, base=self.media_base)
+        body = sent.model_dump(mode="json", exclude_none=True)
         return HttpPrepared(request, json.dumps(body, ensure_ascii=False).encode("utf-8"))
 
     def forward(self, prepared: HttpPrepared) -> dict[str, QuestionAnswer]:
@@ -174,7 +205,7 @@ class HttpEngine(EngineBase):
             break
         prepared.client_ms = (time.perf_counter() - t0) * 1000.0
         if r.status_code != 200:
-            raise RemoteError(r.status_code, f"POST {self.url} answered {r.status_code}: {_reason(r)}")
+            raise _refusal(r, self.url)
         try:
             response = DecisionResponse.model_validate_json(r.content)
         except ValueError as e:
@@ -297,6 +328,8 @@ class HttpBackend:
                 client,
                 concurrency=spec.concurrency,
                 timeout_s=min(REQUEST_TIMEOUT_S, spec.timeout_s),
+                media_base=Path(spec.suite).resolve().parent if spec.suite else None,
+                limits=Limits(max_options=spec.max_options),
             )
         except BaseException:
             client.close()

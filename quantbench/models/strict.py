@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from quantbench.errors import LoadError
 from quantbench.models.checkpoint import check_safetensors_only
+from quantbench.models.scorer import weight_files
 
 
 class Checkpoint:
@@ -30,7 +31,7 @@ class Checkpoint:
         self.where: dict[str, str] = {}
         self.key: dict[str, str] = {}  # name -> the checkpoint's own key
         self.unread: list[str] = []  # checkpoint keys never read (rename gave None)
-        for f in sorted(root.glob("*.safetensors")):
+        for f in sorted(f for f in root.glob("*.safetensors") if f.name not in weight_files(root)):  # not the scorer's
             handle = safe_open(str(f), framework="pt", device=device)
             self.files[f.name] = handle
             for key in handle.keys():

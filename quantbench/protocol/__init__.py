@@ -157,8 +157,9 @@ class DecisionRequest(BaseModel):
 class QuestionAnswer(BaseModel):
     top: str = Field(description="The option with the highest probability.")
     probabilities: dict[str, float] = Field(description="Option key → probability; they sum to 1.")
-    method: Literal["label_logit", "continuation"] = Field(
-        description="`label_logit`: logits of single-token option labels; `continuation`: full option log-likelihood."
+    method: Literal["label_logit", "continuation", "checkpoint_scorer"] = Field(
+        description="`label_logit`: logits of single-token option labels; `continuation`: full option log-likelihood; "
+        "`checkpoint_scorer`: the checkpoint's own scorer (its code and head, config.json `quantbench_scorer`)."
     )
     truncated: bool = Field(default=False, description="The state was cut to fit the model's context.")
 

@@ -30,6 +30,7 @@ from quantbench.limits import Limits, flag
 from quantbench.protocol import (
     MEDIA_MIMES,
     MEDIA_NOUNS,
+    DecisionRequest,
     LimitError,
     check_media_part,
     data_uri_format,
@@ -269,3 +270,42 @@ def _frames_video(field: str, frames: list[str], fps: float, limits: Limits) -> 
                                f"{arrays[0].shape[1]} x {arrays[0].shape[0]}", "send frames of one size")
         arrays.append(array)
     return DecodedVideo(field, arrays, fps)
+
+
+def inline_media_paths(request: DecisionRequest, limits: Limits, *, base: Path | None) -> DecisionRequest:
+    """`request` with each `path` part of its state replaced by a `data` part holding the file's bytes as a data
+    URI, for what reads no local file (a server, a checkpoint's own scorer). Each file is checked as a local run
+    checks it first (decode_part: inside `base`, the limits, decodable), and its mime type is the format sniffed
+    from its bytes, not its name. A request without path parts is returned as it is."""
+    paths = [(field, part) for field, part in request.media_parts() if "path" in part]
+    if not paths:
+        return request
+    inlined: dict[int, dict[str, Any]] = {}
+    for field, part in paths:
+        decode_part(field, part, limits, base=base)  # RequestError / LimitError naming `{field}.path`
+        raw = resolve_media_path(base, part["path"], f"{field}.path").read_bytes()  # base is set: decode_part read it
+        fmt = _sniffed_format(part["type"], raw)
+        mime = next(m for m, f in MEDIA_MIMES[part["type"]].items() if f == fmt)
+        inlined[id(part)] = {"type": part["type"], "data": f"data:{mime};base64,{base64.b64encode(raw).decode()}"}
+
+    def swap(value: Any) -> Any:
+        if isinstance(value, list):
+            return [inlined.get(id(item), item) for item in value]
+        return inlined.get(id(value), value)
+
+    state = {key: swap(value) for key, value in request.state.items()}
+    return request.model_copy(update={"state": state})
+
+
+def _sniffed_format(kind: str, raw: bytes) -> str:
+    """The format of bytes that decode_part has accepted as `kind` (one of MEDIA_MIMES[kind]'s formats)."""
+    if kind == "image":
+        from PIL import Image
+
+        with Image.open(io.BytesIO(raw)) as image:
+            return image.format
+    if kind == "audio":
+        import soundfile
+
+        return soundfile.info(io.BytesIO(raw)).format
+    return "MP4"  # the only video container decode_part accepts

@@ -25,7 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from quantbench.engine import pdl
 from quantbench.engine.moe.engine import kernel_paths, kernel_paths_ran
-from quantbench.errors import classify
+from quantbench.errors import RequestError, classify
 from quantbench.models import lineage
 from quantbench.models.checkpoint import tensor_bytes
 from quantbench.protocol import refuse_unread_media
@@ -43,6 +43,7 @@ from quantbench.run.record import (
     MemoryFacts,
     SuiteFacts,
 )
+from quantbench.run.scorer import with_checkpoint_scorer
 from quantbench.run.spec import RunSpec
 from quantbench.term import LineProgress
 
@@ -96,6 +97,15 @@ def _answer_suite(loaded: LoadedVariant, records, timer: Timer, spec: RunSpec, o
     digest, hashed = hashlib.sha256(), True
 
     def decide(chunk, cold: bool = False, suite: bool = False) -> list[tuple[Any, float, float, int, int]]:
+        try:
+            return _decide(chunk, cold, suite)
+        except RequestError as e:  # a problem of the record (its media, its length, a server's 4xx): name it
+            if e.field.startswith("record"):
+                raise
+            which = f"record {chunk[0].id}" if len(chunk) == 1 else f"one of records {', '.join(r.id for r in chunk)}"
+            raise RequestError(f"{which}: {e.field}", e.problem, e.fix) from e
+
+    def _decide(chunk, cold: bool, suite: bool) -> list[tuple[Any, float, float, int, int]]:
         nonlocal hashed
         t0 = time.perf_counter()
         prepared = [engine.prepare(r.request) for r in chunk]
@@ -179,7 +189,8 @@ def run(spec: RunSpec, out: dict[str, Any]) -> None:
     mem.before_load()
     t0 = time.perf_counter()
     with console.status(f"loading {spec.backend} …"):
-        loaded = get_backend(spec.backend).load(spec, machine)
+        # a checkpoint that names its own scorer answers through it (quantbench.run.scorer), whatever the backend
+        loaded = with_checkpoint_scorer(get_backend(spec.backend).load(spec, machine), spec)
         loaded.engine.synchronize()
     measured.load_s = time.perf_counter() - t0
     mem.after_load()

@@ -31,7 +31,7 @@ from typing import Any
 
 import quantbench
 from quantbench.errors import ConfigError, classify
-from quantbench.models import hub
+from quantbench.models import hub, scorer
 from quantbench.run.machine import Machine, check_gpu, detect
 from quantbench.run.record import MachineFacts, Measured, Provenance, RunIdentity, RunRecord, RunResult, uuid7
 from quantbench.run.resolve import resolve
@@ -134,6 +134,7 @@ def preflight(spec: RunSpec) -> dict[str, Any]:
         config = read_config(root)
         check_family_config(root, config)
         check_safetensors_only(root)
+        scorer.require_trust(scorer.describe(root, config), spec.trust_remote_code)  # its own scorer's code
         auto_map = config.get("auto_map")
         if auto_map and not spec.trust_remote_code:
             builtin = ", ".join(config.get("architectures") or []) or config.get("model_type") or "?"

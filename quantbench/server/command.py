@@ -18,9 +18,12 @@ from quantbench.limits import (
     DEFAULT_REQUEST_TIMEOUT_S,
     Limits,
 )
+from quantbench.models.scorer import describe as describe_scorer
+from quantbench.models.scorer import require_trust
 from quantbench.run.backend import LoadedVariant, get_backend
 from quantbench.run.machine import detect
 from quantbench.run.resolve import resolve
+from quantbench.run.scorer import with_checkpoint_scorer
 from quantbench.run.spec import RunSpec
 from quantbench.server.app import create_app, serve
 from quantbench.server.app import demo as answer_demo
@@ -73,9 +76,11 @@ def cli_serve(
     chosen = get_backend(backend)  # an unknown name fails here, before the port opens
     if model:  # a hub id becomes its cached snapshot now: one that cannot resolve is refused before the port opens
         spec = resolve(spec)
+        require_trust(describe_scorer(spec.model), trust_remote_code)  # its own scorer: refused before the port opens
 
     def load() -> LoadedVariant:
-        return chosen.load(resolve(spec), machine)  # no --model: the embedded model, prepared here first
+        resolved = resolve(spec)  # no --model: the embedded model, prepared here first
+        return with_checkpoint_scorer(chosen.load(resolved, machine), resolved)  # its own scorer, if it names one
 
     if demo:
         loaded = load()

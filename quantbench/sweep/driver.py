@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -16,6 +17,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from quantbench import term
 from quantbench.errors import ConfigError, QuantbenchError
+from quantbench.models.scorer import describe as describe_scorer
+from quantbench.models.scorer import require_trust
 from quantbench.report import report_for_this_machine
 from quantbench.report.tables import runs_table
 from quantbench.run.record import RunResult
@@ -85,6 +88,7 @@ def run_sweep(sweep: Sweep, executor: Any, store: Store, *, rerun: bool = False,
     console = console or Console(stderr=True)
     store.check_writable()  # refused before any run, not after the matrix
     runs = plan(sweep)
+    refuse_untrusted_scorers(sweep, runs)  # before any run or quantize: a model whose own scorer may not run
     todo, skipped = split_finished(runs, store, executor.accepts, rerun)
     outcome = SweepOutcome(planned=len(runs), skipped=len(skipped))
     placeable = []
@@ -125,6 +129,18 @@ def run_sweep(sweep: Sweep, executor: Any, store: Store, *, rerun: bool = False,
                 store_result(event.result)  # the driver is the only DuckDB writer
                 display.finished(event)
     return outcome
+
+
+def refuse_untrusted_scorers(sweep: Sweep, runs: list[PlannedRun]) -> None:
+    """ConfigError naming the sweep file's model when a checkpoint a run loads (or quantizes from) names its own
+    scorer (quantbench.models.scorer) and the model does not set trust_remote_code."""
+    for run in runs:
+        if run.spec.shape or run.spec.backend == "http":
+            continue
+        for path in (run.spec.model, run.make.source if run.make else None):
+            if path is not None and Path(path, "config.json").is_file():
+                require_trust(describe_scorer(path), run.spec.trust_remote_code,
+                              f"trust_remote_code = true on model {run.model!r} in {sweep.path}")
 
 
 def print_summary(store: Store, outcome: SweepOutcome, out: Console | None = None) -> None:

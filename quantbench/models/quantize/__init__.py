@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from quantbench.errors import ConfigError, QuantbenchError
-from quantbench.models import hub
+from quantbench.models import hub, scorer
 from quantbench.models.calibration import calibration_texts
 from quantbench.models.checkpoint import PROVENANCE_FILE, fingerprint, model_identity
 from quantbench.term import libraries_to, stderr_console
@@ -163,6 +163,7 @@ def quantize(
         say.print(f"{scheme}: quantizing failed; the libraries' own log: {log}", highlight=False)
         raise
     seconds = time.perf_counter() - started
+    details = {**details, **scorer.carry_over(source, out)}  # a checkpoint's own scorer, byte-identical (models/scorer.py)
     write_provenance(out, origin, recipe, seconds, details)
     say.print(f"{scheme}: quantized in {seconds:.1f} s", highlight=False)
     return out
