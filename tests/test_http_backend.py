@@ -1,11 +1,13 @@
 """`--backend http` against real `quantbench serve` processes: the same answers as the in-process backend, the
-server's identity as provenance, concurrent POSTs, 503 retries, errors that name the fix, and a whole run
-through the runner into the store."""
+server's identity as provenance, concurrent POSTs, 503 retries, errors that name the fix, a whole run
+through the runner into the store, and a suite's `path` media sent inline as data URIs (checked here first; a
+text-only server's refusal fails the run naming the record and the field)."""
 
 from __future__ import annotations
 
 import json
 import threading
+from dataclasses import dataclass
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,10 +21,12 @@ import uvicorn
 import backends.http as http_backend
 from backends.bf16 import Bf16Backend
 from backends.http import HttpBackend, HttpEngine, RemoteError, check_answers
+from quantbench.engine.base import EngineBase, Prepared
 from quantbench.engine.scoring import TransformersEngine
-from quantbench.errors import ConfigError, LoadError
+from quantbench.errors import ConfigError, LoadError, RequestError
+from quantbench.limits import Limits
 from quantbench.models.fixture import default_model_dir
-from quantbench.protocol import QuestionAnswer, parse_request
+from quantbench.protocol import LimitError, QuestionAnswer, parse_request
 from quantbench.protocol.suite import load_suite
 from quantbench.run.backend import LoadedVariant, get_backend
 from quantbench.run.machine import detect
@@ -31,6 +35,7 @@ from quantbench.run.runner import execute
 from quantbench.run.spec import RunSpec
 from quantbench.server import create_app
 from quantbench.store import Store
+from tests.test_media import audio_bytes, image_bytes, uri
 from tests.test_server import CARD_BODY, ServerProcess, free_port, request_for
 from tests.tiny import tiny_model, tiny_tokenizer
 
@@ -176,6 +181,7 @@ def test_a_request_the_server_refuses_raises_its_reason(fixture_dir, served):
     with pytest.raises(RemoteError, match=f"422.*over the model's limit of {limit}") as e:
         loaded.engine.forward(loaded.engine.prepare(too_long))
     assert e.value.status == 422
+    assert isinstance(e.value, RequestError) and e.value.field == "state"  # the server named the field
     loaded.engine.close()
 
 
@@ -243,3 +249,107 @@ def test_a_kept_alive_connection_the_server_closed_is_asked_again_once():
     with pytest.raises(RemoteError, match="RemoteProtocolError"):
         engine.forward(engine.prepare(request))
     assert len(calls) == 2
+
+
+# -- a suite's media: sent inline ----------------------------------------------------------------------------------
+@dataclass(kw_only=True)
+class _Seen(Prepared):
+    request: object
+
+
+class CapturingEngine(EngineBase):
+    """A served engine that reads images and audio, keeps the state of every request the server prepared (after the
+    server's own media checks), and answers each question with its first option."""
+
+    modalities = frozenset({"image", "audio"})
+    device = "cpu"
+
+    def __init__(self):
+        self.states: list[dict] = []
+
+    def prepare(self, request):
+        self.states.append(request.state)
+        return _Seen(request=request, rows=[[1, 2, 3]])
+
+    def forward_many(self, batch):
+        return [{name: QuestionAnswer(top=q.options[0], probabilities={o: 1 / len(q.options) for o in q.options},
+                                      method="label_logit") for name, q in p.request.questions.items()} for p in batch]
+
+    def forward(self, prepared):
+        return self.forward_many([prepared])[0]
+
+    def tokens(self, prepared):
+        return 3
+
+
+def media_suite(folder: Path, records: list[tuple[str, dict]]) -> Path:
+    """A suite of boolean questions on the given states, in `folder` (media files beside it)."""
+    suite = folder / "suite.jsonl"
+    suite.write_text("".join(json.dumps({"id": rid, "benchmark": "media", "request": {
+        "state": state, "questions": {"q": {"type": "boolean"}}}}) + "\n" for rid, state in records))
+    return suite
+
+
+def test_a_suites_path_media_arrive_at_the_server_as_data_uris(tmp_path):
+    (tmp_path / "media").mkdir()
+    png, jpeg, wav = image_bytes("PNG"), image_bytes("JPEG"), audio_bytes("WAV")
+    (tmp_path / "media" / "frame.png").write_bytes(png)
+    (tmp_path / "media" / "photo.png").write_bytes(jpeg)  # named .png, JPEG inside: the bytes decide the mime type
+    (tmp_path / "media" / "clip.wav").write_bytes(wav)
+    state = {"observation": "a door", "camera": {"type": "image", "path": "media/frame.png"},
+             "views": ["left:", {"type": "image", "path": "media/photo.png"}],
+             "mic": {"type": "audio", "path": "media/clip.wav"}}
+    suite = media_suite(tmp_path, [("m1", state)])
+    engine = CapturingEngine()
+    loaded = LoadedVariant(engine, VariantInfo(variant="media", weight_format="bf16", kernel_path="test",
+                                               compute_dtype="bf16", model_id="media-test"))
+    with ThreadServer(create_app(lambda: loaded)) as server:
+        remote = HttpBackend().load(RunSpec(backend="http", endpoint=server.url, suite=str(suite)), None)
+        record = load_suite(suite).records[0]
+        answers = remote.engine.forward(remote.engine.prepare(record.request))
+        remote.engine.close()
+    assert answers["q"].top == "yes"
+    assert engine.states == [{"observation": "a door", "camera": {"type": "image", "data": uri("image/png", png)},
+                              "views": ["left:", {"type": "image", "data": uri("image/jpeg", jpeg)}],
+                              "mic": {"type": "audio", "data": uri("audio/wav", wav)}}]
+    assert record.request.state == state  # the suite's record itself is left as it was
+
+
+def test_suite_media_are_checked_as_a_local_run_checks_them_before_anything_is_sent(tmp_path):
+    (tmp_path / "suite").mkdir()
+    (tmp_path / "suite" / "frame.png").write_bytes(image_bytes("PNG", size=(64, 64)))
+    (tmp_path / "suite" / "broken.png").write_bytes(b"\x89PNG not really")
+    (tmp_path / "outside.png").write_bytes(image_bytes("PNG"))
+    posts = []
+    client = httpx.Client(transport=httpx.MockTransport(lambda req: posts.append(req) or httpx.Response(500)))
+    engine = HttpEngine("http://127.0.0.1:1", client, media_base=tmp_path / "suite", limits=Limits(max_media_bytes=100))
+
+    def refused(path: str) -> RequestError:
+        request = parse_request({"state": {"camera": {"type": "image", "path": path}}, "questions": {"q": {"type": "boolean"}}})
+        with pytest.raises(RequestError) as e:
+            engine.prepare(request)
+        return e.value
+
+    big = refused("frame.png")
+    assert isinstance(big, LimitError) and big.field == "state.camera.path" and big.flag == "--max-media-bytes"
+    assert "is outside the suite's folder" in str(refused("../outside.png"))
+    assert str(refused("broken.png")).startswith("state.camera.path: the bytes are not an image quantbench decodes")
+    no_base = HttpEngine("http://127.0.0.1:1", client)  # no suite file: a path names nothing to read
+    with pytest.raises(RequestError, match="state.camera.path: a path is read only from a suite file"):
+        no_base.prepare(parse_request({"state": {"camera": {"type": "image", "path": "frame.png"}},
+                                       "questions": {"q": {"type": "boolean"}}}))
+    assert posts == []
+
+
+def test_a_text_only_server_refusing_suite_media_fails_the_run_naming_the_record_and_field(served, tmp_path):
+    (tmp_path / "frame.png").write_bytes(image_bytes("PNG"))
+    suite = media_suite(tmp_path, [("t1", {"observation": "a wall"}),
+                                   ("m1", {"observation": "a door", "camera": {"type": "image", "path": "frame.png"}})])
+    result = execute(http_spec(served, suite=str(suite), warmup=0, latency_min_decisions=0, latency_min_seconds=0.0),
+                     echo=False)
+    assert (result.run.status, result.run.failure) == ("failed", "config_error")
+    assert result.run.error.splitlines()[0] == (
+        f"RequestError: record m1: state.camera: POST {served.url}/v1/systemone answered 422: the served model reads "
+        "text only; it has no image input (send a state without it (describe it in words), or use a server whose "
+        "model has that input)")
+    assert result.answers == []
