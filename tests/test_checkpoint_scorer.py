@@ -124,7 +124,7 @@ def variants(scored, tmp_path_factory) -> dict[str, Path]:
              for scheme, opts in jobs.items()}
     for scheme, proc in procs.items():
         said = proc.communicate(timeout=600)[0].decode(errors="replace")
-        assert proc.returncode == 0, said[-3000:]
+        assert proc.returncode == 0, f"{scheme}: {said[-3000:]}"
     return {scheme: out / scheme for scheme in jobs}
 
 

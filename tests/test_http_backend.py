@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import json
 import threading
-from dataclasses import dataclass
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx

@@ -56,7 +56,9 @@ class ScorerFiles:
 
     def code_files(self) -> list[str]:
         """The module and every module it imports relatively, as transformers finds and copies them."""
-        from transformers.dynamic_module_utils import get_relative_import_files  # lazy: the parent never needs it
+        from transformers.dynamic_module_utils import (
+            get_relative_import_files,  # lazy: the parent never needs it
+        )
 
         found = [self.module_file, *map(Path, get_relative_import_files(self.module_file))]
         return sorted({str(f.resolve().relative_to(self.root.resolve())) for f in found})
