@@ -53,7 +53,7 @@ def test_an_advancing_counter_gives_joules_per_decision_mean_watts_and_idle_powe
     meter.start()
     for _ in range(300):  # 300 decisions of 20 ms: far below the counter's 50 ms resolution one by one
         gpu.work(0.02)
-    f = meter.stop(decisions=300)
+    f = meter.stop(decisions=300, forward_s=5.4)
     assert f.energy_decisions == 300 and f.energy_phase_s == pytest.approx(6.0)
     # 400 W over 6 s = 2400 J, 8 J per decision, within one counter update (0.05 s x 400 W = 20 J) of the truth
     assert f.energy_j_per_decision == pytest.approx(8.0, abs=20 / 300)
@@ -62,6 +62,7 @@ def test_an_advancing_counter_gives_joules_per_decision_mean_watts_and_idle_powe
     assert meter.note is None and gpu.syncs == 4  # a synchronize before every read
     extra = meter.extra()
     assert "nvmlDeviceGetTotalEnergyConsumption" in extra["method"] and extra["joules"] == pytest.approx(2400, abs=20)
+    assert extra["forward_share"] == pytest.approx(0.9)  # 5.4 s of the 6 s phase were timed forward passes
 
 
 def test_a_counter_that_did_not_advance_stores_null_and_says_so():
@@ -158,8 +159,9 @@ def test_the_child_brackets_exactly_the_timed_decisions(tmp_path):
         def start(self):
             calls.append(("start", len(out["latencies"]), forwards[0]))
 
-        def stop(self, decisions):
+        def stop(self, decisions, forward_s=None):
             calls.append(("stop", decisions, forwards[0]))
+            assert forward_s == pytest.approx(sum(lat.model_ms for lat in out["latencies"]) / 1e3)
             return self.figures
 
     forwards = [0]

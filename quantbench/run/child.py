@@ -163,7 +163,7 @@ def _answer_suite(loaded: LoadedVariant, records, timer: Timer, spec: RunSpec, o
                     timed("latency", record, prep_ms, model_ms, tokens, batch)
                 i += n
                 progress.advance(task, n)
-    energy.stop(decisions=len(latencies))
+    energy.stop(decisions=len(latencies), forward_s=sum(lat.model_ms / lat.batch for lat in latencies) / 1e3)
 
 
 def run(spec: RunSpec, out: dict[str, Any]) -> None:

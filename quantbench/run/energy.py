@@ -74,6 +74,7 @@ class EnergyMeter:
         self.note: str | None = None if read_mj is not None else f"not measured: {missing or 'no energy counter'}"
         self.idle_note: str | None = None
         self._start: tuple[float, int] | None = None
+        self.forward_share: float | None = None
 
     @classmethod
     def for_run(cls, device: str, nvml_index: int | None, local: bool,
@@ -106,14 +107,18 @@ class EnergyMeter:
         if self.read_mj is not None:
             self._start = self._read()
 
-    def stop(self, decisions: int) -> EnergyFigures:
-        """Close the phase of `decisions` decisions; fills the figures, or leaves them None and says why."""
+    def stop(self, decisions: int, forward_s: float | None = None) -> EnergyFigures:
+        """Close the phase of `decisions` decisions, `forward_s` of it timed forward passes; fills the figures, or
+        leaves them None and says why. The rest of the phase (tokenizing, a CUDA graph captured for a new shape,
+        bookkeeping) is in the energy too, at whatever the GPU draws then: `forward_share` says how much that was."""
         if self.read_mj is None or self._start is None:
             return self.figures
         t1, e1 = self._read()
         t0, e0 = self._start
         seconds, joules = t1 - t0, (e1 - e0) / 1e3
         self.figures.energy_phase_s, self.figures.energy_decisions = seconds, decisions
+        if forward_s is not None and seconds > 0:
+            self.forward_share = forward_s / seconds
         if decisions <= 0:
             self.note = "not measured: no decision was timed"
         elif seconds < self.min_phase_s:
@@ -138,4 +143,6 @@ class EnergyMeter:
             out["method"] = (f"{COUNTER} read after a synchronize at the start and end of the timed phase "
                              f"(suite + latency repeats); idle over {self.idle_window_s:g} s before it")
             out["joules"] = round(self.figures.energy_j_per_decision * (self.figures.energy_decisions or 0), 3)
+        if self.forward_share is not None:
+            out["forward_share"] = round(self.forward_share, 4)  # of the phase's wall time: timed forward passes
         return out
