@@ -133,6 +133,8 @@ def test_a_gpu_run_from_before_energy_was_measured_says_so():
     e = efficiency.of_run({"run_id": "x", "device": "cuda:0", "gpu_name": "NVIDIA H200", "mean_ms": 10.0})
     assert e.j_per_decision is None and "before quantbench measured energy" in e.energy_note
     assert efficiency.energy_text(e) == "n/a"
+    failed = efficiency.of_run({"run_id": "y", "status": "failed", "device": "cuda:0", "gpu_name": "NVIDIA H200"})
+    assert failed.energy_note == "not measured: the run failed"
 
 
 def test_a_schema_4_store_reads_then_migrates_keeping_its_runs_with_null_energy(tmp_path):

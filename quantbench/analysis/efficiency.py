@@ -101,8 +101,10 @@ def of_run(run: dict[str, Any], price_per_gpu_hour: float | None = None) -> Effi
     j = _num(run.get("energy_j_per_decision"))
     note = None
     if j is None:
-        note = _energy_note(run) or ("not measured: a CPU run (NVML measures GPUs)" if not gpu
-                                     else "not measured (a run made before quantbench measured energy)")
+        note = _energy_note(run) or (
+            "not measured: the run failed" if run.get("status") == "failed"
+            else "not measured: a CPU run (NVML measures GPUs)" if not gpu
+            else "not measured (a run made before quantbench measured energy)")
     cost = None
     if price is not None and gpu and seconds is not None:
         cost = price / 3600 * seconds * 1e6
