@@ -4,11 +4,12 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import figures, store_cache, url_state
+from quantbench.analysis import efficiency
 
 st.title("Latency")
 sel = url_state.selection()
 db, mtime = store_cache.current()
-reports = store_cache.reports_for(db, mtime, url_state.rules(), sel.since)
+reports = store_cache.reports_for(db, mtime, url_state.rules(), sel.since, price_per_gpu_hour=url_state.price())
 mine = [rep for rep in reports if store_cache.report_key(rep) == sel.gpu and rep.model_id == sel.model]
 rows = [row for rep in mine for row in rep.rows if row.ok]
 suite_of = {str(row.run["run_id"]): rep.suite_id for rep in mine for row in rep.rows}
@@ -47,6 +48,9 @@ table = pd.DataFrame([{
     "p50 (ms)": runs.at[rid, "p50_ms"],
     "p90 (ms)": runs.at[rid, "p90_ms"],
     "p99 (ms)": runs.at[rid, "p99_ms"],
+    "Energy per decision": efficiency.energy_text(r.efficiency),
+    "Mean power (W)": r.efficiency.mean_w,
+    "Idle power (W)": r.efficiency.idle_w,
     "Cold start (ms)": r.run.get("cold_ms"),
     "Load (s)": r.run.get("load_s"),
     "Weights": r.run.get("weights"),
@@ -55,9 +59,12 @@ ms = st.column_config.NumberColumn(format="%.1f")
 st.subheader("Percentiles, cold start and load time")
 st.dataframe(table, hide_index=True, width="stretch", column_config={
     "p50 (ms)": ms, "p90 (ms)": ms, "p99 (ms)": ms,
+    "Mean power (W)": st.column_config.NumberColumn(format="%.0f", help="GPU power over the timed phase (NVML)"),
+    "Idle power (W)": st.column_config.NumberColumn(format="%.0f", help="over an idle second before it"),
     "Cold start (ms)": st.column_config.NumberColumn(format="%.1f", help="the first decision after the load"),
     "Load (s)": st.column_config.NumberColumn(format="%.2f", help="checkpoint to ready model, seconds"),
 })
+st.caption(" ".join(efficiency.energy_note(None, sel.family == "cpu")))
 if (table["Weights"] == "synthetic").any():
     st.caption("Runs on synthetic (random) weights are timed like any other: their speed and memory are real, "
                "their answers are not.")

@@ -3,6 +3,7 @@
 import streamlit as st
 
 from dashboard import figures, report_table, store_cache, url_state
+from quantbench.analysis import efficiency
 from quantbench.report import (
     FIXTURE_PREFIX,
     SYNTHETIC_NOTE,
@@ -27,12 +28,13 @@ if not (runs["status"] == "ok").any():
     st.stop()
 
 rules = url_state.rule_inputs(cpu=sel.family == "cpu")
+price = url_state.price_input()
 url_state.start("history", False, lambda raw: raw.lower() in ("1", "true", "yes"))
 history = st.toggle("History: every kernel generation", key="history",
                     help="off: the newest run of each variant (what `quantbench report` prints); on: the newest run "
                          "of every kernel generation and every build of the embedded model (`quantbench report --all`)")
 url_state.publish("history", to_url=lambda v: "1" if v else "0", default=False)
-reports = store_cache.reports_for(db, mtime, rules, sel.since, history=history)
+reports = store_cache.reports_for(db, mtime, rules, sel.since, history=history, price_per_gpu_hour=price)
 mine = [r for r in reports if store_cache.report_key(r) == sel.gpu and r.model_id == sel.model]
 # A variant made elsewhere (its own model id in the sidebar) sits in its BF16 base's table (quantbench.models.lineage).
 bases = sorted({r.model_id for r in reports if store_cache.report_key(r) == sel.gpu
@@ -72,7 +74,10 @@ for rep in mine:
         st.caption("Throughput: decisions per second with several decisions in one forward pass (the table above "
                    "is one decision at a time).")
         st.dataframe([{"Variant": t["variant"], "Decisions per pass": t["batch"], "Decisions/s": t["decisions_per_s"],
-                       "Mean ms per pass": t["ms_per_pass"], "Run": t["run_id"][:13]}
+                       "Mean ms per pass": t["ms_per_pass"],
+                       "Energy per decision": efficiency.energy_text(t["efficiency"]),
+                       **({"Cost per 1M decisions": efficiency.cost_text(t["efficiency"])} if price else {}),
+                       "Run": t["run_id"][:13]}
                       for t in rep.throughput], hide_index=True, width="stretch",
                      column_config={"Decisions/s": st.column_config.NumberColumn(format="%.1f"),
                                     "Mean ms per pass": st.column_config.NumberColumn(format="%.1f")},
@@ -106,6 +111,6 @@ for start in range(0, len(everywhere), per_row):
         if pick is not None:
             c = cells(pick, rep)
             mem = c.get("VRAM (weights)") or c.get("Weights (host memory)")
-            box.caption(f"{mem} weights · p50 / p90 {c['Latency p50 / p90 (per decision)']} · agrees "
-                        f"{c['Agrees with BF16 (95% CI)']}")
+            box.caption(f"{mem} weights · p50 / p90 {c['Latency p50 / p90 (per decision)']} · "
+                        f"{c['Energy per decision']} per decision · agrees {c['Agrees with BF16 (95% CI)']}")
         box.caption(rep.rule if pick is None else rep.rule.removeprefix(f"{pick.label}: "))

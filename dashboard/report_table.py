@@ -12,6 +12,8 @@ from quantbench.report import GpuMatrix, GpuReport, cells, flat_rows
 AGREEMENT = "Agreement"  # the numeric column behind the progress bar
 AGREE_TEXT = "Agrees with BF16 (95% CI)"
 DIFFERS = "Kernel differs by"  # the words of the kernel path that tell one variant's runs apart
+ENERGY = "Energy per decision"  # report.cells' columns: J/decision beside latency, cost when a price is given
+COST = "Cost per 1M decisions"
 HIGHLIGHT = "background-color: rgba(255, 196, 0, 0.3)"
 FAILED = "color: #9a9a9a"
 
@@ -77,6 +79,10 @@ def column_config(rep: GpuReport) -> dict:
         "Δ accuracy vs BF16": cc.TextColumn("Δ accuracy vs BF16", help="paired, on identical questions, 95% "
                                             "bootstrap interval"),
         "Latency p50 / p90 (per decision)": cc.TextColumn("p50 / p90", width=88, help="per decision"),
+        ENERGY: cc.TextColumn("J / decision", width=130, help="GPU energy per decision over the whole timed phase "
+                              "(NVML's energy counter), and above the idle power; n/a on a CPU or where not measured"),
+        COST: cc.TextColumn("$ / 1M decisions", width=110, help="at the price per GPU hour given: from the mean model "
+                            "time per decision at batch 1; n/a on a CPU"),
         "Best for": cc.TextColumn("Best for", width=425),
         "Kernel": cc.TextColumn("Kernel", width=420, help="the kernel path the run used (History shows every "
                                 "generation's newest run)"),
@@ -89,7 +95,8 @@ def column_config(rep: GpuReport) -> dict:
 
 
 # What decides first (quality, speed, memory, the verdict), then the details a wide screen also shows.
-ORDER = ["Variant", DIFFERS, AGREEMENT, AGREE_TEXT, "Verdict", "Latency p50 / p90 (per decision)", "VRAM (weights)",
+ORDER = ["Variant", DIFFERS, AGREEMENT, AGREE_TEXT, "Verdict", "Latency p50 / p90 (per decision)", ENERGY, COST,
+         "VRAM (weights)",
          "Weights (host memory)", "Peak VRAM", "Peak host RSS", "Native here?", "Best for", "Kernel", "Δ accuracy vs BF16", "TV",
          "Size on disk", "Format"]
 

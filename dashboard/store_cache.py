@@ -101,16 +101,18 @@ def machine_id(run: dict) -> str:
 
 @st.cache_data(show_spinner="Comparing every variant with BF16…", max_entries=16)
 def reports(db: str, mtime: Stamp, min_agreement: float, vram_budget_gib: float | None,
-            objective: str, since: str | None = None, history: bool = False) -> list[GpuReport]:
+            objective: str, since: str | None = None, history: bool = False,
+            price_per_gpu_hour: float | None = None) -> list[GpuReport]:
     """`quantbench report`'s tables for every GPU and model: the same function, the same rules (`history`:
-    `--all`, every kernel generation)."""
+    `--all`, every kernel generation; `price_per_gpu_hour`: `--price-per-gpu-hour`)."""
     rules = Rules(min_agreement=min_agreement, vram_budget_gib=vram_budget_gib, objective=objective)
-    return build_report(Store(db), rules=rules, since=since, history=history)
+    return build_report(Store(db), rules=rules, since=since, history=history, price_per_gpu_hour=price_per_gpu_hour)
 
 
 def reports_for(db: str, mtime: Stamp, rules: Rules, since: str | None = None,
-                history: bool = False) -> list[GpuReport]:
-    return reports(db, mtime, rules.min_agreement, rules.vram_budget_gib, rules.objective, since, history)
+                history: bool = False, price_per_gpu_hour: float | None = None) -> list[GpuReport]:
+    return reports(db, mtime, rules.min_agreement, rules.vram_budget_gib, rules.objective, since, history,
+                   price_per_gpu_hour)
 
 
 def runs_since(runs: pd.DataFrame, since: str | None) -> pd.DataFrame:

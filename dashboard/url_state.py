@@ -174,6 +174,21 @@ def rules() -> Rules:
                  objective=value("objective", "memory", _objective))
 
 
+def price() -> float | None:
+    """The price per GPU hour (USD) the user set on the report page (or the URL); None: no cost shown."""
+    return value("price", None, _budget) or None  # 0 (the input cleared to zero) means no price
+
+
+def price_input() -> float | None:
+    """`--price-per-gpu-hour`: turns time into cost per 1M decisions in the tables."""
+    start("price", None, _budget)
+    st.number_input("Price per GPU hour (USD)", min_value=0.0, step=0.5, key="price", placeholder="no price",
+                    help="adds cost per 1M decisions: from the mean model time per decision at batch 1, or "
+                         "decisions/s in the throughput table; leave empty for none")
+    publish("price", lambda v: f"{v:g}", 0.0)
+    return price()
+
+
 def rule_inputs(cpu: bool) -> Rules:
     start("min_agree", DEFAULT_MIN_AGREE, _percent)
     start("budget", None, _budget)

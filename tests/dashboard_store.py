@@ -123,6 +123,25 @@ def _memory(machine: dict[str, Any], weights_gib: float, disk_gb: float) -> dict
             "experts_bytes": int(weights * 0.93), "disk_bytes": int(disk_gb * 10**9)}
 
 
+POWER_W = {"NVIDIA H200": (450.0, 120.0), "NVIDIA RTX PRO 6000 Blackwell": (520.0, 90.0)}  # (busy, idle)
+
+
+def _energy(machine: dict[str, Any], variant: str, p50: float) -> dict[str, Any]:
+    """GPU energy of the timed phase (made-up power, the decisions' time); none on a CPU, and none for the H200's
+    nvfp4-packed run, whose phase was too short (as quantbench.run.energy stores it)."""
+    if machine is CPU:
+        return {}
+    if machine is H200 and variant == "nvfp4-packed":
+        return {"energy_phase_s": 1.6, "energy_decisions": N_QUESTIONS + N_LATENCY,
+                "extra": {"energy": {"note": "not measured: the timed phase took 1.60 s, under the 2 s the energy "
+                                             "counter needs (it updates every ~20-100 ms); raise --latency-min-seconds"}}}
+    busy, idle = POWER_W[machine["gpu_name"]]
+    n = N_QUESTIONS + N_LATENCY
+    phase_s = n * p50 / 1e3 * 1.05  # the forward passes and the gaps between them
+    return {"energy_j_per_decision": busy * phase_s / n, "energy_mean_w": busy, "energy_phase_s": phase_s,
+            "energy_decisions": n, "energy_idle_w": idle}
+
+
 def build(path: str | Path) -> Store:
     """Write the whole test store at `path` (which must not exist) and return it."""
     store = Store(path)
@@ -131,7 +150,7 @@ def build(path: str | Path) -> Store:
         answers = ref if flips == 0 else candidate_answers(ref, flips, seed=100 + i)
         run = run_row(machine, 10 * i, backend=backend, variant=variant, kernel_path=kernel, weight_format=fmt,
                       native=native, role=role, load_s=round(4 + weights / 3, 2), cold_ms=p50 * 7.5,
-                      **_memory(machine, weights, disk))
+                      **_memory(machine, weights, disk), **_energy(machine, variant, p50))
         store.write_run(RunResult(run=run, answers=answers, latencies=latencies(p50, seed=200 + i)))
     # BF16 under the batched_mm kernel needs ~93 GiB on top of the weights: out of memory on the 96 GB card.
     store.write_run(RunResult(run=run_row(

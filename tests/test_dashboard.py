@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from quantbench.analysis import efficiency
 from quantbench.report import Rules, build_report, cells, flat_rows, gpu_matrices
 from quantbench.store import Store
 from tests import dashboard_store as ds
@@ -385,3 +386,41 @@ def test_a_variant_made_elsewhere_is_shown_in_its_bases_table(own_store):
     assert any("int4 (quantbench engine) is the checkpoint someone/moe-a3b-int4-AutoRound, compared with this "
                "model's BF16 run because of its model card's base_model (teststore/moe-a3b)" in c.value
                for c in at.caption)
+
+
+def test_the_table_shows_joules_per_decision_beside_latency_and_na_on_a_cpu(store):
+    at = app(gpu="NVIDIA H200")
+    df = at.dataframe[0].value.set_index("Variant")
+    [rep] = build_report(store, gpu="NVIDIA H200", model=ds.MODEL)
+    energy = {r.label: r.efficiency for r in rep.rows}
+    # 450 W over the phase, 120 W idle (tests/dashboard_store.py); the nvfp4 run's phase was too short
+    assert df.at["int4", "Energy per decision"] == efficiency.energy_text(energy["int4"])
+    assert df.at["int4", "Energy per decision"].endswith("above idle)") and energy["int4"].j_per_decision > 0
+    assert df.at["nvfp4-packed", "Energy per decision"] == "n/a"
+    assert "Cost per 1M decisions" not in df.columns  # no price: no cost
+    order = list(at.dataframe[0].value.columns)
+    assert order.index("Energy per decision") == order.index("Latency p50 / p90 (per decision)") + 1
+    at = app(gpu="cpu:ci-runner")
+    assert set(at.dataframe[0].value["Energy per decision"]) == {"n/a"}
+
+
+def test_a_price_per_gpu_hour_adds_cost_as_the_report_computes_it_and_goes_in_the_url(store):
+    at = app(gpu="NVIDIA H200")
+    at.number_input(key="price").set_value(3.6).run()
+    assert not at.exception and at.query_params["price"] == "3.6"
+    [rep] = build_report(store, gpu="NVIDIA H200", model=ds.MODEL, price_per_gpu_hour=3.6)
+    assert_table_is_the_report(at, rep)  # every cell, the cost column too
+    df = at.dataframe[0].value.set_index("Variant")
+    assert df.at["int4", "Cost per 1M decisions"].startswith("$")
+    at = app(gpu="cpu:ci-runner", price="3.6")  # a shared link carries the price
+    assert at.number_input(key="price").value == 3.6
+    assert set(at.dataframe[0].value["Cost per 1M decisions"]) == {"n/a"}  # a price per GPU hour prices GPUs only
+
+
+def test_latency_page_shows_energy_and_power_beside_the_percentiles(store):
+    at = app(gpu="NVIDIA H200")
+    at.switch_page("page_latency.py").run()
+    table = at.dataframe[0].value.set_index("Variant")
+    assert table.at["int4", "Mean power (W)"] == 450.0 and table.at["int4", "Idle power (W)"] == 120.0
+    assert table.at["nvfp4-packed", "Energy per decision"] == "n/a"
+    assert any("NVML's total-energy counter" in c for c in texts(at.caption))

@@ -166,7 +166,7 @@ def test_a_sweep_names_the_base_of_a_variant_given_under_its_model(tmp_path):
 def test_a_store_from_before_the_lineage_columns_still_reports_and_migrates(tmp_path):
     import duckdb
 
-    from quantbench.store.schema import VIEWS
+    from quantbench.store.schema import SCHEMA_VERSION, VIEWS
 
     path = tmp_path / "old.duckdb"
     Store(path).migrate(target=3)
@@ -179,7 +179,7 @@ def test_a_store_from_before_the_lineage_columns_still_reports_and_migrates(tmp_
     [rep] = report.build_report(Store(path))  # read only: the store stays at version 3
     assert rep.model_id == "someone-int4" and "no BF16 reference" in rep.rule
     assert Store(path).schema_version() == 3
-    assert Store(path).migrate() == 4
+    assert Store(path).migrate() == SCHEMA_VERSION
     cols = set(Store(path).read("SELECT * FROM runs").columns)
     assert {"base_model", "base_model_how", "shared_tensors_hash"} <= cols
 

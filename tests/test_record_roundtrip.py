@@ -167,3 +167,7 @@ def test_a_tiny_run_end_to_end_stores_the_answers_the_model_gives(tmp_path, monk
     assert {k: run[k] for k in ("status", "backend", "variant", "model_id", "kernel_path", "n_records")} == {
         "status": "ok", "backend": "tests.tiny:TinyBackend", "variant": "tiny", "model_id": "tiny-test",
         "kernel_path": "transformers grouped_mm", "n_records": 3}
+    # A CPU run measures no energy: every energy column NULL (NaN through pandas), never 0, and extra says why
+    for col in ("energy_j_per_decision", "energy_mean_w", "energy_phase_s", "energy_decisions", "energy_idle_w"):
+        assert run[col] is None or run[col] != run[col], col
+    assert json.loads(run["extra"])["energy"] == {"note": "not measured: a CPU run (NVML measures GPUs)"}

@@ -277,7 +277,8 @@ def test_the_markdown_table_has_the_card_columns_and_cpu_memory_labels(cpu_lab):
     text = report.render(report.build_report(lab.store), "markdown")
     header = next(line for line in text.splitlines() if line.startswith("| Variant"))
     assert header == ("| Variant | Format | Size on disk | Weights (host memory) | Peak host RSS | Latency p50 / p90 "
-                      "(per decision) | Agrees with BF16 (95% CI) | TV | Verdict | Δ accuracy vs BF16 | Native here? | Best for | Kernel |")
+                      "(per decision) | Energy per decision | Agrees with BF16 (95% CI) | TV | Verdict | Δ accuracy vs BF16 | Native here? | "
+                      "Best for | Kernel |")
     assert "VRAM" not in header
     fp8 = next(line for line in text.splitlines() if line.startswith("| fp8 "))
     assert fp8.count("n/a") >= 3 and " 0 B" not in fp8  # unknown is n/a, never 0

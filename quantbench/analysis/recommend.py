@@ -22,7 +22,7 @@ from typing import Any
 
 import pandas as pd
 
-from quantbench.analysis import parity
+from quantbench.analysis import efficiency, parity
 from quantbench.analysis import stats as an
 from quantbench.analysis.parity import Comparison, FloorStats
 from quantbench.analysis.stats import ParityError
@@ -74,6 +74,7 @@ class Row:
     peak_bytes: int | None  # NVML per-process peak (torch's peak reserved when NVML had none); host RSS on a CPU
     peak_source: str | None  # nvml | torch_reserved | host_rss
     comparison: Comparison | None = None
+    efficiency: efficiency.Efficiency | None = None  # energy and cost per decision
     quality: str | None = None  # why there are no parity figures: reference | synthetic | failed | an error
     excluded: list[str] = field(default_factory=list)
     recommended: bool = False
@@ -108,6 +109,7 @@ class GpuReport:
     reference_accuracy: float | None = None  # unweighted mean over benchmarks, on gold
     notes: list[str] = field(default_factory=list)
     throughput: list[dict[str, Any]] = field(default_factory=list)  # batched runs: throughput()
+    price_per_gpu_hour: float | None = None  # USD: the rows' efficiency carries cost per 1M decisions
 
 
 class Reports(list[GpuReport]):
@@ -237,10 +239,13 @@ def _batch(run: dict[str, Any]) -> int:
     return int_or_none(run.get("batch")) or 1
 
 
-def throughput(group: list[dict[str, Any]], history: bool = True) -> list[dict[str, Any]]:
+def throughput(group: list[dict[str, Any]], history: bool = True,
+               price_per_gpu_hour: float | None = None) -> list[dict[str, Any]]:
     """Batched runs (several decisions per forward pass) as decisions/s per variant and batch size, newest run of
     each variant, kernel (implementation, without `history`) and batch: the table itself is per-decision latency
-    at batch 1, so they never replace its rows. The kernel is named only where one variant ran under several."""
+    at batch 1, so they never replace its rows. The kernel is named only where one variant ran under several.
+    Each row carries its run's energy per decision and, given a price, its cost per 1M decisions (from its
+    decisions/s)."""
     latest: dict[tuple, dict[str, Any]] = {}
     for run in group:
         if run.get("status") == "ok" and _batch(run) > 1 and float_or_none(run.get("decisions_per_s")):
@@ -259,7 +264,8 @@ def throughput(group: list[dict[str, Any]], history: bool = True) -> list[dict[s
 
     rows = [{"variant": label(r), "batch": _batch(r), "decisions_per_s": float_or_none(r.get("decisions_per_s")),
              "ms_per_pass": 1000 * _batch(r) / float_or_none(r.get("decisions_per_s")),  # the mean over full batches
-             "run_id": str(r.get("run_id"))} for r in latest.values()]
+             "run_id": str(r.get("run_id")), "efficiency": efficiency.of_run(r, price_per_gpu_hour)}
+            for r in latest.values()]
     return sorted(rows, key=lambda t: (t["variant"], t["batch"]))
 
 
@@ -298,14 +304,17 @@ def _superseded_fixtures(runs: list[dict[str, Any]]) -> set[tuple[tuple[str, str
 
 def build_report(store: Store, gpu: str | None = None, model: str | None = None, rules: Rules | None = None, *,
                  host: str | None = None, since: str | None = None, cross_gpu_reference: bool = True,
-                 seed: int = 0, history: bool = False, run_ids: set[str] | None = None) -> Reports:
+                 seed: int = 0, history: bool = False, run_ids: set[str] | None = None,
+                 price_per_gpu_hour: float | None = None) -> Reports:
     """One GpuReport per (GPU, model, suite) in the store, filtered by `gpu` / `model` / `host` / `since` (runs
     made at or after that time: leaves out runs of an older quantbench whose kernel paths differ).
 
     By default each table shows the newest run of each variant and implementation (superseded kernel
     generations left out) and only the newest build of the embedded fixture per GPU; `history` shows every
-    kernel generation's newest run and every fixture build (`quantbench report --all`)."""
+    kernel generation's newest run and every fixture build (`quantbench report --all`). `price_per_gpu_hour`
+    (USD) adds each row's cost per 1M decisions (quantbench.analysis.efficiency)."""
     rules = rules or Rules()
+    price = efficiency.check_price(price_per_gpu_hour)
     runs = stored_runs(store)
     if run_ids is not None:  # only these runs (the demo reports on the runs it just made)
         runs = [r for r in runs if str(r["run_id"]) in run_ids]
@@ -339,7 +348,7 @@ def build_report(store: Store, gpu: str | None = None, model: str | None = None,
         rows_runs = [r for r in _pick_rows(batch1, history) if (r.get("role") or "candidate") != "noise_floor"]
         if rows_runs:
             reports.append(_build_one(store, group, rows_runs, rules, answers_of, cross_gpu_reference, seed,
-                                      history))
+                                      history, price))
     reports.sort(key=lambda r: (r.cpu, r.gpu, str(r.model_id), str(r.suite_id)))
     return reports
 
@@ -354,10 +363,12 @@ def row_labels(runs: list[dict[str, Any]]) -> list[str]:
             else label for r, label in zip(runs, labels, strict=True)]
 
 
-def _build_one(store, group, rows_runs, rules, answers_of, cross_gpu_reference, seed, history) -> GpuReport:
+def _build_one(store, group, rows_runs, rules, answers_of, cross_gpu_reference, seed, history,
+               price=None) -> GpuReport:
     first = rows_runs[0]
     cpu = parity.is_cpu(first)
-    rows = [Row(run, label, cpu, *_memory(run)) for run, label in zip(rows_runs, row_labels(rows_runs), strict=True)]
+    rows = [Row(run, label, cpu, *_memory(run), efficiency=efficiency.of_run(run, price))
+            for run, label in zip(rows_runs, row_labels(rows_runs), strict=True)]
     synthetic = any(r.ok for r in rows) and all(r.run.get("weights") == "synthetic" for r in rows if r.ok)
     ok_runs = [r for r in group if r.get("status") == "ok"]
     refs = [r for r in ok_runs if r.get("backend") == "bf16" and (r.get("role") or "candidate") != "noise_floor"
@@ -388,7 +399,7 @@ def _build_one(store, group, rows_runs, rules, answers_of, cross_gpu_reference, 
         suite_id=next((r.get("suite_id") for r in group if r.get("suite_id")), None),
         suite_hash=next((r.get("suite_hash") for r in group if r.get("suite_hash")), None),
         rows=rows, reference=reference, floor=floor, recommended=None, rule="", reference_accuracy=ref_acc,
-        notes=notes + pairing_notes(rows), throughput=throughput(group, history),
+        notes=notes + pairing_notes(rows), throughput=throughput(group, history, price), price_per_gpu_hour=price,
     )
     _recommend(report, rules, synthetic)
     return report

@@ -42,6 +42,8 @@ def migrate(db: DbOpt = None) -> None:
 MARGIN_AGREEMENT_HELP = ("Verdict: top-answer agreement a variant may lose beyond the noise floor's and still count "
                          "as equivalent, a fraction (0.02 = 2 points)")
 MARGIN_TV_HELP = "Verdict: mean total variation a variant may add beyond the noise floor's and still count as equivalent"
+PRICE_HELP = ("USD per GPU hour: adds cost per 1M decisions (from the mean model time per decision at batch 1, or "
+              "decisions/s where batched)")
 
 
 def compare(
@@ -51,22 +53,31 @@ def compare(
     fmt: Annotated[str, typer.Option("--format", help="table | json")] = "table",
     margin_agreement: Annotated[float, typer.Option(help=MARGIN_AGREEMENT_HELP)] = 0.02,
     margin_tv: Annotated[float, typer.Option(help=MARGIN_TV_HELP)] = 0.01,
+    price_per_gpu_hour: Annotated[float | None, typer.Option(help=PRICE_HELP)] = None,
     db: DbOpt = None,
 ) -> None:
-    """Parity of one run with its BF16 reference, beside the noise floor, with a verdict."""
-    from quantbench.analysis.parity import compare as compare_runs  # lazy: a fast --help
+    """Parity of one run with its BF16 reference, beside the noise floor, with a verdict; then speed, energy and
+    cost per decision of both runs."""
+    from quantbench.analysis import efficiency  # lazy: a fast --help
+    from quantbench.analysis.parity import compare as compare_runs
     from quantbench.analysis.stats import Margins, ParityError
-    from quantbench.report.tables import print_comparison
+    from quantbench.report.tables import print_comparison, print_efficiency
     from quantbench.store import Store
 
     try:
         if fmt not in ("table", "json"):
             raise ParityError(f"--format {fmt!r}: use table or json")
-        comp = compare_runs(Store(_db(db)), run_id, reference, noise_floor, margins=Margins(margin_agreement, margin_tv))
+        price = efficiency.check_price(price_per_gpu_hour)
+        store = Store(_db(db))
+        comp = compare_runs(store, run_id, reference, noise_floor, margins=Margins(margin_agreement, margin_tv))
+        effs = {name: efficiency.of_stored(store, str(run["run_id"]), price)
+                for name, run in (("candidate", comp.candidate), ("reference", comp.reference))}
         if fmt == "json":
-            print(json.dumps(comp.to_dict(), indent=2, default=str))
+            print(json.dumps({**comp.to_dict(), "efficiency": {k: e.as_dict() for k, e in effs.items()}},
+                             indent=2, default=str))
         else:
             print_comparison(comp)
+            print_efficiency(comp, effs)
     except QuantbenchError as e:
         _fail(e)
 
@@ -81,6 +92,7 @@ def report(
     history: Annotated[bool, typer.Option("--all", help="Every kernel generation's newest run and every fixture build, not only the newest of each variant")] = False,
     margin_agreement: Annotated[float, typer.Option(help=MARGIN_AGREEMENT_HELP)] = 0.02,
     margin_tv: Annotated[float, typer.Option(help=MARGIN_TV_HELP)] = 0.01,
+    price_per_gpu_hour: Annotated[float | None, typer.Option(help=PRICE_HELP)] = None,
     db: DbOpt = None,
 ) -> None:
     """The "Which quant should I use?" table, one per GPU, from the store."""
@@ -89,7 +101,8 @@ def report(
     try:
         # Plain print: the report is meant to be pasted (a model card), so no wrapping or markup from rich.
         print(report_text(str(_db(db)), fmt, gpu, model, vram_budget_gib, min_agreement, since=since,
-                          history=history, margin_agreement=margin_agreement, margin_tv=margin_tv), end="")
+                          history=history, margin_agreement=margin_agreement, margin_tv=margin_tv,
+                          price_per_gpu_hour=price_per_gpu_hour), end="")
     except QuantbenchError as e:
         _fail(e)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from quantbench.analysis import parity
+from quantbench.analysis import efficiency, parity
 from quantbench.analysis import stats as an
 from quantbench.analysis.recommend import (
     SYNTHETIC_NOTE,
@@ -35,7 +35,11 @@ def throughput_notes(rows: list[dict[str, Any]]) -> list[str]:
     """throughput()'s rows as one sentence: the note `--format json` carries (markdown prints a table)."""
     if not rows:
         return []
-    parts = [f"{t['variant']} at batch {t['batch']}: {t['decisions_per_s']:.1f}/s" for t in rows]
+    parts = [f"{t['variant']} at batch {t['batch']}: {t['decisions_per_s']:.1f}/s"
+             + (f", {efficiency.fmt_joules(t['efficiency'].j_per_decision)} per decision"
+                if t["efficiency"].j_per_decision is not None else "")
+             + (f", {efficiency.cost_text(t['efficiency'])} per 1M decisions"
+                if t["efficiency"].cost_per_million is not None else "") for t in rows]
     return ["Throughput (decisions per second, several decisions in one forward pass): " + "; ".join(parts) + "."]
 
 
@@ -44,11 +48,16 @@ def throughput_markdown(rows: list[dict[str, Any]]) -> list[str]:
     variant and batch size: a list of them in one sentence was unreadable past a few)."""
     if not rows:
         return []
+    priced = rows[0]["efficiency"].price_per_gpu_hour is not None
+    head = ["Variant", "Decisions per pass", "Decisions/s", "Mean ms per pass", "Energy per decision",
+            *(["Cost per 1M decisions"] if priced else []), "Run"]
     lines = ["Throughput, several decisions in one forward pass (the table above is one decision at a time):", "",
-             "| Variant | Decisions per pass | Decisions/s | Mean ms per pass | Run |", "|---|---|---|---|---|"]
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for t in rows:
+        e = t["efficiency"]
+        cost = f" {efficiency.cost_text(e)} |" if priced else ""
         lines.append(f"| {_md_escape(t['variant'])} | {t['batch']} | {t['decisions_per_s']:.1f} | "
-                     f"{t['ms_per_pass']:.1f} | {t['run_id'][:13]} |")
+                     f"{t['ms_per_pass']:.1f} | {efficiency.energy_text(e)} |{cost} {t['run_id'][:13]} |")
     return lines + [""]
 
 
@@ -96,6 +105,8 @@ def cells(row: Row, report: GpuReport) -> dict[str, str]:
     native = {"native": "yes", "emulated": "no (emulated)"}.get(run.get("native") or "", "—")
     lat = "n/a" if row.p50 is None else f"{fmt_ms(row.p50)} / {fmt_ms(float_or_none(run.get('p90_ms')))} ms"
     peak = fmt_bytes(row.peak_bytes) + ("*" if row.peak_source == "torch_reserved" else "")
+    eff = row.efficiency or efficiency.of_run(run, report.price_per_gpu_hour)
+    cost = {"Cost per 1M decisions": efficiency.cost_text(eff)} if report.price_per_gpu_hour is not None else {}
     return {
         "Variant": row.label,
         "Format": str(run.get("weight_format") or "n/a"),
@@ -103,6 +114,8 @@ def cells(row: Row, report: GpuReport) -> dict[str, str]:
         ("Weights (host memory)" if row.cpu else "VRAM (weights)"): fmt_bytes(row.weights_bytes),
         ("Peak host RSS" if row.cpu else "Peak VRAM"): peak,
         "Latency p50 / p90 (per decision)": lat,
+        "Energy per decision": efficiency.energy_text(eff),
+        **cost,
         "Agrees with BF16 (95% CI)": agree,
         "TV": tv,
         "Verdict": verdict,
@@ -154,6 +167,7 @@ def _markdown_one(report: GpuReport) -> str:
         notes += verdict_notes(report)
     elif ref is not None and not any(r.quality == SYNTHETIC_NOTE for r in report.rows):
         notes.append("No noise-floor run: make one with `quantbench run --noise-floor` to judge how close is close.")
+    notes += efficiency.energy_note(report.price_per_gpu_hour, report.cpu)
     if report.cpu:
         notes.append("CPU runs have no VRAM: Weights (host memory) is the bytes of every tensor the loaded model "
                      "holds; Peak host RSS is the process's peak resident memory.")
@@ -303,6 +317,7 @@ def flat_rows(reports: list[GpuReport]) -> pd.DataFrame:
                 "weights_memory_kind": "host_tensors" if row.cpu else "vram_allocated",
                 "peak_memory_bytes": row.peak_bytes, "peak_memory_kind": row.peak_source,
                 "p50_ms": row.p50, "p90_ms": float_or_none(run.get("p90_ms")), "n_timed": int_or_none(run.get("n_timed")),
+                **_efficiency_columns(row.efficiency or efficiency.of_run(run, rep.price_per_gpu_hour)),
                 "quality": row.quality,
                 "agreement": c.agreement.rate if c else None, "agreement_lo": c.agreement.lo if c else None,
                 "agreement_hi": c.agreement.hi if c else None, "n_questions": c.agreement.n if c else None,
@@ -318,10 +333,24 @@ def flat_rows(reports: list[GpuReport]) -> pd.DataFrame:
                 "recommended": row.recommended, "best_for": row.best_for,
             })
     df = pd.DataFrame(out)
-    for col in ("disk_bytes", "weights_memory_bytes", "peak_memory_bytes", "n_timed", "n_questions"):
+    for col in ("disk_bytes", "weights_memory_bytes", "peak_memory_bytes", "n_timed", "n_questions",
+                "energy_decisions"):
         if col in df:
             df[col] = df[col].astype("Int64")  # integers stay integers beside unknowns
     return df
+
+
+def _efficiency_columns(e: efficiency.Efficiency) -> dict[str, Any]:
+    """The energy and cost figures of a row, as the csv and json name them."""
+    d = e.as_dict()
+    return {k: d[k] for k in ("j_per_decision", "j_above_idle_per_decision", "mean_w", "idle_w", "energy_phase_s",
+                              "energy_decisions", "energy_note", "price_per_gpu_hour", "cost_per_million_decisions",
+                              "time_basis")}
+
+
+def _throughput_json(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{**{k: v for k, v in t.items() if k != "efficiency"}, **_efficiency_columns(t["efficiency"])}
+            for t in rows]
 
 
 def to_json(reports: list[GpuReport], rules: Rules | None = None) -> dict[str, Any]:
@@ -338,7 +367,8 @@ def to_json(reports: list[GpuReport], rules: Rules | None = None) -> dict[str, A
                 "run_id": str(f.run["run_id"]), "kernel_path": f.run.get("kernel_path"),
                 "agreement": asdict(f.agreement), "tv": asdict(f.tv)}),
             "recommended": rep.recommended.label if rep.recommended else None, "rule": rep.rule,
-            "notes": throughput_notes(rep.throughput) + rep.notes, "throughput": rep.throughput,
+            "notes": throughput_notes(rep.throughput) + rep.notes, "throughput": _throughput_json(rep.throughput),
+            "price_per_gpu_hour": rep.price_per_gpu_hour,
             "rows": [r for r in records if r["gpu"] == rep.gpu and r["model_id"] == rep.model_id
                      and r["suite_hash"] == rep.suite_hash],
         })
@@ -366,14 +396,14 @@ def render(reports: list[GpuReport], fmt: str = "markdown", rules: Rules | None 
 # -- entry points for the CLI and the demo -------------------------------------------------------------------
 def report_for_this_machine(store: Store, machine_gpu_name_or_family: str, host: str | None = None,
                             rules: Rules | None = None, model: str | None = None,
-                            run_ids: set[str] | None = None) -> str:
+                            run_ids: set[str] | None = None, price_per_gpu_hour: float | None = None) -> str:
     """The markdown report for one machine: pass `machine.gpu_name`, or "cpu" (this host's CPU runs unless `host`
     names another); `model` keeps only that model's tables, `run_ids` only those runs (the demo reports on the
     runs it just made, never on older ones of the store)."""
     if machine_gpu_name_or_family.strip().lower() == "cpu" and host is None:
         host = socket.gethostname()
     reports = build_report(store, gpu=machine_gpu_name_or_family, host=host, rules=rules, model=model,
-                           run_ids=run_ids)
+                           run_ids=run_ids, price_per_gpu_hour=price_per_gpu_hour)
     if not reports and not reports.failed:
         where = machine_gpu_name_or_family + (f" on {host}" if host else "")
         return f"No successful or failed runs for {where} in {store.path} yet.\n"
@@ -383,9 +413,11 @@ def report_for_this_machine(store: Store, machine_gpu_name_or_family: str, host:
 def report_text(db: str | None = None, fmt: str = "markdown", gpu: str | None = None, model: str | None = None,
                 vram_budget_gib: float | None = None, min_agreement: float | None = None,
                 host: str | None = None, since: str | None = None, history: bool = False,
-                margin_agreement: float = an.MARGIN_AGREEMENT, margin_tv: float = an.MARGIN_TV) -> str:
+                margin_agreement: float = an.MARGIN_AGREEMENT, margin_tv: float = an.MARGIN_TV,
+                price_per_gpu_hour: float | None = None) -> str:
     """`quantbench report`'s text (plain, so it pastes into a model card); `history` (`--all`) keeps superseded
-    kernel generations and fixture builds. When no run matches, the error lists what the store has."""
+    kernel generations and fixture builds; `price_per_gpu_hour` adds cost per 1M decisions. When no run matches,
+    the error lists what the store has."""
     if min_agreement is not None and 1.0 < min_agreement <= 100.0:
         min_agreement /= 100.0  # --min-agreement 95 means 95%
     rules = Rules(vram_budget_gib=vram_budget_gib, margins=an.Margins(margin_agreement, margin_tv),
@@ -393,7 +425,8 @@ def report_text(db: str | None = None, fmt: str = "markdown", gpu: str | None = 
     if fmt not in FORMATS:
         raise ConfigError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
     store = Store(db)
-    reports = build_report(store, gpu=gpu, model=model, rules=rules, host=host, since=since, history=history)
+    reports = build_report(store, gpu=gpu, model=model, rules=rules, host=host, since=since, history=history,
+                           price_per_gpu_hour=price_per_gpu_hour)
     if not reports and not reports.failed:
         have = sorted({f"{parity.gpu_label(r)}: {r.get('model_id')}" for r in stored_runs(store)})
         asked = " ".join(f"--{k} {v}" for k, v in (("gpu", gpu), ("model", model), ("host", host), ("since", since))

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from quantbench import term
-from quantbench.analysis import parity
+from quantbench.analysis import efficiency, parity
 from quantbench.analysis import stats as an
 from quantbench.analysis.parity import Comparison
 from quantbench.store import Store
@@ -139,6 +139,30 @@ def print_comparison(comp: Comparison, console: Console | None = None) -> None:
         console.print(a)
     else:
         console.print("no gold answers in this suite: no accuracy figures")
+
+
+def print_efficiency(comp: Comparison, effs: dict[str, efficiency.Efficiency], console: Console | None = None) -> None:
+    """Speed, energy and cost per decision of the candidate and its reference (`quantbench compare`)."""
+    console = console or term.console()
+    priced = any(e.price_per_gpu_hour is not None for e in effs.values())
+    t = Table(title="Speed, energy and cost per decision")
+    for col in ("Run", "Time per decision", "Energy per decision", "Mean power", "Idle power",
+                *(["Cost per 1M decisions"] if priced else [])):
+        t.add_column(col, justify="left" if col == "Run" else "right")
+    runs = {"candidate": comp.candidate, "reference": comp.reference}
+    for name, e in effs.items():
+        per = "n/a" if e.seconds_per_decision is None else f"{1e3 * e.seconds_per_decision:,.2f} ms"
+        t.add_row(f"{name}: {parity.describe(runs[name])}", per, efficiency.energy_text(e),
+                  efficiency.fmt_watts(e.mean_w), efficiency.fmt_watts(e.idle_w),
+                  *([efficiency.cost_text(e)] if priced else []))
+    console.print(t)
+    basis = {e.time_basis for e in effs.values()}
+    console.print("time per decision: " + "; ".join(sorted(basis)))
+    for name, e in effs.items():
+        if e.energy_note:
+            console.print(f"{name} energy: {e.energy_note}")
+    if priced and not any(e.gpu for e in effs.values()):
+        console.print(f"cost: n/a ({efficiency.NO_GPU_COST})")
 
 
 # -- sharing (`quantbench export`, `quantbench merge`) -------------------------------------------------------

@@ -31,10 +31,12 @@ from quantbench.models.checkpoint import tensor_bytes
 from quantbench.protocol import refuse_unread_media
 from quantbench.protocol.suite import load_suite
 from quantbench.run.backend import LoadedVariant, get_backend
+from quantbench.run.energy import EnergyMeter
 from quantbench.run.machine import detect
 from quantbench.run.memory import MemoryTracker
 from quantbench.run.record import (
     AnswerRow,
+    EnergyFacts,
     KernelPath,
     LatencyRow,
     LineageFacts,
@@ -78,8 +80,10 @@ def _progress() -> Progress:
     )
 
 
-def _answer_suite(loaded: LoadedVariant, records, timer: Timer, spec: RunSpec, out: dict[str, Any]) -> None:
-    """Answer every record (timed), then keep timing until the latency phase's stop rules hold.
+def _answer_suite(loaded: LoadedVariant, records, timer: Timer, spec: RunSpec, out: dict[str, Any],
+                  energy: EnergyMeter | None = None) -> None:
+    """Answer every record (timed), then keep timing until the latency phase's stop rules hold; `energy` reads
+    the GPU's energy counter around that whole timed phase (and over an idle second before it).
 
     With `spec.concurrency` n > 1, records go n at a time through `forward_many`: a remote server gets n requests
     in flight (each timed end to end by the client), a local model answers them in one batched forward pass
@@ -137,6 +141,9 @@ def _answer_suite(loaded: LoadedVariant, records, timer: Timer, spec: RunSpec, o
     for i in range(spec.warmup):
         decide([records[(i * n + j + 1) % len(records)] for j in range(n)])
 
+    energy = energy or EnergyMeter(None)
+    energy.idle()
+    energy.start()  # the timed phase: every decision whose latency is stored
     with _progress() as progress:
         task = progress.add_task(f"{loaded.info.variant}: suite", total=len(records))
         for chunk in chunks(records):
@@ -166,6 +173,7 @@ def _answer_suite(loaded: LoadedVariant, records, timer: Timer, spec: RunSpec, o
                     timed("latency", record, prep_ms, model_ms, tokens, batch)
                 i += n
                 progress.advance(task, n)
+    energy.stop(decisions=len(latencies), forward_s=sum(lat.model_ms / lat.batch for lat in latencies) / 1e3)
 
 
 def run(spec: RunSpec, out: dict[str, Any]) -> None:
@@ -208,7 +216,10 @@ def run(spec: RunSpec, out: dict[str, Any]) -> None:
             refuse_unread_media(record.request, loaded.engine.modalities, where=f"record {record.id}: ")
     # A remote backend (no model here) is timed by the wall clock: CUDA events would time this GPU, idle.
     kernel = KernelPath.planned(info.kernel_path, kernel_paths(loaded.model) if loaded.model is not None else "")
-    _answer_suite(loaded, records, Timer(device if loaded.model is not None else "cpu"), spec, out)
+    energy = EnergyMeter.for_run(device, machine.nvml_index, loaded.model is not None, loaded.engine.synchronize)
+    _answer_suite(loaded, records, Timer(device if loaded.model is not None else "cpu"), spec, out, energy)
+    measured.energy = EnergyFacts(**vars(energy.figures))
+    extra["energy"] = energy.extra()
     ran = kernel_paths_ran(loaded.model) if loaded.model is not None else ""
     if kernel.experts and ran and ran != kernel.experts:  # what ran, not only what was planned
         extra["kernel_paths"] = {"planned": kernel.experts, "ran": ran}

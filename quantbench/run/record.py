@@ -1,7 +1,7 @@
 """The declared run record: what one run stores, as typed models, one field per column.
 
-The child measures and fills a `Measured` (machine, suite, variant, lineage and memory facts, the timings, the
-kernel path it ran); the parent adds what identifies the run (`RunIdentity`) and `RunRecord.compose` makes the
+The child measures and fills a `Measured` (machine, suite, variant, lineage, memory and energy facts, the timings,
+the kernel path it ran); the parent adds what identifies the run (`RunIdentity`) and `RunRecord.compose` makes the
 `runs` row. `AnswerRow` and `LatencyRow` are the rows of the two other tables. The store inserts `model_dump()`
 and refuses a record whose fields are not exactly its table's columns, so a key spelt wrong is an error at
 write, never a silent NULL. Every model forbids unknown fields.
@@ -117,6 +117,17 @@ class MemoryFacts(_Part):
     host_rss_peak_bytes: int | None
 
 
+class EnergyFacts(_Part):
+    """`quantbench.run.energy.EnergyMeter.figures`: GPU energy over the timed phase; None (NULL) where not measured
+    (a CPU run, a remote server, no counter, a phase too short), with the reason in the run's `extra.energy`."""
+
+    energy_j_per_decision: float | None
+    energy_mean_w: float | None
+    energy_phase_s: float | None
+    energy_decisions: int | None
+    energy_idle_w: float | None
+
+
 class KernelPath(_Part):
     """The run's kernel path, from its parts: `str()` is the text stored in `runs.kernel_path`.
 
@@ -167,6 +178,7 @@ class Measured(_Part):
     kernel_path: str | None = None  # str(KernelPath) of what ran
     extra: dict[str, Any] | None = None
     memory: MemoryFacts | None = None
+    energy: EnergyFacts | None = None
 
 
 class RunIdentity(_Part):
@@ -248,6 +260,11 @@ class RunRecord(_Part):
     base_model: str | None = None
     base_model_how: str | None = None
     shared_tensors_hash: str | None = None
+    energy_j_per_decision: float | None = None
+    energy_mean_w: float | None = None
+    energy_phase_s: float | None = None
+    energy_decisions: int | None = None
+    energy_idle_w: float | None = None
 
     @classmethod
     def compose(cls, identity: RunIdentity, machine: MachineFacts, provenance: Provenance, measured: Measured,
@@ -256,7 +273,7 @@ class RunRecord(_Part):
         `notes` (what the parent found before spawning) are added to the run's `extra`."""
         m = measured
         row: dict[str, Any] = {**(m.machine or machine).model_dump(), **provenance.model_dump()}
-        for part in (m.suite, m.lineage, m.memory):
+        for part in (m.suite, m.lineage, m.memory, m.energy):
             if part is not None:
                 row.update(part.model_dump())
         if m.variant is not None:

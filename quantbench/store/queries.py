@@ -45,17 +45,24 @@ def run_failure(store: Store, run_id: str) -> pd.DataFrame:
 
 
 # -- the report and parity ----------------------------------------------------------------------------------
+RUNS_WITH_LATENCY = (
+    "WITH b AS (SELECT run_id, max(batch) AS batch FROM latencies GROUP BY run_id), "
+    "t AS (SELECT l.run_id, count(*) / (sum(l.model_ms / l.batch) / 1000) AS decisions_per_s "
+    "      FROM latencies l JOIN b ON l.run_id = b.run_id AND l.batch = b.batch GROUP BY l.run_id) "
+    "SELECT r.*, l.p50_ms, l.p90_ms, l.mean_ms, l.n_timed, b.batch, t.decisions_per_s FROM runs r "
+    "LEFT JOIN run_latency l USING (run_id) LEFT JOIN b USING (run_id) LEFT JOIN t USING (run_id) "
+)
+
+
 def runs_with_latency(store: Store) -> pd.DataFrame:
-    """Every run, oldest first, with its latency summary, its batch size (decisions per forward pass, throughput
-    mode) and decisions_per_s over its full-size batches."""
-    return store.read(
-        "WITH b AS (SELECT run_id, max(batch) AS batch FROM latencies GROUP BY run_id), "
-        "t AS (SELECT l.run_id, count(*) / (sum(l.model_ms / l.batch) / 1000) AS decisions_per_s "
-        "      FROM latencies l JOIN b ON l.run_id = b.run_id AND l.batch = b.batch GROUP BY l.run_id) "
-        "SELECT r.*, l.p50_ms, l.p90_ms, l.n_timed, b.batch, t.decisions_per_s FROM runs r "
-        "LEFT JOIN run_latency l USING (run_id) LEFT JOIN b USING (run_id) LEFT JOIN t USING (run_id) "
-        "ORDER BY r.created_at"
-    )
+    """Every run, oldest first, with its latency summary (p50, p90, mean model ms), its batch size (decisions per
+    forward pass, throughput mode) and decisions_per_s over its full-size batches."""
+    return store.read(RUNS_WITH_LATENCY + "ORDER BY r.created_at")
+
+
+def run_with_latency(store: Store, run_id: str) -> pd.DataFrame:
+    """One run (by its whole id) as `runs_with_latency` gives it."""
+    return store.read(RUNS_WITH_LATENCY + "WHERE CAST(r.run_id AS VARCHAR) = ?", [str(run_id)])
 
 
 def runs_by_id_prefix(store: Store, prefix: str) -> pd.DataFrame:

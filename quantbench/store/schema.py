@@ -106,6 +106,16 @@ MIGRATIONS: list[str] = [
     ALTER TABLE runs ADD COLUMN base_model_how VARCHAR;
     ALTER TABLE runs ADD COLUMN shared_tensors_hash VARCHAR;
     """,
+    # 5: GPU energy of the timed phase (quantbench.run.energy): NVML's total-energy counter read at the start and end
+    # of the whole phase, never per decision; NULL where not measured (CPU, remote server, phase too short), the
+    # reason in extra.energy. Idle power is the same counter over an idle second before the phase.
+    """
+    ALTER TABLE runs ADD COLUMN energy_j_per_decision DOUBLE;
+    ALTER TABLE runs ADD COLUMN energy_mean_w DOUBLE;
+    ALTER TABLE runs ADD COLUMN energy_phase_s DOUBLE;
+    ALTER TABLE runs ADD COLUMN energy_decisions INTEGER;
+    ALTER TABLE runs ADD COLUMN energy_idle_w DOUBLE;
+    """,
 ]
 
 # Views are recreated on every open (they hold no data), so they can change without a migration.

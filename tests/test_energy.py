@@ -1,0 +1,181 @@
+"""Energy per decision (quantbench.run.energy): the reader's rules on a fake NVML counter, the child's timed phase
+bracketed by it, and a CPU run storing NULL with its reason. CI has no GPU: the counter is a function here."""
+
+import json
+
+import pytest
+
+from quantbench.run import energy as en
+from quantbench.run.energy import EnergyMeter
+
+
+class FakeGpu:
+    """A wall clock that the meter's `sleep` and the test's `work` advance, and NVML's energy counter over it: mJ
+    since load, at `watts`, updated only every `period_s` (as the real counter, ~20-100 ms)."""
+
+    def __init__(self, watts: float = 400.0, idle_watts: float = 100.0, period_s: float = 0.05):
+        self.t, self.mj, self.watts, self.idle_watts, self.period = 1000.0, 5_000_000.0, watts, idle_watts, period_s
+        self.shown, self.next_update, self.syncs = int(self.mj), self.t + period_s, 0
+
+    def _advance(self, seconds: float, watts: float) -> None:
+        end = self.t + seconds
+        while self.next_update <= end:
+            self.mj += watts * (self.next_update - self.t)  # watts here in mW: mW · s = mJ
+            self.t = self.next_update
+            self.shown = int(self.mj)
+            self.next_update += self.period
+        self.mj += watts * (end - self.t)
+        self.t = end
+
+    def read_mj(self) -> int:
+        return self.shown
+
+    def clock(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:  # idle
+        self._advance(seconds, self.idle_watts * 1000)
+
+    def work(self, seconds: float) -> None:  # decisions
+        self._advance(seconds, self.watts * 1000)
+
+    def synchronize(self) -> None:
+        self.syncs += 1
+
+    def meter(self, **kw) -> EnergyMeter:
+        return EnergyMeter(self.read_mj, synchronize=self.synchronize, clock=self.clock, sleep=self.sleep, **kw)
+
+
+def test_an_advancing_counter_gives_joules_per_decision_mean_watts_and_idle_power():
+    gpu = FakeGpu(watts=400, idle_watts=100)
+    meter = gpu.meter()
+    meter.idle()
+    meter.start()
+    for _ in range(300):  # 300 decisions of 20 ms: far below the counter's 50 ms resolution one by one
+        gpu.work(0.02)
+    f = meter.stop(decisions=300, forward_s=5.4)
+    assert f.energy_decisions == 300 and f.energy_phase_s == pytest.approx(6.0)
+    # 400 W over 6 s = 2400 J, 8 J per decision, within one counter update (0.05 s x 400 W = 20 J) of the truth
+    assert f.energy_j_per_decision == pytest.approx(8.0, abs=20 / 300)
+    assert f.energy_mean_w == pytest.approx(400, abs=20 / 6)
+    assert f.energy_idle_w == pytest.approx(100, abs=100 * 0.05 / 1.0)
+    assert meter.note is None and gpu.syncs == 4  # a synchronize before every read
+    extra = meter.extra()
+    assert "nvmlDeviceGetTotalEnergyConsumption" in extra["method"] and extra["joules"] == pytest.approx(2400, abs=20)
+    assert extra["forward_share"] == pytest.approx(0.9)  # 5.4 s of the 6 s phase were timed forward passes
+
+
+def test_a_counter_that_did_not_advance_stores_null_and_says_so():
+    gpu = FakeGpu()
+    meter = EnergyMeter(lambda: 123_456, clock=gpu.clock, sleep=gpu.sleep)
+    meter.idle()
+    meter.start()
+    gpu.work(3.0)
+    f = meter.stop(decisions=100)
+    assert f.energy_j_per_decision is None and f.energy_mean_w is None and f.energy_idle_w is None
+    assert "did not advance" in meter.note and "123456 -> 123456 mJ" in meter.note
+    assert "idle power not measured" in meter.extra()["idle_note"]
+    assert f.energy_phase_s == pytest.approx(3.0) and f.energy_decisions == 100  # the phase itself is a fact
+
+
+def test_a_phase_shorter_than_the_minimum_stores_null_and_names_the_flag():
+    gpu = FakeGpu()
+    meter = gpu.meter()
+    meter.start()
+    gpu.work(en.MIN_PHASE_S - 0.5)  # the counter advanced, but too few updates to trust
+    f = meter.stop(decisions=50)
+    assert f.energy_j_per_decision is None and f.energy_mean_w is None
+    assert "under the 2 s" in meter.note and "--latency-min-seconds" in meter.note
+    assert meter.extra() == {"note": meter.note}
+
+
+def test_a_gpu_without_the_counter_stores_null_with_nvmls_reason(monkeypatch):
+    pynvml = pytest.importorskip("pynvml")
+
+    def not_supported(handle):
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", lambda: None)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByIndex", lambda i: f"handle{i}")
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetTotalEnergyConsumption", not_supported)
+    meter = EnergyMeter.for_run("cuda:0", 0, local=True, synchronize=lambda: None)
+    meter.idle()
+    meter.start()
+    f = meter.stop(decisions=10)
+    assert f == en.EnergyFigures()  # every column NULL
+    assert meter.note.startswith("not measured: NVML has no total-energy counter")
+    assert "Not Supported" in meter.note
+
+
+def test_the_counter_is_read_through_nvml_for_the_runs_gpu(monkeypatch):
+    pynvml = pytest.importorskip("pynvml")
+    counter = iter(range(1_000_000, 10**9, 250_000))  # 250 J per read
+    monkeypatch.setattr(pynvml, "nvmlInit", lambda: None)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByIndex", lambda i: ("handle", i))
+    seen = []
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetTotalEnergyConsumption", lambda h: seen.append(h) or next(counter))
+    read, missing = en.nvml_counter(3)
+    assert missing is None and read() == 1_250_000 and seen == [("handle", 3)] * 2  # a probe, then the read
+
+
+@pytest.mark.parametrize(("device", "local", "why"), [
+    ("cpu", True, "a CPU run"),
+    ("cuda:0", False, "remote server"),
+])
+def test_no_counter_is_read_for_a_cpu_run_or_a_remote_server(device, local, why):
+    meter = EnergyMeter.for_run(device, 0, local=local, synchronize=lambda: None)
+    meter.idle()
+    meter.start()
+    assert meter.stop(decisions=10) == en.EnergyFigures()
+    assert why in meter.note
+
+
+def test_the_child_brackets_exactly_the_timed_decisions(tmp_path):
+    """The child's `_answer_suite` reads the counter after the cold and warm-up decisions and after the last
+    timed one: the decisions the meter divides by are the latency rows, the phase their time."""
+    from quantbench.run import child
+    from quantbench.run.record import Measured
+    from quantbench.run.spec import RunSpec
+    from tests.tiny import TinyBackend
+
+    suite = tmp_path / "mini.jsonl"
+    suite.write_text("".join(json.dumps({
+        "id": f"r{i}", "benchmark": "mini",
+        "request": {"state": {"observation": f"wall {i}"},
+                    "questions": {"q": {"type": "choice", "criteria": {"left": "Turn left", "right": "Turn right"}}}},
+    }) + "\n" for i in range(4)))
+    spec = RunSpec(backend="tests.tiny:TinyBackend", suite=str(suite), gpu="cpu", warmup=2,
+                   latency_min_decisions=9, latency_min_seconds=0.0)
+    loaded = TinyBackend().load(spec, None)
+    from quantbench.protocol.suite import load_suite
+
+    records = load_suite(str(suite)).records
+    calls = []
+
+    class Probe(EnergyMeter):
+        def idle(self):
+            calls.append(("idle", len(out["latencies"]), forwards[0]))
+
+        def start(self):
+            calls.append(("start", len(out["latencies"]), forwards[0]))
+
+        def stop(self, decisions, forward_s=None):
+            calls.append(("stop", decisions, forwards[0]))
+            assert forward_s == pytest.approx(sum(lat.model_ms for lat in out["latencies"]) / 1e3)
+            return self.figures
+
+    forwards = [0]
+    forward = loaded.engine.forward
+
+    def counted(prepared):
+        forwards[0] += 1
+        return forward(prepared)
+
+    loaded.engine.forward = counted
+    out = {"run": Measured(), "answers": [], "latencies": []}
+    child._answer_suite(loaded, records, child.Timer("cpu"), spec, out, Probe(None))
+    n = len(out["latencies"])
+    assert n == 9  # the suite's 4 and 5 latency repeats
+    # idle and start after the cold decision and 2 warm-ups; stop after every timed one, with their count
+    assert calls == [("idle", 0, 3), ("start", 0, 3), ("stop", n, 3 + n)]
+
