@@ -24,8 +24,11 @@ import hashlib
 import json
 import re
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from quantbench.errors import ConfigError
 from quantbench.models import hub
@@ -115,8 +118,9 @@ def canonical_tensor_name(name: str) -> str | None:
 
 def shared_tensors_hash(path: Path) -> str | None:
     """sha256 over the name, dtype, shape and bytes of every tensor quantization leaves alone (see the module
-    doc), read straight from the safetensors files (nothing is unpickled or converted); None when the checkpoint
-    has no such tensor or its files cannot be read."""
+    doc), read straight from the safetensors files (nothing is unpickled); a float32 tensor that holds bfloat16
+    values exactly is hashed as bfloat16 (_bf16_exact). None when the checkpoint has no such tensor or its files
+    cannot be read."""
     try:
         entries = []
         for file in sorted(path.glob("*.safetensors")):
@@ -127,20 +131,44 @@ def shared_tensors_hash(path: Path) -> str | None:
             return None
         h = hashlib.sha256()
         for name, file, start, meta in sorted(entries, key=lambda e: e[0]):
-            h.update(f"{name}|{meta['dtype']}|{meta['shape']}|".encode())
             begin, end = meta["data_offsets"]
-            with open(file, "rb") as fh:
-                fh.seek(start + begin)
-                left = end - begin
-                while left > 0:
-                    chunk = fh.read(min(_CHUNK, left))
-                    if not chunk:
-                        return None  # a truncated file: no evidence
-                    h.update(chunk)
-                    left -= len(chunk)
+            dtype, chunks = meta["dtype"], lambda: _chunks(file, start + begin, end - begin)
+            if dtype == "F32" and all(_bf16_exact(c) for c in chunks()):
+                dtype, chunks = "BF16", lambda: (_bf16_bytes(c) for c in _chunks(file, start + begin, end - begin))
+            shape = meta["shape"]
+            h.update(f"{name}|{dtype}|{shape}|".encode())
+            for chunk in chunks():
+                h.update(chunk)
         return h.hexdigest()
-    except (OSError, ValueError, KeyError, struct.error):
+    except (OSError, ValueError, KeyError, struct.error, _Truncated):
         return None
+
+
+class _Truncated(Exception):
+    """A safetensors file shorter than its header says: no evidence."""
+
+
+def _chunks(file: Path, offset: int, size: int) -> Iterator[bytes]:
+    with open(file, "rb") as fh:
+        fh.seek(offset)
+        while size > 0:
+            chunk = fh.read(min(_CHUNK, size))
+            if not chunk:
+                raise _Truncated(file)
+            size -= len(chunk)
+            yield chunk
+
+
+# auto-round writes the tensors it leaves alone as float32 on a CPU without bf16 instructions (seen 2026-12-02 on
+# a VM without AVX512-BF16; with them it keeps bf16): the same values, widened. A float32 tensor whose every value
+# is a bfloat16 (low 16 bits zero) is hashed as that bfloat16 tensor, so the widening does not hide a shared base.
+# Hashes of bfloat16 checkpoints are unchanged (_CHUNK is a multiple of 4: a value never spans two chunks).
+def _bf16_exact(chunk: bytes) -> bool:
+    return not (np.frombuffer(chunk, dtype="<u4") & 0xFFFF).any()
+
+
+def _bf16_bytes(chunk: bytes) -> bytes:
+    return (np.frombuffer(chunk, dtype="<u4") >> 16).astype("<u2").tobytes()
 
 
 def evidence(model_path: str | None, given_base: str | None) -> dict[str, Any]:
