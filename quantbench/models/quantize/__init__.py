@@ -9,6 +9,11 @@ as the runner renders them (prompt + answer) — never a hub dataset. `out_dir` 
 directory (config.json + *.safetensors + tokenizer) with `quantbench_provenance.json`: the source model's hash,
 the recipe, library versions and the time taken.
 
+A Qwen3-Omni-MoE checkpoint takes its own route (quantbench.models.quantize.omni: the thinker's experts only, a
+thinker-only variant, each library in a child process). After every experts-only quantization of a checkpoint,
+every non-expert tensor of the variant is checked byte-identical to the source's and the check is recorded
+(quantbench.models.quantize.unchanged); a variant that fails it is removed.
+
 `default_variant(scheme)` is the embedded default model's variant, made once and cached under
 `$QUANTBENCH_CACHE` (default ~/.cache/quantbench) in `variants/<source-hash>-<recipe-hash>/`.
 """

@@ -82,16 +82,19 @@ def check_experts_only(model: torch.nn.Module) -> None:
                               "Their modules need an `enable: False` entry in quantbench.models.quantize.modelopt")
 
 
-def load_for_calibration(source: Path, device: str) -> torch.nn.Module:
+def load_for_calibration(source: str | Path, device: str) -> torch.nn.Module:
     """The BF16 model on transformers' `eager` experts path (where ModelOpt intercepts fused experts): a causal
     LM, or a Qwen3-Omni-MoE checkpoint's thinker as quantbench's loader reads it (full or thinker-only, any key
     layout; the talker and code2wav never read)."""
     from quantbench.models.family import Qwen3OmniThinkerFamily, family_of
 
+    source = Path(source)
     family = family_of(read_config(source))
     if isinstance(family, Qwen3OmniThinkerFamily):
         model = family.load(source, torch.bfloat16, device)
         model.set_experts_implementation("eager")
+        # a full checkpoint's thinker config names no class; the export writes it, and ModelOpt reads it
+        model.config.architectures = model.config.architectures or [type(model).__name__]
         return model.eval()
     return load_causal_lm(source, dtype=torch.bfloat16, device=device, experts_implementation="eager")
 
