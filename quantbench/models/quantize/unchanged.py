@@ -111,9 +111,9 @@ def check_unchanged(source: Path, variant: Path) -> dict[str, Any]:
 def restore_source_dtypes(source: Path, variant: Path) -> dict[str, Any]:
     """Store back in the source's dtype every non-expert tensor of `variant` that a library widened without
     changing its value: auto-round on a CPU without native bf16 computes in float32 and writes the tensors it
-    leaves alone as float32 (twice the bytes; the config still says bfloat16). A tensor is restored only when
-    casting it back gives exactly the source's bytes, and then it *is* the source's tensor; any other difference
-    is left for check_unchanged to name. Returns what was restored, for the provenance."""
+    leaves alone as float32 (twice the bytes; the config still says bfloat16). A tensor is restored only when it
+    is exactly the source's tensor widened (every element equal, bit for bit), and then the source's tensor is
+    stored; any other difference, however small, is left for check_unchanged to name. Returns what was restored, for the provenance."""
     import torch
     from safetensors import safe_open
     from safetensors.torch import save_file
@@ -134,9 +134,10 @@ def restore_source_dtypes(source: Path, variant: Path) -> dict[str, Any]:
             src = theirs[name]
             with safe_open(str(src.file), framework="pt") as handle:
                 original = handle.get_tensor(src.key)
-            back = tensors[t.key].to(original.dtype)
-            if torch.equal(back.reshape(-1).view(torch.uint8), original.reshape(-1).view(torch.uint8)):
-                saved += tensors[t.key].numel() * (tensors[t.key].element_size() - original.element_size())
+            widened_here = tensors[t.key]
+            exact = original.to(widened_here.dtype)  # the source's values, widened: the library's tensor must be it
+            if torch.equal(exact.reshape(-1).view(torch.uint8), widened_here.reshape(-1).view(torch.uint8)):
+                saved += widened_here.numel() * (widened_here.element_size() - original.element_size())
                 tensors[t.key] = original
                 restored[name] = f"{t.dtype} -> {src.dtype}"
                 changed = True
