@@ -40,7 +40,8 @@ def test_an_int4_variant_prints_its_steps_and_logs_the_library_beside_it(tiny_so
     ours = [line for line in said.splitlines() if not line.startswith("AutoRound: ")]  # the bar's own lines
     assert ours[0] == (f"int4: quantizing {tiny_source} with auto-round 0.16.1 (optimized RTN, 8 samples of 64 "
                        f"tokens); the libraries' own log: {log}")
-    assert re.fullmatch(r"int4: quantized in \d+\.\d s", ours[1]) and len(ours) == 2, ours
+    assert re.fullmatch(r"int4: \d+ non-expert tensors \([\d,]+ bytes\) byte-identical to the source", ours[1]), ours
+    assert re.fullmatch(r"int4: quantized in \d+\.\d s", ours[2]) and len(ours) == 3, ours
     text = log.read_text()
     assert "quantization tuning time" in text and "WARNING" in text  # auto-round's own lines, kept
     assert log.parent == target.parent and not (target / log.name).exists()

@@ -1,5 +1,12 @@
 """Calibration inputs: train-split decision records rendered as the runner renders them, for the quantizers
-(quantbench.models.quantize) and the synthetic shapes' one calibration forward (quantbench.models.synthetic)."""
+(quantbench.models.quantize) and the synthetic shapes' one calibration forward (quantbench.models.synthetic).
+
+The quantizers feed the model one batch at a time as keyword inputs (`model(**inputs)`): a text batch is
+`input_ids` + `attention_mask` (calibration_inputs). A record carrying media (a Qwen3-Omni thinker's image, audio
+or video) becomes the same kind of dict, made by the checkpoint's own processor: `input_ids` with the media
+placeholders expanded, `attention_mask`, and the tower inputs the thinker's forward needs (`pixel_values` +
+`image_grid_thw`, `input_features` + `feature_attention_mask`, `pixel_values_videos` + `video_grid_thw` +
+`video_second_per_grid`), so the calibration forward runs the towers exactly as a decision does."""
 
 from __future__ import annotations
 
@@ -37,6 +44,24 @@ def calibration_texts(tokenizer: Any, nsamples: int, seqlen: int, seed: int = 0)
             tokens += len(tokenizer(text, add_special_tokens=False)["input_ids"]) + 2  # + the blank line
         texts.append("\n\n".join(parts))
     return texts
+
+
+def calibration_inputs(tokenizer: Any, texts: list[str], seqlen: int, batch: int = 8) -> list[dict[str, Tensor]]:
+    """The texts' token ids cut to `seqlen`, as the forward's keyword inputs (`input_ids`, `attention_mask`), in
+    batches of up to `batch` rows of equal length (the texts are packed to at least seqlen tokens, so nearly all
+    are full rows, and no row is padded)."""
+    import torch
+
+    by_length: dict[int, list[list[int]]] = {}
+    for text in texts:
+        ids = tokenizer(text, add_special_tokens=False, truncation=True, max_length=seqlen)["input_ids"]
+        by_length.setdefault(len(ids), []).append(ids)
+    out = []
+    for rows in by_length.values():
+        for i in range(0, len(rows), batch):
+            ids = torch.tensor(rows[i : i + batch])
+            out.append({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+    return out
 
 
 def calibration_prompt(tokenizer: Any, seqlen: int = 512) -> Tensor:

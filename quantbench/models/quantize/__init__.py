@@ -9,6 +9,11 @@ as the runner renders them (prompt + answer) — never a hub dataset. `out_dir` 
 directory (config.json + *.safetensors + tokenizer) with `quantbench_provenance.json`: the source model's hash,
 the recipe, library versions and the time taken.
 
+A Qwen3-Omni-MoE checkpoint takes its own route (quantbench.models.quantize.omni: the thinker's experts only, a
+thinker-only variant, each library in a child process). After every experts-only quantization of a checkpoint,
+every non-expert tensor of the variant is checked byte-identical to the source's and the check is recorded
+(quantbench.models.quantize.unchanged); a variant that fails it is removed.
+
 `default_variant(scheme)` is the embedded default model's variant, made once and cached under
 `$QUANTBENCH_CACHE` (default ~/.cache/quantbench) in `variants/<source-hash>-<recipe-hash>/`.
 """
@@ -31,7 +36,7 @@ from typing import Any
 from quantbench.errors import ConfigError, QuantbenchError
 from quantbench.models import hub, scorer
 from quantbench.models.calibration import calibration_texts
-from quantbench.models.checkpoint import PROVENANCE_FILE, fingerprint, model_identity
+from quantbench.models.checkpoint import PROVENANCE_FILE, fingerprint, model_identity, read_config
 from quantbench.term import libraries_to, stderr_console
 
 SCHEMES = ("int4", "nvfp4", "fp8")
@@ -146,7 +151,11 @@ def quantize(
             else:
                 ident = model_identity(source)
                 origin = {**ident, "path": str(source.resolve()), "hash": ident["model_hash"]}
-                if scheme == "int4":
+                from quantbench.models.quantize.omni import is_omni, quantize_omni
+
+                if is_omni(read_config(source)):
+                    details = quantize_omni(source, out, recipe, log, progress=progress)
+                elif scheme == "int4":
                     from quantbench.models.quantize.autoround import quantize_autoround
 
                     details = quantize_autoround(source, out, recipe, progress=progress)
@@ -162,11 +171,37 @@ def quantize(
     except BaseException:
         say.print(f"{scheme}: quantizing failed; the libraries' own log: {log}", highlight=False)
         raise
+    restored = {}
+    if source is not None and scheme == "int4":
+        from quantbench.models.quantize.unchanged import restore_source_dtypes
+
+        restored = restore_source_dtypes(source, out)
+    if source is not None and experts_only:
+        details["unchanged"] = _check_unchanged(source, out, scheme, say)
+        if restored:
+            details["unchanged"]["restored"] = restored
     seconds = time.perf_counter() - started
     details = {**details, **scorer.carry_over(source, out)}  # a checkpoint's own scorer, byte-identical (models/scorer.py)
     write_provenance(out, origin, recipe, seconds, details)
     say.print(f"{scheme}: quantized in {seconds:.1f} s", highlight=False)
     return out
+
+
+def _check_unchanged(source: Path, out: Path, scheme: str, say: Any) -> dict[str, Any]:
+    """quantize/unchanged.py's check of every non-expert tensor against the source; a variant that fails it is
+    removed (it is not the experts-only variant it claims to be) and the error names the first differing tensor."""
+    from quantbench.models.quantize.unchanged import ChangedTensor, check_unchanged
+
+    started = time.perf_counter()
+    try:
+        checked = check_unchanged(source, out)
+    except ChangedTensor as e:
+        shutil.rmtree(out, ignore_errors=True)
+        raise ChangedTensor(f"{e} ({out} was removed)") from None
+    checked["seconds"] = round(time.perf_counter() - started, 3)
+    say.print(f"{scheme}: {checked['tensors']} non-expert tensors ({checked['bytes']:,} bytes) byte-identical to the "
+              "source", highlight=False)
+    return checked
 
 
 def library_log(out: str | Path) -> Path:

@@ -9,7 +9,9 @@ keeps the router `mlp.gate` in 16 bits. AutoRound writes into a subfolder of the
 
 from __future__ import annotations
 
+import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,10 +62,46 @@ def non_expert_linears(model: torch.nn.Module) -> list[str]:
             if isinstance(m, torch.nn.Linear) and ".experts." not in f".{name}."]
 
 
+def expert_projections(model: torch.nn.Module) -> int:
+    """How many expert projections (gate, up, down of every expert of every MoE block) an experts-only export of
+    `model` must hold in int4, counted before AutoRound unfuses the experts."""
+    from quantbench.models.family import moe_layout
+
+    layout = moe_layout(model)
+    experts = int(model.config.get_text_config().num_experts)
+    return len(layout.blocks) * experts * 3
+
+
+def check_export(out: Path, expected: int) -> int:
+    """The int4 expert projections (`…experts.E.{gate,up,down}_proj.qweight`) AutoRound wrote into `out`, from the
+    safetensors headers; a QuantbenchError when fewer than `expected`. AutoRound can report success having written
+    a config and no weights (0.16.1 does on a full Qwen3-Omni-MoE checkpoint, whose blocks it does not find)."""
+    import json
+
+    found = 0
+    for f in sorted(out.glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+        found += sum(1 for key in header if _EXPERT_QWEIGHT.search(key))
+    if found < expected:
+        raise QuantbenchError(f"AutoRound reported success but {out} holds {found} of the {expected} int4 expert "
+                              "projections (…experts.E.{gate,up,down}_proj.qweight); nothing usable was written. "
+                              "Its log says why (e.g. 'could not find blocks')")
+    return found
+
+
+_EXPERT_QWEIGHT = re.compile(r"\.experts\.\d+\.(gate|up|down)_proj\.qweight$")
+
+
 def quantize_autoround(source: Path | None, out: Path, recipe: Any, *, progress: bool = True, model: Any = None,
-                       tokenizer: Any = None) -> dict[str, Any]:
+                       tokenizer: Any = None, dataset: list[Any] | None = None,
+                       checkpoint_name: Callable[[str], str] = str, **library: Any) -> dict[str, Any]:
     """Quantize `source` (or `model` with `tokenizer`, already in memory) with AutoRound W4A16 into `out` (a
-    checkpoint directory). Returns provenance details."""
+    checkpoint directory). Returns provenance details.
+
+    `dataset`: calibration samples as AutoRound takes them (default: the rendered train-split texts);
+    `checkpoint_name` maps a module name to the name its weights have in the checkpoint (AutoRound's layer_config
+    matches those); `library`: further AutoRound arguments (a multimodal model's `processor`)."""
     if model is None:
         from transformers import AutoTokenizer
 
@@ -71,8 +109,11 @@ def quantize_autoround(source: Path | None, out: Path, recipe: Any, *, progress:
         # MoE checkpoint would load with random experts (load_causal_lm refuses that anyway).
         model = load_causal_lm(source, dtype=torch.bfloat16, device="cpu")
         tokenizer = AutoTokenizer.from_pretrained(source)
-    texts = calibration_texts(tokenizer, recipe.nsamples, recipe.seqlen, recipe.seed)
-    layer_config = {name: {"bits": 16} for name in non_expert_linears(model)} if recipe.experts_only else None
+    if dataset is None:
+        dataset = calibration_texts(tokenizer, recipe.nsamples, recipe.seqlen, recipe.seed)
+    layer_config = ({checkpoint_name(name): {"bits": 16} for name in non_expert_linears(model)}
+                    if recipe.experts_only else None)
+    expected = expert_projections(model) if recipe.experts_only else 0
 
     from auto_round import AutoRound
     from auto_round.compressors import orchestrator
@@ -83,9 +124,10 @@ def quantize_autoround(source: Path | None, out: Path, recipe: Any, *, progress:
     try:
         rounder = AutoRound(
             model, tokenizer, scheme="W4A16", group_size=recipe.group_size, iters=recipe.iters,
-            dataset=texts, nsamples=recipe.nsamples, seqlen=recipe.seqlen, seed=recipe.seed,
+            dataset=dataset, nsamples=recipe.nsamples, seqlen=recipe.seqlen, seed=recipe.seed,
             layer_config=layer_config, batch_size=min(8, recipe.nsamples),
             **({} if recipe.opt_rtn else {"disable_opt_rtn": True}),  # --plain-rtn: no search, no calibration pass
+            **library,
         )
         staging = out / ".autoround"
         _, folders = rounder.quantize_and_save(str(staging), format="auto_round")
@@ -97,4 +139,7 @@ def quantize_autoround(source: Path | None, out: Path, recipe: Any, *, progress:
     for item in made.iterdir():
         shutil.move(str(item), out / item.name)
     shutil.rmtree(staging, ignore_errors=True)
-    return {"autoround_subfolder": made.name, "calibration_texts": len(texts)}
+    details = {"autoround_subfolder": made.name, "calibration_texts": len(dataset)}
+    if expected:
+        details["int4_expert_projections"] = check_export(out, expected)
+    return details

@@ -7,6 +7,12 @@ Experts only by default, matching the reference card: every nn.Linear outside th
 MLPs, lm_head) has its quantizers switched off, and ModelOpt's defaults already keep the router `mlp.gate` and
 the embeddings in BF16. ModelOpt intercepts the fused transformers-5 experts only on the `eager` experts path,
 so the model is loaded with that implementation for calibration.
+
+A Qwen3-Omni-MoE checkpoint is calibrated as its thinker, read by quantbench's loader (the talker and code2wav are
+never read; ModelOpt cannot export the full model, which has no `forward`). Its vision and audio towers have
+quantizers besides their Linears (convolutions, LayerNorm inputs): `*audio_tower*` and `*visual*` are switched off
+whole. Before the first calibration forward, every quantizer still enabled must sit under the MoE experts, or
+quantizing stops naming it: nothing outside the experts ever fake-quantizes during calibration.
 """
 
 from __future__ import annotations
@@ -19,10 +25,11 @@ from typing import Any
 import torch
 
 from quantbench.errors import ConfigError, QuantbenchError
-from quantbench.models.calibration import calibration_texts
-from quantbench.models.checkpoint import load_causal_lm
+from quantbench.models.calibration import calibration_inputs, calibration_texts
+from quantbench.models.checkpoint import load_causal_lm, read_config
 
 CONFIGS = {"nvfp4": "NVFP4_DEFAULT_CFG", "fp8": "FP8_DEFAULT_CFG"}
+ENCODER_TOWERS = ("audio_tower", "visual")  # a multimodal model's encoders (Qwen3-Omni's thinker): kept BF16 whole
 
 
 def modelopt_config(scheme: str, model: torch.nn.Module, experts_only: bool) -> dict[str, Any]:
@@ -37,17 +44,59 @@ def modelopt_config(scheme: str, model: torch.nn.Module, experts_only: bool) -> 
     cfg = copy.deepcopy(getattr(mtq, CONFIGS[scheme]))
     if experts_only:
         cfg["quant_cfg"] += [{"quantizer_name": f"{name}.*", "enable": False} for name in non_expert_linears(model)]
+        cfg["quant_cfg"] += [{"quantizer_name": f"*{tower}*", "enable": False} for tower in encoder_towers(model)]
     return cfg
 
 
-def calibration_batches(tokenizer: Any, texts: list[str], seqlen: int, batch: int = 8) -> list[torch.Tensor]:
-    """The texts' token ids cut to seqlen, in batches of up to `batch` rows of equal length (the texts are packed
-    to at least seqlen tokens, so nearly all are full rows): fewer passes through the eager experts loop."""
-    by_length: dict[int, list[list[int]]] = {}
-    for text in texts:
-        ids = tokenizer(text, add_special_tokens=False, truncation=True, max_length=seqlen)["input_ids"]
-        by_length.setdefault(len(ids), []).append(ids)
-    return [torch.tensor(rows[i : i + batch]) for rows in by_length.values() for i in range(0, len(rows), batch)]
+def encoder_towers(model: torch.nn.Module) -> list[str]:
+    """The ENCODER_TOWERS `model` has (by module name, at any depth)."""
+    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    return [tower for tower in ENCODER_TOWERS if tower in names]
+
+
+def quantizers_by_part(model: torch.nn.Module) -> dict[str, dict[str, int]]:
+    """How many of the model's ModelOpt quantizers are enabled / disabled, by part: `experts`, each encoder
+    tower, and `other` (attention, router, norms, embeddings, lm_head, ...)."""
+    from modelopt.torch.quantization.nn import TensorQuantizer
+
+    parts: dict[str, dict[str, int]] = {}
+    for name, module in model.named_modules():
+        if not isinstance(module, TensorQuantizer):
+            continue
+        part = "experts" if ".experts." in f".{name}." else next(
+            (t for t in ENCODER_TOWERS if f".{t}." in f".{name}."), "other")
+        counts = parts.setdefault(part, {"enabled": 0, "disabled": 0})
+        counts["enabled" if module.is_enabled else "disabled"] += 1
+    return parts
+
+
+def check_experts_only(model: torch.nn.Module) -> None:
+    """Refuse to calibrate when a quantizer outside the MoE experts is enabled (it would fake-quantize)."""
+    from modelopt.torch.quantization.nn import TensorQuantizer
+
+    stray = [name for name, m in model.named_modules()
+             if isinstance(m, TensorQuantizer) and m.is_enabled and ".experts." not in f".{name}."]
+    if stray:
+        raise QuantbenchError(f"ModelOpt: {len(stray)} quantizers outside the MoE experts are enabled (first: "
+                              f"{stray[0]}); experts-only quantizing would fake-quantize them during calibration. "
+                              "Their modules need an `enable: False` entry in quantbench.models.quantize.modelopt")
+
+
+def load_for_calibration(source: str | Path, device: str) -> torch.nn.Module:
+    """The BF16 model on transformers' `eager` experts path (where ModelOpt intercepts fused experts): a causal
+    LM, or a Qwen3-Omni-MoE checkpoint's thinker as quantbench's loader reads it (full or thinker-only, any key
+    layout; the talker and code2wav never read)."""
+    from quantbench.models.family import Qwen3OmniThinkerFamily, family_of
+
+    source = Path(source)
+    family = family_of(read_config(source))
+    if isinstance(family, Qwen3OmniThinkerFamily):
+        model = family.load(source, torch.bfloat16, device)
+        model.set_experts_implementation("eager")
+        # a full checkpoint's thinker config names no class; the export writes it, and ModelOpt reads it
+        model.config.architectures = model.config.architectures or [type(model).__name__]
+        return model.eval()
+    return load_causal_lm(source, dtype=torch.bfloat16, device=device, experts_implementation="eager")
 
 
 def _progress(total: int, enabled: bool):
@@ -70,9 +119,13 @@ def quantize_modelopt(
     experts_only: bool = True,
     progress: bool = True,
     device: str | None = None,
+    seen: dict[str, Any] | None = None,
 ) -> Path:
     """Quantize the BF16 checkpoint `source_dir` to `scheme` (nvfp4 | fp8) into `out_dir`; returns `out_dir`.
-    `texts`: calibration texts (default: quantbench.models.calibration.calibration_texts, the train split rendered)."""
+    `texts`: calibration texts (default: quantbench.models.calibration.calibration_texts, the train split rendered).
+    `seen`, when given, receives what calibration ran with: `quantizers` (quantizers_by_part, as the first
+    calibration forward found them), `disabled` (what experts-only switched off beyond ModelOpt's defaults) and
+    `samples`."""
     from transformers import AutoTokenizer
 
     source, out = Path(source_dir), Path(out_dir)
@@ -81,9 +134,9 @@ def quantize_modelopt(
     tokenizer = AutoTokenizer.from_pretrained(source)
     if texts is None:
         texts = calibration_texts(tokenizer, nsamples, seqlen)
-    batches = calibration_batches(tokenizer, texts[:nsamples], seqlen)
+    batches = calibration_inputs(tokenizer, texts[:nsamples], seqlen)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = load_causal_lm(source, dtype=torch.bfloat16, device=device, experts_implementation="eager")
+    model = load_for_calibration(source, device)
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*is not tested with current version of modelopt.*")
@@ -91,20 +144,32 @@ def quantize_modelopt(
         from modelopt.torch.export import export_hf_checkpoint
 
     cfg = modelopt_config(scheme, model, experts_only)
+    if seen is not None and experts_only:
+        from quantbench.models.quantize.autoround import non_expert_linears
+
+        seen["disabled"] = {"non_expert_linears": len(non_expert_linears(model)),
+                            "towers": [f"*{t}*" for t in encoder_towers(model)]}
 
     def forward_loop(m: torch.nn.Module) -> None:
+        if experts_only:
+            check_experts_only(m)
+        if seen is not None:
+            seen["quantizers"] = quantizers_by_part(m)
         with _progress(len(batches), progress) as bar, torch.inference_mode():
             task = bar.add_task("calibrate", total=len(batches))
-            for ids in batches:
-                m(input_ids=ids.to(device), use_cache=False)
+            for inputs in batches:
+                m(**{k: v.to(device) for k, v in inputs.items()}, use_cache=False)
                 bar.advance(task)
 
     mtq.quantize(model, cfg, forward_loop)
+    samples = sum(len(b["input_ids"]) for b in batches)
+    if seen is not None:
+        seen["samples"] = samples
     if progress:
         from quantbench.term import stderr_console
 
-        stderr_console().print(f"ModelOpt: {scheme} quantizers calibrated on {sum(len(b) for b in batches)} samples; "
-                               "exporting", highlight=False)
+        stderr_console().print(f"ModelOpt: {scheme} quantizers calibrated on {samples} samples; exporting",
+                               highlight=False)
     out.mkdir(parents=True, exist_ok=True)
     export_hf_checkpoint(model, export_dir=out)
     tokenizer.save_pretrained(out)

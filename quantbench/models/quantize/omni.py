@@ -1,0 +1,212 @@
+"""Quantizing the Qwen3-Omni-MoE family (`qwen3_omni_moe`: thinker + talker + code2wav; `qwen3_omni_moe_thinker`)
+as the reference card did: only the thinker's MoE experts; attention, router, norms, embeddings, lm_head and the
+vision and audio towers stay BF16 (checked byte-identical afterwards by quantize/unchanged.py). The variant is a
+thinker-only checkpoint: a decision reads the thinker alone, and the talker and code2wav are dropped (their size is
+recorded).
+
+The libraries' own omni paths do not work with the pinned versions (../shared/reference/qwen3-omni.md §5, §6), so:
+
+  int4   auto-round on a thinker-only BF16 copy in hub names (the source's thinker tensors renamed, bytes
+         untouched), loaded by transformers, with `processor=tokenizer` (its multimodal compressor requires one)
+         and every non-expert Linear pinned to 16 bits in checkpoint names (`model.layers.N…`, `visual.…`,
+         `audio_tower.…`). On a full checkpoint auto-round's own handler looks for `thinker.model.layers`, finds no
+         blocks on transformers 5.24, and exits "successfully" writing a config and no weights; on a thinker loaded
+         from a full checkpoint it copies the talker and code2wav, RTN-quantizing code2wav's MLPs.
+  nvfp4  ModelOpt on the thinker as quantbench's loader reads it (any layout; the talker never read: ModelOpt
+  fp8    cannot export the full model, which has no `forward`), experts on the `eager` path, the quantizers of
+         `*audio_tower*`, `*visual*` and every non-expert Linear disabled (quantize/modelopt.py).
+
+Each library runs in a child process (`python -m quantbench.models.quantize.omni`): importing auto-round changes
+how transformers loads MoE checkpoints, and ModelOpt patches module classes, in the process that does it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from quantbench.errors import ConfigError, QuantbenchError
+from quantbench.models.checkpoint import read_config, unread_tensors
+
+OMNI_FULL, OMNI_THINKER = "qwen3_omni_moe", "qwen3_omni_moe_thinker"  # as quantbench.models.family names them
+UNREAD = ("talker.", "code2wav.")
+# The files a thinker-only variant keeps from its source besides the weights and config: tokenizer and processor
+# (the media a decision carries is prepared by the checkpoint's own processor files).
+SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
+              "added_tokens.json", "chat_template.json", "chat_template.jinja", "preprocessor_config.json",
+              "video_preprocessor_config.json", "processor_config.json")
+
+
+def is_omni(config: dict[str, Any]) -> bool:
+    return config.get("model_type") in (OMNI_FULL, OMNI_THINKER)
+
+
+def quantize_omni(source: Path, out: Path, recipe: Any, log: Path, *, progress: bool = True) -> dict[str, Any]:
+    """Quantize the thinker of the omni checkpoint `source` into `out` (a thinker-only checkpoint); returns the
+    provenance details: the route taken, what was dropped, what the library step reported."""
+    from quantbench.models.quantize import library_versions
+    from quantbench.term import stderr_console
+
+    if not recipe.experts_only:
+        raise ConfigError("--all: Qwen3-Omni-MoE checkpoints are quantized experts only (the card's recipe; quantbench "
+                          "runs this family with quantized experts and everything else BF16); drop --all")
+    config = read_config(source)
+    say = stderr_console()
+    versions = library_versions()
+    details: dict[str, Any] = {"family": "qwen3_omni_thinker", "source_model_type": config.get("model_type"),
+                               "calibration_media": "none: the train split's records are text only, fed as "
+                                                    "input_ids + attention_mask through the thinker's forward"}
+    if config.get("model_type") == OMNI_FULL:
+        dropped = unread_tensors(source, UNREAD)
+        details["dropped"] = {**dropped, "why": "a decision reads the thinker alone; the variant is thinker-only"}
+        say.print(f"{recipe.scheme}: the thinker only: talker + code2wav dropped ({dropped['tensors']} tensors, "
+                  f"{dropped['bytes']:,} bytes)", highlight=False)
+    work = out.with_name(f".{out.name}.thinker-bf16")
+    shutil.rmtree(work, ignore_errors=True)
+    try:
+        if recipe.scheme == "int4":
+            made = thinker_copy(source, work)
+            quantized_from = work if made else source
+            if made:
+                details["thinker_copy"] = made
+                say.print(f"int4: thinker-only BF16 copy written ({made['tensors']} tensors, {made['bytes']:,} "
+                          "bytes); auto-round quantizes that", highlight=False)
+            details["route"] = (
+                f"auto-round {versions.get('auto-round')} on "
+                + ("a thinker-only BF16 copy in hub names" if made else "the thinker-only source as it is")
+                + f" (its own omni handler finds no blocks on transformers {versions.get('transformers')} and "
+                "exits writing no weights), processor=tokenizer, every non-expert Linear incl. visual / "
+                "audio_tower pinned to 16 bits in checkpoint names; experts unfused and stored per expert")
+        else:
+            quantized_from = source
+            details["route"] = (
+                f"nvidia-modelopt {versions.get('nvidia-modelopt')} on the thinker as quantbench's loader reads it "
+                "(talker and code2wav never read: ModelOpt cannot export the full model, which has no forward), "
+                "experts on transformers' eager path; the quantizers of *audio_tower*, *visual* and every "
+                "non-expert Linear disabled before calibration")
+        say.print(f"{recipe.scheme}: the library runs in a child process (its output: {log})", highlight=False)
+        details.update(run_child(recipe, quantized_from, out, progress=progress))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    copy_side_files(source, out)
+    return details
+
+
+def thinker_copy(source: Path, dst: Path) -> dict[str, Any] | None:
+    """A thinker-only BF16 checkpoint at `dst` in hub names (`model.layers.N…`, `visual.…`, `audio_tower.…`,
+    `lm_head.…`), shard by shard, each tensor's bytes untouched; None when `source` is one already. The config is
+    the thinker's own (`qwen3_omni_moe_thinker`)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from quantbench.models.lineage import canonical_tensor_name
+
+    config = read_config(source)
+    files = sorted(source.glob("*.safetensors"))
+    keys = {f: list(safe_open(str(f), framework="pt").keys()) for f in files}
+    if config.get("model_type") == OMNI_THINKER and all(canonical_tensor_name(k) == k for ks in keys.values()
+                                                         for k in ks):
+        return None
+    dst.mkdir(parents=True)
+    shards = [f for f in files if any(canonical_tensor_name(k) is not None for k in keys[f])]
+    weight_map: dict[str, str] = {}
+    nbytes = 0
+    for i, f in enumerate(shards, 1):
+        handle = safe_open(str(f), framework="pt")
+        shard = {name: handle.get_tensor(key) for key in keys[f] if (name := canonical_tensor_name(key)) is not None}
+        file = "model.safetensors" if len(shards) == 1 else f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(dst / file), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, file))
+        nbytes += sum(t.numel() * t.element_size() for t in shard.values())
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": nbytes}, "weight_map": dict(sorted(weight_map.items()))}
+        (dst / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    thinker = dict(config["thinker_config"]) if config.get("model_type") == OMNI_FULL else dict(config)
+    thinker.pop("quantization_config", None)
+    thinker.update(model_type=OMNI_THINKER, architectures=["Qwen3OmniMoeThinkerForConditionalGeneration"])
+    thinker.setdefault("dtype", config.get("dtype") or config.get("torch_dtype") or "bfloat16")
+    (dst / "config.json").write_text(json.dumps(thinker, indent=2) + "\n")
+    copy_side_files(source, dst)
+    return {"tensors": len(weight_map), "bytes": nbytes}
+
+
+def copy_side_files(source: Path, out: Path) -> list[str]:
+    """The source's tokenizer and processor files (SIDE_FILES) that `out` does not have yet, copied."""
+    copied = []
+    for name in SIDE_FILES:
+        if (source / name).is_file() and not (out / name).exists():
+            shutil.copy2(source / name, out / name)
+            copied.append(name)
+    return copied
+
+
+def run_child(recipe: Any, source: Path, out: Path, *, progress: bool) -> dict[str, Any]:
+    """The library step in a child process; its details come back through a file in `out`'s parent."""
+    answer = out.with_name(f".{out.name}.details.json")
+    answer.unlink(missing_ok=True)
+    job = {"recipe": recipe.to_dict(), "source": str(source), "out": str(out), "progress": progress,
+           "answer": str(answer)}
+    root = str(Path(__file__).resolve().parents[3])  # the directory that holds the quantbench package
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    done = subprocess.run([sys.executable, "-m", __name__, json.dumps(job)], env=env, check=False)
+    try:
+        if done.returncode != 0 or not answer.is_file():
+            raise QuantbenchError(f"{recipe.scheme}: the {'auto-round' if recipe.scheme == 'int4' else 'ModelOpt'} "
+                                  f"child process failed (exit {done.returncode}); its error is at the end of the "
+                                  "libraries' log")
+        return json.loads(answer.read_text())
+    finally:
+        answer.unlink(missing_ok=True)
+
+
+def autoround_thinker(source: Path, out: Path, recipe: Any, progress: bool) -> dict[str, Any]:
+    """In the child: auto-round W4A16 on the thinker-only BF16 checkpoint `source` (hub names)."""
+    import torch
+    from transformers import AutoTokenizer, Qwen3OmniMoeThinkerForConditionalGeneration
+
+    from quantbench.models.calibration import calibration_inputs, calibration_texts
+    from quantbench.models.checkpoint import load_causal_lm
+    from quantbench.models.lineage import canonical_tensor_name
+    from quantbench.models.quantize.autoround import quantize_autoround
+
+    # loaded before auto_round is imported (it changes transformers' MoE loading), refused unless filled exactly
+    model = load_causal_lm(source, dtype=torch.bfloat16, device="cpu",
+                           model_class=Qwen3OmniMoeThinkerForConditionalGeneration)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    texts = calibration_texts(tokenizer, recipe.nsamples, recipe.seqlen, recipe.seed)
+    samples = calibration_inputs(tokenizer, texts, recipe.seqlen, batch=1)
+    return quantize_autoround(source, out, recipe, progress=progress, model=model, tokenizer=tokenizer,
+                              dataset=samples, checkpoint_name=canonical_tensor_name, processor=tokenizer)
+
+
+def modelopt_thinker(source: Path, out: Path, recipe: Any, progress: bool) -> dict[str, Any]:
+    """In the child: ModelOpt on the thinker of `source` (any omni layout)."""
+    from transformers import AutoTokenizer
+
+    from quantbench.models.calibration import calibration_texts
+    from quantbench.models.quantize.modelopt import quantize_modelopt
+
+    texts = calibration_texts(AutoTokenizer.from_pretrained(source), recipe.nsamples, recipe.seqlen, recipe.seed)
+    seen: dict[str, Any] = {}
+    quantize_modelopt(source, recipe.scheme, out, texts=texts, nsamples=recipe.nsamples, seqlen=recipe.seqlen,
+                      experts_only=recipe.experts_only, progress=progress, seen=seen)
+    return {"modelopt_calibration": seen}
+
+
+def main() -> None:
+    from quantbench.models.quantize import Recipe
+
+    job = json.loads(sys.argv[1])
+    recipe = Recipe(**job["recipe"])
+    step = autoround_thinker if recipe.scheme == "int4" else modelopt_thinker
+    details = step(Path(job["source"]), Path(job["out"]), recipe, job["progress"])
+    Path(job["answer"]).write_text(json.dumps(details))
+
+
+if __name__ == "__main__":
+    main()
