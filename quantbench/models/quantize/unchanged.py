@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 from quantbench.errors import QuantbenchError
 from quantbench.models.checkpoint import read_config
+from quantbench.models.scorer import weight_files
 
 _CHUNK = 16 << 20
 
@@ -56,7 +57,8 @@ def non_expert_tensors(root: Path) -> dict[str, StoredTensor]:
     """Every non-expert tensor of the checkpoint at `root`, by its family's name for it, from the headers alone."""
     name_of = checkpoint_names(root)
     out: dict[str, StoredTensor] = {}
-    for file in sorted(root.glob("*.safetensors")):
+    scorer_files = weight_files(root)  # a checkpoint's own scorer head: copied and checked whole (models/scorer.py)
+    for file in sorted(f for f in root.glob("*.safetensors") if f.name not in scorer_files):
         with open(file, "rb") as fh:
             size = int.from_bytes(fh.read(8), "little")
             header = json.loads(fh.read(size))
