@@ -61,8 +61,8 @@ def state_segments(state: dict[str, Any], placeholders: dict[str, str] | None = 
                 pieces.append((" ", None))
             pieces.append((placeholders[item["type"]], item) if is_media_part(item) else (_text(item), None))
     merged: list[tuple[str, Any]] = []
-    for text, part in pieces:  # adjacent text pieces as one
-        if part is None and merged and merged[-1][1] is None:
+    for text, part in pieces:  # adjacent text pieces as one, "State:" apart (truncation keeps it)
+        if part is None and len(merged) > 1 and merged[-1][1] is None:
             merged[-1] = (merged[-1][0] + text, None)
         else:
             merged.append((text, part))
