@@ -247,7 +247,10 @@ class RunSpec(BaseModel):
         out = {k: generic[k] if k in generic else options[k] if k in options else LEGACY_OPTION_DEFAULTS[k]
                for k in LEGACY_LAYOUT}
         out.update({k: v for k, v in options.items() if k not in out})
-        out.update({k: v for k, v in generic.items() if k not in out})  # generic settings added since
+        # a generic setting added since the layout froze, only where it is set: a row of a run that leaves it at
+        # its default keeps today's keys (the stored `spec` column)
+        out.update({k: v for k, v in generic.items() if k not in out and v != type(self).model_fields[k].get_default(
+            call_default_factory=True)})
         return out
 
     def to_dict(self) -> dict[str, Any]:
