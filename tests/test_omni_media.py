@@ -31,7 +31,13 @@ from quantbench.engine.scoring import TransformersEngine
 from quantbench.errors import ContextLengthError, RequestError
 from quantbench.protocol import parse_request
 from tests.test_media import audio_bytes, mp4_bytes, uri
-from tests.test_omni_load import autoround_variant, checkpoints, dequantized_reference, load, modelopt_variants
+from tests.test_omni_load import (
+    autoround_variant,
+    checkpoints,
+    dequantized_reference,
+    load,
+    modelopt_variants,
+)
 
 QUESTIONS = {"action": {"type": "choice", "criteria": {"left": "Turn left", "right": "Turn right",
                                                        "forward": "Move forward"}},
