@@ -11,11 +11,11 @@ from __future__ import annotations
 import torch
 
 from quantbench.engine.moe import experts_nbytes
-from quantbench.engine.scoring import TransformersEngine
 from quantbench.errors import ConfigError
 from quantbench.models.checkpoint import experts_tensor_bytes, model_identity, read_config
 from quantbench.models.family import family_of, moe_layout
 from quantbench.models.modelopt import unread_note
+from quantbench.models.processor import decision_engine
 from quantbench.models.synthetic import build_synthetic, synthetic_id
 from quantbench.run.backend import EMBEDDED_MODEL, Availability, LoadedVariant, dir_bytes, model_dir
 from quantbench.run.placement import dtype_of
@@ -84,7 +84,7 @@ class Bf16Backend:
             disk = dir_bytes(path)
         impl = set_experts_implementation(model, spec.options.experts_impl)
         ours = spec.options.experts_impl == QUANTBENCH_IMPL  # quantbench's engine runs the experts, not transformers
-        engine = TransformersEngine.for_spec(model, tokenizer, spec)
+        engine = decision_engine(model, tokenizer, spec, None if spec.shape else model_dir(spec))
         if impl == "eager":
             engine.decoder.disable("experts=eager loops over the hit experts with a host sync (nonzero): not capturable")
         label = impl if ours else f"transformers experts={impl}"

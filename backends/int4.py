@@ -27,6 +27,7 @@ from quantbench.errors import ConfigError, LoadError
 from quantbench.models.checkpoint import experts_tensor_bytes, model_identity, read_config
 from quantbench.models.family import Qwen3OmniThinkerFamily, family_of, moe_layout
 from quantbench.models.modelopt import unread_note
+from quantbench.models.processor import decision_engine
 from quantbench.models.synthetic import build_synthetic, synthetic_id
 from quantbench.run.backend import Availability, LoadedVariant, dir_bytes, model_dir
 from quantbench.run.placement import device_of, dtype_of
@@ -158,7 +159,7 @@ class Int4Backend:
         ident = model_identity(path)
         source_hash = ident.pop("source_model_hash", None)
         unread, note = unread_note(path)
-        engine = TransformersEngine.for_spec(model, tokenizer, spec)
+        engine = decision_engine(model, tokenizer, spec, path)
         info = VariantInfo(
             variant="int4",
             weight_format=weight_format(qc),

@@ -23,9 +23,9 @@ import torch
 from torch import Tensor
 
 from quantbench.engine.moe.engine import experts_nbytes, kernel_paths
-from quantbench.engine.scoring import TransformersEngine
 from quantbench.errors import ConfigError
 from quantbench.models.modelopt import load_checkpoint
+from quantbench.models.processor import decision_engine
 from quantbench.models.synthetic import build_synthetic_quantized, synthetic_id
 from quantbench.run.backend import Availability, LoadedVariant, dir_bytes, model_dir
 from quantbench.run.placement import device_of, dtype_of
@@ -74,11 +74,12 @@ class Nvfp4Backend:
             got = load_checkpoint(model_dir(spec), "nvfp4", mode=mode, activations=acts == "on", dtype=dtype,
                                   device=device_of(spec), trust_remote_code=spec.trust_remote_code)
             layout = got["layout"]
-            fields = {"model": got["model"], "tokenizer": got["tokenizer"], "weight_format": layout.weight_format,
+            fields = {"model": got["model"], "tokenizer": got["tokenizer"], "checkpoint": got["path"],
+                      "weight_format": layout.weight_format,
                       "disk_bytes": dir_bytes(got["path"]), "extra": got["extra"], "load_note": got["load_note"],
                       **got["ident"]}
         model = fields.pop("model")
-        engine = TransformersEngine.for_spec(model, fields.pop("tokenizer"), spec)
+        engine = decision_engine(model, fields.pop("tokenizer"), spec, fields.pop("checkpoint", None))
         blackwell = getattr(machine, "gpu_family", "cpu") == "blackwell"
         extra = {**fields.pop("extra"), "nvfp4_mode": mode, "nvfp4_activations": acts,
                  "native_fp4_hardware": blackwell}

@@ -215,7 +215,7 @@ for scheme, out in (("nvfp4", sys.argv[2]), ("fp8", sys.argv[3])):
                 model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
     mtq.quantize(m, cfg, calibrate)
     export_hf_checkpoint(m, export_dir=out)
-    for f in ("tokenizer.json", "tokenizer_config.json"):
+    for f in ("tokenizer.json", "tokenizer_config.json", "preprocessor_config.json"):
         shutil.copy(f"{src}/{f}", out)
 """
 
@@ -287,7 +287,9 @@ def autoround_variant() -> Path:
     done = subprocess.run([sys.executable, "-c", AUTOROUND, str(checkpoints()["thinker"]), str(root)],
                           capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
-    return next(root.rglob("config.json")).parent
+    variant = next(root.rglob("config.json")).parent
+    shutil.copy(checkpoints()["thinker"] / "preprocessor_config.json", variant)  # auto-round saves the tokenizer only
+    return variant
 
 
 def test_auto_rounds_per_expert_export_loads_into_the_int4_engine_and_answers_as_transformers():

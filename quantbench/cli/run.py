@@ -12,6 +12,15 @@ from rich.table import Table
 
 from quantbench import limits
 from quantbench.cli.common import DbOpt, _db, _fail, err, out
+from quantbench.cli.media_flags import (
+    MaxAudioSeconds,
+    MaxImagePixels,
+    MaxMediaBytes,
+    MaxMediaParts,
+    MaxVideoFrames,
+    MaxVideoSeconds,
+    media_limits,
+)
 from quantbench.errors import ConfigError, QuantbenchError
 from quantbench.term import rule
 
@@ -157,6 +166,12 @@ def run(
     latency_min_seconds: Annotated[float, typer.Option(help="Latency phase: and at least this many seconds")] = 2.0,
     limit: Annotated[int | None, typer.Option(help="Only the first N records of the suite")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds before the run is killed (a `timeout` row)")] = 1800.0,
+    max_media_parts: MaxMediaParts = limits.DEFAULT_MAX_MEDIA_PARTS,
+    max_media_bytes: MaxMediaBytes = limits.DEFAULT_MAX_MEDIA_BYTES,
+    max_image_pixels: MaxImagePixels = limits.DEFAULT_MAX_IMAGE_PIXELS,
+    max_audio_seconds: MaxAudioSeconds = limits.DEFAULT_MAX_AUDIO_SECONDS,
+    max_video_frames: MaxVideoFrames = limits.DEFAULT_MAX_VIDEO_FRAMES,
+    max_video_seconds: MaxVideoSeconds = limits.DEFAULT_MAX_VIDEO_SECONDS,
 ) -> None:
     """Run one variant on the suite in a fresh process and store every answer, latency and memory figure."""
     if noise_floor:
@@ -176,7 +191,10 @@ def run(
                      trust_remote_code=trust_remote_code, max_options=max_options, max_tokens=max_tokens,
                      truncate=truncate, method=method, warmup=warmup,
                      latency_min_decisions=latency_min_decisions, latency_min_seconds=latency_min_seconds, limit=limit,
-                     timeout_s=timeout, **options)
+                     timeout_s=timeout, **options,
+                     media_limits=media_limits(max_media_parts=max_media_parts, max_media_bytes=max_media_bytes,
+                                               max_image_pixels=max_image_pixels, max_audio_seconds=max_audio_seconds,
+                                               max_video_frames=max_video_frames, max_video_seconds=max_video_seconds))
         from quantbench.report.tables import runs_table  # lazy: a fast --help
         from quantbench.run.backend import get_backend
         from quantbench.run.runner import preflight

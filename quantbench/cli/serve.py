@@ -8,6 +8,14 @@ import typer
 
 from quantbench import limits
 from quantbench.cli.common import _fail
+from quantbench.cli.media_flags import (
+    MaxAudioSeconds,
+    MaxImagePixels,
+    MaxMediaBytes,
+    MaxMediaParts,
+    MaxVideoFrames,
+    MaxVideoSeconds,
+)
 from quantbench.errors import QuantbenchError
 
 
@@ -28,12 +36,12 @@ def serve(
     max_request_tokens: Annotated[int, typer.Option(help="Most tokens of a request's sequences, padded (413 past it); also the most per batched forward pass")] = limits.DEFAULT_MAX_REQUEST_TOKENS,
     request_timeout: Annotated[float, typer.Option(help="Seconds from a request's headers to its answer: 408 while its body is read, 504 after (the request is dropped)")] = limits.DEFAULT_REQUEST_TIMEOUT_S,
     header_timeout: Annotated[float, typer.Option(help="Seconds a connection may take to send a request's headers before it is closed")] = limits.DEFAULT_HEADER_TIMEOUT_S,
-    max_media_parts: Annotated[int, typer.Option(help="Most media parts in one request's state (413 past it)")] = limits.DEFAULT_MAX_MEDIA_PARTS,
-    max_media_bytes: Annotated[int, typer.Option(help="Largest encoded media part, in bytes (413 past it)")] = limits.DEFAULT_MAX_MEDIA_BYTES,
-    max_image_pixels: Annotated[int, typer.Option(help="Most pixels of an image or video frame, read from its header (413 past it)")] = limits.DEFAULT_MAX_IMAGE_PIXELS,
-    max_audio_seconds: Annotated[int, typer.Option(help="Longest audio part, in seconds, read from its header (413 past it)")] = limits.DEFAULT_MAX_AUDIO_SECONDS,
-    max_video_frames: Annotated[int, typer.Option(help="Most frames of a video part after sampling to its fps (413 past it)")] = limits.DEFAULT_MAX_VIDEO_FRAMES,
-    max_video_seconds: Annotated[int, typer.Option(help="Longest video part, in seconds, read from its stream header (413 past it)")] = limits.DEFAULT_MAX_VIDEO_SECONDS,
+    max_media_parts: MaxMediaParts = limits.DEFAULT_MAX_MEDIA_PARTS,
+    max_media_bytes: MaxMediaBytes = limits.DEFAULT_MAX_MEDIA_BYTES,
+    max_image_pixels: MaxImagePixels = limits.DEFAULT_MAX_IMAGE_PIXELS,
+    max_audio_seconds: MaxAudioSeconds = limits.DEFAULT_MAX_AUDIO_SECONDS,
+    max_video_frames: MaxVideoFrames = limits.DEFAULT_MAX_VIDEO_FRAMES,
+    max_video_seconds: MaxVideoSeconds = limits.DEFAULT_MAX_VIDEO_SECONDS,
 ) -> None:
     """Serve the SystemOne decision API (POST /v1/systemone, GET /healthz) over HTTP."""
     from quantbench.server import cli_serve  # lazy: a fast --help

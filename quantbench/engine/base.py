@@ -32,10 +32,12 @@ class Prepared:
 class EngineReport:
     """What an engine ran, for the run's kernel path and `extra`. `fused_ops`: the decoder ops quantbench's Triton
     kernels ran ("rmsnorm+rope+qkv"; None: transformers' own). `graphs`: what the CUDA graphs did (replays,
-    eager_calls, ...; None where there are none, e.g. on the CPU)."""
+    eager_calls, ...; None where there are none, e.g. on the CPU). `media`: what reads the model's media (the
+    media types, which video processor ran; None: a text-only engine)."""
 
     fused_ops: str | None = None
     graphs: dict[str, Any] | None = None
+    media: dict[str, Any] | None = None
 
 
 @runtime_checkable

@@ -55,6 +55,7 @@ class Prepared(PreparedBase):
     rows: list[list[int]]  # always seen here: the run's tokenizer_hash is made from them
     request: DecisionRequest
     readers: list[_Reader]
+    media: list[Any] | None = None  # per row, the model's media inputs for it (quantbench.engine.omni); None: text
 
     @property
     def tokens(self) -> int:
@@ -150,28 +151,38 @@ class TransformersEngine(EngineBase):
             ids = self._encode(render_prompt(self.tokenizer, request, name, state_text=cut), self._add_special)
         raise ContextLengthError(f"questions.{name}", len(ids) + extra, self.max_tokens)
 
+    def _prompt(self, request: DecisionRequest, name: str, extra: int) -> tuple[list[int], bool, Any]:
+        """(token ids, cut, the model's media inputs for them or None) of one question's prompt: the hook an
+        engine for a model that reads media overrides (quantbench.engine.omni)."""
+        ids, cut = self._prompt_ids(request, name, extra)
+        return ids, cut, None
+
     def prepare(self, request: DecisionRequest) -> Prepared:
         rows: list[list[int]] = []
         readers: list[_Reader] = []
+        media: list[Any] = []
         for name, question in request.questions.items():
             options = question.options
             labels = option_labels(question)
             use_labels = self.method != "continuation" and len(labels) <= len(CHOICE_LABELS)
             label_ids = self._single_token_labels(labels) if use_labels else None
             if label_ids is not None:
-                ids, cut = self._prompt_ids(request, name, 0)
+                ids, cut, inputs = self._prompt(request, name, 0)
                 readers.append(_Reader(name, options, "label_logit", cut, [len(rows)], label_ids=label_ids))
                 rows.append(ids)
+                media.append(inputs)
                 continue
             conts = [self._encode(" " + key, False) for key in options]
-            ids, cut = self._prompt_ids(request, name, max(len(c) for c in conts))
+            ids, cut, inputs = self._prompt(request, name, max(len(c) for c in conts))
             reader = _Reader(name, options, "continuation", cut, [])
             for cont in conts:
                 reader.rows.append(len(rows))
                 reader.spans.append((len(ids), len(ids) + len(cont)))
                 rows.append(ids + cont)
+                media.append(inputs)  # each option's row carries the prompt's media
             readers.append(reader)
-        return Prepared(request=request, rows=rows, readers=readers)
+        has_media = any(m is not None for m in media)
+        return Prepared(request=request, rows=rows, readers=readers, media=media if has_media else None)
 
     # -- the forward pass (what the latency figures time) ---------------------------------------------------
     @torch.inference_mode()
@@ -205,7 +216,7 @@ class TransformersEngine(EngineBase):
             plan.append(entries)
             offset += len(p.rows)
 
-        hidden = self.decoder(ids)  # replayed from a CUDA graph where it can be (quantbench.engine.cudagraph)
+        hidden = self._hidden(batch, ids)
         picks = torch.tensor([picks_row, picks_pos]).to(self.device, non_blocking=True)  # one copy, not two
         sel = hidden[picks[0], picks[1]]
         label_ids = self._label_columns(batch)
@@ -239,6 +250,12 @@ class TransformersEngine(EngineBase):
                 answers[rd.question] = QuestionAnswer(top=top, probabilities=prob, method=rd.method, truncated=rd.truncated)
             out.append(answers)
         return out
+
+    def _hidden(self, batch: list[Prepared], ids: Tensor) -> Tensor:
+        """The last hidden states of the right-padded batch `ids` [rows, width]: the text decoder, replayed from
+        a CUDA graph where it can be (quantbench.engine.cudagraph). The head is applied by the caller, only at
+        the positions read."""
+        return self.decoder(ids)
 
     def _label_columns(self, batch: list[Prepared]) -> list[int] | None:
         """The vocabulary rows every answer of the batch reads, when all are label logits and the head is a plain

@@ -15,6 +15,15 @@ other questions or their order. With no chat template the plain template is:
 and the options are scored by the next-token logits of the labels " A", " B", ... (" yes" / " no" for boolean
 questions, which end with "Answer with yes or no."). With a chat template the same text is the user turn, the
 generation prompt follows, and the labels are scored without the leading space.
+
+A media part in the state renders as its placeholder (`MEDIA_PLACEHOLDERS`: Qwen-Omni's spelling, which the
+model's processor expands to the part's tokens); a list mixing parts and text renders as its items joined by a
+space, text as it is:
+
+    camera: <|vision_start|><|image_pad|><|vision_end|>
+    views: left view: <|vision_start|><|image_pad|><|vision_end|>
+
+A state without media renders exactly as it always has.
 """
 
 from __future__ import annotations
@@ -22,18 +31,48 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from quantbench.protocol import DecisionRequest, Question
+from quantbench.protocol import DecisionRequest, Question, is_media_part
 
 CHOICE_LABELS = [chr(ord("A") + i) for i in range(26)]
 ANSWER_CUE = "Answer:"
+# What a media part of each type renders as: the vision / audio span of Qwen-Omni, whose pad token the
+# processor repeats once per token of the part.
+MEDIA_PLACEHOLDERS = {
+    "image": "<|vision_start|><|image_pad|><|vision_end|>",
+    "audio": "<|audio_start|><|audio_pad|><|audio_end|>",
+    "video": "<|vision_start|><|video_pad|><|vision_end|>",
+}
 
 
-def render_state(state: dict[str, Any]) -> str:
-    lines = ["State:"]
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def state_segments(state: dict[str, Any], placeholders: dict[str, str] | None = None) -> list[tuple[str, Any]]:
+    """The rendered state in order, as (text, None) pieces and (placeholder, part) pieces for its media parts;
+    joined, they are render_state's text. Truncation cuts text pieces and drops media pieces whole."""
+    placeholders = placeholders or MEDIA_PLACEHOLDERS
+    pieces: list[tuple[str, Any]] = [("State:", None)]
     for key, value in state.items():
-        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-        lines.append(f"{key}: {text}")
-    return "\n".join(lines)
+        pieces.append((f"\n{key}: ", None))
+        items = value if isinstance(value, list) and any(is_media_part(v) for v in value) else [value]
+        for i, item in enumerate(items):
+            if i:
+                pieces.append((" ", None))
+            pieces.append((placeholders[item["type"]], item) if is_media_part(item) else (_text(item), None))
+    merged: list[tuple[str, Any]] = []
+    for text, part in pieces:  # adjacent text pieces as one, "State:" apart (truncation keeps it)
+        if part is None and len(merged) > 1 and merged[-1][1] is None:
+            merged[-1] = (merged[-1][0] + text, None)
+        else:
+            merged.append((text, part))
+    return merged
+
+
+def render_state(state: dict[str, Any], placeholders: dict[str, str] | None = None) -> str:
+    if not any(is_media_part(v) or isinstance(v, list) for v in state.values()):
+        return "\n".join(["State:", *(f"{key}: {_text(value)}" for key, value in state.items())])
+    return "".join(text for text, _ in state_segments(state, placeholders))
 
 
 def option_labels(question: Question) -> list[str]:

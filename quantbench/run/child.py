@@ -188,7 +188,7 @@ def run(spec: RunSpec, out: dict[str, Any]) -> None:
     spec.device = device
     measured.machine = MachineFacts(**machine.as_row())
     measured.device = device
-    suite = load_suite(spec.suite, max_options=spec.max_options)
+    suite = load_suite(spec.suite, limits=spec.limits())
     records = suite.records[: spec.limit] if spec.limit else suite.records
     measured.suite = SuiteFacts(suite_id=suite.id, suite_hash=suite.hash, n_records=len(records),
                                 n_questions=sum(len(r.request.questions) for r in records))
@@ -225,6 +225,8 @@ def run(spec: RunSpec, out: dict[str, Any]) -> None:
         extra["kernel_paths"] = {"planned": kernel.experts, "ran": ran}
         kernel = kernel.model_copy(update={"experts": ran})
     report = loaded.engine.report()
+    if report.media is not None:  # the media types the model read, and which video processor ran
+        extra["media"] = report.media
     if report.fused_ops:  # RMSNorm / rotary ran as quantbench's Triton kernels (quantbench.engine.fused.ops)
         extra["fused_ops"] = report.fused_ops
         kernel = kernel.model_copy(update={"fused": report.fused_ops})

@@ -146,7 +146,7 @@ def preflight(spec: RunSpec) -> dict[str, Any]:
     if spec.suite is not None:
         from quantbench.protocol.suite import load_suite
 
-        load_suite(spec.suite, max_options=spec.max_options)
+        load_suite(spec.suite, limits=spec.limits())
     if spec.timeout_s <= 0:
         raise ConfigError(f"--timeout {spec.timeout_s:g}: give a positive number of seconds")
     return notes

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic.fields import FieldInfo
 
 from quantbench.errors import ConfigError
-from quantbench.limits import DEFAULT_MAX_OPTIONS
+from quantbench.limits import DEFAULT_MAX_OPTIONS, MEDIA_LIMITS, Limits
 
 # The stored `spec` column, the export parquet and every spec.json were written in this flat layout before the
 # options moved into the backends. `RunSpec.flat()` keeps it, so stored rows, their hashes and `from_dict` of an
@@ -172,6 +172,10 @@ class RunSpec(BaseModel):
     role: str = "candidate"  # candidate | reference | noise_floor
     trust_remote_code: bool = False
     max_options: int = DEFAULT_MAX_OPTIONS  # quantbench.limits
+    # the media limits a suite's parts are checked and decoded with (quantbench.limits.MEDIA_LIMITS: `run
+    # --max-media-bytes` ...), only those that differ from their default; a limit only refuses, never changes an
+    # answer, so it is not part of the config hash
+    media_limits: dict[str, int] = Field(default_factory=dict)
     max_tokens: int | None = None
     truncate: bool = False
     method: str = "auto"  # auto | continuation
@@ -223,6 +227,18 @@ class RunSpec(BaseModel):
             raise options_error(e, options_cls, str(backend)) from None
         return data
 
+    @model_validator(mode="after")
+    def _known_media_limits(self) -> RunSpec:
+        unknown = sorted(set(self.media_limits) - set(MEDIA_LIMITS))
+        if unknown:
+            raise ConfigError(f"media_limits: unknown limit(s) {unknown}; known: {', '.join(MEDIA_LIMITS)}")
+        self.limits()  # each limit's own check (ConfigError naming its flag)
+        return self
+
+    def limits(self) -> Limits:
+        """The request limits a suite is checked and its media decoded with: --max-options and the media limits."""
+        return Limits(max_options=self.max_options, **self.media_limits)
+
     def flat(self) -> dict[str, Any]:
         """Today's flat dict (LEGACY_LAYOUT order, options this backend lacks at their old defaults, then any
         option declared since): what spec.json, the stored `spec` column and the config hash read."""
@@ -231,6 +247,10 @@ class RunSpec(BaseModel):
         out = {k: generic[k] if k in generic else options[k] if k in options else LEGACY_OPTION_DEFAULTS[k]
                for k in LEGACY_LAYOUT}
         out.update({k: v for k, v in options.items() if k not in out})
+        # a generic setting added since the layout froze, only where it is set: a row of a run that leaves it at
+        # its default keeps today's keys (the stored `spec` column)
+        out.update({k: v for k, v in generic.items() if k not in out and v != type(self).model_fields[k].get_default(
+            call_default_factory=True)})
         return out
 
     def to_dict(self) -> dict[str, Any]:

@@ -164,6 +164,8 @@ def create_app(
     def loaded_ok(loaded: LoadedVariant) -> None:
         if hasattr(loaded.engine, "truncate"):
             loaded.engine.truncate = allow_truncation  # the server's flag decides, whatever the loader set
+        if isinstance(getattr(loaded.engine, "limits", None), Limits):
+            loaded.engine.limits = limits  # media is decoded under the server's limits (an engine that reads it)
         state.loaded, state.load_s = loaded, time.monotonic() - state.started
         state.batcher = MicroBatcher(
             loaded, max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue, metrics=state.metrics,

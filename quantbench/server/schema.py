@@ -14,7 +14,14 @@ from starlette.requests import ClientDisconnect
 
 from quantbench.errors import ContextLengthError, RequestError
 from quantbench.limits import DEFAULT_MAX_OPTIONS, Limits, flag
-from quantbench.protocol import DecisionRequest, LimitError, check_limits, loads_strict, parse_request
+from quantbench.protocol import (
+    DecisionRequest,
+    LimitError,
+    check_limits,
+    is_media_part,
+    loads_strict,
+    parse_request,
+)
 from quantbench.protocol.media import decode_part
 from quantbench.protocol.prompt import render_state
 
@@ -204,16 +211,18 @@ STATE_PREFIX_MARGIN_TOKENS = 64  # the prefix's cut word and the prompt's templa
 
 def state_prefix(state: dict[str, Any], chars: int) -> dict[str, Any]:
     """The state cut so that it renders (quantbench.protocol.prompt.render_state) as the first ~`chars` characters of what
-    the whole state renders: the keys that fit, then the next value's text cut."""
+    the whole state renders: the keys that fit, then the next value's text cut. A value holding media parts is
+    kept whole or left out, never cut into text (its parts render as short placeholders)."""
     out: dict[str, Any] = {}
     used = len("State:")
     for key, value in state.items():
         room = chars - used - len(key) - 3  # "\n" + key + ": "
         if room <= 0:
             break
-        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        text = render_state({key: value})[len("State:\n") + len(key) + 2:]
         if len(text) > room:
-            out[key] = text[:room]  # a string renders verbatim, as the value's JSON text did
+            if not (is_media_part(value) or isinstance(value, list) and any(map(is_media_part, value))):
+                out[key] = text[:room]  # a string renders verbatim, as the value's JSON text did
             break
         out[key] = value
         used += len(key) + 3 + len(text)

@@ -1,0 +1,243 @@
+"""The media processor of a Qwen3-Omni-MoE checkpoint, built offline from the checkpoint's own files, and the
+decision engine a backend builds for a loaded model (OmniEngine with this processor, or TransformersEngine).
+
+A real Qwen3-Omni checkpoint ships its tokenizer and `preprocessor_config.json` (one file holding the image
+processor's and the Whisper feature extractor's settings), and may ship `video_preprocessor_config.json`; a
+transformers 5 save may hold them nested in `processor_config.json`. quantbench reads them with transformers'
+own classes: the tokenizer, `Qwen2VLImageProcessorPil` and `WhisperFeatureExtractor`, and for video
+transformers' `Qwen2VLVideoProcessor` when torchvision imports. PyPI's torchvision does not import beside the
+CPU torch 2.13 wheel (../shared/reference/qwen3-omni.md §2), so without it the video frames go through
+`NumpyVideoProcessor`: the checkpoint's PIL image processor per frame (resize, rescale, normalise) and
+Qwen2-VL's video patch order. Which one ran is recorded on the run (`extra.media.video_processor`).
+
+Nothing is downloaded and no checkpoint code runs. The media tokens are the ones the model's config names
+(`image_token_id`, `audio_start_token_id`, ...), spelled by the checkpoint's tokenizer: a tokenizer that does not
+know them is a LoadError, not a model fed wrong ids. A checkpoint without processor files reads text only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from quantbench.errors import LoadError
+
+# The thinker config's token id fields -> the tokenizer attribute Qwen3OmniMoeProcessor reads for each.
+MEDIA_TOKEN_FIELDS = {
+    "image_token_id": "image_token", "video_token_id": "video_token", "audio_token_id": "audio_token",
+    "vision_start_token_id": "vision_bos_token", "vision_end_token_id": "vision_eos_token",
+    "audio_start_token_id": "audio_bos_token", "audio_end_token_id": "audio_eos_token",
+}
+PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json", "processor_config.json")
+
+
+def _torchvision_imports() -> bool:
+    try:
+        import torchvision  # noqa: F401  # probed: transformers' video processor needs it
+    except Exception:  # noqa: BLE001 - PyPI's torchvision beside the CPU torch raises RuntimeError, not ImportError
+        return False
+    return True
+
+
+class NumpyVideoProcessor:
+    """Qwen2-VL video processing without torchvision: every frame resized (Qwen2-VL's smart resize to the video
+    size), rescaled and normalised by the checkpoint's PIL image processor, frames padded to a multiple of
+    `temporal_patch_size` by repeating the last one, then patched in `Qwen2VLVideoProcessor.patchify`'s order.
+    Against transformers' torchvision processor it differs only by PIL's bicubic resize against torch's (one
+    8-bit level; qwen3-omni.md §2). Every frame given is used: no sampling."""
+
+    model_input_names = ["pixel_values_videos", "video_grid_thw"]
+
+    def __init__(self, image_processor: Any, size: dict[str, int]):
+        self.image_processor = image_processor
+        self.size = dict(size)
+        self.patch_size = image_processor.patch_size
+        self.temporal_patch_size = image_processor.temporal_patch_size
+        self.merge_size = image_processor.merge_size
+
+    def __call__(self, videos: list[np.ndarray], size: Any = None, **_: Any) -> Any:
+        from transformers import BatchFeature  # lazy: transformers is imported in the child only
+        from transformers.image_utils import SizeDict
+
+        size = dict(size) if size is not None else self.size
+        size = SizeDict(shortest_edge=size["shortest_edge"], longest_edge=size["longest_edge"])
+        patches, grids = [], []
+        for video in videos:
+            flat, grid = self._one(np.asarray(video), size)
+            patches.append(flat)
+            grids.append(grid)
+        return BatchFeature({"pixel_values_videos": np.concatenate(patches, axis=0),
+                             "video_grid_thw": np.array(grids, dtype=np.int64)}, tensor_type="pt")
+
+    def _one(self, video: np.ndarray, size: Any) -> tuple[np.ndarray, list[int]]:
+        ip, ps, tps, m = self.image_processor, self.patch_size, self.temporal_patch_size, self.merge_size
+        frames = []
+        for frame in video:  # [H, W, 3] uint8 -> [3, H', W'] float32, as the image processor prepares one image
+            chw = np.moveaxis(frame, -1, 0)
+            chw = ip.resize(chw, size=size, resample=ip.resample, factor=ps * m)
+            chw = ip.normalize(ip.rescale(chw, ip.rescale_factor), ip.image_mean, ip.image_std)
+            frames.append(np.asarray(chw, dtype=np.float32))
+        if pad := -len(frames) % tps:
+            frames += [frames[-1]] * pad
+        stack = np.stack(frames)  # [T, C, H, W]
+        t, c, h, w = stack.shape
+        gt, gh, gw = t // tps, h // ps, w // ps
+        patches = stack.reshape(gt, tps, c, gh // m, m, ps, gw // m, m, ps)
+        patches = patches.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)  # Qwen2VLVideoProcessor.patchify, without the batch
+        return patches.reshape(gt * gh * gw, c * tps * ps * ps), [gt, gh, gw]
+
+
+def _processor_class() -> type:
+    """Qwen3OmniMoeProcessor, taking NumpyVideoProcessor as its video processor (its class check goes through
+    transformers' torchvision placeholder otherwise, which fails even for image-only use) and one frame rate
+    per video (transformers' takes one rate for all the videos of a call)."""
+    from transformers import Qwen3OmniMoeProcessor  # lazy: transformers is imported in the child only
+
+    class OmniProcessor(Qwen3OmniMoeProcessor):
+        def check_argument_for_proper_class(self, argument_name: str, argument: Any) -> Any:
+            if argument_name == "video_processor" and isinstance(argument, NumpyVideoProcessor):
+                return NumpyVideoProcessor
+            return super().check_argument_for_proper_class(argument_name, argument)
+
+        def _process_videos(self, videos: Any, *args: Any, **kwargs: Any) -> Any:
+            rates = kwargs["videos_kwargs"].pop("fps", None)
+            rates = list(rates) if isinstance(rates, list | tuple) else [rates or 1.0] * len(videos)
+            processed, replacements = super()._process_videos(videos, *args, **kwargs)
+            processed["video_second_per_grid"] = [self.video_processor.temporal_patch_size / r for r in rates]
+            return processed, replacements
+
+    return OmniProcessor
+
+
+@dataclass
+class MediaProcessor:
+    """A checkpoint's processor and what quantbench passes it on every call (the video size from the
+    checkpoint's files, never the processor class's default; the audio encoder's window from the model)."""
+
+    processor: Any
+    modalities: frozenset[str]
+    video_size: dict[str, int] | None
+    n_window: int
+    video_processor: str | None  # what ran for video, recorded on the run
+    tokens: dict[str, str] = field(default_factory=dict)  # image_token, vision_bos_token, ... -> its text
+
+    def __call__(self, text: str, images: list[Any], audio: list[np.ndarray], videos: list[np.ndarray],
+                 fps: list[float]) -> Any:
+        kwargs: dict[str, Any] = {"n_window": self.n_window, "return_tensors": "pt"}
+        if videos:
+            kwargs["videos_kwargs"] = {"size": self.video_size, "fps": fps}
+        return self.processor(text=[text], images=images or None, audio=audio or None, videos=videos or None,
+                              **kwargs)
+
+    def describe(self) -> dict[str, Any]:
+        return {"modalities": sorted(self.modalities), "video_processor": self.video_processor,
+                "video_size": self.video_size}
+
+
+def _settings(root: Path) -> dict[str, dict[str, Any]]:
+    """The image / audio / video settings the checkpoint ships, by part (empty dict: none)."""
+    def read(name: str) -> dict[str, Any]:
+        path = root / name
+        if not path.is_file():
+            return {}
+        try:
+            return json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise LoadError(f"{path}: not readable JSON ({e}); restore the checkpoint's processor files") from None
+
+    nested, legacy, video = read("processor_config.json"), read("preprocessor_config.json"), \
+        read("video_preprocessor_config.json")
+    image = nested.get("image_processor") or (legacy if "patch_size" in legacy else {})
+    audio = nested.get("feature_extractor") or (legacy if "feature_size" in legacy else {})
+    video = nested.get("video_processor") or video or image
+    return {"image": image, "audio": audio, "video": video}
+
+
+def _media_tokens(tokenizer: Any, config: Any, root: Path) -> dict[str, str]:
+    """The tokenizer's spelling of each media token id the model's config names; LoadError if it has none, or
+    if the tokenizer declares another token for the role (the processor would expand the wrong one)."""
+    tokens = {}
+    for id_field, role in MEDIA_TOKEN_FIELDS.items():
+        token_id = getattr(config, id_field, None)
+        if token_id is None:
+            raise LoadError(f"{root}/config.json: the thinker config has no {id_field}; a Qwen3-Omni checkpoint "
+                            "names its media token ids there")
+        text = tokenizer.convert_ids_to_tokens(int(token_id))
+        if text is None or tokenizer.convert_tokens_to_ids(text) != token_id:
+            raise LoadError(f"{root}: the tokenizer has no token with id {token_id} ({id_field} of config.json); "
+                            "ship the tokenizer the checkpoint was trained with")
+        declared = getattr(tokenizer, role, None)
+        if declared is not None and declared != text:
+            raise LoadError(f"{root}: the tokenizer's {role} is {declared!r} but config.json's {id_field} "
+                            f"{token_id} is {text!r}; the two must name the same token")
+        tokens[role] = text
+    return tokens
+
+
+def omni_processor(path: str | Path, tokenizer: Any, model: Any) -> MediaProcessor | None:
+    """The media processor of the Qwen3-Omni checkpoint at `path` (None: it ships no processor files, so it
+    reads text only). `tokenizer`: the checkpoint's, already loaded; `model`: the loaded thinker."""
+    root = Path(path)
+    settings = _settings(root)
+    modalities = {kind for kind, found in (("image", settings["image"]), ("video", settings["image"]),
+                                           ("audio", settings["audio"])) if found}
+    if not modalities:
+        return None
+    from transformers import Qwen2VLImageProcessorPil, WhisperFeatureExtractor  # lazy: in the child only
+
+    config = model.config
+    tokens = _media_tokens(tokenizer, config, root)
+    for role, text in tokens.items():  # what Qwen3OmniMoeProcessor.__init__ reads off the tokenizer
+        setattr(tokenizer, role, text)
+        setattr(tokenizer, f"{role}_id", tokenizer.convert_tokens_to_ids(text))
+    try:
+        # from_dict, as from_pretrained reads a file: a combined preprocessor_config.json holds both parts' keys
+        image = Qwen2VLImageProcessorPil.from_dict(settings["image"] or {})
+        audio = WhisperFeatureExtractor.from_dict(settings["audio"] or {})
+    except (TypeError, ValueError) as e:
+        raise LoadError(f"{root}: the processor settings do not build ({e}); check preprocessor_config.json") from None
+    video_size = _size(settings["video"]) if "video" in modalities else None
+    if _torchvision_imports():
+        from transformers import Qwen2VLVideoProcessor
+
+        video = Qwen2VLVideoProcessor.from_dict(settings["video"])
+        video_name = "transformers Qwen2VLVideoProcessor (torchvision)"
+    else:
+        video = NumpyVideoProcessor(image, video_size or _size(settings["image"] or {}))
+        video_name = "quantbench NumpyVideoProcessor (PIL per frame; torchvision does not import)"
+    processor = _processor_class()(image_processor=image, video_processor=video, feature_extractor=audio,
+                                   tokenizer=tokenizer)
+    n_window = int(getattr(config.audio_config, "n_window", processor.n_window))
+    return MediaProcessor(processor=processor, modalities=frozenset(modalities), video_size=video_size,
+                          n_window=n_window, video_processor=video_name if "video" in modalities else None,
+                          tokens=tokens)
+
+
+def _size(settings: dict[str, Any]) -> dict[str, int]:
+    """The pixel bounds of one image or video frame from a processor file (`size`, or the older
+    `min_pixels` / `max_pixels`)."""
+    size = dict(settings.get("size") or {})
+    if "min_pixels" in settings:
+        size["shortest_edge"] = settings["min_pixels"]
+    if "max_pixels" in settings:
+        size["longest_edge"] = settings["max_pixels"]
+    if not {"shortest_edge", "longest_edge"} <= set(size):
+        raise LoadError("the checkpoint's processor files give no frame size (size.shortest_edge / longest_edge, "
+                        "or min_pixels / max_pixels); add them to preprocessor_config.json")
+    return {"shortest_edge": int(size["shortest_edge"]), "longest_edge": int(size["longest_edge"])}
+
+
+def decision_engine(model: Any, tokenizer: Any, spec: Any, checkpoint: str | Path | None) -> Any:
+    """The engine every local backend builds for its loaded model: OmniEngine with the checkpoint's media
+    processor for a Qwen3-Omni thinker, TransformersEngine otherwise (and for a synthetic model: no checkpoint).
+    The one place the choice is made, so no backend carries its own copy."""
+    from quantbench.engine.omni import OmniEngine, is_omni_thinker
+    from quantbench.engine.scoring import TransformersEngine
+
+    if checkpoint is None or not is_omni_thinker(model):
+        return TransformersEngine.for_spec(model, tokenizer, spec)
+    return OmniEngine.for_spec(model, tokenizer, spec, media=omni_processor(checkpoint, tokenizer, model))
