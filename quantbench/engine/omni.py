@@ -78,6 +78,12 @@ class OmniEngine(TransformersEngine):
                    max_options=spec.max_options, max_tokens=spec.max_tokens, truncate=spec.truncate,
                    method=spec.method, cuda_graph=spec.options.cuda_graph, fused_ops=spec.options.fused_ops)
 
+    @property
+    def processor(self) -> Any:
+        """The checkpoint's transformers processor (None: it ships none), what a checkpoint's own scorer is
+        handed (quantbench.run.scorer)."""
+        return self.media.processor if self.media is not None else None
+
     def report(self) -> EngineReport:
         """TransformersEngine's, with what read the media (the run's `extra.media`)."""
         media = self.media.describe() if self.media is not None else {"modalities": []}
