@@ -207,8 +207,16 @@ class OmniEngine(TransformersEngine):
         for i, r in enumerate(rows):
             mask[i, : len(r)] = 1
         inputs = _join([m for m in media if m is not None], self.device, self.model.dtype)
-        out = self.model.model(input_ids=ids, attention_mask=mask, use_cache=False, **inputs)
-        return out.last_hidden_state
+        if hasattr(self.model.model, "language_model"):  # transformers >= 5.21: the thinker's model merges media
+            return self.model.model(input_ids=ids, attention_mask=mask, use_cache=False, **inputs).last_hidden_state
+        # transformers 5.17-5.20 merge media in the thinker's own forward, which ends in lm_head over every
+        # position (no logits_to_keep): with the head swapped out its "logits" are the final hidden states
+        head = self.model.lm_head
+        self.model.lm_head = torch.nn.Identity()
+        try:
+            return self.model(input_ids=ids, attention_mask=mask, use_cache=False, **inputs).logits
+        finally:
+            self.model.lm_head = head
 
 
 def _audio_tokens(feature_mask: Tensor, n_window: int) -> Tensor:

@@ -12,7 +12,7 @@ ahead of the generic one, and its tests.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
@@ -85,6 +85,8 @@ OMNI_FULL = "qwen3_omni_moe"  # thinker + talker + code2wav, thinker keys under 
 OMNI_THINKER = "qwen3_omni_moe_thinker"
 OMNI_UNREAD = ("talker.", "code2wav.")  # a decision needs the thinker alone: these are never read
 _HUB_TOWER = re.compile(r"^(visual|audio_tower)\.")
+# transformers >= 5.21's module names of the thinker's parts -> 5.17-5.20's (Qwen3OmniThinkerFamily.renamer)
+_TOP_LEVEL = (("model.language_model.", "model."), ("model.visual.", "visual."), ("model.audio_tower.", "audio_tower."))
 
 
 class Qwen3OmniThinkerFamily:
@@ -124,6 +126,23 @@ class Qwen3OmniThinkerFamily:
             return "model." + key
         return key
 
+    def renamer(self, config: dict[str, Any], model: nn.Module) -> Callable[[str], str | None]:
+        """Checkpoint key -> `model`'s own module name. `module_name` gives transformers >= 5.21's names (text
+        decoder and towers under `model.`); 5.17-5.20 build them at the thinker's top (`model.layers`, `visual`,
+        `audio_tower`: the hub layout), as the H200's image (5.17) does."""
+        nested = hasattr(model.model, "language_model")
+
+        def rename(key: str) -> str | None:
+            name = self.module_name(key, config)
+            if name is None or nested:
+                return name
+            for new, old in _TOP_LEVEL:
+                if name.startswith(new):
+                    return old + name[len(new):]
+            return name
+
+        return rename
+
     def build_meta(self, path: str | Path, dtype: torch.dtype, trust_remote_code: bool = False) -> nn.Module:
         """The thinker on the meta device (no weights made); rotary and sinusoid buffers stay fp32 as
         transformers builds them (`_from_config(dtype=)`, not `.to(dtype)`)."""
@@ -146,7 +165,7 @@ class Qwen3OmniThinkerFamily:
         root = Path(path)
         config = read_config(root)
         model = self.build_meta(root, dtype, trust_remote_code)
-        ck = Checkpoint(root, device, rename=lambda key: self.module_name(key, config))
+        ck = Checkpoint(root, device, rename=self.renamer(config, model))
         built: set[int] = set()
         for ref in self.moe_layout(model).blocks:
             experts, prefix = ref.block.experts, f"{ref.name}.experts"
@@ -172,7 +191,7 @@ class Qwen3OmniThinkerFamily:
         config = read_config(root)
         group_size = int((config.get("quantization_config") or {}).get("group_size", 128))
         model = self.build_meta(root, dtype, trust_remote_code)
-        ck = Checkpoint(root, device, rename=lambda key: self.module_name(key, config))
+        ck = Checkpoint(root, device, rename=self.renamer(config, model))
         layout = self.moe_layout(model)
         experts_count = int(model.config.get_text_config().num_experts)
         built: dict[int, tuple[nn.Module, nn.Module]] = {}

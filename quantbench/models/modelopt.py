@@ -241,7 +241,7 @@ def _meta_model(root: Path, dtype: torch.dtype, device: str, trust_remote_code: 
     family = family_of(config)
     if isinstance(family, Qwen3OmniThinkerFamily):
         model = family.build_meta(root, dtype, trust_remote_code)
-        return model, Checkpoint(root, device, rename=lambda key: family.module_name(key, config))
+        return model, Checkpoint(root, device, rename=family.renamer(config, model))
     from transformers import (  # lazy: transformers is imported in the child only
         AutoConfig,
         AutoModelForCausalLM,

@@ -93,8 +93,7 @@ class NumpyVideoProcessor:
 
 def _processor_class() -> type:
     """Qwen3OmniMoeProcessor, taking NumpyVideoProcessor as its video processor (its class check goes through
-    transformers' torchvision placeholder otherwise, which fails even for image-only use) and one frame rate
-    per video (transformers' takes one rate for all the videos of a call)."""
+    transformers' torchvision placeholder otherwise, which fails even for image-only use)."""
     from transformers import Qwen3OmniMoeProcessor  # lazy: transformers is imported in the child only
 
     class OmniProcessor(Qwen3OmniMoeProcessor):
@@ -103,12 +102,6 @@ def _processor_class() -> type:
                 return NumpyVideoProcessor
             return super().check_argument_for_proper_class(argument_name, argument)
 
-        def _process_videos(self, videos: Any, *args: Any, **kwargs: Any) -> Any:
-            rates = kwargs["videos_kwargs"].pop("fps", None)
-            rates = list(rates) if isinstance(rates, list | tuple) else [rates or 1.0] * len(videos)
-            processed, replacements = super()._process_videos(videos, *args, **kwargs)
-            processed["video_second_per_grid"] = [self.video_processor.temporal_patch_size / r for r in rates]
-            return processed, replacements
 
     return OmniProcessor
 
@@ -129,9 +122,15 @@ class MediaProcessor:
                  fps: list[float]) -> Any:
         kwargs: dict[str, Any] = {"n_window": self.n_window, "return_tensors": "pt"}
         if videos:
-            kwargs["videos_kwargs"] = {"size": self.video_size, "fps": fps}
-        return self.processor(text=[text], images=images or None, audio=audio or None, videos=videos or None,
-                              **kwargs)
+            kwargs["videos_kwargs"] = {"size": self.video_size}
+        out = self.processor(text=[text], images=images or None, audio=audio or None, videos=videos or None,
+                             **kwargs)
+        if videos:  # one frame rate per video: transformers' processor takes one rate for all the videos of a call
+            import torch  # lazy: as transformers, in the child only
+
+            patch = self.processor.video_processor.temporal_patch_size
+            out["video_second_per_grid"] = torch.tensor([patch / rate for rate in fps])
+        return out
 
     def describe(self) -> dict[str, Any]:
         return {"modalities": sorted(self.modalities), "video_processor": self.video_processor,
@@ -211,7 +210,7 @@ def omni_processor(path: str | Path, tokenizer: Any, model: Any) -> MediaProcess
         video_name = "quantbench NumpyVideoProcessor (PIL per frame; torchvision does not import)"
     processor = _processor_class()(image_processor=image, video_processor=video, feature_extractor=audio,
                                    tokenizer=tokenizer)
-    n_window = int(getattr(config.audio_config, "n_window", processor.n_window))
+    n_window = int(config.audio_config.n_window)  # what the encoder windows by: the processor must count the same
     return MediaProcessor(processor=processor, modalities=frozenset(modalities), video_size=video_size,
                           n_window=n_window, video_processor=video_name if "video" in modalities else None,
                           tokens=tokens)
