@@ -128,6 +128,8 @@ def with_checkpoint_scorer(loaded: LoadedVariant, spec: RunSpec) -> LoadedVarian
     `extra.scorer` and says so in its kernel path."""
     if loaded.model is None or not spec.model or spec.shape:
         return loaded  # a remote server, or random weights built from a seed: no checkpoint to name a scorer
+    if not (Path(spec.model) / "config.json").is_file():
+        return loaded  # a backend's own model format (no config.json) has no key to name a scorer with
     found = checkpoint_scorer.describe(spec.model)
     if found is None:
         return loaded
