@@ -38,6 +38,10 @@ kind = right.radio("Chart", ["box", "violin"], horizontal=True)
 shown = lat[lat["phase"].isin(phases)]
 left.plotly_chart(figures.latency_box(shown, list(label.values()), kind), width="stretch")
 
+def watts(w: float | None) -> str:
+    return "n/a" if w is None else f"{w:.0f}"  # as the energy column says it, not the grid's "None"
+
+
 # Percentiles from the store's run_latency view: the figures `quantbench report` prints.
 runs = store_cache.runs(db, mtime).set_index("run_id")
 table = pd.DataFrame([{
@@ -49,8 +53,8 @@ table = pd.DataFrame([{
     "p90 (ms)": runs.at[rid, "p90_ms"],
     "p99 (ms)": runs.at[rid, "p99_ms"],
     "Energy per decision": efficiency.energy_text(r.efficiency),
-    "Mean power (W)": r.efficiency.mean_w,
-    "Idle power (W)": r.efficiency.idle_w,
+    "Mean power (W)": watts(r.efficiency.mean_w),
+    "Idle power (W)": watts(r.efficiency.idle_w),
     "Cold start (ms)": r.run.get("cold_ms"),
     "Load (s)": r.run.get("load_s"),
     "Weights": r.run.get("weights"),
@@ -59,8 +63,8 @@ ms = st.column_config.NumberColumn(format="%.1f")
 st.subheader("Percentiles, cold start and load time")
 st.dataframe(table, hide_index=True, width="stretch", column_config={
     "p50 (ms)": ms, "p90 (ms)": ms, "p99 (ms)": ms,
-    "Mean power (W)": st.column_config.NumberColumn(format="%.0f", help="GPU power over the timed phase (NVML)"),
-    "Idle power (W)": st.column_config.NumberColumn(format="%.0f", help="over an idle second before it"),
+    "Mean power (W)": st.column_config.TextColumn(help="GPU power over the timed phase (NVML)"),
+    "Idle power (W)": st.column_config.TextColumn(help="over an idle second before it"),
     "Cold start (ms)": st.column_config.NumberColumn(format="%.1f", help="the first decision after the load"),
     "Load (s)": st.column_config.NumberColumn(format="%.2f", help="checkpoint to ready model, seconds"),
 })
