@@ -72,6 +72,10 @@ def quantize(
                                           "optimized RTN (its default: a search per group, which it skips for MoE "
                                           "experts) or plain round-to-nearest (its disable_opt_rtn: no "
                                           "calibration pass)")] = True,
+    calibration: Annotated[Path | None, typer.Option(help="Calibrate on these decision records (a JSONL suite "
+                                                     "file; gold answers used when present) instead of the built-in "
+                                                     "train split; records with media run a Qwen3-Omni thinker's "
+                                                     "vision / audio towers")] = None,
 ) -> None:
     """Make a quantized variant with the library that owns the format (auto-round, nvidia-modelopt)."""
     from quantbench.models.quantize import quantize as do_quantize  # lazy: a fast --help
@@ -85,7 +89,7 @@ def quantize(
             model = str(default_model_dir())
         path = do_quantize(model, scheme, out_dir, iters=iters, nsamples=nsamples, seqlen=seqlen,
                            group_size=group_size, experts_only=experts_only, overwrite=overwrite, shape=shape,
-                           layers=layers, weights_seed=seed, opt_rtn=opt_rtn)
+                           layers=layers, weights_seed=seed, opt_rtn=opt_rtn, calibration=calibration)
         out.print(f"[green]quantized[/] {model or shape} → [bold]{path}[/] ({scheme}); run it with "
                   f"`quantbench run --backend {scheme} --model {path}`")
     except QuantbenchError as e:

@@ -5,7 +5,9 @@
 int4 wraps AutoRound (quantbench.models.quantize.autoround); nvfp4 and fp8 wrap ModelOpt (quantbench.models.quantize.modelopt,
 called as `quantize_modelopt(source_dir, scheme, out_dir, texts=..., nsamples=..., seqlen=..., experts_only=...,
 progress=...)`). Both calibrate on decision records from the suite generator's *train* split, rendered exactly
-as the runner renders them (prompt + answer) — never a hub dataset. `out_dir` ends up a normal checkpoint
+as the runner renders them (prompt + answer) — never a hub dataset — or, with `calibration=FILE.jsonl`, on the
+user's own records (quantbench.models.calibration; the recipe then carries the file's hash, and the provenance
+its path, sha256, the records used and how many carry image / audio / video). `out_dir` ends up a normal checkpoint
 directory (config.json + *.safetensors + tokenizer) with `quantbench_provenance.json`: the source model's hash,
 the recipe, library versions and the time taken.
 
@@ -35,7 +37,7 @@ from typing import Any
 
 from quantbench.errors import ConfigError, QuantbenchError
 from quantbench.models import hub, scorer
-from quantbench.models.calibration import calibration_texts
+from quantbench.models.calibration import CalibrationFile, calibration_texts, file_samples, load_calibration
 from quantbench.models.checkpoint import PROVENANCE_FILE, fingerprint, model_identity, read_config
 from quantbench.term import libraries_to, stderr_console
 
@@ -55,6 +57,7 @@ class Recipe:
     experts_only: bool = True  # attention, router, embeddings, lm_head stay BF16
     seed: int = 0
     opt_rtn: bool = True  # int4, iters 0: auto-round's optimized RTN (its default) or plain round-to-nearest
+    calibration_hash: str | None = None  # --calibration FILE: its bytes' and its media files' hash (None: train split)
 
     def __post_init__(self) -> None:
         if self.scheme not in SCHEMES:
@@ -63,6 +66,9 @@ class Recipe:
             raise ConfigError(f"recipe {self}: iters must be >= 0, nsamples >= 1 and seqlen >= 8")
         if not self.opt_rtn and (self.scheme != "int4" or self.iters):
             raise ConfigError("--plain-rtn: only for --scheme int4 with --iters 0 (SignRound has no RTN to choose)")
+        if not self.opt_rtn and self.calibration_hash is not None:
+            raise ConfigError("--calibration with --plain-rtn: plain round-to-nearest runs no calibration pass; drop "
+                              "one of them")
         if self.group_size not in (32, 64, 128, 256, -1):
             raise ConfigError(f"--group-size {self.group_size}: use 32, 64, 128, 256 or -1 (one group per row)")
 
@@ -70,6 +76,8 @@ class Recipe:
         out = asdict(self)
         if self.opt_rtn:  # the default, left out: cache keys made before the choice existed stay valid
             del out["opt_rtn"]
+        if self.calibration_hash is None:  # the same: the built-in train split
+            del out["calibration_hash"]
         return out
 
     @property
@@ -106,6 +114,7 @@ def quantize(
     weights_seed: int = 0,
     opt_rtn: bool = True,
     log: str | Path | None = None,
+    calibration: str | Path | None = None,
 ) -> Path:
     """Quantize the BF16 checkpoint `source_dir` with `scheme` into `out_dir`; returns the checkpoint directory.
     What `quantbench quantize --model --scheme --iters --nsamples --group-size --experts-only/--all --out` does.
@@ -114,9 +123,15 @@ def quantize(
     same seeded weights, `layers` and `weights_seed`: built on the GPU when there is one, as the runs build it) is
     quantized from memory, so no BF16 checkpoint is written first (the 30B one is 61 GB).
 
+    With `calibration` (a JSONL file of decision records, suite lines) calibration reads those records instead
+    of the built-in train split (quantbench.models.calibration.file_samples); records with media reach a
+    Qwen3-Omni thinker's towers, and a text-only model refuses them naming the record and field.
+
     What the libraries print (auto-round's and ModelOpt's logging, transformers' bars, warnings) goes to `log`
     (default: OUT.quantize.log beside the checkpoint); the terminal gets one line per step and the progress bar."""
-    recipe = Recipe(scheme, iters, nsamples, seqlen, group_size, experts_only, seed, opt_rtn)
+    cal = load_calibration(calibration) if calibration is not None else None
+    recipe = Recipe(scheme, iters, nsamples, seqlen, group_size, experts_only, seed, opt_rtn,
+                    cal.hash if cal is not None else None)
     if (source_dir is None) == (shape is None):
         raise ConfigError("give --model (a BF16 checkpoint directory) or --shape (a synthetic model built in memory)")
     if shape is not None and scheme != "int4":
@@ -138,36 +153,50 @@ def quantize(
     library = "auto-round" if scheme == "int4" else "nvidia-modelopt"
     method = "calibrated" if scheme != "int4" else f"SignRound, {iters} iterations" if iters else \
         "optimized RTN" if opt_rtn else "plain RTN"
+    from quantbench.models.quantize.omni import is_omni, quantize_omni
+
+    omni = source is not None and is_omni(read_config(source))
+    if cal is not None and not omni:
+        cal.refuse_media(frozenset())  # a text-only model: before anything loads
+    what = f"{nsamples} samples of {seqlen} tokens" + (f" from {cal.path}" if cal is not None else "")
     say.print(f"{scheme}: quantizing {source or shape} with {library} {library_versions().get(library) or ''} "
-              f"({method}, {nsamples} samples of {seqlen} tokens); the libraries' own log: {log}", highlight=False)
+              f"({method}, {what}); the libraries' own log: {log}", highlight=False)
     started = time.perf_counter()
+    calibrated: dict[str, Any] = {}  # a calibration file's provenance, for a text model (an omni child reports its own)
     try:
         with libraries_to(log):
             if shape is not None:
                 model, tokenizer, origin = _synthetic_source(shape, layers, weights_seed)
                 from quantbench.models.quantize.autoround import quantize_autoround
 
-                details = quantize_autoround(None, out, recipe, progress=progress, model=model, tokenizer=tokenizer)
+                texts = _file_texts(cal, tokenizer, recipe, calibrated)
+                details = quantize_autoround(None, out, recipe, progress=progress, model=model, tokenizer=tokenizer,
+                                             dataset=texts)
             else:
                 ident = model_identity(source)
                 origin = {**ident, "path": str(source.resolve()), "hash": ident["model_hash"]}
-                from quantbench.models.quantize.omni import is_omni, quantize_omni
-
-                if is_omni(read_config(source)):
-                    details = quantize_omni(source, out, recipe, log, progress=progress)
+                if omni:
+                    details = quantize_omni(source, out, recipe, log, progress=progress,
+                                            calibration=cal.path if cal is not None else None)
                 elif scheme == "int4":
+                    from transformers import AutoTokenizer
+
                     from quantbench.models.quantize.autoround import quantize_autoround
 
-                    details = quantize_autoround(source, out, recipe, progress=progress)
+                    texts = _file_texts(cal, AutoTokenizer.from_pretrained(source), recipe, calibrated)
+                    details = quantize_autoround(source, out, recipe, progress=progress, dataset=texts)
                 else:
                     from transformers import AutoTokenizer
 
                     from quantbench.models.quantize.modelopt import quantize_modelopt
 
-                    texts = calibration_texts(AutoTokenizer.from_pretrained(source), nsamples, seqlen, seed)
-                    made = quantize_modelopt(source, scheme, out, texts=texts, nsamples=nsamples, seqlen=seqlen,
+                    tokenizer = AutoTokenizer.from_pretrained(source)
+                    texts = _file_texts(cal, tokenizer, recipe, calibrated) or calibration_texts(
+                        tokenizer, nsamples, seqlen, seed)
+                    made = quantize_modelopt(source, scheme, out, texts=texts, nsamples=len(texts), seqlen=seqlen,
                                              experts_only=experts_only, progress=progress)
                     details = {"checkpoint": str(made)} if made is not None else {}
+            details.update(calibrated)
     except BaseException:
         say.print(f"{scheme}: quantizing failed; the libraries' own log: {log}", highlight=False)
         raise
@@ -185,6 +214,16 @@ def quantize(
     write_provenance(out, origin, recipe, seconds, details)
     say.print(f"{scheme}: quantized in {seconds:.1f} s", highlight=False)
     return out
+
+
+def _file_texts(cal: CalibrationFile | None, tokenizer: Any, recipe: Recipe,
+                provenance: dict[str, Any]) -> list[str] | None:
+    """A text model's calibration texts from the calibration file (None without one: the library's default, the
+    train split); what they are goes into `provenance["calibration"]`."""
+    if cal is None:
+        return None
+    texts, provenance["calibration"] = file_samples(cal, tokenizer, recipe.nsamples, recipe.seqlen)
+    return [t for t in texts if isinstance(t, str)]  # file_samples refuses media records for a text model
 
 
 def _check_unchanged(source: Path, out: Path, scheme: str, say: Any) -> dict[str, Any]:

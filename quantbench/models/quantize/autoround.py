@@ -101,7 +101,7 @@ def quantize_autoround(source: Path | None, out: Path, recipe: Any, *, progress:
 
     `dataset`: calibration samples as AutoRound takes them (default: the rendered train-split texts);
     `checkpoint_name` maps a module name to the name its weights have in the checkpoint (AutoRound's layer_config
-    matches those); `library`: further AutoRound arguments (a multimodal model's `processor`)."""
+    matches those); `library`: further AutoRound arguments (a multimodal model's `processor`, `batch_size`)."""
     if model is None:
         from transformers import AutoTokenizer
 
@@ -111,6 +111,8 @@ def quantize_autoround(source: Path | None, out: Path, recipe: Any, *, progress:
         tokenizer = AutoTokenizer.from_pretrained(source)
     if dataset is None:
         dataset = calibration_texts(tokenizer, recipe.nsamples, recipe.seqlen, recipe.seed)
+    nsamples = min(recipe.nsamples, len(dataset))  # a calibration file may make fewer samples than asked
+    options = {"batch_size": min(8, nsamples), **library}
     layer_config = ({checkpoint_name(name): {"bits": 16} for name in non_expert_linears(model)}
                     if recipe.experts_only else None)
     expected = expert_projections(model) if recipe.experts_only else 0
@@ -124,10 +126,10 @@ def quantize_autoround(source: Path | None, out: Path, recipe: Any, *, progress:
     try:
         rounder = AutoRound(
             model, tokenizer, scheme="W4A16", group_size=recipe.group_size, iters=recipe.iters,
-            dataset=dataset, nsamples=recipe.nsamples, seqlen=recipe.seqlen, seed=recipe.seed,
-            layer_config=layer_config, batch_size=min(8, recipe.nsamples),
+            dataset=dataset, nsamples=nsamples, seqlen=recipe.seqlen, seed=recipe.seed,
+            layer_config=layer_config,
             **({} if recipe.opt_rtn else {"disable_opt_rtn": True}),  # --plain-rtn: no search, no calibration pass
-            **library,
+            **options,
         )
         staging = out / ".autoround"
         _, folders = rounder.quantize_and_save(str(staging), format="auto_round")

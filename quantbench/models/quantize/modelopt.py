@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ import torch
 from quantbench.errors import ConfigError, QuantbenchError
 from quantbench.models.calibration import calibration_inputs, calibration_texts
 from quantbench.models.checkpoint import load_causal_lm, read_config
+from quantbench.models.quantize.watch import CalibrationWatch
 
 CONFIGS = {"nvfp4": "NVFP4_DEFAULT_CFG", "fp8": "FP8_DEFAULT_CFG"}
 ENCODER_TOWERS = ("audio_tower", "visual")  # a multimodal model's encoders (Qwen3-Omni's thinker): kept BF16 whole
@@ -82,6 +84,28 @@ def check_experts_only(model: torch.nn.Module) -> None:
                               "Their modules need an `enable: False` entry in quantbench.models.quantize.modelopt")
 
 
+def plain_disabled_convs(model: torch.nn.Module) -> int:
+    """ModelOpt 0.47 sends an nn.Conv3d whose quantizers are configured NVFP4 to its CUDA implicit-GEMM kernel
+    even when they are disabled (`_QuantConv3d._should_use_implicit_gemm` checks the format, not `is_enabled`):
+    on the CPU a calibration forward with a picture or a video raises ("CUDA is not available"), and on a GPU the
+    vision tower's patch embedding would run ModelOpt's kernel rather than the conv a decision runs. Every such
+    module with no quantizer enabled takes ModelOpt's plain path (its quantizers off: the conv as it is); returns
+    how many."""
+    from modelopt.torch.quantization.nn import TensorQuantizer
+    from modelopt.torch.quantization.nn.modules import quant_conv
+
+    conv3d = getattr(quant_conv, "_QuantConv3d", None)
+    if conv3d is None or not hasattr(conv3d, "_should_use_implicit_gemm"):
+        return 0
+    changed = 0
+    for module in model.modules():
+        quantizers = [q for q in module.children() if isinstance(q, TensorQuantizer)]
+        if isinstance(module, conv3d) and not any(q.is_enabled for q in quantizers):
+            module._should_use_implicit_gemm = lambda: False  # the instance's own: others keep ModelOpt's choice
+            changed += 1
+    return changed
+
+
 def load_for_calibration(source: str | Path, device: str) -> torch.nn.Module:
     """The BF16 model on transformers' `eager` experts path (where ModelOpt intercepts fused experts): a causal
     LM, or a Qwen3-Omni-MoE checkpoint's thinker as quantbench's loader reads it (full or thinker-only, any key
@@ -120,23 +144,30 @@ def quantize_modelopt(
     progress: bool = True,
     device: str | None = None,
     seen: dict[str, Any] | None = None,
+    batches_for: Callable[[torch.nn.Module, Any], list[dict[str, Any]]] | None = None,
 ) -> Path:
     """Quantize the BF16 checkpoint `source_dir` to `scheme` (nvfp4 | fp8) into `out_dir`; returns `out_dir`.
     `texts`: calibration texts (default: quantbench.models.calibration.calibration_texts, the train split rendered).
+    `batches_for(model, tokenizer)`, when given, makes the calibration batches instead (dicts of forward inputs: a
+    Qwen3-Omni thinker's media samples), once the model is loaded.
     `seen`, when given, receives what calibration ran with: `quantizers` (quantizers_by_part, as the first
-    calibration forward found them), `disabled` (what experts-only switched off beyond ModelOpt's defaults) and
-    `samples`."""
+    calibration forward found them), `disabled` (what experts-only switched off beyond ModelOpt's defaults),
+    `samples`, and `forwards` (quantize/watch.py: the forwards run, the towers' calls, checked against the
+    batches)."""
     from transformers import AutoTokenizer
 
     source, out = Path(source_dir), Path(out_dir)
     if scheme not in CONFIGS:
         raise ConfigError(f"--scheme {scheme!r}: ModelOpt makes {', '.join(CONFIGS)}")
     tokenizer = AutoTokenizer.from_pretrained(source)
-    if texts is None:
-        texts = calibration_texts(tokenizer, nsamples, seqlen)
-    batches = calibration_inputs(tokenizer, texts[:nsamples], seqlen)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = load_for_calibration(source, device)
+    if batches_for is not None:
+        batches = batches_for(model, tokenizer)
+    else:
+        if texts is None:
+            texts = calibration_texts(tokenizer, nsamples, seqlen)
+        batches = calibration_inputs(tokenizer, texts[:nsamples], seqlen)
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*is not tested with current version of modelopt.*")
@@ -150,12 +181,17 @@ def quantize_modelopt(
         seen["disabled"] = {"non_expert_linears": len(non_expert_linears(model)),
                             "towers": [f"*{t}*" for t in encoder_towers(model)]}
 
+    watches: list[CalibrationWatch] = []
+
     def forward_loop(m: torch.nn.Module) -> None:
         if experts_only:
             check_experts_only(m)
+        plain = plain_disabled_convs(m)
         if seen is not None:
             seen["quantizers"] = quantizers_by_part(m)
-        with _progress(len(batches), progress) as bar, torch.inference_mode():
+            seen["plain_disabled_conv3d"] = plain
+        watches[:] = [CalibrationWatch(m)]  # per call: a library calling the loop twice sees two whole passes
+        with _progress(len(batches), progress) as bar, torch.inference_mode(), watches[0]:
             task = bar.add_task("calibrate", total=len(batches))
             for inputs in batches:
                 m(**{k: v.to(device) for k, v in inputs.items()}, use_cache=False)
@@ -165,6 +201,7 @@ def quantize_modelopt(
     samples = sum(len(b["input_ids"]) for b in batches)
     if seen is not None:
         seen["samples"] = samples
+        seen["forwards"] = watches[0].check(batches, "ModelOpt")
     if progress:
         from quantbench.term import stderr_console
 

@@ -46,9 +46,11 @@ def is_omni(config: dict[str, Any]) -> bool:
     return config.get("model_type") in (OMNI_FULL, OMNI_THINKER)
 
 
-def quantize_omni(source: Path, out: Path, recipe: Any, log: Path, *, progress: bool = True) -> dict[str, Any]:
+def quantize_omni(source: Path, out: Path, recipe: Any, log: Path, *, progress: bool = True,
+                  calibration: Path | None = None) -> dict[str, Any]:
     """Quantize the thinker of the omni checkpoint `source` into `out` (a thinker-only checkpoint); returns the
-    provenance details: the route taken, what was dropped, what the library step reported."""
+    provenance details: the route taken, what was dropped, what the library step reported (with `calibration`, a
+    calibration file: what it fed, media records through the thinker's towers)."""
     from quantbench.models.quantize import library_versions
     from quantbench.term import stderr_console
 
@@ -58,9 +60,7 @@ def quantize_omni(source: Path, out: Path, recipe: Any, log: Path, *, progress: 
     config = read_config(source)
     say = stderr_console()
     versions = library_versions()
-    details: dict[str, Any] = {"family": "qwen3_omni_thinker", "source_model_type": config.get("model_type"),
-                               "calibration_media": "none: the train split's records are text only, fed as "
-                                                    "input_ids + attention_mask through the thinker's forward"}
+    details: dict[str, Any] = {"family": "qwen3_omni_thinker", "source_model_type": config.get("model_type")}
     if config.get("model_type") == OMNI_FULL:
         dropped = unread_tensors(source, UNREAD)
         details["dropped"] = {**dropped, "why": "a decision reads the thinker alone; the variant is thinker-only"}
@@ -90,7 +90,7 @@ def quantize_omni(source: Path, out: Path, recipe: Any, log: Path, *, progress: 
                 "experts on transformers' eager path; the quantizers of *audio_tower*, *visual* and every "
                 "non-expert Linear disabled before calibration")
         say.print(f"{recipe.scheme}: the library runs in a child process (its output: {log})", highlight=False)
-        details.update(run_child(recipe, quantized_from, out, progress=progress))
+        details.update(run_child(recipe, quantized_from, out, progress=progress, calibration=calibration))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     copy_side_files(source, out)
@@ -145,57 +145,96 @@ def copy_side_files(source: Path, out: Path) -> list[str]:
     return copied
 
 
-def run_child(recipe: Any, source: Path, out: Path, *, progress: bool) -> dict[str, Any]:
-    """The library step in a child process; its details come back through a file in `out`'s parent."""
+def run_child(recipe: Any, source: Path, out: Path, *, progress: bool, calibration: Path | None = None) -> dict[str, Any]:
+    """The library step in a child process; its details come back through a file in `out`'s parent, and so
+    does an expected error (a calibration record the model cannot read), raised here with its message."""
     answer = out.with_name(f".{out.name}.details.json")
     answer.unlink(missing_ok=True)
     job = {"recipe": recipe.to_dict(), "source": str(source), "out": str(out), "progress": progress,
-           "answer": str(answer)}
+           "answer": str(answer), "calibration": str(calibration) if calibration is not None else None}
     root = str(Path(__file__).resolve().parents[3])  # the directory that holds the quantbench package
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     done = subprocess.run([sys.executable, "-m", __name__, json.dumps(job)], env=env, check=False)
     try:
+        told = json.loads(answer.read_text()) if answer.is_file() else {}
+        if "error" in told:
+            raise (ConfigError if told["kind"] == "ConfigError" else QuantbenchError)(told["error"])
         if done.returncode != 0 or not answer.is_file():
             raise QuantbenchError(f"{recipe.scheme}: the {'auto-round' if recipe.scheme == 'int4' else 'ModelOpt'} "
                                   f"child process failed (exit {done.returncode}); its error is at the end of the "
                                   "libraries' log")
-        return json.loads(answer.read_text())
+        return told
     finally:
         answer.unlink(missing_ok=True)
 
 
-def autoround_thinker(source: Path, out: Path, recipe: Any, progress: bool) -> dict[str, Any]:
-    """In the child: auto-round W4A16 on the thinker-only BF16 checkpoint `source` (hub names)."""
+def calibration_batches(model: Any, tokenizer: Any, checkpoint: Path, recipe: Any, calibration: str | None,
+                        batch: int) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """In the child: the calibration batches (dicts of forward inputs; text rows `batch` to a dict) and, for a
+    calibration file, its provenance. Default: the train split's packed texts. With a file: its text records
+    packed, and each question of a media record through the engine's media path (calibration.media_sampler)."""
+    from quantbench.models.calibration import (
+        calibration_inputs,
+        calibration_texts,
+        file_samples,
+        load_calibration,
+        media_sampler,
+    )
+
+    if calibration is None:
+        texts = calibration_texts(tokenizer, recipe.nsamples, recipe.seqlen, recipe.seed)
+        return calibration_inputs(tokenizer, texts, recipe.seqlen, batch=batch), None
+    cal = load_calibration(calibration)
+    if cal.hash != recipe.calibration_hash:
+        raise ConfigError(f"--calibration {cal.path} changed while quantizing (its hash is not the recipe's); run again")
+    samples, made = file_samples(cal, tokenizer, recipe.nsamples, recipe.seqlen,
+                                 media_sampler(model, tokenizer, checkpoint, cal))
+    texts = [s for s in samples if isinstance(s, str)]
+    return calibration_inputs(tokenizer, texts, recipe.seqlen, batch=batch) + [s for s in samples if isinstance(s, dict)], made
+
+
+def autoround_thinker(source: Path, out: Path, recipe: Any, progress: bool, calibration: str | None) -> dict[str, Any]:
+    """In the child: auto-round W4A16 on the thinker-only BF16 checkpoint `source` (hub names). Its MLLM
+    calibrator feeds each sample dict to the thinker's forward whole (`model(**sample)`: media inputs included),
+    one sample per batch (samples differ in length; auto-round does the same for media calibration, accumulating
+    gradients over 8 instead), and the forwards are counted against the samples (quantize/watch.py)."""
     import torch
     from transformers import AutoTokenizer, Qwen3OmniMoeThinkerForConditionalGeneration
 
-    from quantbench.models.calibration import calibration_inputs, calibration_texts
     from quantbench.models.checkpoint import load_causal_lm
     from quantbench.models.lineage import canonical_tensor_name
     from quantbench.models.quantize.autoround import quantize_autoround
+    from quantbench.models.quantize.watch import CalibrationWatch
 
     # loaded before auto_round is imported (it changes transformers' MoE loading), refused unless filled exactly
     model = load_causal_lm(source, dtype=torch.bfloat16, device="cpu",
                            model_class=Qwen3OmniMoeThinkerForConditionalGeneration)
     tokenizer = AutoTokenizer.from_pretrained(source)
-    texts = calibration_texts(tokenizer, recipe.nsamples, recipe.seqlen, recipe.seed)
-    samples = calibration_inputs(tokenizer, texts, recipe.seqlen, batch=1)
-    return quantize_autoround(source, out, recipe, progress=progress, model=model, tokenizer=tokenizer,
-                              dataset=samples, checkpoint_name=canonical_tensor_name, processor=tokenizer)
+    samples, made = calibration_batches(model, tokenizer, source, recipe, calibration, batch=1)
+    with CalibrationWatch(model) as watch:
+        details = quantize_autoround(source, out, recipe, progress=progress, model=model, tokenizer=tokenizer,
+                                     dataset=samples, checkpoint_name=canonical_tensor_name, processor=tokenizer,
+                                     batch_size=1, **({"gradient_accumulate_steps": min(8, len(samples))}
+                                                      if recipe.iters else {}))  # SignRound's alone
+    if recipe.opt_rtn or recipe.iters:  # plain RTN runs no calibration pass
+        details["calibration_forwards"] = watch.check(samples, "auto-round")
+    return {**details, **({"calibration": made} if made else {})}
 
 
-def modelopt_thinker(source: Path, out: Path, recipe: Any, progress: bool) -> dict[str, Any]:
+def modelopt_thinker(source: Path, out: Path, recipe: Any, progress: bool, calibration: str | None) -> dict[str, Any]:
     """In the child: ModelOpt on the thinker of `source` (any omni layout)."""
-    from transformers import AutoTokenizer
-
-    from quantbench.models.calibration import calibration_texts
     from quantbench.models.quantize.modelopt import quantize_modelopt
 
-    texts = calibration_texts(AutoTokenizer.from_pretrained(source), recipe.nsamples, recipe.seqlen, recipe.seed)
     seen: dict[str, Any] = {}
-    quantize_modelopt(source, recipe.scheme, out, texts=texts, nsamples=recipe.nsamples, seqlen=recipe.seqlen,
-                      experts_only=recipe.experts_only, progress=progress, seen=seen)
-    return {"modelopt_calibration": seen}
+    made: dict[str, Any] = {}
+
+    def batches_for(model: Any, tokenizer: Any) -> list[dict[str, Any]]:
+        batches, made["calibration"] = calibration_batches(model, tokenizer, source, recipe, calibration, batch=8)
+        return batches
+
+    quantize_modelopt(source, recipe.scheme, out, nsamples=recipe.nsamples, seqlen=recipe.seqlen,
+                      experts_only=recipe.experts_only, progress=progress, seen=seen, batches_for=batches_for)
+    return {"modelopt_calibration": seen, **({"calibration": made["calibration"]} if made.get("calibration") else {})}
 
 
 def main() -> None:
@@ -204,7 +243,11 @@ def main() -> None:
     job = json.loads(sys.argv[1])
     recipe = Recipe(**job["recipe"])
     step = autoround_thinker if recipe.scheme == "int4" else modelopt_thinker
-    details = step(Path(job["source"]), Path(job["out"]), recipe, job["progress"])
+    try:
+        details = step(Path(job["source"]), Path(job["out"]), recipe, job["progress"], job.get("calibration"))
+    except QuantbenchError as e:  # a message meant for a person: the parent raises it as it is
+        Path(job["answer"]).write_text(json.dumps({"error": str(e), "kind": type(e).__name__}))
+        raise SystemExit(2) from None
     Path(job["answer"]).write_text(json.dumps(details))
 
 
