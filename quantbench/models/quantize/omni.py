@@ -90,7 +90,8 @@ def quantize_omni(source: Path, out: Path, recipe: Any, log: Path, *, progress: 
                 "experts on transformers' eager path; the quantizers of *audio_tower*, *visual* and every "
                 "non-expert Linear disabled before calibration")
         say.print(f"{recipe.scheme}: the library runs in a child process (its output: {log})", highlight=False)
-        details.update(run_child(recipe, quantized_from, out, progress=progress, calibration=calibration))
+        file = {"calibration": calibration} if calibration is not None else {}  # run_child's signature as it was
+        details.update(run_child(recipe, quantized_from, out, progress=progress, **file))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     copy_side_files(source, out)
