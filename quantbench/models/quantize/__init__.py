@@ -184,7 +184,8 @@ def quantize(
                     from quantbench.models.quantize.autoround import quantize_autoround
 
                     texts = _file_texts(cal, AutoTokenizer.from_pretrained(source), recipe, calibrated)
-                    details = quantize_autoround(source, out, recipe, progress=progress, dataset=texts)
+                    file = {"dataset": texts} if texts is not None else {}  # else its default, the train split
+                    details = quantize_autoround(source, out, recipe, progress=progress, **file)
                 else:
                     from transformers import AutoTokenizer
 
