@@ -31,13 +31,21 @@ class CalibrationWatch:
         self._handles: list[Any] = []
 
     def __enter__(self) -> CalibrationWatch:
-        inner = getattr(self.model, "model", self.model)
         self._hook(self.model, self._started)
         self._hook(self.model.get_decoder().layers[0], self._reached)
-        for tower in TOWERS:
-            if isinstance(getattr(inner, tower, None), torch.nn.Module):
-                self._hook(getattr(inner, tower), lambda *_, name=tower: self._count(name))
+        for name, tower in self.towers().items():
+            self._hook(tower, lambda *_, name=name: self._count(name))
         return self
+
+    def towers(self) -> dict[str, torch.nn.Module]:
+        """The model's vision and audio towers by name, at whatever depth its transformers version keeps them
+        (`model.visual` in 5.24, the thinker's own `visual` in 5.17)."""
+        found: dict[str, torch.nn.Module] = {}
+        for name, module in self.model.named_modules():
+            last = name.rsplit(".", 1)[-1]
+            if last in TOWERS and last not in found:
+                found[last] = module
+        return found
 
     def __exit__(self, *exc: Any) -> None:
         for handle in self._handles:
@@ -66,8 +74,7 @@ class CalibrationWatch:
         expected = {"forwards": len(batches), "reached_decoder": len(batches),
                     "visual": sum(("image" in k) + ("video" in k) for k in kinds),
                     "audio_tower": sum("audio" in k for k in kinds)}
-        towers = {t for t in TOWERS if isinstance(getattr(getattr(self.model, "model", self.model), t, None),
-                                                  torch.nn.Module)}
+        towers = self.towers()
         expected = {k: v for k, v in expected.items() if k not in TOWERS or k in towers}
         found = {k: self.counts[k] for k in expected}
         if found != expected:
