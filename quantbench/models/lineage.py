@@ -132,13 +132,11 @@ def shared_tensors_hash(path: Path) -> str | None:
         h = hashlib.sha256()
         for name, file, start, meta in sorted(entries, key=lambda e: e[0]):
             begin, end = meta["data_offsets"]
-            dtype, chunks = meta["dtype"], lambda: _chunks(file, start + begin, end - begin)
-            if dtype == "F32" and all(_bf16_exact(c) for c in chunks()):
-                dtype, chunks = "BF16", lambda: (_bf16_bytes(c) for c in _chunks(file, start + begin, end - begin))
-            shape = meta["shape"]
-            h.update(f"{name}|{dtype}|{shape}|".encode())
-            for chunk in chunks():
-                h.update(chunk)
+            where = (file, start + begin, end - begin)
+            narrowed = meta["dtype"] == "F32" and all(_bf16_exact(c) for c in _chunks(*where))
+            h.update(f"{name}|{'BF16' if narrowed else meta['dtype']}|{meta['shape']}|".encode())
+            for chunk in _chunks(*where):
+                h.update(_bf16_bytes(chunk) if narrowed else chunk)
         return h.hexdigest()
     except (OSError, ValueError, KeyError, struct.error, _Truncated):
         return None
