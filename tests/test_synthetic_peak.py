@@ -118,3 +118,15 @@ def test_layer_by_layer_int4_peaks_lower_than_the_whole_bf16_model():
     layer = 32 * 3 * 512 * 512 * 2
     assert peak["whole"] > 6 * layer  # the BF16 experts were all resident
     assert peak["layers"] < peak["whole"] - 3 * layer, {k: v / 2**20 for k, v in peak.items()}
+
+
+@pytest.mark.parametrize("backend", ["int4", "fp8", "nvfp4"])
+def test_the_backends_build_their_shape_variant_layer_by_layer(tiny, backend):
+    from quantbench.run.backend import get_backend
+    from quantbench.run.spec import RunSpec
+
+    spec = RunSpec(backend=backend, shape=tiny, layers=2, gpu="cpu", device="cpu")
+    loaded = get_backend(backend).load(spec, None)
+    moes = [m for m in loaded.model.modules() if isinstance(m, GroupedMoE)]
+    assert len(moes) == 2 and all(m.gate_up.format.startswith(backend) for m in moes), [m.gate_up.format for m in moes]
+    assert loaded.info.weights == "synthetic" and loaded.info.model_id == S.synthetic_id(tiny, 2, 0)
