@@ -15,12 +15,18 @@ from torch import Tensor
 
 from quantbench.engine.moe.engine import (
     DenseExperts,
-    GroupedMoE,
     install_grouped_moe,
     kernel_paths,
     reset_paths,
 )
-from quantbench.models.build import InOrderFill, meta_model, moe_config, new_model, new_rotary, refuse_if_too_big
+from quantbench.models.build import (
+    InOrderFill,
+    meta_model,
+    moe_config,
+    new_model,
+    new_rotary,
+    refuse_if_too_big,
+)
 from quantbench.models.calibration import calibration_prompt
 from quantbench.models.checkpoint import SYNTHETIC_FILE
 from quantbench.models.family import moe_layout
