@@ -130,3 +130,29 @@ def test_the_backends_build_their_shape_variant_layer_by_layer(tiny, backend):
     moes = [m for m in loaded.model.modules() if isinstance(m, GroupedMoE)]
     assert len(moes) == 2 and all(m.gate_up.format.startswith(backend) for m in moes), [m.gate_up.format for m in moes]
     assert loaded.info.weights == "synthetic" and loaded.info.model_id == S.synthetic_id(tiny, 2, 0)
+
+
+
+def test_the_refusal_before_allocating_counts_the_quantized_experts_not_the_bf16_model(monkeypatch):
+    from quantbench.errors import UnsupportedError
+    from quantbench.models import build
+
+    class Allocating(Exception):
+        pass
+
+    def allocating(*_args):
+        raise Allocating
+
+    def build_int4():
+        S.build_synthetic_quantized("qwen3-30b-a3b", lambda w, _a: rtn_experts(w), layers=None, seed=0, device="cpu",
+                                    dtype=torch.bfloat16, expert_bits=4 + 24 / 128, calibrate=False)
+
+    monkeypatch.setattr(S, "InOrderFill", allocating)  # past the check, nothing is made
+    # the int4 model at 48 layers (~17 GiB + one layer of BF16 experts) fits where 56.9 GiB of BF16 did not
+    monkeypatch.setattr(build, "free_bytes", lambda device: 24 * 2**30)
+    with pytest.raises(Allocating):
+        build_int4()
+    monkeypatch.setattr(build, "free_bytes", lambda device: 12 * 2**30)
+    with pytest.raises(UnsupportedError, match=r"weights \(4\.1875-bit experts\) need 1[78]\.\d GiB on cpu, 12\.0 GiB is free; "
+                       r"give --layers N"):
+        build_int4()
