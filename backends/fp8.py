@@ -88,7 +88,7 @@ class Fp8Backend:
             return Fp8Experts.from_weights(weight, input_scale=(amax.float() / E4M3_MAX).reshape(1))
 
         model, tokenizer, _ = build_synthetic_quantized(spec.shape, make, layers=spec.layers, seed=spec.seed,
-                                                        device=device_of(spec), dtype=dtype)
+                                                        device=device_of(spec), dtype=dtype, expert_bits=8)
         return {"model": model, "tokenizer": tokenizer, "weight_format": "fp8 w8a8 (quantbench's ModelOpt port, "
                 "per-tensor, in memory)", "model_id": synthetic_id(spec.shape, spec.layers, spec.seed),
                 "model_hash": f"seed:{spec.seed}", "weights": "synthetic", "extra": {},

@@ -28,7 +28,7 @@ from quantbench.models.checkpoint import experts_tensor_bytes, model_identity, r
 from quantbench.models.family import Qwen3OmniThinkerFamily, family_of, moe_layout
 from quantbench.models.modelopt import unread_note
 from quantbench.models.processor import decision_engine
-from quantbench.models.synthetic import build_synthetic, synthetic_id
+from quantbench.models.synthetic import build_synthetic_quantized, synthetic_id
 from quantbench.run.backend import Availability, LoadedVariant, dir_bytes, model_dir
 from quantbench.run.placement import device_of, dtype_of
 from quantbench.run.record import VariantInfo
@@ -179,13 +179,13 @@ class Int4Backend:
         if not spec.options.fast_moe:
             raise ConfigError("--shape with --backend int4 runs the grouped-MoE engine only; drop --no-fast-moe "
                               "(a per-expert synthetic run needs a checkpoint: `quantbench quantize --scheme int4`)")
-        from quantbench.engine.moe import install_grouped_moe
         from quantbench.engine.moe.int4 import rtn_experts
 
-        model, tokenizer = build_synthetic(spec.shape, layers=spec.layers, device=device, dtype=dtype, seed=spec.seed)
-        path = install_grouped_moe(
-            model, lambda i, ex: (rtn_experts(ex.gate_up_proj.data), rtn_experts(ex.down_proj.data)),
-            layout=moe_layout(model))
+        # built layer by layer: each layer's BF16 experts are quantized and freed before the next layer's exist
+        # (4-bit codes, fp16 scales and uint8 zero points per group of 128)
+        model, tokenizer, path = build_synthetic_quantized(
+            spec.shape, lambda weight, _amax: rtn_experts(weight), layers=spec.layers, seed=spec.seed, device=device,
+            dtype=dtype, expert_bits=4 + (16 + 8) / 128, calibrate=False)
         engine = TransformersEngine.for_spec(model, tokenizer, spec)
         info = VariantInfo(
             variant="int4",

@@ -104,8 +104,10 @@ class Nvfp4Backend:
             fmt = Nvfp4Experts.from_weights(weight, input_scale=global_scale_of(amax).reshape(1), activations=activations)
             return fmt.unpacked(dtype) if mode == "unpacked" else fmt
 
+        # 4-bit codes and an fp8 scale per 16; "unpacked" keeps the dequantized weights in `dtype`
+        bits = torch.finfo(dtype).bits if mode == "unpacked" else 4 + 8 / 16
         model, tokenizer, _ = build_synthetic_quantized(spec.shape, make, layers=spec.layers, seed=spec.seed,
-                                                        device=device_of(spec), dtype=dtype)
+                                                        device=device_of(spec), dtype=dtype, expert_bits=bits)
         acts = "w4a4" if activations else "w4a16"
         return {"model": model, "tokenizer": tokenizer, "weight_format": f"nvfp4 {acts} g16 (quantbench's ModelOpt "
                 "port, in memory)", "model_id": synthetic_id(spec.shape, spec.layers, spec.seed),

@@ -4,7 +4,9 @@ quantized in memory. Their rows say `weights: synthetic`: latency and memory mea
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +15,18 @@ from torch import Tensor
 
 from quantbench.engine.moe.engine import (
     DenseExperts,
-    GroupedMoE,
     install_grouped_moe,
     kernel_paths,
     reset_paths,
 )
-from quantbench.models.build import moe_config, new_model
+from quantbench.models.build import (
+    InOrderFill,
+    meta_model,
+    moe_config,
+    new_model,
+    new_rotary,
+    refuse_if_too_big,
+)
 from quantbench.models.calibration import calibration_prompt
 from quantbench.models.checkpoint import SYNTHETIC_FILE
 from quantbench.models.family import moe_layout
@@ -54,6 +62,26 @@ def synthetic_id(shape: str, layers: int | None = None, seed: int = 0) -> str:
     return f"synthetic-{shape}-{n}l-seed{seed}"
 
 
+def _config_and_tokenizer(shape: str, layers: int | None):
+    if shape not in SYNTHETIC_SHAPES:
+        raise ValueError(f"unknown synthetic shape {shape!r}; known: {', '.join(sorted(SYNTHETIC_SHAPES))}")
+    dims = dict(SYNTHETIC_SHAPES[shape])
+    if layers is not None:
+        if layers < 1:
+            raise ValueError(f"layers must be at least 1, got {layers}")
+        dims["num_hidden_layers"] = layers
+    tokenizer = build_tokenizer()
+    config = moe_config(dims, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
+    # the fixture's tokenizer says 1024 tokens (the fixture's context); here prompts may be as long as the shape's
+    tokenizer.model_max_length = config.max_position_embeddings
+    return config, tokenizer
+
+
+def _mark(model, shape: str, layers: int | None, seed: int) -> None:
+    model.quantbench_weights = "synthetic"  # read by the runner for the row's `weights` column
+    model.quantbench_model_id = synthetic_id(shape, layers, seed)
+
+
 def build_synthetic(
     shape: str = "qwen3-30b-a3b",
     *,
@@ -66,21 +94,10 @@ def build_synthetic(
     """A real-shape Qwen3MoeForCausalLM with seeded random weights made on `device`, and the fixture tokenizer
     (its ids are a subset of the real vocabulary; the model keeps vocab_size 151936). Weights are synthetic:
     latency and memory mean something, answers do not."""
-    if shape not in SYNTHETIC_SHAPES:
-        raise ValueError(f"unknown synthetic shape {shape!r}; known: {', '.join(sorted(SYNTHETIC_SHAPES))}")
-    dims = dict(SYNTHETIC_SHAPES[shape])
-    if layers is not None:
-        if layers < 1:
-            raise ValueError(f"layers must be at least 1, got {layers}")
-        dims["num_hidden_layers"] = layers
-    tokenizer = build_tokenizer()
-    config = moe_config(dims, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
-    # the fixture's tokenizer says 1024 tokens (the fixture's context); here prompts may be as long as the shape's
-    tokenizer.model_max_length = config.max_position_embeddings
+    config, tokenizer = _config_and_tokenizer(shape, layers)
     model = new_model(config, device, dtype, seed, what=synthetic_id(shape, layers, seed)).eval()
     model.set_experts_implementation(experts_impl)
-    model.quantbench_weights = "synthetic"  # read by the runner for the row's `weights` column
-    model.quantbench_model_id = synthetic_id(shape, layers, seed)
+    _mark(model, shape, layers, seed)
     return model, tokenizer
 
 
@@ -111,19 +128,75 @@ class _AmaxObserver(DenseExperts):
         return x_sorted
 
 
-def build_synthetic_quantized(shape: str, make: Any, *, layers: int | None, seed: int, device: str,
-                              dtype: torch.dtype) -> tuple[Any, Any, str]:
-    """A random real-shape model whose experts are replaced by `make(weight [E, N, K], amax) -> format`, where amax
-    is the input's absolute maximum seen by one calibration forward over rendered decision records."""
-    model, tokenizer = build_synthetic(shape, layers=layers, device=device, dtype=dtype, seed=seed)
-    install_grouped_moe(model, lambda i, ex: (_AmaxObserver(ex.gate_up_proj.data), _AmaxObserver(ex.down_proj.data)),
-                        layout=moe_layout(model))
-    with torch.inference_mode():
-        model.get_decoder()(input_ids=calibration_prompt(tokenizer).to(device), use_cache=False)
-    for moe in [m for m in model.modules() if isinstance(m, GroupedMoE)]:
-        moe.gate_up = make(moe.gate_up.weight, moe.gate_up.amax)
-        moe.down = make(moe.down.weight, moe.down.amax)
-        if device.startswith("cuda"):
+def build_synthetic_quantized(shape: str, make: Callable[[Tensor, Tensor | None], Any], *, layers: int | None,
+                              seed: int, device: str, dtype: torch.dtype, expert_bits: float,
+                              calibrate: bool = True) -> tuple[Any, Any, str]:
+    """A random real-shape model whose experts are `make(weight [E, N, K], amax) -> format`, built layer by layer so
+    the peak is the quantized model plus one layer of BF16 experts, not the whole BF16 model.
+
+    The model starts on the meta device; its parameters are made in build_synthetic's order from the same seeded
+    generator (InOrderFill), so every BF16 weight the quantizer sees equals build_synthetic's. With `calibrate`,
+    amax is the input's absolute maximum over one calibration forward, as before, but that forward makes each
+    layer just before it runs (a pre-hook) and quantizes its experts just after (a hook): the hidden states reaching
+    layer i come from the same BF16 layers 0..i-1, so the amax values are the whole-model forward's. Without it
+    (RTN int4) amax is None and no forward runs. `expert_bits`: bits per expert weight of the format, for the
+    refusal before allocating when the variant cannot fit."""
+    config, tokenizer = _config_and_tokenizer(shape, layers)
+    what = synthetic_id(shape, layers, seed)
+    model = meta_model(config, dtype).eval()
+    model.set_experts_implementation("grouped_mm")
+    layout = moe_layout(model)
+    experts = {ref.layer_index: ref for ref in layout.blocks}
+    experts_numel = sum(p.numel() for ref in layout.blocks for p in ref.block.experts.parameters())
+    rest_numel = sum(p.numel() for p in model.parameters()) - experts_numel
+    one_layer = experts_numel / max(1, len(layout.blocks))
+    # from here the blocks are reachable from `experts` alone, so popping one frees its BF16 experts
+    layout = dataclasses.replace(layout, blocks=[])
+    bits = torch.finfo(dtype).bits
+    refuse_if_too_big(what, (rest_numel * bits + experts_numel * expert_bits + one_layer * bits) / 8,
+                      config.num_hidden_layers, device, f"weights ({expert_bits:g}-bit experts)")
+    fill = InOrderFill(model, device, seed, config.initializer_range)
+    fill.fill_through("model.embed_tokens.")
+    new_rotary(model, device)
+
+    def make_layer(i: int) -> None:
+        """Layer i's parameters, its experts observed in BF16 (they still are: nothing has run them yet)."""
+        fill.fill_through(f"model.layers.{i}.")
+        if i in experts:
+            install_grouped_moe(model, lambda _, ex: (_AmaxObserver(ex.gate_up_proj.data),
+                                                      _AmaxObserver(ex.down_proj.data)),
+                                layout=dataclasses.replace(layout, blocks=[experts[i]]))
+
+    def quantize_layer(i: int) -> None:
+        """Layer i's experts to the format; dropping the block's last reference frees its BF16 experts."""
+        ref = experts.pop(i, None)
+        if ref is None:
+            return
+        moe = getattr(ref.parent, ref.attr)
+        moe.gate_up = make(moe.gate_up.weight, moe.gate_up.amax if calibrate else None)
+        moe.down = make(moe.down.weight, moe.down.amax if calibrate else None)
+        if str(device).startswith("cuda"):
             torch.cuda.empty_cache()
+
+    decoder = model.get_decoder()
+    if calibrate:
+        hooks = [decoder.norm.register_forward_pre_hook(lambda *_: fill.fill_through("model.norm."))]
+        for i, layer in enumerate(decoder.layers):
+            hooks.append(layer.register_forward_pre_hook(lambda *_, i=i: make_layer(i)))
+            hooks.append(layer.register_forward_hook(lambda *_, i=i: quantize_layer(i)))
+        try:
+            with torch.no_grad():
+                decoder(input_ids=calibration_prompt(tokenizer).to(device), use_cache=False)
+        finally:
+            for hook in hooks:
+                hook.remove()
+    else:
+        for i in range(len(decoder.layers)):
+            make_layer(i)
+            quantize_layer(i)
+    fill.fill_through(None)
+    if fill.todo or experts or any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
+        raise RuntimeError(f"{what}: the layer-by-layer build left parameters unmade")  # a bug here, not input
     reset_paths(model)  # the calibration forward ran the BF16 observers, not this format
+    _mark(model, shape, layers, seed)
     return model, tokenizer, kernel_paths(model)
