@@ -22,7 +22,7 @@ from quantbench.errors import QuantbenchError
 # quantbench.server's defaults, spelled here so that `--help` does not import the server (torch, fastapi)
 DEFAULT_MAX_BATCH = 16
 DEFAULT_MAX_QUEUE = 64
-DEFAULT_MAX_QUEUE_MS = 2000.0
+DEFAULT_MAX_QUEUE_MS = 10000.0
 DEFAULT_MAX_WAIT_MS = 0.0
 
 

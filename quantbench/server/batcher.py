@@ -34,8 +34,10 @@ DEFAULT_MAX_BATCH = 16
 DEFAULT_MAX_WAIT_MS = 0.0
 DEFAULT_MAX_QUEUE = 64
 # An admitted request that has waited this long in the queue is refused (503 with Retry-After) instead of answered
-# late: with the defaults a full queue is 4 batches deep, so this is only reached when forward passes are slow.
-DEFAULT_MAX_QUEUE_MS = 2000.0
+# late. The queue bound alone already bounds the wait (a full queue is max_queue / max_batch forward passes deep:
+# 4 with the defaults, ~50 ms at the 30B shape on an H200); this deadline is the backstop for slow forward passes
+# (a CPU's take seconds), and `--max-queue-ms` makes it a latency objective.
+DEFAULT_MAX_QUEUE_MS = 10000.0
 # The longest a batch waits for requests already admitted but still being parsed and tokenized (also at most
 # half the mean forward pass): the preparing thread turns a request around in about a millisecond.
 FILL_WAIT_MAX_S = 0.02
