@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -74,12 +73,6 @@ DRAIN_TIMEOUT_S = 60.0
 # request: the hop to the preparing thread and back cost more than the work); a larger one on the preparing thread,
 # so that it never holds up the others.
 INLINE_PREPARE_BYTES = 4096
-# The event loop, the preparing thread and the model worker hand the GIL to each other several times a request;
-# a thread that wants it back waits until the holder releases it or the switch interval (5 ms by default) runs out.
-# With the default, a request at one client paid ~5 ms of such waits and, under load, requests stalled between the
-# threads so that batches shrank to 1-2 (docs/BENCHMARKS.md, `benchmarks/serve_overhead.py`). Set by serve() for
-# the server's process.
-GIL_SWITCH_INTERVAL_S = 0.0005
 
 KEEP_ALIVE_TIMEOUT_S = 5  # uvicorn's default: an idle keep-alive connection is closed after this
 
@@ -528,7 +521,6 @@ def serve(
     )
     server = uvicorn.Server(config)
     state: ServerState = app.state.qb
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
 
     def stop() -> None:
         server.should_exit = True
