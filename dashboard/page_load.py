@@ -56,12 +56,14 @@ st.subheader("Steps")
 table = steps.assign(errors=[", ".join(f"{n} × {k}" for k, n in json.loads(e).items()) or "none"
                              for e in steps["errors"]])
 cols = ["label", "concurrency", "rate", "sent", "decisions_per_s", "p50_ms", "p99_ms", "queue_p50_ms", "queue_p99_ms",
-        "model_p50_ms", "overhead_p50_ms", "mean_batch", "errors", "error_p50_ms"]
+        "model_p50_ms", "overhead_p50_ms", "mean_batch", "client_cpu", "errors", "error_p50_ms"]
 ms = st.column_config.NumberColumn(format="%.1f")
 st.dataframe(table[cols], hide_index=True, width="stretch", column_config={
     "label": "Load run", "decisions_per_s": st.column_config.NumberColumn("decisions/s", format="%.1f"),
     "p50_ms": ms, "p99_ms": ms, "queue_p50_ms": ms, "queue_p99_ms": ms, "model_p50_ms": ms, "overhead_p50_ms": ms,
     "error_p50_ms": ms, "mean_batch": st.column_config.NumberColumn(format="%.2f"),
+    "client_cpu": st.column_config.NumberColumn(format="percent", help="the load generator's CPU time over the "
+                                                "step's wall time: near 100%, it was the limit, not the server"),
 })
 st.caption("End to end on the load generator; queue, forward (model_ms) and batch as the server reported them "
            "(quantbench's server does, others may not); overhead is end to end minus queue and forward.")

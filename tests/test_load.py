@@ -90,6 +90,7 @@ def test_a_closed_loop_sweep_is_measured_and_stored_whole(served, tmp_path):
     steps = load_steps(store)
     assert list(steps.concurrency) == [1, 4] and list(steps.sent) == [12, 12] and list(steps.ok) == [12, 12]
     assert (steps.decisions_per_s > 0).all() and (steps.p99_ms >= steps.p50_ms).all()
+    assert ((steps.client_cpu > 0) & (steps.client_cpu < 4)).all()  # the generator's own CPU share, per step
     # quantbench's server reports queue time and batch: both are read
     assert steps.queue_p50_ms.notna().all() and steps.model_p50_ms.notna().all()
     assert steps.mean_batch.iloc[0] == 1.0 and steps.mean_batch.iloc[1] >= 1.0

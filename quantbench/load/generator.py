@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,15 +137,16 @@ async def _steps(settings: LoadSettings, url: str, bodies: Bodies, on_step: Any)
         steps = []
         offset = 0
         for i, load in enumerate(settings.rate or settings.concurrency):
+            cpu0 = time.process_time()
             if settings.rate:
                 samples, wall = await open_loop(client, url, bodies.bodies, rate=float(load),
                                                 requests=settings.requests, seconds=settings.seconds,
                                                 seed=settings.seed + i, offset=offset)
-                step = summarize(i, samples, wall, rate=float(load))
+                step = summarize(i, samples, wall, rate=float(load), cpu_s=time.process_time() - cpu0)
             else:
                 samples, wall = await closed_loop(client, url, bodies.bodies, concurrency=int(load),
                                                   requests=settings.requests, seconds=settings.seconds, offset=offset)
-                step = summarize(i, samples, wall, concurrency=int(load))
+                step = summarize(i, samples, wall, concurrency=int(load), cpu_s=time.process_time() - cpu0)
             offset += len(samples)
             steps.append(step)
             if on_step is not None:

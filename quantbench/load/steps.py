@@ -21,11 +21,12 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def summarize(step: int, samples: list[Sample], duration_s: float, *, concurrency: int | None = None,
-              rate: float | None = None) -> LoadStepRecord:
+              rate: float | None = None, cpu_s: float | None = None) -> LoadStepRecord:
     """The step's record: throughput over its wall time, end-to-end percentiles of the answered requests, errors
     by status, and the server's queue, model time and batch where it reported them. The overhead is end to end
     minus queue and model time, per request that reported both: what HTTP, parsing, tokenizing and the hops
-    between threads cost (the client's own share included)."""
+    between threads cost (the client's own share included). `cpu_s`: the generator's own CPU time in the step;
+    near the wall time, the generator (one Python process) was the limit, not the server."""
     ok = [s for s in samples if s.status == "200"]
     failed = [s for s in samples if s.status != "200"]
     ms = [s.ms for s in ok]
@@ -44,4 +45,5 @@ def summarize(step: int, samples: list[Sample], duration_s: float, *, concurrenc
         model_p50_ms=percentile(model, 0.5), overhead_p50_ms=percentile(overhead, 0.5),
         # per forward pass, not per request: a pass of b requests answered b of them, so passes = sum(1 / b)
         mean_batch=len(batch) / sum(1.0 / b for b in batch) if batch else None,
+        client_cpu=None if cpu_s is None else cpu_s / duration_s,
     )

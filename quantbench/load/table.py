@@ -18,7 +18,7 @@ def steps_table(steps: list[LoadStepRecord], title: str) -> Table:
     open_loop = any(s.rate is not None for s in steps)
     t.add_column("rate /s" if open_loop else "clients", justify="right")
     for col in ("sent", "decisions/s", "p50 / p99 ms", "queue p50 / p99 ms", "forward p50 ms", "overhead p50 ms",
-                "mean batch", "errors"):
+                "mean batch", "client CPU", "errors"):
         t.add_column(col, justify="left" if col == "errors" else "right")
     for s in steps:
         errors = ", ".join(f"{n} × {status}" for status, n in s.errors.items()) or "none"
@@ -27,6 +27,7 @@ def steps_table(steps: list[LoadStepRecord], title: str) -> Table:
             f"{s.rate:g}" if open_loop else str(s.concurrency), str(s.sent), f"{s.decisions_per_s:,.1f}",
             f"{_ms(s.p50_ms)} / {_ms(s.p99_ms)}", queue, _ms(s.model_p50_ms), _ms(s.overhead_p50_ms),
             "—" if s.mean_batch is None else f"{s.mean_batch:.2f}",
+            "—" if s.client_cpu is None else f"{s.client_cpu:.0%}",
             errors + ("" if s.error_p50_ms is None else f" (p50 {_ms(s.error_p50_ms)} ms)"),
         )
     return t

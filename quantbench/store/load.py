@@ -43,6 +43,7 @@ class LoadStepRecord(BaseModel):
     model_p50_ms: float | None = None
     overhead_p50_ms: float | None = None
     mean_batch: float | None = None
+    client_cpu: float | None = None
 
 
 class LoadRunRecord(BaseModel):

@@ -164,7 +164,8 @@ MIGRATIONS: list[str] = [
         queue_p99_ms DOUBLE,
         model_p50_ms DOUBLE,                  -- the response's model_ms (its batch's forward pass)
         overhead_p50_ms DOUBLE,               -- end to end minus queue and model time, per request
-        mean_batch DOUBLE,                    -- X-Quantbench-Batch, averaged over answered requests
+        mean_batch DOUBLE,                    -- X-Quantbench-Batch: requests per forward pass (answered / sum 1/batch)
+        client_cpu DOUBLE,                    -- the generator's CPU seconds / wall seconds: near 1, it was the limit
         PRIMARY KEY (load_id, step)
     );
     """,
