@@ -57,8 +57,8 @@ def load(
         result = run_load(settings, on_step=progress)
         run = result.run
         server = " ".join(str(x) for x in (run.server_model, run.server_variant, run.server_kernel_path) if x)
-        title = f"load on {run.endpoint} ({server or 'no /healthz'}, {run.server_gpu or 'device unknown'}), " \
-                f"{run.mode} loop, requests from {run.requests_from}"
+        title = (f"load on {run.endpoint} ({server or 'no /healthz'}, {run.server_gpu or 'device unknown'}), "
+                 f"{run.mode} loop, requests from {run.requests_from}")
         out.print(steps_table(result.steps, title))
         out.print(saturation_line(result.saturation, run.mode), soft_wrap=True)
         if store:

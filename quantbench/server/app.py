@@ -168,9 +168,11 @@ def _warm_up(loaded: LoadedVariant, state: ServerState, max_batch: int) -> int:
     t0, done = time.perf_counter(), 0
     try:
         prepared = engine.prepare(parse_request(DEMO_REQUEST))
+        warm = getattr(engine, "warm", None)  # an engine without CUDA graphs may not have it
         for n in sizes:
             batch = [prepared] * n
-            engine.warm(batch)
+            if warm is not None:
+                warm(batch)
             engine.forward_many(batch)
             done += 1
         engine.synchronize()
