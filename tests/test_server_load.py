@@ -20,6 +20,7 @@ from quantbench.engine.scoring import TransformersEngine
 from quantbench.run.backend import LoadedVariant
 from quantbench.run.record import VariantInfo
 from quantbench.server import create_app
+from quantbench.server.app import warm_sizes
 from tests.test_server import request_for, wait_until
 from tests.tiny import tiny_model, tiny_tokenizer
 
@@ -157,10 +158,16 @@ def test_warm_answers_the_demo_request_before_healthz_says_ok(tiny_engine):
         metrics = client.get("/metrics").json()
     finally:
         client.__exit__(None, None, None)
-    assert slow.batches == [1, 2, 4, 8]  # each power-of-two batch up to max_batch, once
-    assert health["kernel"]["forwards"] == 4 and health["kernel"]["ran"] == health["kernel_path"]
+    assert slow.batches == [1]  # on a CPU one pass: no CUDA graphs to capture
+    assert health["kernel"]["forwards"] == 1 and health["kernel"]["ran"] == health["kernel_path"]
     assert health["warm_s"] is not None and health["warm_error"] is None
     assert metrics["batches"] == 0 and metrics["answered"] == 0  # warm-up passes are not served requests
+
+
+def test_on_a_gpu_the_warm_up_covers_each_power_of_two_batch_up_to_max_batch():
+    assert warm_sizes(16, cuda=True) == [1, 2, 4, 8, 16]
+    assert warm_sizes(12, cuda=True) == [1, 2, 4, 8, 12]
+    assert warm_sizes(1, cuda=True) == [1] and warm_sizes(16, cuda=False) == [1]
 
 
 # -- `quantbench serve` builds run's RunSpec ------------------------------------------------------------------------

@@ -37,7 +37,7 @@ def load(
 ) -> None:
     """Drive a SystemOne server: decisions/s, p50/p99, queue time, errors and the saturation point per step; stored."""
     from quantbench.load import LoadSettings, run_load  # lazy: a fast --help
-    from quantbench.load.table import saturation_line, steps_table
+    from quantbench.load.table import rate_text, saturation_line, steps_table
     from quantbench.store import Store
     from quantbench.store.load import write_load
 
@@ -52,7 +52,7 @@ def load(
 
         def progress(step) -> None:
             what = f"{step.rate:g}/s" if step.rate is not None else f"{step.concurrency} clients"
-            err.print(f"  {what}: {step.sent} sent, {step.decisions_per_s:,.1f} decisions/s", soft_wrap=True)
+            err.print(f"  {what}: {step.sent} sent, {rate_text(step.decisions_per_s)} decisions/s", soft_wrap=True)
 
         result = run_load(settings, on_step=progress)
         run = result.run

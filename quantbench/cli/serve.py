@@ -55,7 +55,7 @@ def serve(
     max_queue: Annotated[int, typer.Option(help="Most requests admitted at once (being prepared, queued or answered); past it a request gets 503 with Retry-After at once")] = DEFAULT_MAX_QUEUE,
     max_queue_ms: Annotated[float, typer.Option(help="An admitted request still waiting for its forward pass after this many ms gets 503 with Retry-After (0: no queue deadline)")] = DEFAULT_MAX_QUEUE_MS,
     max_wait_ms: Annotated[float, typer.Option(help="How long a forward pass waits for more requests to batch (0: it takes what queued meanwhile)")] = DEFAULT_MAX_WAIT_MS,
-    warm: Annotated[bool, typer.Option(help="Before /healthz says ok, answer the demo request at batches 1, 2, 4 … --max-batch (compiles, captures, reports the kernel that ran)")] = True,
+    warm: Annotated[bool, typer.Option(help="Before /healthz says ok, answer the demo request (on a GPU at batches 1, 2, 4 … --max-batch: compiles, captures graphs, reports the kernel that ran)")] = True,
     trust_remote_code: Annotated[bool, typer.Option(help="Allow the checkpoint's own Python code")] = False,
     max_body_bytes: Annotated[int, typer.Option(help="Largest request body (413 past it)")] = limits.DEFAULT_MAX_BODY_BYTES,
     max_questions: Annotated[int, typer.Option(help="Most questions per request (413 past it)")] = limits.DEFAULT_MAX_QUESTIONS,

@@ -12,6 +12,11 @@ def _ms(value: float | None) -> str:
     return "—" if value is None else f"{value:,.1f}"
 
 
+def rate_text(per_s: float) -> str:
+    """Decisions a second: one decimal, or three significant digits below 1 (a CPU at the real shape)."""
+    return f"{per_s:,.1f}" if per_s >= 1 or per_s == 0 else f"{per_s:.3g}"
+
+
 def steps_table(steps: list[LoadStepRecord], title: str) -> Table:
     """Load, sent, decisions/s, end-to-end p50 / p99, queue p50 / p99, forward p50, overhead p50, mean batch, errors."""
     t = Table(title=title, title_justify="left")
@@ -24,7 +29,7 @@ def steps_table(steps: list[LoadStepRecord], title: str) -> Table:
         errors = ", ".join(f"{n} × {status}" for status, n in s.errors.items()) or "none"
         queue = "—" if s.queue_p50_ms is None else f"{_ms(s.queue_p50_ms)} / {_ms(s.queue_p99_ms)}"
         t.add_row(
-            f"{s.rate:g}" if open_loop else str(s.concurrency), str(s.sent), f"{s.decisions_per_s:,.1f}",
+            f"{s.rate:g}" if open_loop else str(s.concurrency), str(s.sent), rate_text(s.decisions_per_s),
             f"{_ms(s.p50_ms)} / {_ms(s.p99_ms)}", queue, _ms(s.model_p50_ms), _ms(s.overhead_p50_ms),
             "—" if s.mean_batch is None else f"{s.mean_batch:.2f}",
             "—" if s.client_cpu is None else f"{s.client_cpu:.0%}",

@@ -160,11 +160,19 @@ def _retry_after(state: ServerState, pending: int) -> int:
     return max(1, math.ceil(batches * per_batch_s))
 
 
+def warm_sizes(max_batch: int, cuda: bool) -> list[int]:
+    """The batches the warm-up runs: on a GPU 1, 2, 4 … max_batch (a CUDA graph bucket each); on a CPU one pass
+    (no graphs to capture; at the 30B shape a CPU pass takes tens of seconds)."""
+    if not cuda:
+        return [1]
+    return sorted({min(1 << i, max_batch) for i in range(max_batch.bit_length() + 1)})
+
+
 def _warm_up(loaded: LoadedVariant, state: ServerState, max_batch: int) -> int:
-    """On the loading thread: the demo request at batches 1, 2, 4 … max_batch, untimed and uncounted. Returns
-    the forward passes run. A failure is logged and reported in /healthz (warm_error); serving goes on."""
+    """On the loading thread: the demo request at each of `warm_sizes`, untimed and uncounted. Returns the forward
+    passes run. A failure is logged and reported in /healthz (warm_error); serving goes on."""
     engine = loaded.engine
-    sizes = sorted({min(1 << i, max_batch) for i in range(max_batch.bit_length() + 1)})
+    sizes = warm_sizes(max_batch, str(getattr(engine, "device", "cpu")).startswith("cuda"))
     t0, done = time.perf_counter(), 0
     try:
         prepared = engine.prepare(parse_request(DEMO_REQUEST))
@@ -208,8 +216,8 @@ def create_app(
     media_limits: dict[str, int] | None = None,
 ) -> FastAPI:
     """The SystemOne app. `loader` runs in a background thread when the app starts (the port is open meanwhile).
-    With `warm`, the loaded model answers the demo request at each power-of-two batch up to `max_batch` before
-    /healthz says ok (first-call costs, CUDA graph captures and the kernel report come before any client)."""
+    With `warm`, the loaded model answers the demo request (on a GPU at each power-of-two batch up to `max_batch`)
+    before /healthz says ok (first-call costs, CUDA graph captures and the kernel report come before any client)."""
     if max_batch < 1 or max_queue < 1 or max_wait_ms < 0 or max_body_bytes < 1 or max_queue_ms < 0:
         raise ValueError("max_batch, max_queue and max_body_bytes must be >= 1, max_wait_ms and max_queue_ms >= 0")
     if max_request_tokens < 1 or not request_timeout_s > 0:
