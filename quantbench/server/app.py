@@ -232,7 +232,7 @@ def create_app(
             loaded.engine.truncate = allow_truncation  # the server's flag decides, whatever the loader set
         if isinstance(getattr(loaded.engine, "limits", None), Limits):
             loaded.engine.limits = limits  # media is decoded under the server's limits (an engine that reads it)
-        state.loaded, state.load_s = loaded, time.monotonic() - state.started
+        state.loaded = loaded  # load_s was taken when the loader returned: the warm-up is warm_s, apart
         state.batcher = MicroBatcher(
             loaded, max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue, metrics=state.metrics,
             max_batch_tokens=max_request_tokens, max_queue_ms=max_queue_ms,
@@ -256,6 +256,7 @@ def create_app(
             nonlocal warmed
             try:
                 loaded = loader()
+                state.load_s = time.monotonic() - state.started
                 if loaded.model is not None:
                     state.planned = planned_kernel(loaded)  # before any forward changes what the layers report
                 if warm:
