@@ -18,6 +18,7 @@ from quantbench.analysis import parity
 from quantbench.errors import QuantbenchError
 from quantbench.report import GpuReport, Rules, build_report, since_filter
 from quantbench.store import SCHEMA_VERSION, Store, default_db, queries
+from quantbench.store import load as load_store
 
 Stamp = tuple[int, int, int, int]
 
@@ -129,6 +130,17 @@ def latencies(db: str, mtime: Stamp, run_ids: tuple[str, ...]) -> pd.DataFrame:
 @st.cache_data(show_spinner=False, max_entries=64)
 def answers(db: str, mtime: Stamp, run_id: str) -> pd.DataFrame:
     return parity.load_answers(Store(db), run_id)
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def load_runs(db: str, mtime: Stamp) -> pd.DataFrame:
+    """Every stored load run (`quantbench load`), newest first."""
+    return load_store.load_runs(Store(db))
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def load_steps(db: str, mtime: Stamp, load_ids: tuple[str, ...]) -> pd.DataFrame:
+    return load_store.load_steps(Store(db), list(load_ids))
 
 
 def report_key(rep: GpuReport) -> str:

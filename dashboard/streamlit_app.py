@@ -18,6 +18,7 @@ page = st.navigation([
     st.Page("page_report.py", title="Which quant should I use?", icon=":material/star:", default=True),
     st.Page("page_latency.py", title="Latency", icon=":material/timer:", url_path="latency"),
     st.Page("page_parity.py", title="Parity detail", icon=":material/compare_arrows:", url_path="parity"),
+    st.Page("page_load.py", title="Serving under load", icon=":material/speed:", url_path="load"),
     st.Page("page_runs.py", title="Runs", icon=":material/list:", url_path="runs"),
 ])
 
@@ -36,7 +37,7 @@ with st.sidebar:
     st.session_state["_selection"] = url_state.sidebar(store_cache.runs_since(runs, since), since)
     st.caption(f"{status.n_runs} runs, {status.n_ok} successful; newest {runs['created_at'].max():%Y-%m-%d %H:%M}")
 sel = url_state.selection()
-if sel.model is None and page.url_path != "runs":
+if sel.model is None and page.url_path not in ("runs", "load"):
     # Every run on this machine died before loading a model (no model id): there is nothing to compare, only
     # failures to show. The Runs page lists them with their whole error.
     st.title(page.title)

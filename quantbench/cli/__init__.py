@@ -10,7 +10,7 @@ import sys
 
 import typer
 
-from quantbench.cli import models, run, serve, store
+from quantbench.cli import load, models, run, serve, store
 
 app = typer.Typer(
     help="Which quant of a mixture-of-experts model should I use on this GPU? Measured, reproducibly.",
@@ -28,7 +28,8 @@ app.command()(store.compare)
 app.command()(store.report)
 app.command()(store.export)
 app.command()(store.merge)
-app.command()(serve.serve)
+app.command(cls=serve.ServeCommand)(serve.serve)
+app.command()(load.load)
 app.command()(run.sweep)
 
 

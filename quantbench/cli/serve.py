@@ -16,10 +16,30 @@ from quantbench.cli.media_flags import (
     MaxVideoFrames,
     MaxVideoSeconds,
 )
+from quantbench.cli.run import RunCommand, backend_settings
 from quantbench.errors import QuantbenchError
+
+# quantbench.server's defaults, spelled here so that `--help` does not import the server (torch, fastapi)
+DEFAULT_MAX_BATCH = 16
+DEFAULT_MAX_QUEUE = 64
+DEFAULT_MAX_QUEUE_MS = 10000.0
+DEFAULT_MAX_WAIT_MS = 0.0
+
+
+# The http backend's settings name a server to call, not a model to serve.
+CLIENT_ONLY = ("endpoint", "api_key")
+
+
+class ServeCommand(RunCommand):
+    """`serve`, with the flags of every setting a local backend declares (as `run`: --cuda-graph, --fused-ops,
+    --experts-impl, --nvfp4 …), checked against the chosen backend the same way."""
+
+    def option_params(self) -> list:
+        return [p for p in super().option_params() if p.name not in CLIENT_ONLY]
 
 
 def serve(
+    ctx: typer.Context,
     model: Annotated[str | None, typer.Option(help="Checkpoint dir or hub id org/name[@revision]. Default: the embedded fixture (or its variant)")] = None,
     backend: Annotated[str, typer.Option(help="bf16 | int4 | nvfp4 | fp8")] = "bf16",
     host: Annotated[str, typer.Option(help="Address to bind (loopback unless told otherwise)")] = "127.0.0.1",
@@ -27,7 +47,15 @@ def serve(
     api_key: Annotated[str | None, typer.Option(envvar="QUANTBENCH_API_KEY", help="Require this key on every request")] = None,
     demo: Annotated[bool, typer.Option(help="Answer one built-in decision, print it, exit")] = False,
     allow_truncation: Annotated[bool, typer.Option(help="Cut over-long states instead of answering 413")] = False,
-    max_batch: Annotated[int, typer.Option(help="Most requests batched into one forward pass")] = 16,
+    shape: Annotated[str | None, typer.Option(help="Synthetic real-shape model, e.g. qwen3-30b-a3b (random weights, as `run --shape`)")] = None,
+    layers: Annotated[int | None, typer.Option(help="Synthetic shape: number of layers")] = None,
+    seed: Annotated[int, typer.Option(help="Synthetic shape: seed of its random weights")] = 0,
+    dtype: Annotated[str, typer.Option(help="bfloat16 | float32 | float16 (compute dtype)")] = "bfloat16",
+    max_batch: Annotated[int, typer.Option(help="Most requests batched into one forward pass")] = DEFAULT_MAX_BATCH,
+    max_queue: Annotated[int, typer.Option(help="Most requests admitted at once (being prepared, queued or answered); past it a request gets 503 with Retry-After at once")] = DEFAULT_MAX_QUEUE,
+    max_queue_ms: Annotated[float, typer.Option(help="An admitted request still waiting for its forward pass after this many ms gets 503 with Retry-After (0: no queue deadline)")] = DEFAULT_MAX_QUEUE_MS,
+    max_wait_ms: Annotated[float, typer.Option(help="How long a forward pass waits for more requests to batch (0: it takes what queued meanwhile)")] = DEFAULT_MAX_WAIT_MS,
+    warm: Annotated[bool, typer.Option(help="Before /healthz says ok, answer the demo request (on a GPU at batches 1, 2, 4 … --max-batch: compiles, captures graphs, reports the kernel that ran)")] = True,
     trust_remote_code: Annotated[bool, typer.Option(help="Allow the checkpoint's own Python code")] = False,
     max_body_bytes: Annotated[int, typer.Option(help="Largest request body (413 past it)")] = limits.DEFAULT_MAX_BODY_BYTES,
     max_questions: Annotated[int, typer.Option(help="Most questions per request (413 past it)")] = limits.DEFAULT_MAX_QUESTIONS,
@@ -47,8 +75,11 @@ def serve(
     from quantbench.server import cli_serve  # lazy: a fast --help
 
     try:
+        options = backend_settings(backend, ctx.meta["backend_options"])
         raise typer.Exit(cli_serve(model, backend, host, port, api_key, demo, allow_truncation, max_batch,
-                                   trust_remote_code, max_body_bytes=max_body_bytes, max_questions=max_questions,
+                                   trust_remote_code, max_wait_ms, options=options, shape=shape, layers=layers,
+                                   seed=seed, dtype=dtype, max_queue=max_queue, max_queue_ms=max_queue_ms, warm=warm,
+                                   max_body_bytes=max_body_bytes, max_questions=max_questions,
                                    max_options=max_options, max_total_options=max_total_options,
                                    max_request_tokens=max_request_tokens, request_timeout_s=request_timeout,
                                    header_timeout_s=header_timeout,

@@ -23,8 +23,6 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from quantbench.engine import pdl
-from quantbench.engine.moe.engine import kernel_paths, kernel_paths_ran
 from quantbench.errors import RequestError, classify
 from quantbench.models import lineage
 from quantbench.models.checkpoint import tensor_bytes
@@ -32,12 +30,12 @@ from quantbench.protocol import refuse_unread_media
 from quantbench.protocol.suite import load_suite
 from quantbench.run.backend import LoadedVariant, get_backend
 from quantbench.run.energy import EnergyMeter
+from quantbench.run.kernel import kernel_ran, planned_kernel
 from quantbench.run.machine import detect
 from quantbench.run.memory import MemoryTracker
 from quantbench.run.record import (
     AnswerRow,
     EnergyFacts,
-    KernelPath,
     LatencyRow,
     LineageFacts,
     MachineFacts,
@@ -215,27 +213,13 @@ def run(spec: RunSpec, out: dict[str, Any]) -> None:
         for record in records:
             refuse_unread_media(record.request, loaded.engine.modalities, where=f"record {record.id}: ")
     # A remote backend (no model here) is timed by the wall clock: CUDA events would time this GPU, idle.
-    kernel = KernelPath.planned(info.kernel_path, kernel_paths(loaded.model) if loaded.model is not None else "")
+    kernel = planned_kernel(loaded)
     energy = EnergyMeter.for_run(device, machine.nvml_index, loaded.model is not None, loaded.engine.synchronize)
     _answer_suite(loaded, records, Timer(device if loaded.model is not None else "cpu"), spec, out, energy)
     measured.energy = EnergyFacts(**vars(energy.figures))
     extra["energy"] = energy.extra()
-    ran = kernel_paths_ran(loaded.model) if loaded.model is not None else ""
-    if kernel.experts and ran and ran != kernel.experts:  # what ran, not only what was planned
-        extra["kernel_paths"] = {"planned": kernel.experts, "ran": ran}
-        kernel = kernel.model_copy(update={"experts": ran})
-    report = loaded.engine.report()
-    if report.media is not None:  # the media types the model read, and which video processor ran
-        extra["media"] = report.media
-    if report.fused_ops:  # RMSNorm / rotary ran as quantbench's Triton kernels (quantbench.engine.fused.ops)
-        extra["fused_ops"] = report.fused_ops
-        kernel = kernel.model_copy(update={"fused": report.fused_ops})
-    if loaded.model is not None and str(device).startswith("cuda"):  # quantbench's kernels launched early or not
-        extra["pdl"] = pdl.enabled(torch.device(device))
-    if report.graphs is not None:  # a GPU run: say whether the timed forwards were graph replays
-        extra["cuda_graph"] = report.graphs
-        if report.graphs["replays"]:
-            kernel = kernel.model_copy(update={"graphs": "partly" if report.graphs["eager_calls"] else "all"})
+    kernel, ran = kernel_ran(loaded, kernel, device)  # what ran, not only what was planned
+    extra.update(ran)
     measured.kernel_path = str(kernel)
     measured.memory = MemoryFacts(**vars(mem.finish()))
 

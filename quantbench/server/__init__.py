@@ -7,15 +7,19 @@ The port opens at once; GET /healthz answers 503 {"status": "loading"} until the
 what is served. Requests are validated with the protocol's own classes (one definition), queued, and answered
 in micro-batches: requests that queued while the model was busy (and, with `max_wait_ms` > 0, those arriving
 that much later), up to `max_batch` of them, go through ONE `engine.forward_many` call, on one worker thread
-so the event loop never runs the model. A full queue answers 503 with Retry-After; bad input gets a 4xx
-naming the field, and the server keeps serving.
+so the event loop never runs the model. A request is admitted before it is parsed: past `max_queue` admitted
+requests it gets 503 with Retry-After at once, and one still queued after `max_queue_ms` gets it then (batcher.py);
+bad input gets a 4xx naming the field, and the server keeps serving. The model is loaded as `run`'s child loads it
+(`quantbench serve` builds the same RunSpec), and /healthz reports the kernel path its forward passes ran
+(quantbench.run.kernel, as `run` stores it).
 A response's `model_ms` is the forward pass that answered it (shared by its batch; the batch size is in the
 X-Quantbench-Batch header, and GET /metrics counts batch sizes).
 
 One request cannot take the server down (quantbench.limits, each a flag of `quantbench serve`): the body size,
 the questions, the options per question and in total are checked on the parsed JSON (413 / 422 naming the limit
 and its flag), then the tokens of its sequences after tokenizing, all before any model work. Parsing and
-tokenizing run on their own thread, so a large request does not hold up the forward passes of others; a batch
+tokenizing a body over 4 KB run on their own thread, so a large request does not hold up the forward passes of
+others (a small one is done on the event loop: the hop cost more than the work); a batch
 holds at most max_request_tokens padded tokens. Every request has a deadline (--request-timeout: 408 while its
 body is read, 504 after); a request whose client has gone, or whose deadline has passed, is dropped before its
 forward pass. A connection that sends no complete request headers within --header-timeout is closed.

@@ -37,19 +37,25 @@ from quantbench.limits import (
 )
 from quantbench.protocol import DecisionRequest, DecisionResponse, parse_request
 from quantbench.run.backend import LoadedVariant
+from quantbench.run.kernel import kernel_ran, planned_kernel
+from quantbench.run.record import KernelPath
 from quantbench.server.auth import require_api_key
 from quantbench.server.batcher import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_QUEUE,
+    DEFAULT_MAX_QUEUE_MS,
     DEFAULT_MAX_WAIT_MS,
     Metrics,
     MicroBatcher,
     QueueFull,
+    QueueTimeout,
     padded_tokens,
 )
 from quantbench.server.schema import (
+    BATCH_HEADER,
     DEMO_REQUEST,
     ERROR_RESPONSES,
+    QUEUE_MS_HEADER,
     ClientGone,
     ErrorBody,
     Rejected,
@@ -63,6 +69,11 @@ from quantbench.server.schema import (
 log = logging.getLogger("quantbench.server")
 
 DRAIN_TIMEOUT_S = 60.0
+# A request body up to this size is parsed and tokenized on the event loop (well under a millisecond for a card
+# request: the hop to the preparing thread and back cost more than the work); a larger one on the preparing thread,
+# so that it never holds up the others.
+INLINE_PREPARE_BYTES = 4096
+
 KEEP_ALIVE_TIMEOUT_S = 5  # uvicorn's default: an idle keep-alive connection is closed after this
 
 
@@ -102,10 +113,14 @@ class ServerState:
     load_s: float | None = None
     metrics: Metrics = field(default_factory=Metrics)
     on_load_error: Callable[[], None] | None = None  # serve() stops the process: a server that cannot answer
+    planned: KernelPath | None = None  # the kernel path planned at load, before any forward
+    warm_s: float | None = None  # the warm-up forwards after load (None: none were run)
+    warm_error: str | None = None  # why the warm-up failed (the server serves all the same)
 
 
-def _identity(loaded: LoadedVariant, machine: Any) -> dict[str, Any]:
-    """What /healthz reports as served: the variant's record, the device and the GPU."""
+def _identity(loaded: LoadedVariant, machine: Any, state: ServerState) -> dict[str, Any]:
+    """What /healthz reports as served: the variant's record, the device and the GPU, and the kernel path of the
+    forward passes so far (`run`'s kernel_path: quantbench.run.kernel) with the engine's facts behind it."""
     device = str(getattr(loaded.engine, "device", "cpu"))
     gpu = getattr(machine, "gpu_name", None)
     if gpu is None:
@@ -115,10 +130,16 @@ def _identity(loaded: LoadedVariant, machine: Any) -> dict[str, Any]:
 
             gpu = torch.cuda.get_device_name(device)
     info = loaded.info
+    forwards = state.batcher.forwards if state.batcher else 0
+    planned = state.planned or KernelPath(base=info.kernel_path)
+    kernel, engine = kernel_ran(loaded, planned, device) if loaded.model is not None else (planned, {})
     return {
         "model": info.model_id,
         "variant": info.variant,
-        "kernel_path": info.kernel_path,
+        # what the forwards so far ran (as `run` stores it), or before the first one what is planned
+        "kernel_path": str(kernel),
+        "kernel": {"planned": str(planned), "ran": str(kernel) if forwards else None, "forwards": forwards},
+        "engine": jsonable_encoder(engine),
         "weight_format": info.weight_format,
         "compute_dtype": info.compute_dtype,
         "device": device,
@@ -128,6 +149,46 @@ def _identity(loaded: LoadedVariant, machine: Any) -> dict[str, Any]:
         if is_dataclass(machine) and not isinstance(machine, type)
         else None,
     }
+
+
+def _retry_after(state: ServerState, pending: int) -> int:
+    """Seconds until the requests admitted now have been answered (at the mean forward pass so far), at least 1:
+    Retry-After counts whole seconds."""
+    batcher = state.batcher
+    batches = max(1, math.ceil(pending / (batcher.max_batch if batcher else 1)))
+    per_batch_s = state.metrics.forward_ms_total / 1000.0 / max(1, state.metrics.batches)
+    return max(1, math.ceil(batches * per_batch_s))
+
+
+def warm_sizes(max_batch: int, cuda: bool) -> list[int]:
+    """The batches the warm-up runs: on a GPU 1, 2, 4 … max_batch (a CUDA graph bucket each); on a CPU one pass
+    (no graphs to capture; at the 30B shape a CPU pass takes tens of seconds)."""
+    if not cuda:
+        return [1]
+    return sorted({min(1 << i, max_batch) for i in range(max_batch.bit_length() + 1)})
+
+
+def _warm_up(loaded: LoadedVariant, state: ServerState, max_batch: int) -> int:
+    """On the loading thread: the demo request at each of `warm_sizes`, untimed and uncounted. Returns the forward
+    passes run. A failure is logged and reported in /healthz (warm_error); serving goes on."""
+    engine = loaded.engine
+    sizes = warm_sizes(max_batch, str(getattr(engine, "device", "cpu")).startswith("cuda"))
+    t0, done = time.perf_counter(), 0
+    try:
+        prepared = engine.prepare(parse_request(DEMO_REQUEST))
+        warm = getattr(engine, "warm", None)  # an engine without CUDA graphs may not have it
+        for n in sizes:
+            batch = [prepared] * n
+            if warm is not None:
+                warm(batch)
+            engine.forward_many(batch)
+            done += 1
+        engine.synchronize()
+    except Exception as e:  # noqa: BLE001 - a warm-up that fails leaves a server that may still answer
+        state.warm_error = f"{type(e).__name__}: {e}"
+        log.warning("the warm-up forward passes failed (serving anyway): %s", state.warm_error)
+    state.warm_s = time.perf_counter() - t0
+    return done
 
 
 def _error_response(state: ServerState, e: Rejected) -> JSONResponse:
@@ -142,6 +203,8 @@ def create_app(
     max_batch: int = DEFAULT_MAX_BATCH,
     max_wait_ms: float = DEFAULT_MAX_WAIT_MS,
     max_queue: int = DEFAULT_MAX_QUEUE,
+    max_queue_ms: float = DEFAULT_MAX_QUEUE_MS,
+    warm: bool = False,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     allow_truncation: bool = False,
     max_options: int = DEFAULT_MAX_OPTIONS,
@@ -152,25 +215,29 @@ def create_app(
     machine: Any = None,
     media_limits: dict[str, int] | None = None,
 ) -> FastAPI:
-    """The SystemOne app. `loader` runs in a background thread when the app starts (the port is open meanwhile)."""
-    if max_batch < 1 or max_queue < 1 or max_wait_ms < 0 or max_body_bytes < 1:
-        raise ValueError("max_batch, max_queue and max_body_bytes must be >= 1 and max_wait_ms >= 0")
+    """The SystemOne app. `loader` runs in a background thread when the app starts (the port is open meanwhile).
+    With `warm`, the loaded model answers the demo request (on a GPU at each power-of-two batch up to `max_batch`)
+    before /healthz says ok (first-call costs, CUDA graph captures and the kernel report come before any client)."""
+    if max_batch < 1 or max_queue < 1 or max_wait_ms < 0 or max_body_bytes < 1 or max_queue_ms < 0:
+        raise ValueError("max_batch, max_queue and max_body_bytes must be >= 1, max_wait_ms and max_queue_ms >= 0")
     if max_request_tokens < 1 or not request_timeout_s > 0:
         raise ValueError("max_request_tokens must be >= 1 and request_timeout_s > 0")
     limits = Limits(max_options=max_options, max_questions=max_questions, max_total_options=max_total_options,
                     **(media_limits or {}))  # max_media_bytes, max_image_pixels, ... (quantbench.limits)
     state = ServerState()
+    warmed = 0  # forward passes of the warm-up
 
     def loaded_ok(loaded: LoadedVariant) -> None:
         if hasattr(loaded.engine, "truncate"):
             loaded.engine.truncate = allow_truncation  # the server's flag decides, whatever the loader set
         if isinstance(getattr(loaded.engine, "limits", None), Limits):
             loaded.engine.limits = limits  # media is decoded under the server's limits (an engine that reads it)
-        state.loaded, state.load_s = loaded, time.monotonic() - state.started
+        state.loaded = loaded  # load_s was taken when the loader returned: the warm-up is warm_s, apart
         state.batcher = MicroBatcher(
             loaded, max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue, metrics=state.metrics,
-            max_batch_tokens=max_request_tokens,
+            max_batch_tokens=max_request_tokens, max_queue_ms=max_queue_ms,
         )
+        state.batcher.forwards = warmed
         state.batcher.start()
         log.info("model %s (%s) loaded in %.1f s", loaded.info.model_id, loaded.info.variant, state.load_s)
 
@@ -186,8 +253,14 @@ def create_app(
         state.started = time.monotonic()
 
         def load() -> None:
+            nonlocal warmed
             try:
                 loaded = loader()
+                state.load_s = time.monotonic() - state.started
+                if loaded.model is not None:
+                    state.planned = planned_kernel(loaded)  # before any forward changes what the layers report
+                if warm:
+                    warmed = _warm_up(loaded, state, max_batch)
             except BaseException as e:  # noqa: B036 - any failure is reported through /healthz
                 message = f"{type(e).__name__}: {e}"
                 log.debug("loader failed", exc_info=True)
@@ -232,12 +305,15 @@ def create_app(
             )
         body = {
             "status": "ok",
-            **_identity(state.loaded, machine),
+            **_identity(state.loaded, machine, state),
             "load_s": state.load_s,
             "quantbench_version": quantbench.__version__,
             "max_batch": max_batch,
             "max_wait_ms": max_wait_ms,
             "max_queue": max_queue,
+            "max_queue_ms": max_queue_ms,
+            "warm_s": state.warm_s,
+            "warm_error": state.warm_error,
             "allow_truncation": allow_truncation,
             "limits": {
                 "max_body_bytes": max_body_bytes,
@@ -315,25 +391,47 @@ def create_app(
             raise over_deadline(408, "its body did not arrive", request_timeout_s) from None
         except ClientGone:
             return _dropped(state, "disconnected")
-        gone = asyncio.ensure_future(_disconnected(request))
         try:
-            try:
-                prepared = await _first(batcher.prepare(prepare, body), gone, deadline)
-                answered = await _first(batcher.submit(prepared), gone, deadline)
-            except TimeoutError:
-                state.metrics.dropped["deadline"] += 1
-                raise over_deadline(504, "it was dropped", request_timeout_s) from None
-            except ClientGone:
-                return _dropped(state, "disconnected")
+            batcher.admit()  # before any parsing: an overloaded server refuses at the cost of a counter check
         except QueueFull:
-            batches = max(1, math.ceil(batcher.pending / max_batch))
-            per_batch_s = state.metrics.forward_ms_total / 1000.0 / max(1, state.metrics.batches)
-            retry = max(1, math.ceil(batches * per_batch_s))
+            state.metrics.shed["queue_full"] += 1
+            retry = _retry_after(state, batcher.pending)
             raise Rejected(
                 503,
                 ErrorBody(
                     detail=f"the queue is full ({max_queue} requests waiting)",
                     limit=max_queue,
+                    fix=f"retry after {retry} s, or send fewer requests at once",
+                ),
+                headers={"Retry-After": str(retry)},
+            ) from None
+        gone = asyncio.ensure_future(_disconnected(request))
+        queued = False
+        try:
+            try:
+                if len(body) <= INLINE_PREPARE_BYTES:  # a small request: no hop to the preparing thread and back
+                    prepared = prepare(body)
+                else:
+                    prepared = await _first(batcher.prepare(prepare, body), gone, deadline)
+                answer = batcher.submit(prepared)
+                queued = True
+                answered = await _first(answer, gone, deadline)
+            except TimeoutError:
+                state.metrics.dropped["deadline"] += 1
+                raise over_deadline(504, "it was dropped", request_timeout_s) from None
+            except ClientGone:
+                return _dropped(state, "disconnected")
+            finally:
+                if not queued:
+                    batcher.release()
+        except QueueTimeout as e:
+            retry = _retry_after(state, batcher.pending)
+            raise Rejected(
+                503,
+                ErrorBody(
+                    detail=f"the server is overloaded: the request {e} before its forward pass, over the queue "
+                    f"deadline of {max_queue_ms:g} ms ({flag('max_queue_ms')})",
+                    limit=math.ceil(max_queue_ms),
                     fix=f"retry after {retry} s, or send fewer requests at once",
                 ),
                 headers={"Retry-After": str(retry)},
@@ -352,8 +450,8 @@ def create_app(
         return JSONResponse(
             answered.response.model_dump(mode="json"),
             headers={
-                "X-Quantbench-Batch": str(answered.batch),
-                "X-Quantbench-Queue-Ms": f"{answered.queue_ms:.3f}",
+                BATCH_HEADER: str(answered.batch),
+                QUEUE_MS_HEADER: f"{answered.queue_ms:.3f}",
             },
         )
 

@@ -1,5 +1,13 @@
 """The micro-batcher: requests queue and are answered in groups, one forward pass per group on a single worker
-thread, with the server's metrics and the memory the forward passes leave behind given back to the OS."""
+thread, with the server's metrics and the memory the forward passes leave behind given back to the OS.
+
+Admission comes first (`admit`, before a request is parsed or tokenized): past `max_queue` admitted requests
+(being prepared, queued or answered) a request is refused at once, so overload costs the server a counter check,
+not a tokenization. An admitted request that waits in the queue longer than `max_queue_ms` before its forward pass
+is refused then (QueueTimeout: 503), so an admitted request's wait is bounded. A batch takes every queued request
+(up to `max_batch`) and, while requests already admitted are still being prepared, waits a little for them
+(at most half a mean forward pass): under saturation batches stay full instead of shrinking to what the preparing
+thread happened to finish; with one client there is nothing being prepared, so nothing waits."""
 
 from __future__ import annotations
 
@@ -20,11 +28,19 @@ from quantbench.run.backend import LoadedVariant
 
 log = logging.getLogger("quantbench.server")  # the whole server logs under one name (app.py uses it too)
 
-DEFAULT_MAX_BATCH = 8
+DEFAULT_MAX_BATCH = 16
 # 0: a batch is whatever queued while the previous forward pass ran. Measured with benchmarks/serve_load.py on
 # the fixture: waiting 5 ms for company cost 1 client ~5 ms and bought no throughput at 4 or 16 clients.
 DEFAULT_MAX_WAIT_MS = 0.0
 DEFAULT_MAX_QUEUE = 64
+# An admitted request that has waited this long in the queue is refused (503 with Retry-After) instead of answered
+# late. The queue bound alone already bounds the wait (a full queue is max_queue / max_batch forward passes deep:
+# 4 with the defaults, ~50 ms at the 30B shape on an H200); this deadline is the backstop for slow forward passes
+# (a CPU's take seconds), and `--max-queue-ms` makes it a latency objective.
+DEFAULT_MAX_QUEUE_MS = 10000.0
+# The longest a batch waits for requests already admitted but still being parsed and tokenized (also at most
+# half the mean forward pass): the preparing thread turns a request around in about a millisecond.
+FILL_WAIT_MAX_S = 0.02
 
 
 @dataclass
@@ -42,6 +58,7 @@ class Metrics:
     rejected: Counter[int] = field(default_factory=Counter)  # status -> count
     dropped: Counter[str] = field(default_factory=Counter)  # why -> requests dropped before their forward pass
     forward_ms_total: float = 0.0
+    shed: Counter[str] = field(default_factory=Counter)  # why -> requests refused with 503 under load
     memory_trims: int = 0
     memory_trim_ms_total: float = 0.0
 
@@ -57,13 +74,22 @@ class Metrics:
             "rejected": {str(k): v for k, v in sorted(self.rejected.items())},
             "dropped": dict(sorted(self.dropped.items())),
             "forward_ms_total": round(self.forward_ms_total, 3),
+            "shed": dict(sorted(self.shed.items())),
             "memory_trims": self.memory_trims,
             "memory_trim_ms_total": round(self.memory_trim_ms_total, 3),
         }
 
 
 class QueueFull(Exception):
-    pass
+    """`max_queue` requests are admitted already: refused before any work."""
+
+
+class QueueTimeout(Exception):
+    """An admitted request waited in the queue past `max_queue_ms` before its forward pass began."""
+
+    def __init__(self, waited_ms: float):
+        super().__init__(f"waited {waited_ms:.0f} ms in the queue")
+        self.waited_ms = waited_ms
 
 
 # The server's RSS grew from 0.58 to 2.0 GB over 300 varied requests on the fixture, and glibc's malloc_trim took
@@ -101,6 +127,8 @@ class _Job:
     width: int
     future: asyncio.Future[Answered]
     queued_at: float
+    expiry: asyncio.TimerHandle | None = None  # refuses the request at its queue deadline, unless it has started
+    started: bool = False
 
 
 class MicroBatcher:
@@ -119,12 +147,16 @@ class MicroBatcher:
         max_queue: int,
         metrics: Metrics,
         max_batch_tokens: int = DEFAULT_MAX_REQUEST_TOKENS,
+        max_queue_ms: float = DEFAULT_MAX_QUEUE_MS,
     ):
         self.engine, self.model_id = loaded.engine, loaded.info.model_id
         self.max_batch, self.max_wait_s, self.max_queue = max_batch, max_wait_ms / 1000.0, max_queue
+        self.max_queue_s = max_queue_ms / 1000.0  # 0: no queue deadline
         self.max_batch_tokens = max_batch_tokens
         self.metrics = metrics
-        self.pending = 0  # queued or being answered
+        self.pending = 0  # admitted: being prepared, queued or being answered
+        self.preparing = 0  # admitted, not yet queued
+        self.forwards = 0  # forward passes answered (warm-up ones included: the kernel report reads this)
         self._queue: asyncio.Queue[_Job] = asyncio.Queue()
         self._held: _Job | None = None  # taken from the queue but over the token budget of the batch it met
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="quantbench-model")
@@ -140,16 +172,38 @@ class MicroBatcher:
         """Run `fn(*args)` (parse, validate, tokenize) on the preparing thread."""
         return asyncio.get_running_loop().run_in_executor(self._prep, fn, *args)
 
-    def submit(self, prepared: Any) -> asyncio.Future[Answered]:
-        """Queue a prepared request; its future is its answer. Cancel the future to drop the request (a client
-        that went away, a deadline passed): it is then skipped, not computed."""
+    def admit(self) -> None:
+        """Take a place for a request about to be prepared, or raise QueueFull at once. Every admitted request
+        is then either `submit`ted or `release`d."""
         if self.pending >= self.max_queue:
             raise QueueFull
         self.pending += 1
-        future: asyncio.Future[Answered] = asyncio.get_running_loop().create_future()
+        self.preparing += 1
+
+    def release(self) -> None:
+        """Give back the place of an admitted request that will not be queued (bad input, client gone)."""
+        self.pending -= 1
+        self.preparing -= 1
+
+    def submit(self, prepared: Any) -> asyncio.Future[Answered]:
+        """Queue an admitted, prepared request; its future is its answer. Cancel the future to drop the request
+        (a client that went away, a deadline passed): it is then skipped, not computed."""
+        self.preparing -= 1
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Answered] = loop.create_future()
         rows, width = padded_tokens(prepared, self.engine)
-        self._queue.put_nowait(_Job(prepared, rows, width, future, time.perf_counter()))
+        job = _Job(prepared, rows, width, future, time.perf_counter())
+        if self.max_queue_s:
+            job.expiry = loop.call_later(self.max_queue_s, self._expire, job)
+        self._queue.put_nowait(job)
         return future
+
+    def _expire(self, job: _Job) -> None:
+        """At its queue deadline: a request whose forward pass has not begun is refused (it stays in the queue,
+        done, and is skipped there)."""
+        if not job.started and not job.future.done():
+            self.metrics.shed["queue_deadline"] += 1
+            job.future.set_exception(QueueTimeout((time.perf_counter() - job.queued_at) * 1000.0))
 
     async def _next(self, timeout: float | None) -> _Job | None:
         """The next job whose request is still wanted (None: none within `timeout`)."""
@@ -182,8 +236,12 @@ class MicroBatcher:
             first = await self._next(None)
         jobs = [first]
         rows, width = first.rows, first.width
-        deadline = loop.time() + self.max_wait_s
+        start = loop.time()
+        deadline, fill_until = start + self.max_wait_s, start + self._fill_wait_s()
         while len(jobs) < self.max_batch:
+            if self.preparing and self._queue.empty():
+                # requests admitted and still being prepared: worth a short wait under load (never at one client)
+                deadline = max(deadline, fill_until)
             job = await self._next(max(0.0, deadline - loop.time()))
             if job is None:
                 break
@@ -193,6 +251,13 @@ class MicroBatcher:
             jobs.append(job)
             rows, width = rows + job.rows, max(width, job.width)
         return jobs
+
+    def _fill_wait_s(self) -> float:
+        """How long a batch may wait for requests already admitted: half a mean forward pass, at most
+        FILL_WAIT_MAX_S (0 before the first forward pass, whose time is not known)."""
+        if not self.metrics.batches:
+            return 0.0
+        return min(FILL_WAIT_MAX_S, 0.5 * self.metrics.forward_ms_total / 1000.0 / self.metrics.batches)
 
     async def _run(self) -> None:
         while True:
@@ -225,6 +290,10 @@ class MicroBatcher:
 
     async def _answer_jobs(self, jobs: list[_Job]) -> None:
         live = [j for j in jobs if not j.future.done()]  # a client that went away is not answered
+        for job in live:
+            job.started = True  # past its queue deadline from here on: the forward pass has begun
+            if job.expiry is not None:
+                job.expiry.cancel()
         if not live:
             return
         start = time.perf_counter()
@@ -238,11 +307,16 @@ class MicroBatcher:
             job.future.set_result(result)
 
     def _answer(self, prepared: list[Any]) -> list[Answered]:
-        """Runs on the worker thread: one forward pass for all the prepared requests."""
+        """Runs on the worker thread: one forward pass for all the prepared requests. What the pass replays (a CUDA
+        graph of its padded shape) is made ready first, outside its time, as `run` does."""
+        warm = getattr(self.engine, "warm", None)
+        if warm is not None:
+            warm(prepared)
         t0 = time.perf_counter()
         answers = self.engine.forward_many(prepared)
         self.engine.synchronize()
         ms = (time.perf_counter() - t0) * 1000.0
+        self.forwards += 1
         self.metrics.batches += 1
         self.metrics.batch_sizes[len(prepared)] += 1
         self.metrics.forward_ms_total += ms

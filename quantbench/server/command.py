@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import sys
+from typing import Any
 
 from quantbench.errors import ConfigError
 from quantbench.limits import (
@@ -20,6 +21,7 @@ from quantbench.limits import (
 )
 from quantbench.models.scorer import describe as describe_scorer
 from quantbench.models.scorer import require_trust
+from quantbench.models.synthetic import SYNTHETIC_SHAPES
 from quantbench.run.backend import LoadedVariant, get_backend
 from quantbench.run.machine import detect
 from quantbench.run.resolve import resolve
@@ -28,7 +30,12 @@ from quantbench.run.spec import RunSpec
 from quantbench.server.app import create_app, serve
 from quantbench.server.app import demo as answer_demo
 from quantbench.server.auth import API_KEY_ENV
-from quantbench.server.batcher import DEFAULT_MAX_BATCH, DEFAULT_MAX_WAIT_MS
+from quantbench.server.batcher import (
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_QUEUE,
+    DEFAULT_MAX_QUEUE_MS,
+    DEFAULT_MAX_WAIT_MS,
+)
 
 
 def cli_serve(
@@ -51,18 +58,43 @@ def cli_serve(
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
     media_limits: dict[str, int] | None = None,
+    options: dict[str, Any] | None = None,
+    shape: str | None = None,
+    layers: int | None = None,
+    seed: int = 0,
+    dtype: str = "bfloat16",
+    max_queue: int = DEFAULT_MAX_QUEUE,
+    max_queue_ms: float = DEFAULT_MAX_QUEUE_MS,
+    warm: bool = True,
 ) -> int:
-    """`quantbench serve`: load `model` through `backend` (as the runner does) and serve it, or answer --demo."""
+    """`quantbench serve`: load `model` through `backend` (as `run`'s child does: the same RunSpec, its backend's
+    own options such as cuda_graph and fused_ops, `shape` for the synthetic real-shape model) and serve it, or
+    answer --demo."""
     if backend == "http":
         raise ConfigError(
             "--backend http sends requests to a server; serve a local model with bf16, int4, nvfp4 or fp8"
         )
+    if shape is not None:
+        if model:
+            raise ConfigError("--shape serves a synthetic model with random weights; drop --model, or drop --shape "
+                              "to serve the checkpoint")
+        if shape not in SYNTHETIC_SHAPES:
+            raise ConfigError(f"--shape {shape!r}: unknown; known shapes: {', '.join(sorted(SYNTHETIC_SHAPES))}")
+    if layers is not None and (shape is None or layers < 1):
+        raise ConfigError("--layers sets the layer count of a --shape model: give --shape, and 1 or more layers")
+    if max_queue < 1 or max_batch < 1 or max_queue_ms < 0:
+        raise ConfigError("--max-queue and --max-batch: use 1 or more; --max-queue-ms: 0 (no queue deadline) or more")
     spec = RunSpec(
         backend=backend,
         model=model,
         truncate=allow_truncation,
         trust_remote_code=trust_remote_code,
         max_options=max_options,
+        shape=shape,
+        layers=layers,
+        seed=seed,
+        dtype=dtype,
+        **(options or {}),
     )
     if max_request_tokens < 1 or max_body_bytes < 1:
         raise ConfigError("--max-request-tokens and --max-body-bytes: use 1 or more")
@@ -107,6 +139,9 @@ def cli_serve(
         api_key=api_key,
         max_batch=max_batch,
         max_wait_ms=max_wait_ms,
+        max_queue=max_queue,
+        max_queue_ms=max_queue_ms,
+        warm=warm,
         allow_truncation=allow_truncation,
         max_body_bytes=max_body_bytes,
         max_questions=max_questions,

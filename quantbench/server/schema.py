@@ -26,6 +26,11 @@ from quantbench.protocol.media import decode_part
 from quantbench.protocol.prompt import render_state
 
 # The reference card's curl example: what `--demo` answers.
+# What a 200 carries besides the body, for load generators (`quantbench load` reads both; neither is required of
+# a SystemOne server): the requests that shared its forward pass, and its time from queued to that pass's start.
+BATCH_HEADER = "X-Quantbench-Batch"
+QUEUE_MS_HEADER = "X-Quantbench-Queue-Ms"
+
 DEMO_REQUEST = {
     "model": "clef-omni",
     "state": {"observation": "The player is facing a wall."},

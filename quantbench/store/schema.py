@@ -116,6 +116,59 @@ MIGRATIONS: list[str] = [
     ALTER TABLE runs ADD COLUMN energy_decisions INTEGER;
     ALTER TABLE runs ADD COLUMN energy_idle_w DOUBLE;
     """,
+    # 6: load runs of a SystemOne server (`quantbench load`, quantbench.load): one row per run with the server's
+    # identity as its /healthz gave it and the generator's machine, one row per step (a concurrency or a rate).
+    # Latencies are end to end on the client; queue_*, model_* and mean_batch only where the server reports them.
+    """
+    CREATE TABLE load_runs (
+        load_id UUID PRIMARY KEY,
+        created_at TIMESTAMPTZ NOT NULL,
+        finished_at TIMESTAMPTZ NOT NULL,
+        endpoint VARCHAR NOT NULL,
+        mode VARCHAR NOT NULL,                -- closed (a concurrency sweep) | open (Poisson arrivals at rates)
+        requests_from VARCHAR NOT NULL,       -- the suite's id, or card-example
+        suite_hash VARCHAR,
+        n_distinct_requests INTEGER NOT NULL,
+        server_model VARCHAR,                 -- from the server's /healthz, where it has one
+        server_variant VARCHAR,
+        server_kernel_path VARCHAR,
+        server_gpu VARCHAR,
+        server_health JSON,                   -- the whole /healthz body (NULL: none)
+        saturation DOUBLE,                    -- the concurrency or rate of peak throughput, when a later step did not rise past it
+        peak_decisions_per_s DOUBLE,
+        host VARCHAR NOT NULL,                -- the generator's machine
+        cpu_model VARCHAR,
+        os VARCHAR,
+        python_version VARCHAR,
+        quantbench_version VARCHAR,
+        quantbench_git_rev VARCHAR,
+        settings JSON NOT NULL                -- the generator's settings (steps, bounds, timeout, seed)
+    );
+    CREATE TABLE load_steps (
+        load_id UUID NOT NULL,
+        step INTEGER NOT NULL,
+        concurrency INTEGER,                  -- closed loop: requests in flight
+        rate DOUBLE,                          -- open loop: mean arrivals per second
+        sent INTEGER NOT NULL,
+        ok INTEGER NOT NULL,
+        errors JSON NOT NULL,                 -- {status or transport error: count}
+        duration_s DOUBLE NOT NULL,
+        offered_per_s DOUBLE NOT NULL,        -- sent / duration
+        decisions_per_s DOUBLE NOT NULL,      -- answered (200) / duration
+        p50_ms DOUBLE,                        -- end to end on the client, answered requests
+        p90_ms DOUBLE,
+        p99_ms DOUBLE,
+        mean_ms DOUBLE,
+        error_p50_ms DOUBLE,                  -- end to end of the refused ones (how fast a 503 came)
+        queue_p50_ms DOUBLE,                  -- X-Quantbench-Queue-Ms
+        queue_p99_ms DOUBLE,
+        model_p50_ms DOUBLE,                  -- the response's model_ms (its batch's forward pass)
+        overhead_p50_ms DOUBLE,               -- end to end minus queue and model time, per request
+        mean_batch DOUBLE,                    -- X-Quantbench-Batch: requests per forward pass (answered / sum 1/batch)
+        client_cpu DOUBLE,                    -- the generator's CPU seconds / wall seconds: near 1, it was the limit
+        PRIMARY KEY (load_id, step)
+    );
+    """,
 ]
 
 # Views are recreated on every open (they hold no data), so they can change without a migration.

@@ -1,0 +1,68 @@
+"""`load`: the load generator's flags; the generator is quantbench.load, its store quantbench.store.load."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from quantbench.cli.common import DbOpt, _db, _fail, err, out
+from quantbench.errors import ConfigError, QuantbenchError
+
+
+def _numbers(text: str | None, flag: str, kind: type) -> list:
+    if text is None:
+        return []
+    try:
+        return [kind(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r}: give comma-separated numbers, e.g. {flag} 1,8,32") from None
+
+
+def load(
+    endpoint: Annotated[str, typer.Option(help="Base URL of a SystemOne server (quantbench serve, or any other), e.g. http://127.0.0.1:8000")],
+    concurrency: Annotated[str | None, typer.Option(help="Closed loop: clients per step, each with one request in flight, e.g. 1,8,32,128 (the default)")] = None,
+    rate: Annotated[str | None, typer.Option(help="Open loop: Poisson arrivals, mean requests a second per step, e.g. 50,100")] = None,
+    requests: Annotated[int, typer.Option(help="Each step ends after this many requests …")] = 512,
+    seconds: Annotated[float, typer.Option(help="… or after this many seconds, whichever comes first")] = 30.0,
+    suite: Annotated[str | None, typer.Option(help="Requests from this suite JSONL, round robin. Default: the built-in suite")] = None,
+    card_example: Annotated[bool, typer.Option(help="Send the reference card's example request only")] = False,
+    api_key: Annotated[str | None, typer.Option(envvar="QUANTBENCH_API_KEY", help="The server's API key")] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds a request may take before it counts as a timeout")] = 60.0,
+    warmup: Annotated[int, typer.Option(help="Untimed requests before the first step")] = 8,
+    ready_timeout: Annotated[float, typer.Option(help="Seconds to wait for the server's /healthz to say ready")] = 60.0,
+    seed: Annotated[int, typer.Option(help="Seed of the open loop's arrival times")] = 0,
+    store: Annotated[bool, typer.Option(help="Store the load run in --db")] = True,
+    db: DbOpt = None,
+) -> None:
+    """Drive a SystemOne server: decisions/s, p50/p99, queue time, errors and the saturation point per step; stored."""
+    from quantbench.load import LoadSettings, run_load  # lazy: a fast --help
+    from quantbench.load.table import rate_text, saturation_line, steps_table
+    from quantbench.store import Store
+    from quantbench.store.load import write_load
+
+    try:
+        settings = LoadSettings(endpoint=endpoint, concurrency=_numbers(concurrency, "--concurrency", int),
+                                rate=_numbers(rate, "--rate", float), requests=requests, seconds=seconds, suite=suite,
+                                card_example=card_example, api_key=api_key, timeout_s=timeout, warmup=warmup,
+                                ready_timeout_s=ready_timeout, seed=seed)
+        settings.check()
+        if store:
+            Store(_db(db)).check_writable()  # before minutes of load, not after
+
+        def progress(step) -> None:
+            what = f"{step.rate:g}/s" if step.rate is not None else f"{step.concurrency} clients"
+            err.print(f"  {what}: {step.sent} sent, {rate_text(step.decisions_per_s)} decisions/s", soft_wrap=True)
+
+        result = run_load(settings, on_step=progress)
+        run = result.run
+        server = " ".join(str(x) for x in (run.server_model, run.server_variant, run.server_kernel_path) if x)
+        title = (f"load on {run.endpoint} ({server or 'no /healthz'}, {run.server_gpu or 'device unknown'}), "
+                 f"{run.mode} loop, requests from {run.requests_from}")
+        out.print(steps_table(result.steps, title))
+        out.print(saturation_line(result.saturation, run.mode), soft_wrap=True)
+        if store:
+            load_id = write_load(Store(_db(db)), run, result.steps)
+            out.print(f"load run {load_id} stored in {_db(db)}", soft_wrap=True)
+    except QuantbenchError as e:
+        _fail(e)

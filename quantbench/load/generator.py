@@ -1,0 +1,154 @@
+"""`run_load`: the steps of one load run in order against one server, then its saturation point and the records
+to store. Nothing is stored here (the CLI stores the result whole, quantbench.store.load); a server that does not
+answer is refused before the first step."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+import quantbench
+from quantbench.analysis.load import Saturation, saturation
+from quantbench.errors import ConfigError
+from quantbench.load.client import closed_loop, open_loop
+from quantbench.load.requests import PATH, Bodies, endpoint_url, request_bodies, server_health
+from quantbench.load.steps import summarize
+from quantbench.run.machine import detect
+from quantbench.run.runner import provenance
+from quantbench.store.load import LoadRunRecord, LoadStepRecord
+
+DEFAULT_CONCURRENCY = (1, 8, 32, 128)
+DEFAULT_REQUESTS = 512
+DEFAULT_SECONDS = 30.0
+DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_WARMUP = 8
+
+
+@dataclass
+class LoadSettings:
+    """One load run. `concurrency` (closed loop) or `rate` (open loop), one step per value, in order; each step ends
+    after `requests` requests or `seconds` seconds, whichever comes first."""
+
+    endpoint: str
+    concurrency: list[int] = field(default_factory=list)
+    rate: list[float] = field(default_factory=list)
+    requests: int = DEFAULT_REQUESTS
+    seconds: float = DEFAULT_SECONDS
+    suite: str | None = None
+    card_example: bool = False
+    api_key: str | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    warmup: int = DEFAULT_WARMUP
+    ready_timeout_s: float = 60.0
+    seed: int = 0
+
+    def check(self) -> None:
+        """Refuse, naming the flag, settings that cannot make a load run."""
+        if self.concurrency and self.rate:
+            raise ConfigError("--concurrency and --rate: give one (a closed-loop sweep or open-loop arrival rates)")
+        if not self.concurrency and not self.rate:
+            self.concurrency = list(DEFAULT_CONCURRENCY)
+        if any(c < 1 for c in self.concurrency):
+            raise ConfigError(f"--concurrency {','.join(map(str, self.concurrency))}: each step needs 1 or more clients")
+        if any(not r > 0 for r in self.rate):
+            raise ConfigError(f"--rate {','.join(map(str, self.rate))}: each rate must be above 0 requests a second")
+        if self.requests < 1 or not self.seconds > 0:
+            raise ConfigError("--requests and --seconds bound each step: use 1 or more requests and seconds above 0")
+        if not self.timeout_s > 0 or self.warmup < 0:
+            raise ConfigError("--timeout: seconds above 0; --warmup: 0 or more requests")
+
+    @property
+    def mode(self) -> str:
+        return "open" if self.rate else "closed"
+
+    def stored(self) -> dict[str, Any]:
+        """The settings as stored on the load run (no API key)."""
+        return {"concurrency": self.concurrency, "rate": self.rate, "requests": self.requests,
+                "seconds": self.seconds, "suite": self.suite, "card_example": self.card_example,
+                "timeout_s": self.timeout_s, "warmup": self.warmup, "seed": self.seed}
+
+
+@dataclass
+class LoadResult:
+    run: LoadRunRecord
+    steps: list[LoadStepRecord]
+    saturation: Saturation
+
+
+def _headers(api_key: str | None) -> dict[str, str]:
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    return headers
+
+
+def run_load(settings: LoadSettings, on_step: Any = None) -> LoadResult:
+    """Measure every step of `settings` against its server. `on_step(record)` is called after each step (the CLI
+    prints progress). ConfigError, before any request is sent, when nothing answers at the endpoint."""
+    settings.check()
+    endpoint = endpoint_url(settings.endpoint)
+    bodies = request_bodies(settings.suite, settings.card_example)
+    with httpx.Client(headers=_headers(settings.api_key)) as client:
+        health = server_health(client, endpoint, settings.ready_timeout_s)
+    created = dt.datetime.now(dt.UTC)
+    steps = asyncio.run(_steps(settings, endpoint + PATH, bodies, on_step))
+    if health is not None:  # read again: a quantbench server reports the kernel path its forwards ran by now
+        health = _health_after(endpoint, settings.api_key) or health
+    loads = [s.rate if settings.rate else s.concurrency for s in steps]
+    sat = saturation([float(x) for x in loads], [s.decisions_per_s for s in steps])
+    machine = detect()
+    info = health.get("info") if health and isinstance(health.get("info"), dict) else {}
+    record = LoadRunRecord(
+        created_at=created, finished_at=dt.datetime.now(dt.UTC), endpoint=endpoint, mode=settings.mode,
+        requests_from=bodies.source, suite_hash=bodies.suite_hash, n_distinct_requests=len(bodies.bodies),
+        server_model=(health or {}).get("model") or info.get("model_id"),
+        server_variant=(health or {}).get("variant") or info.get("variant"),
+        server_kernel_path=(health or {}).get("kernel_path") or info.get("kernel_path"),
+        server_gpu=(health or {}).get("gpu"), server_health=health, saturation=sat.point,
+        peak_decisions_per_s=sat.peak, host=machine.host, cpu_model=machine.cpu_model, os=machine.os,
+        python_version=machine.python_version, quantbench_version=quantbench.__version__,
+        quantbench_git_rev=provenance()["quantbench_git_rev"], settings=settings.stored(),
+    )
+    return LoadResult(record, steps, sat)
+
+
+def _health_after(endpoint: str, api_key: str | None) -> dict[str, Any] | None:
+    """/healthz after the steps, or None when it does not answer 200 with JSON now."""
+    try:
+        r = httpx.get(endpoint + "/healthz", headers=_headers(api_key), timeout=10.0)
+        body = r.json() if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+    return body if isinstance(body, dict) else None
+
+
+async def _steps(settings: LoadSettings, url: str, bodies: Bodies, on_step: Any) -> list[LoadStepRecord]:
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    timeout = httpx.Timeout(settings.timeout_s)
+    async with httpx.AsyncClient(headers=_headers(settings.api_key), limits=limits, timeout=timeout) as client:
+        if settings.warmup:  # untimed: connections, and the server's first-call costs
+            await closed_loop(client, url, bodies.bodies, concurrency=1, requests=settings.warmup,
+                              seconds=settings.seconds)
+        steps = []
+        offset = 0
+        for i, load in enumerate(settings.rate or settings.concurrency):
+            cpu0 = time.process_time()
+            if settings.rate:
+                samples, wall = await open_loop(client, url, bodies.bodies, rate=float(load),
+                                                requests=settings.requests, seconds=settings.seconds,
+                                                seed=settings.seed + i, offset=offset)
+                step = summarize(i, samples, wall, rate=float(load), cpu_s=time.process_time() - cpu0)
+            else:
+                samples, wall = await closed_loop(client, url, bodies.bodies, concurrency=int(load),
+                                                  requests=settings.requests, seconds=settings.seconds, offset=offset)
+                step = summarize(i, samples, wall, concurrency=int(load), cpu_s=time.process_time() - cpu0)
+            offset += len(samples)
+            steps.append(step)
+            if on_step is not None:
+                on_step(step)
+        return steps

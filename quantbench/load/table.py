@@ -1,0 +1,48 @@
+"""The table `quantbench load` prints: one row per step (rich; to a file or a pipe it keeps its natural width)."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from quantbench.analysis.load import Saturation
+from quantbench.store.load import LoadStepRecord
+
+
+def _ms(value: float | None) -> str:
+    return "—" if value is None else f"{value:,.1f}"
+
+
+def rate_text(per_s: float) -> str:
+    """Decisions a second: one decimal, or three significant digits below 1 (a CPU at the real shape)."""
+    return f"{per_s:,.1f}" if per_s >= 1 or per_s == 0 else f"{per_s:.3g}"
+
+
+def steps_table(steps: list[LoadStepRecord], title: str) -> Table:
+    """Load, sent, decisions/s, end-to-end p50 / p99, queue p50 / p99, forward p50, overhead p50, mean batch, errors."""
+    t = Table(title=title, title_justify="left")
+    open_loop = any(s.rate is not None for s in steps)
+    t.add_column("rate /s" if open_loop else "clients", justify="right")
+    for col in ("sent", "decisions/s", "p50 / p99 ms", "queue p50 / p99 ms", "forward p50 ms", "overhead p50 ms",
+                "mean batch", "client CPU", "errors"):
+        t.add_column(col, justify="left" if col == "errors" else "right")
+    for s in steps:
+        errors = ", ".join(f"{n} × {status}" for status, n in s.errors.items()) or "none"
+        queue = "—" if s.queue_p50_ms is None else f"{_ms(s.queue_p50_ms)} / {_ms(s.queue_p99_ms)}"
+        t.add_row(
+            f"{s.rate:g}" if open_loop else str(s.concurrency), str(s.sent), rate_text(s.decisions_per_s),
+            f"{_ms(s.p50_ms)} / {_ms(s.p99_ms)}", queue, _ms(s.model_p50_ms), _ms(s.overhead_p50_ms),
+            "—" if s.mean_batch is None else f"{s.mean_batch:.2f}",
+            "—" if s.client_cpu is None else f"{s.client_cpu:.0%}",
+            errors + ("" if s.error_p50_ms is None else f" (p50 {_ms(s.error_p50_ms)} ms)"),
+        )
+    return t
+
+
+def saturation_line(sat: Saturation, mode: str) -> str:
+    """One sentence: where throughput stopped rising and what was kept beyond it."""
+    unit = "requests/s offered" if mode == "open" else "clients"
+    if sat.point is None:
+        return (f"peak {sat.peak:,.1f} decisions/s at the last step: throughput still rose, so saturation was not "
+                "reached; add a larger step")
+    return (f"saturation at {sat.point:g} {unit} (peak {sat.peak:,.1f} decisions/s); at {sat.beyond:g} "
+            f"{unit} throughput kept {sat.kept:.0%} of the peak")

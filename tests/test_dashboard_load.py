@@ -1,0 +1,66 @@
+"""The dashboard's "Serving under load" page under AppTest: stored load runs drawn as throughput against latency,
+with the saturation point that quantbench.analysis.load computes, and a plain note when there are none."""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from quantbench.analysis.load import saturation
+from quantbench.store import Store
+from quantbench.store.load import LoadRunRecord, LoadStepRecord, write_load
+from tests import dashboard_store as ds
+
+APP = str(Path(__file__).resolve().parent.parent / "dashboard" / "streamlit_app.py")
+# The issue's INT4 row on the H200 (decisions/s, p50, p99 per clients)
+INT4 = [(1, 56.3, 17.6, 20.1), (8, 71.6, 110.0, 120.0), (32, 95.1, 335.0, 372.0), (128, 66.1, 1263.0, 8307.0)]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    return ds.build(tmp_path_factory.mktemp("dashload") / "results.duckdb").path
+
+
+def with_load_run(built: Path, tmp_path: Path) -> Path:
+    path = tmp_path / "results.duckdb"
+    shutil.copy(built, path)
+    now = dt.datetime(2026, 12, 2, 12, 0, tzinfo=dt.UTC)
+    run = LoadRunRecord(created_at=now, finished_at=now, endpoint="http://127.0.0.1:8000", mode="closed",
+                        requests_from="quantbench-default-v1", n_distinct_requests=364, server_model="synthetic",
+                        server_variant="int4", server_kernel_path="quantbench grouped-moe gluon +cuda-graph",
+                        server_gpu="NVIDIA H200", saturation=32.0, peak_decisions_per_s=95.1, host="h200-box")
+    steps = [LoadStepRecord(step=i, concurrency=c, sent=500, ok=500, duration_s=500 / t, offered_per_s=t,
+                            decisions_per_s=t, p50_ms=p50, p99_ms=p99, errors={"503": 238} if c == 128 else {})
+             for i, (c, t, p50, p99) in enumerate(INT4)]
+    write_load(Store(path), run, steps)
+    return path
+
+
+def test_the_load_page_draws_throughput_against_latency_and_the_saturation(built, tmp_path, monkeypatch):
+    monkeypatch.setenv("QUANTBENCH_DB", str(with_load_run(built, tmp_path)))
+    at = AppTest.from_file(APP, default_timeout=120).run()
+    at.switch_page("page_load.py").run()
+    assert not at.exception, at.exception
+    assert at.title[0].value == "Serving under load"
+    sat, steps = at.dataframe[0].value, at.dataframe[1].value
+    expected = saturation([c for c, *_ in INT4], [t for _, t, *_ in INT4])
+    assert sat["Saturates at"].tolist() == [32.0] and sat["Peak decisions/s"].tolist() == [95.1]
+    assert sat["Kept at the largest load"].iloc[0] == pytest.approx(expected.kept)
+    assert steps["concurrency"].tolist() == [1, 8, 32, 128]
+    assert steps["errors"].tolist() == ["none", "none", "none", "238 × 503"]
+    assert "int4" in at.multiselect[0].value[0] and "NVIDIA H200" in at.multiselect[0].value[0]
+
+
+def test_the_load_page_says_how_to_make_a_load_run_when_there_is_none(built, tmp_path, monkeypatch):
+    path = tmp_path / "results.duckdb"
+    shutil.copy(built, path)
+    Store(path).migrate()
+    monkeypatch.setenv("QUANTBENCH_DB", str(path))
+    at = AppTest.from_file(APP, default_timeout=120).run()
+    at.switch_page("page_load.py").run()
+    assert not at.exception, at.exception
+    assert "quantbench load --endpoint URL" in at.info[0].value
