@@ -6,12 +6,9 @@ one line with nothing written. The saturation point, and the migration of a sche
 from __future__ import annotations
 
 import json
-import threading
 import time
 
-import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI
 from typer.testing import CliRunner
 
@@ -24,32 +21,9 @@ from quantbench.run.record import VariantInfo
 from quantbench.server import create_app
 from quantbench.store import SCHEMA_VERSION, Store
 from quantbench.store.load import load_runs, load_steps, write_load
+from tests.test_http_backend import ThreadServer
 from tests.test_server import free_port
 from tests.tiny import tiny_model, tiny_tokenizer
-
-
-class ThreadServer:
-    """uvicorn serving `app` on a free loopback port from a thread of this process; ready once its port is open
-    and, for quantbench's app, its model has loaded."""
-
-    def __init__(self, app):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
-        self.quantbench = hasattr(app.state, "qb")
-
-    def __enter__(self) -> ThreadServer:
-        self.thread.start()
-        deadline = time.monotonic() + 60
-        while not self.server.started or (self.quantbench and httpx.get(self.url + "/healthz").status_code != 200):
-            assert time.monotonic() < deadline and self.thread.is_alive(), "the server did not start"
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(60)
 
 
 def tiny_loaded(forward_s: float = 0.0) -> LoadedVariant:
