@@ -154,7 +154,7 @@ def test_a_store_that_cannot_take_a_run_is_refused_before_it_starts(tmp_path, sm
     assert done.returncode == 2, done.stderr
     assert len(lines) == 1 and words in lines[0]
     assert "Traceback" not in done.stderr and done.stdout == ""  # no child ran: no progress, no runs table
-    assert seconds < 10  # the CLI's imports only (no torch); a run's child imports torch and answers first
+    assert seconds < 20  # the CLI's imports only (no torch; 12 s on a loaded 2-core VM, 2026-12-02); a child would also train, quantize or answer
 
 
 def test_a_run_the_full_disk_cannot_take_is_kept_whole_for_merge(tmp_path, small_disk, monkeypatch):
