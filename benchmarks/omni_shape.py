@@ -382,8 +382,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     say(f"omni shape benchmark: {args.shape}, {args.layers or 48} decoder layers, {', '.join(args.variants)} on "
         f"{machine.gpu_name or 'CPU'} ({args.device}); torch {torch.__version__}, {args.reps} reps")
     whole = whole_model_bf16_bytes(args.shape)
-    say(f"whole model (thinker + talker + code2wav, 48 layers) BF16: {whole / 2 / 1e9:.2f} B parameters, "
-        f"{whole / 2**30:.2f} GiB (a shape other than the real one: its thinker only)")
+    what = "thinker + talker + code2wav" if args.shape == "qwen3-omni-30b-a3b" else "its thinker only: not the real shape"
+    say(f"whole model ({what}, 48 layers) BF16: {whole / 2 / 1e9:.2f} B parameters, {whole / 2**30:.2f} GiB")
     results: dict[str, dict] = {}
     towers: dict[str, dict] = {}
     for name in args.variants:

@@ -160,3 +160,17 @@ def test_the_benchmark_runs_on_cpu_and_stores_its_rows(small_shape, tmp_path, ca
                        "FROM runs ORDER BY variant").fetchall()
     assert [r[:3] for r in rows] == [("bf16", "synthetic", "omni-shape-bench"), ("int4", "synthetic", "omni-shape-bench")]
     assert con.execute("SELECT count(*) FROM latencies").fetchone()[0] == 8
+
+
+def test_a_saved_synthetic_omni_checkpoint_loads_and_reads_media(small_shape, tmp_path):
+    from backends.bf16 import Bf16Backend
+    from quantbench.models.checkpoint import model_identity
+    from quantbench.run.machine import detect
+    from quantbench.run.spec import RunSpec
+
+    out = S.save_synthetic(small_shape, tmp_path / "omni", layers=1, seed=2)
+    assert (out / "preprocessor_config.json").is_file() and model_identity(out)["weights"] == "synthetic"
+    loaded = Bf16Backend().load(RunSpec(backend="bf16", model=str(out), device="cpu"), detect())
+    assert isinstance(loaded.engine, OmniEngine) and loaded.engine.modalities == {"image", "audio", "video"}
+    request = parse_request({"state": STATES["audio"], "questions": {"ok": {"type": "boolean"}}})
+    assert set(loaded.engine.forward(loaded.engine.prepare(request))["ok"].probabilities) == {"yes", "no"}

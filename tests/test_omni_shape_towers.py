@@ -72,6 +72,17 @@ def test_the_audio_tower_equals_transformers(lengths):
     assert ours.counts.plans == 1  # the second call of the same shape reuses its plan
 
 
+def last_hidden(ids: torch.Tensor, inputs: dict) -> torch.Tensor:
+    """The thinker's own forward (transformers 5.17 and 5.24 alike) with its head swapped out: its "logits" are
+    the last hidden states."""
+    model = thinker()
+    head, model.lm_head = model.lm_head, torch.nn.Identity()
+    try:
+        return model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, **inputs).logits
+    finally:
+        model.lm_head = head
+
+
 def test_the_media_forward_equals_the_thinkers_own():
     from tests.test_omni_media import request
 
@@ -82,9 +93,41 @@ def test_the_media_forward_equals_the_thinkers_own():
         ids = torch.tensor(prepared.rows)
         inputs = prepared.media[0]
         with torch.inference_mode():
-            want = thinker().model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False,
-                                   **inputs).last_hidden_state
+            want = last_hidden(ids, inputs)
             got = ours._hidden([prepared], ids)
             reference = theirs._hidden([prepared], ids)  # transformers' towers, quantbench's merge
         torch.testing.assert_close(got[0, : ids.shape[1]], want[0], atol=2e-5, rtol=1e-4)
         torch.testing.assert_close(reference[0, : ids.shape[1]], want[0], atol=2e-5, rtol=1e-4)
+
+
+def test_deepstack_added_densely_by_hooks_equals_transformers_path():
+    """What the graphed media decoder captures (quantbench.engine.omni_graph: no attention mask, deepstack as
+    dense adds by forward hooks) computes what the eager decoder with transformers' deepstack path computes; the
+    graph itself needs a GPU, this is the forward it records."""
+    from quantbench.engine.omni import _dense, _join
+    from quantbench.engine.omni_graph import GraphedMediaDecoder
+    from tests.test_omni_media import request
+
+    ours = engine()
+    decoder = ours.model.get_decoder()
+    graphed = GraphedMediaDecoder(decoder, 1, max_width=4096)
+    try:
+        for kind in ("image", "frames"):
+            prepared = ours.prepare(request(kind))
+            ids = torch.tensor(prepared.rows[:1])
+            mask = torch.ones_like(ids)
+            media = prepared.media[:1]
+            encoded = {id(media[0]): ours._run_towers(_join(media, ours.device, ours.model.dtype))}
+            with torch.inference_mode():
+                embeds, positions, visual_at, deepstack = ours._merge(ids, mask, media, encoded)
+                want = decoder(inputs_embeds=embeds, attention_mask=mask, position_ids=positions, use_cache=False,
+                               visual_pos_masks=visual_at, deepstack_visual_embeds=deepstack).last_hidden_state
+                graphed._deep_now = torch.stack(_dense(embeds, visual_at, deepstack))
+                got = decoder(inputs_embeds=embeds, position_ids=positions, use_cache=False).last_hidden_state
+                graphed._deep_now = None
+                plain = decoder(inputs_embeds=embeds, position_ids=positions, use_cache=False).last_hidden_state
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+            assert not torch.allclose(plain, want, atol=1e-3)  # the deepstack features matter here
+    finally:
+        for hook in graphed._hooks:
+            hook.remove()

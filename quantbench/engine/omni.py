@@ -66,6 +66,12 @@ class OmniEngine(TransformersEngine):
         # towers="transformers": the thinker's own get_*_features (the benchmark's reference); else quantbench's
         self.towers = Towers(model, graphs=kwargs.get("cuda_graph", "auto")) if towers == "quantbench" else None
         self.split: list[dict[str, float]] | None = None  # per media forward {towers_ms, decoder_ms}, when a list
+        from quantbench.engine.omni_graph import GraphedMediaDecoder
+
+        # the decoder of a media decision, from CUDA graphs on a GPU (the text decoder's are self.decoder's)
+        self.media_graphs = GraphedMediaDecoder(
+            model.get_decoder(), len(model.config.vision_config.deepstack_visual_indexes), max_width=self.max_tokens,
+            mode=kwargs.get("cuda_graph", "auto")) if self.device.type == "cuda" else None
         self._decoded: dict[int, Any] = {}  # id(part) -> its decoded media, while one request is prepared
         self.modalities = media.modalities if media is not None else frozenset()
         tokens = media.tokens if media is not None else {}
@@ -101,6 +107,8 @@ class OmniEngine(TransformersEngine):
         if media["modalities"]:
             media = {**media, **(self.towers.describe() if self.towers is not None
                                  else {"towers": "transformers get_image/video/audio_features"})}
+            if self.media_graphs is not None:
+                media["decoder_graphs"] = self.media_graphs.report()
         return dataclasses.replace(super().report(), media=media)
 
     # -- preparing (decoding, the processor, the checks) ------------------------------------------------------
@@ -217,9 +225,7 @@ class OmniEngine(TransformersEngine):
         if all(p.media is None for p in batch):
             super().warm(batch)
             return
-        if self.towers is None:
-            return
-        for m in _distinct(m for p in batch for m in (p.media or []) if m is not None):
+        for m in _distinct(m for p in batch for m in (p.media or []) if m is not None and self.towers is not None):
             inputs = _join([m], self.device, self.model.dtype)
             if "pixel_values" in inputs:
                 self.towers.warm_vision(inputs["pixel_values"], inputs["image_grid_thw"])
@@ -227,6 +233,10 @@ class OmniEngine(TransformersEngine):
                 self.towers.warm_vision(inputs["pixel_values_videos"], inputs["video_grid_thw"])
             if "input_features" in inputs:
                 self.towers.warm_audio(*_audio_frames(inputs))
+        if self.media_graphs is not None and not self.media_graphs.disabled:
+            rows = [r for p in batch for r in p.rows]
+            if not self.media_graphs.has(len(rows), max(len(r) for r in rows)):
+                self.forward_many(batch)  # captures (and checks) this shape's decoder graph, untimed
 
     def _hidden(self, batch: list[Prepared], ids: Tensor) -> Tensor:
         media = [m for p in batch for m in (p.media or [None] * len(p.rows))]
@@ -280,9 +290,26 @@ class OmniEngine(TransformersEngine):
         return out
 
     def _decode(self, ids: Tensor, mask: Tensor, media: list[Any], encoded: dict[int, dict[str, Any]]) -> Tensor:
-        """The text decoder over the embeddings of `ids` with each row's tower outputs at its placeholders, as
-        transformers' thinker merges them (the same order: rows, then parts within a row), deepstack features
-        added after the first decoder layers, 3-D rope positions from the model's own get_rope_index."""
+        """The text decoder over the merged embeddings (`_merge`): from a CUDA graph per padded shape on a GPU
+        (quantbench.engine.omni_graph: deepstack added densely), else eagerly with transformers' deepstack path."""
+        embeds, positions, visual_at, deepstack = self._merge(ids, mask, media, encoded)
+
+        def eager() -> Tensor:
+            return self.model.get_decoder()(inputs_embeds=embeds, attention_mask=mask, position_ids=positions,
+                                            use_cache=False, visual_pos_masks=visual_at,
+                                            deepstack_visual_embeds=deepstack).last_hidden_state
+
+        if self.media_graphs is not None:
+            hidden = self.media_graphs(embeds, positions, _dense(embeds, visual_at, deepstack), eager)
+            if hidden is not None:
+                return hidden
+        return eager()
+
+    def _merge(self, ids: Tensor, mask: Tensor, media: list[Any],
+               encoded: dict[int, dict[str, Any]]) -> tuple[Tensor, Tensor, Tensor | None, list[Tensor] | None]:
+        """(embeddings, 3-D rope positions, visual positions, deepstack features): the embeddings of `ids` with
+        each row's tower outputs at its placeholders, as transformers' thinker merges them (the same order: rows,
+        then parts within a row), positions from the model's own get_rope_index."""
         config = self.model.config
         embeds = self.model.get_input_embeddings()(ids)
         per_row = [(m, encoded[id(m)]) for m in media if m is not None]
@@ -321,9 +348,20 @@ class OmniEngine(TransformersEngine):
         positions, _ = owner.get_rope_index(ids, joined("image_grid_thw"), joined("video_grid_thw"), mask, False,
                                             feature_mask.sum(-1) if feature_mask is not None else None,
                                             joined("video_second_per_grid"))
-        return self.model.get_decoder()(inputs_embeds=embeds, attention_mask=mask, position_ids=positions,
-                                        use_cache=False, visual_pos_masks=visual_at,
-                                        deepstack_visual_embeds=deepstack).last_hidden_state
+        return embeds, positions, visual_at, deepstack
+
+
+def _dense(embeds: Tensor, visual_at: Tensor | None, deepstack: list[Tensor] | None) -> list[Tensor] | None:
+    """Deepstack features as [rows, width, hidden] tensors, zero off the visual positions (what the graphed
+    decoder adds after each deepstack layer)."""
+    if not deepstack:
+        return None
+    dense = []
+    for joint in deepstack:
+        full = embeds.new_zeros(embeds.shape)
+        full[visual_at] = joint
+        dense.append(full)
+    return dense
 
 
 def _distinct(items: Any) -> list[Any]:
