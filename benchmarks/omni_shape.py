@@ -188,16 +188,16 @@ def measure_towers(engine: Any, requests: dict[str, Any], clock: Clock, reps: in
     for kind in ("image", "audio", "video"):
         inputs = _join([engine.prepare(requests[kind]).media[0]], engine.device, model.dtype)
         if kind == "audio":
-            theirs = lambda: model.get_audio_features(inputs["input_features"],  # noqa: E731
-                                                      inputs["feature_attention_mask"], return_dict=True)
             frames, lens = _audio_frames(inputs)
-            ours = lambda: engine.towers.audio(frames, lens)  # noqa: E731
+            theirs = lambda i=inputs: model.get_audio_features(  # noqa: E731
+                i["input_features"], i["feature_attention_mask"], return_dict=True)
+            ours = lambda f=frames, n=lens: engine.towers.audio(f, n)  # noqa: E731
             engine.towers.warm_audio(frames, lens)
         else:
             px, grid = ("pixel_values", "image_grid_thw") if kind == "image" else ("pixel_values_videos", "video_grid_thw")
             get = model.get_image_features if kind == "image" else model.get_video_features
-            theirs = lambda get=get, px=px, grid=grid: get(inputs[px], inputs[grid], return_dict=True)  # noqa: E731
-            ours = lambda px=px, grid=grid: engine.towers.vision(inputs[px], inputs[grid])  # noqa: E731
+            theirs = lambda g=get, p=inputs[px], t=inputs[grid]: g(p, t, return_dict=True)  # noqa: E731
+            ours = lambda p=inputs[px], t=inputs[grid]: engine.towers.vision(p, t)  # noqa: E731
             engine.towers.warm_vision(inputs[px], inputs[grid])
         times = {}
         with torch.inference_mode():
@@ -221,9 +221,9 @@ WHOLE_MODEL_PARAMETERS = 35_259_818_545
 def whole_model_bf16_bytes(shape: str) -> int:
     """BF16 bytes of thinker + talker + code2wav: the thinker counted from its config on the meta device (48
     layers), the talker and code2wav as the published total's remainder."""
-    from quantbench.models.synthetic_omni import meta_thinker, thinker_config
-
     import torch
+
+    from quantbench.models.synthetic_omni import meta_thinker, thinker_config
 
     thinker = sum(p.numel() for p in meta_thinker(thinker_config(shape, None, 0, 1), torch.bfloat16).parameters())
     rest = WHOLE_MODEL_PARAMETERS - 31_719_205_488 if shape == "qwen3-omni-30b-a3b" else 0
@@ -234,8 +234,8 @@ def whole_model_bf16_bytes(shape: str) -> int:
 def run_variant(name: str, args: argparse.Namespace, machine: Any, clock: Clock, tower_figures: dict) -> dict:
     import torch
 
-    from quantbench.run.backend import get_backend
     from quantbench.models.checkpoint import tensor_bytes
+    from quantbench.run.backend import get_backend
     from quantbench.run.spec import RunSpec
 
     backend, options = VARIANTS[name]

@@ -7,8 +7,8 @@ handed over dense ([rows, width, hidden], zero off the visual positions) and add
 those layers, which adds exactly nothing elsewhere, so the decoder captures as the text decoder does
 (quantbench.engine.cudagraph): one graph per padded [rows, width] bucket, the same buckets, right padding that no
 real token attends to, no attention mask. Each bucket's first replay is checked against the eager decoder with
-transformers' own deepstack path (within bf16 rounding); a capture that fails or disagrees turns the graphs off,
-with the reason kept (`report`), and the decoder runs eagerly from then on.
+transformers' own deepstack path (mean relative error within 2%: bf16 over 48 layers); a capture that fails or
+disagrees turns the graphs off, with the reason kept (`report`), and the decoder runs eagerly from then on.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ class GraphedMediaDecoder:
         self.disabled: str | None = None if mode == "auto" else "off (asked for)"
         self.captured: list[list[int]] = []
         self.replays = 0
+        self.checks: list[dict[str, Any]] = []  # each bucket's first replay against the eager decoder
         self._graphs: dict[tuple[int, int], tuple[Any, Tensor, Tensor, Tensor, Tensor]] = {}
         self._deep_now: Tensor | None = None  # the static deepstack buffer while a graph is captured
         self._pool = None
@@ -42,7 +43,7 @@ class GraphedMediaDecoder:
         return key in self._graphs or len(self._graphs) >= self.max_graphs or key[0] * key[1] > self.max_tokens
 
     def report(self) -> dict[str, Any]:
-        return {"captured": self.captured, "replays": self.replays, "disabled": self.disabled}
+        return {"captured": self.captured, "replays": self.replays, "disabled": self.disabled, "checks": self.checks}
 
     def _adder(self, i: int) -> Any:
         def hook(_module: Any, _args: Any, output: Any) -> Any:
@@ -86,12 +87,13 @@ class GraphedMediaDecoder:
         graph.replay()
         self.replays += 1
         out = s_out[:rows, :width]
-        if fresh:
-            want = eager()
-            if not torch.allclose(out.float(), want.float(), atol=5e-2, rtol=5e-2):
-                self.disabled = (f"the replay of {list(key)} differs from the eager decoder by "
-                                 f"{(out.float() - want.float()).abs().max():.3g}")
-                return want
+        if fresh:  # bf16 through 48 layers: a routing flip moves a few positions; a missing deepstack moves many
+            want = eager().float()
+            err = float((out.float() - want).abs().mean() / want.abs().mean().clamp_min(1e-12))
+            self.checks.append({"shape": list(key), "mean_relative_error": err})
+            if not err <= 0.02:
+                self.disabled = f"the replay of {list(key)} differs from the eager decoder (mean relative error {err:.3g})"
+                return want.to(out.dtype)
         return out
 
     def _capture(self, key: tuple[int, int], like: Tensor) -> tuple[Any, Tensor, Tensor, Tensor, Tensor]:

@@ -27,7 +27,9 @@ from torch.nn import functional as F
 
 
 def _omni():
-    from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as omni  # lazy: the child imports it
+    from transformers.models.qwen3_omni_moe import (
+        modeling_qwen3_omni_moe as omni,  # lazy: the child imports it
+    )
 
     return omni
 
