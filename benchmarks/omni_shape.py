@@ -268,6 +268,11 @@ def run_variant(name: str, args: argparse.Namespace, machine: Any, clock: Clock,
         tower_figures.update(measure_towers(engine, requests, clock, args.reps))
     if cuda:
         figures["peak_allocated_bytes"] = torch.cuda.max_memory_allocated() - before
+    report = engine.report()
+    figures["ran"] = {"media": report.media, "text_graphs": report.graphs}
+    say(f"{name}: what ran: towers {report.media.get('towers')}, tower graphs {report.media.get('tower_graphs')}"
+        + (f" ({'; '.join(report.media['tower_notes'])})" if report.media.get("tower_notes") else "")
+        + (f", media decoder graphs {report.media['decoder_graphs']}" if "decoder_graphs" in report.media else ""))
     figures["info"] = loaded.info
     del loaded, engine
     gc.collect()

@@ -152,7 +152,7 @@ def test_the_benchmark_runs_on_cpu_and_stores_its_rows(small_shape, tmp_path, ca
     for variant in ("bf16", "int4"):
         kinds = out["results"][variant]["kinds"]
         assert set(kinds) == {"text", "image", "audio", "video"}
-        assert kinds["text"]["tokens"] == 128 and kinds["text"]["towers_ms"] == 0.0
+        assert 128 <= kinds["text"]["tokens"] < 140 and kinds["text"]["towers_ms"] == 0.0  # whole words
         assert all(kinds[k]["towers_ms"] > 0 and kinds[k]["end_to_end_ms"] > 0 for k in ("image", "audio", "video"))
     assert set(out["towers"]) == {"image", "audio", "video"}
     con = duckdb.connect(str(db), read_only=True)
