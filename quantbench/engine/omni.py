@@ -31,7 +31,9 @@ import torch
 from torch import Tensor
 
 from quantbench.engine.base import EngineReport
+from quantbench.engine.omni_graph import GraphedMediaDecoder
 from quantbench.engine.scoring import Prepared, TransformersEngine
+from quantbench.engine.towers import Towers
 from quantbench.errors import ContextLengthError, RequestError
 from quantbench.limits import Limits
 from quantbench.protocol import DecisionRequest, is_media_part, refuse_unread_media
@@ -61,13 +63,9 @@ class OmniEngine(TransformersEngine):
                  media_base: Path | None = None, towers: str = "quantbench", **kwargs: Any):
         super().__init__(model, tokenizer, **kwargs)
         self.media, self.limits, self.media_base = media, limits or Limits(), media_base
-        from quantbench.engine.towers import Towers
-
         # towers="transformers": the thinker's own get_*_features (the benchmark's reference); else quantbench's
         self.towers = Towers(model, graphs=kwargs.get("cuda_graph", "auto")) if towers == "quantbench" else None
         self.split: list[dict[str, float]] | None = None  # per media forward {towers_ms, decoder_ms}, when a list
-        from quantbench.engine.omni_graph import GraphedMediaDecoder
-
         # the decoder of a media decision, from CUDA graphs on a GPU (the text decoder's are self.decoder's)
         self.media_graphs = GraphedMediaDecoder(
             model.get_decoder(), len(model.config.vision_config.deepstack_visual_indexes), max_width=self.max_tokens,
@@ -225,14 +223,15 @@ class OmniEngine(TransformersEngine):
         if all(p.media is None for p in batch):
             super().warm(batch)
             return
-        for m in _distinct(m for p in batch for m in (p.media or []) if m is not None and self.towers is not None):
+        towers = self.towers
+        for m in _distinct(m for p in batch for m in (p.media or []) if m is not None) if towers else []:
             inputs = _join([m], self.device, self.model.dtype)
             if "pixel_values" in inputs:
-                self.towers.warm_vision(inputs["pixel_values"], inputs["image_grid_thw"])
+                towers.warm_vision(inputs["pixel_values"], inputs["image_grid_thw"])
             if "pixel_values_videos" in inputs:
-                self.towers.warm_vision(inputs["pixel_values_videos"], inputs["video_grid_thw"])
+                towers.warm_vision(inputs["pixel_values_videos"], inputs["video_grid_thw"])
             if "input_features" in inputs:
-                self.towers.warm_audio(*_audio_frames(inputs))
+                towers.warm_audio(*_audio_frames(inputs))
         if self.media_graphs is not None and not self.media_graphs.disabled:
             rows = [r for p in batch for r in p.rows]
             if not self.media_graphs.has(len(rows), max(len(r) for r in rows)):
@@ -252,7 +251,8 @@ class OmniEngine(TransformersEngine):
         if timing:
             marks[0].record()
         # each distinct media once: a record's question rows (and a continuation's option rows) share theirs
-        encoded = {id(m): self._run_towers(_join([m], self.device, self.model.dtype)) for m in _distinct(m for m in media if m is not None)}
+        distinct = _distinct(m for m in media if m is not None)
+        encoded = {id(m): self._run_towers(_join([m], self.device, self.model.dtype)) for m in distinct}
         if timing:
             marks[1].record()
         t1 = time.perf_counter()
