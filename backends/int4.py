@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 
-from quantbench.engine.scoring import TransformersEngine
 from quantbench.errors import ConfigError, LoadError
 from quantbench.models.checkpoint import experts_tensor_bytes, model_identity, read_config
 from quantbench.models.family import Qwen3OmniThinkerFamily, family_of, moe_layout
@@ -186,7 +185,7 @@ class Int4Backend:
         model, tokenizer, path = build_synthetic_quantized(
             spec.shape, lambda weight, _amax: rtn_experts(weight), layers=spec.layers, seed=spec.seed, device=device,
             dtype=dtype, expert_bits=4 + (16 + 8) / 128, calibrate=False)
-        engine = TransformersEngine.for_spec(model, tokenizer, spec)
+        engine = decision_engine(model, tokenizer, spec, None)  # a synthetic Omni thinker reads media too
         info = VariantInfo(
             variant="int4",
             weight_format="int4 w4a16 g128 sym (RTN in memory)",

@@ -1,12 +1,16 @@
 """The decision engine of a model that reads media in the state: Qwen3-Omni-MoE's thinker.
 
 It is TransformersEngine with two hooks filled (quantbench.engine.scoring): `_prompt` renders a question whose
-state holds media parts with each part's placeholder, decodes the parts (quantbench.protocol.media) and runs the
-checkpoint's processor (quantbench.models.processor), which expands each placeholder to the part's tokens and
-makes the tensors the model reads; `_hidden` runs a batch that carries media through the thinker's own model
-(vision and audio towers, 3-D rope positions from the attention mask, deepstack) and hands back its last hidden
+state holds media parts with each part's placeholder, decodes the parts (once per part and process:
+quantbench.protocol.media_cache) and runs the checkpoint's processor (quantbench.models.processor), which expands
+each placeholder to the part's tokens and makes the tensors the model reads; `_hidden` runs a batch that carries
+media: the towers (quantbench.engine.towers: transformers' modules, one SDPA call per layer, CUDA graphs per media
+shape on a GPU) once per distinct media of the batch, not once per question row (a record's questions share its
+media), their outputs merged into the text embeddings as transformers merges them (placeholders, deepstack), 3-D
+rope positions from transformers' own `get_rope_index`, then the text decoder; it hands back the last hidden
 states, so the head is applied only at the positions read, as for text (the thinker's forward has no
-`logits_to_keep` and would compute the whole vocabulary at every position). A request without media takes
+`logits_to_keep` and would compute the whole vocabulary at every position). `split` keeps, per forward, the
+time of the towers and of the decoder when asked (benchmarks/omni_shape.py). A request without media takes
 TransformersEngine's path unchanged: the same prompt text, the text decoder replayed from a CUDA graph on a GPU.
 
 What transformers does not check, quantbench does: text that spells one of the model's media tokens (a state value
@@ -19,6 +23,7 @@ whole when the cut reaches it, never cutting inside its span.
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +31,14 @@ import torch
 from torch import Tensor
 
 from quantbench.engine.base import EngineReport
+from quantbench.engine.omni_graph import GraphedMediaDecoder
 from quantbench.engine.scoring import Prepared, TransformersEngine
+from quantbench.engine.towers import Towers
 from quantbench.errors import ContextLengthError, RequestError
 from quantbench.limits import Limits
 from quantbench.protocol import DecisionRequest, is_media_part, refuse_unread_media
-from quantbench.protocol.media import DecodedAudio, DecodedImage, DecodedVideo, decode_media
+from quantbench.protocol.media import DecodedAudio, DecodedImage, DecodedVideo
+from quantbench.protocol.media_cache import decode_media_once
 from quantbench.protocol.prompt import render_prompt, state_segments
 
 OMNI_THINKER = "qwen3_omni_moe_thinker"
@@ -52,9 +60,16 @@ class OmniEngine(TransformersEngine):
     (None refuses them, as for a request from the network)."""
 
     def __init__(self, model: Any, tokenizer: Any, *, media: Any = None, limits: Limits | None = None,
-                 media_base: Path | None = None, **kwargs: Any):
+                 media_base: Path | None = None, towers: str = "quantbench", **kwargs: Any):
         super().__init__(model, tokenizer, **kwargs)
         self.media, self.limits, self.media_base = media, limits or Limits(), media_base
+        # towers="transformers": the thinker's own get_*_features (the benchmark's reference); else quantbench's
+        self.towers = Towers(model, graphs=kwargs.get("cuda_graph", "auto")) if towers == "quantbench" else None
+        self.split: list[dict[str, float]] | None = None  # per media forward {towers_ms, decoder_ms}, when a list
+        # the decoder of a media decision, from CUDA graphs on a GPU (the text decoder's are self.decoder's)
+        self.media_graphs = GraphedMediaDecoder(
+            model.get_decoder(), len(model.config.vision_config.deepstack_visual_indexes), max_width=self.max_tokens,
+            mode=kwargs.get("cuda_graph", "auto")) if self.device.type == "cuda" else None
         self._decoded: dict[int, Any] = {}  # id(part) -> its decoded media, while one request is prepared
         self.modalities = media.modalities if media is not None else frozenset()
         tokens = media.tokens if media is not None else {}
@@ -85,8 +100,13 @@ class OmniEngine(TransformersEngine):
         return self.media.processor if self.media is not None else None
 
     def report(self) -> EngineReport:
-        """TransformersEngine's, with what read the media (the run's `extra.media`)."""
+        """TransformersEngine's, with what read the media (the run's `extra.media`) and ran the towers."""
         media = self.media.describe() if self.media is not None else {"modalities": []}
+        if media["modalities"]:
+            media = {**media, **(self.towers.describe() if self.towers is not None
+                                 else {"towers": "transformers get_image/video/audio_features"})}
+            if self.media_graphs is not None:
+                media["decoder_graphs"] = self.media_graphs.report()
         return dataclasses.replace(super().report(), media=media)
 
     # -- preparing (decoding, the processor, the checks) ------------------------------------------------------
@@ -95,12 +115,14 @@ class OmniEngine(TransformersEngine):
         if not request.media_parts():
             return super().prepare(request)  # text: exactly TransformersEngine's rows
         refuse_unread_media(request, self.modalities)
-        decoded = decode_media(request.state, self.limits, base=self.media_base)
+        decoded = decode_media_once(request.state, self.limits, base=self.media_base)
         self._decoded = {id(part): item for (_, part), item in zip(request.media_parts(), decoded, strict=True)}
         try:
-            return super().prepare(request)
+            prepared = super().prepare(request)
         finally:
             self._decoded = {}
+        prepared.media = _shared(prepared.media)
+        return prepared
 
     def _refuse_media_tokens(self, request: DecisionRequest) -> None:
         """RequestError naming the first text that spells a media token: typed into a state value, a key, a
@@ -194,9 +216,26 @@ class OmniEngine(TransformersEngine):
         return kept if over <= 0 else None
 
     # -- the forward pass ---------------------------------------------------------------------------------
+    @torch.inference_mode()
     def warm(self, batch: list[Prepared]) -> None:
+        """Text: the decoder's CUDA graph. Media: the towers' plans and graphs for these media shapes, so that no
+        timed decision includes a capture."""
         if all(p.media is None for p in batch):
-            super().warm(batch)  # a media batch runs eagerly: nothing to capture
+            super().warm(batch)
+            return
+        towers = self.towers
+        for m in _distinct(m for p in batch for m in (p.media or []) if m is not None) if towers else []:
+            inputs = _join([m], self.device, self.model.dtype)
+            if "pixel_values" in inputs:
+                towers.warm_vision(inputs["pixel_values"], inputs["image_grid_thw"])
+            if "pixel_values_videos" in inputs:
+                towers.warm_vision(inputs["pixel_values_videos"], inputs["video_grid_thw"])
+            if "input_features" in inputs:
+                towers.warm_audio(*_audio_frames(inputs))
+        if self.media_graphs is not None and not self.media_graphs.disabled:
+            rows = [r for p in batch for r in p.rows]
+            if not self.media_graphs.has(len(rows), max(len(r) for r in rows)):
+                self.forward_many(batch)  # captures (and checks) this shape's decoder graph, untimed
 
     def _hidden(self, batch: list[Prepared], ids: Tensor) -> Tensor:
         media = [m for p in batch for m in (p.media or [None] * len(p.rows))]
@@ -206,17 +245,158 @@ class OmniEngine(TransformersEngine):
         mask = torch.zeros_like(ids)
         for i, r in enumerate(rows):
             mask[i, : len(r)] = 1
-        inputs = _join([m for m in media if m is not None], self.device, self.model.dtype)
-        if hasattr(self.model.model, "language_model"):  # transformers >= 5.21: the thinker's model merges media
-            return self.model.model(input_ids=ids, attention_mask=mask, use_cache=False, **inputs).last_hidden_state
-        # transformers 5.17-5.20 merge media in the thinker's own forward, which ends in lm_head over every
-        # position (no logits_to_keep): with the head swapped out its "logits" are the final hidden states
-        head = self.model.lm_head
-        self.model.lm_head = torch.nn.Identity()
-        try:
-            return self.model(input_ids=ids, attention_mask=mask, use_cache=False, **inputs).logits
-        finally:
-            self.model.lm_head = head
+        timing = self.split is not None and self.device.type == "cuda"
+        marks = [torch.cuda.Event(enable_timing=True) for _ in range(3)] if timing else []
+        t0 = time.perf_counter()
+        if timing:
+            marks[0].record()
+        # each distinct media once: a record's question rows (and a continuation's option rows) share theirs
+        distinct = _distinct(m for m in media if m is not None)
+        encoded = {id(m): self._run_towers(_join([m], self.device, self.model.dtype)) for m in distinct}
+        if timing:
+            marks[1].record()
+        t1 = time.perf_counter()
+        hidden = self._decode(ids, mask, media, encoded)
+        if self.split is not None:
+            if timing:
+                marks[2].record()
+                marks[2].synchronize()
+                self.split.append({"towers_ms": marks[0].elapsed_time(marks[1]),
+                                   "decoder_ms": marks[1].elapsed_time(marks[2])})
+            else:
+                self.split.append({"towers_ms": (t1 - t0) * 1e3, "decoder_ms": (time.perf_counter() - t1) * 1e3})
+        return hidden
+
+    def _run_towers(self, inputs: dict[str, Tensor]) -> dict[str, Any]:
+        """The tower outputs of one row's media: audio [tokens, H]; image and video (embeddings, deepstack)."""
+        out: dict[str, Any] = {}
+        if "input_features" in inputs:
+            if self.towers is not None:
+                out["audio"] = self.towers.audio(*_audio_frames(inputs))
+            else:
+                out["audio"] = self.model.get_audio_features(
+                    inputs["input_features"], inputs["feature_attention_mask"], return_dict=True).last_hidden_state
+        for kind, pixels, grid in (("image", "pixel_values", "image_grid_thw"),
+                                   ("video", "pixel_values_videos", "video_grid_thw")):
+            if pixels not in inputs:
+                continue
+            if self.towers is not None:
+                out[kind] = self.towers.vision(inputs[pixels], inputs[grid])
+                continue
+            get = self.model.get_image_features if kind == "image" else self.model.get_video_features
+            got = get(inputs[pixels], inputs[grid], return_dict=True)
+            deep = [torch.cat(list(f)) if isinstance(f, (list, tuple)) else f for f in got.deepstack_features]
+            out[kind] = (torch.cat(list(got.pooler_output)), deep)  # 5.24 splits deepstack per image, 5.17 not
+        return out
+
+    def _decode(self, ids: Tensor, mask: Tensor, media: list[Any], encoded: dict[int, dict[str, Any]]) -> Tensor:
+        """The text decoder over the merged embeddings (`_merge`): from a CUDA graph per padded shape on a GPU
+        (quantbench.engine.omni_graph: deepstack added densely), else eagerly with transformers' deepstack path."""
+        embeds, positions, visual_at, deepstack = self._merge(ids, mask, media, encoded)
+
+        def eager() -> Tensor:
+            return self.model.get_decoder()(inputs_embeds=embeds, attention_mask=mask, position_ids=positions,
+                                            use_cache=False, visual_pos_masks=visual_at,
+                                            deepstack_visual_embeds=deepstack).last_hidden_state
+
+        if self.media_graphs is not None:
+            hidden = self.media_graphs(embeds, positions, _dense(embeds, visual_at, deepstack), eager)
+            if hidden is not None:
+                return hidden
+        return eager()
+
+    def _merge(self, ids: Tensor, mask: Tensor, media: list[Any],
+               encoded: dict[int, dict[str, Any]]) -> tuple[Tensor, Tensor, Tensor | None, list[Tensor] | None]:
+        """(embeddings, 3-D rope positions, visual positions, deepstack features): the embeddings of `ids` with
+        each row's tower outputs at its placeholders, as transformers' thinker merges them (the same order: rows,
+        then parts within a row), positions from the model's own get_rope_index."""
+        config = self.model.config
+        embeds = self.model.get_input_embeddings()(ids)
+        per_row = [(m, encoded[id(m)]) for m in media if m is not None]
+
+        def scatter(token_id: int, parts: list[Tensor], what: str) -> Tensor | None:
+            if not parts:
+                return None
+            at = ids == token_id
+            feats = torch.cat(parts).to(embeds.dtype)
+            if int(at.sum()) != feats.shape[0]:  # transformers raises for images and video too
+                raise RuntimeError(f"{what}: {int(at.sum())} placeholder tokens for {feats.shape[0]} features")
+            embeds.masked_scatter_(at[..., None].expand_as(embeds), feats)
+            return at
+
+        scatter(config.audio_token_id, [e["audio"] for _, e in per_row if "audio" in e], "audio")
+        image_at = scatter(config.image_token_id, [e["image"][0] for _, e in per_row if "image" in e], "image")
+        video_at = scatter(config.video_token_id, [e["video"][0] for _, e in per_row if "video" in e], "video")
+        visual_at, deepstack = None, None
+        if image_at is not None or video_at is not None:
+            visual_at = image_at if video_at is None else video_at if image_at is None else image_at | video_at
+            levels = [[e[k][1] for _, e in per_row if k in e] for k in ("image", "video")]
+            deepstack = []
+            for level in range(len(self.model.config.vision_config.deepstack_visual_indexes)):
+                joint = embeds.new_zeros(int(visual_at.sum()), embeds.shape[-1])
+                for at, parts in ((image_at, levels[0]), (video_at, levels[1])):
+                    if at is not None:
+                        joint[at[visual_at]] = torch.cat([p[level] for p in parts]).to(joint.dtype)
+                deepstack.append(joint)
+
+        def joined(key: str) -> Tensor | None:
+            parts = [m[key] for m, _ in per_row if key in m]
+            return torch.cat([torch.as_tensor(p) for p in parts]).to(self.device) if parts else None
+
+        feature_mask = joined("feature_attention_mask")
+        owner = self.model.model if hasattr(self.model.model, "language_model") else self.model
+        positions, _ = owner.get_rope_index(ids, joined("image_grid_thw"), joined("video_grid_thw"), mask, False,
+                                            feature_mask.sum(-1) if feature_mask is not None else None,
+                                            joined("video_second_per_grid"))
+        return embeds, positions, visual_at, deepstack
+
+
+def _dense(embeds: Tensor, visual_at: Tensor | None, deepstack: list[Tensor] | None) -> list[Tensor] | None:
+    """Deepstack features as [rows, width, hidden] tensors, zero off the visual positions (what the graphed
+    decoder adds after each deepstack layer)."""
+    if not deepstack:
+        return None
+    dense = []
+    for joint in deepstack:
+        full = embeds.new_zeros(embeds.shape)
+        full[visual_at] = joint
+        dense.append(full)
+    return dense
+
+
+def _distinct(items: Any) -> list[Any]:
+    """The distinct objects of `items` (by identity), in order of first appearance."""
+    seen: dict[int, Any] = {}
+    for item in items:
+        seen.setdefault(id(item), item)
+    return list(seen.values())
+
+
+def _shared(media: list[Any] | None) -> list[Any] | None:
+    """A request's per-row media inputs with equal ones made one object: its questions see the same parts, and
+    the forward runs the towers once per distinct object (the processor made each question's tensors anew)."""
+    if media is None:
+        return None
+    kept: list[dict] = []
+    out = []
+    for m in media:
+        same = None if m is None else next((k for k in kept if k is m or _equal(k, m)), None)
+        if m is not None and same is None:
+            kept.append(m)
+            same = m
+        out.append(same)
+    return out
+
+
+def _equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(torch.as_tensor(a[k]), torch.as_tensor(b[k])) for k in a)
+
+
+def _audio_frames(inputs: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """The clips' real feature frames [mel, frames] one after another, and each clip's length, as transformers'
+    get_audio_features hands them to the audio tower."""
+    mask = inputs["feature_attention_mask"]
+    return inputs["input_features"].permute(0, 2, 1)[mask.bool()].permute(1, 0), mask.sum(-1)
 
 
 def _audio_tokens(feature_mask: Tensor, n_window: int) -> Tensor:

@@ -181,7 +181,13 @@ def omni_processor(path: str | Path, tokenizer: Any, model: Any) -> MediaProcess
     """The media processor of the Qwen3-Omni checkpoint at `path` (None: it ships no processor files, so it
     reads text only). `tokenizer`: the checkpoint's, already loaded; `model`: the loaded thinker."""
     root = Path(path)
-    settings = _settings(root)
+    return processor_from_settings(_settings(root), tokenizer, model, root)
+
+
+def processor_from_settings(settings: dict[str, dict[str, Any]], tokenizer: Any, model: Any,
+                            root: str | Path) -> MediaProcessor | None:
+    """The media processor from the image / audio / video settings a checkpoint's files hold (`_settings`), or a
+    synthetic model carries (quantbench.models.synthetic_omni); `root` names where they came from in errors."""
     modalities = {kind for kind, found in (("image", settings["image"]), ("video", settings["image"]),
                                            ("audio", settings["audio"])) if found}
     if not modalities:
@@ -232,11 +238,17 @@ def _size(settings: dict[str, Any]) -> dict[str, int]:
 
 def decision_engine(model: Any, tokenizer: Any, spec: Any, checkpoint: str | Path | None) -> Any:
     """The engine every local backend builds for its loaded model: OmniEngine with the checkpoint's media
-    processor for a Qwen3-Omni thinker, TransformersEngine otherwise (and for a synthetic model: no checkpoint).
+    processor for a Qwen3-Omni thinker (a synthetic one with the settings it carries), TransformersEngine otherwise.
     The one place the choice is made, so no backend carries its own copy."""
     from quantbench.engine.omni import OmniEngine, is_omni_thinker
     from quantbench.engine.scoring import TransformersEngine
 
-    if checkpoint is None or not is_omni_thinker(model):
+    if not is_omni_thinker(model):
         return TransformersEngine.for_spec(model, tokenizer, spec)
+    if checkpoint is None:  # a synthetic thinker (--shape) carries its processor settings; none: text only
+        settings = getattr(model, "quantbench_processor_settings", None)
+        if settings is None:
+            return TransformersEngine.for_spec(model, tokenizer, spec)
+        media = processor_from_settings(settings, tokenizer, model, "synthetic model")
+        return OmniEngine.for_spec(model, tokenizer, spec, media=media)
     return OmniEngine.for_spec(model, tokenizer, spec, media=omni_processor(checkpoint, tokenizer, model))

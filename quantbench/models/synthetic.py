@@ -1,6 +1,7 @@
 """Real model shapes with seeded random weights, for speed and memory runs (`run --shape`, `fixture --shape`):
-the Qwen3-30B-A3B text shape (the Qwen3-Omni thinker's too), built straight on the target device, and its variants
-quantized in memory. Their rows say `weights: synthetic`: latency and memory mean something, answers do not."""
+the Qwen3-30B-A3B text shape and the Qwen3-Omni-30B-A3B thinker (quantbench.models.synthetic_omni: its towers,
+tokenizer and processor), built straight on the target device, and their variants quantized in memory. Their rows
+say `weights: synthetic`: latency and memory mean something, answers do not."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from quantbench.engine.moe.engine import (
 )
 from quantbench.models.build import (
     InOrderFill,
+    fill_random,
     meta_model,
     moe_config,
     new_model,
@@ -31,6 +33,7 @@ from quantbench.models.calibration import calibration_prompt
 from quantbench.models.checkpoint import SYNTHETIC_FILE
 from quantbench.models.family import moe_layout
 from quantbench.models.fixture import build_tokenizer
+from quantbench.models.synthetic_omni import OMNI_SHAPES, is_omni_shape, module_prefix
 
 # Real model shapes for speed / memory runs with random weights (text decoder only).
 SYNTHETIC_SHAPES: dict[str, dict[str, Any]] = {
@@ -53,8 +56,10 @@ SYNTHETIC_SHAPES: dict[str, dict[str, Any]] = {
         "initializer_range": 0.02,
     },
 }
-# The Qwen3-Omni-30B-A3B thinker's text decoder has the same shape.
-SYNTHETIC_SHAPES["qwen3-omni-30b-a3b-thinker"] = SYNTHETIC_SHAPES["qwen3-30b-a3b"]
+# The Qwen3-Omni-30B-A3B thinker: its text decoder's dims here (what --layers and the names read); the whole
+# thinker (vocab 152064, 3-D rope, the vision and audio towers) is synthetic_omni's.
+for _name, _dims in OMNI_SHAPES.items():
+    SYNTHETIC_SHAPES[_name] = _dims["text"]
 
 
 def synthetic_id(shape: str, layers: int | None = None, seed: int = 0) -> str:
@@ -65,10 +70,15 @@ def synthetic_id(shape: str, layers: int | None = None, seed: int = 0) -> str:
 def _config_and_tokenizer(shape: str, layers: int | None):
     if shape not in SYNTHETIC_SHAPES:
         raise ValueError(f"unknown synthetic shape {shape!r}; known: {', '.join(sorted(SYNTHETIC_SHAPES))}")
+    if layers is not None and layers < 1:
+        raise ValueError(f"layers must be at least 1, got {layers}")
+    if is_omni_shape(shape):
+        from quantbench.models.synthetic_omni import omni_tokenizer, thinker_config
+
+        tokenizer = omni_tokenizer()
+        return thinker_config(shape, layers, tokenizer.pad_token_id, tokenizer.eos_token_id), tokenizer
     dims = dict(SYNTHETIC_SHAPES[shape])
     if layers is not None:
-        if layers < 1:
-            raise ValueError(f"layers must be at least 1, got {layers}")
         dims["num_hidden_layers"] = layers
     tokenizer = build_tokenizer()
     config = moe_config(dims, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
@@ -80,6 +90,29 @@ def _config_and_tokenizer(shape: str, layers: int | None):
 def _mark(model, shape: str, layers: int | None, seed: int) -> None:
     model.quantbench_weights = "synthetic"  # read by the runner for the row's `weights` column
     model.quantbench_model_id = synthetic_id(shape, layers, seed)
+    if is_omni_shape(shape):  # what models.processor.decision_engine builds the media processor from
+        from quantbench.models.synthetic_omni import processor_settings
+
+        model.quantbench_processor_settings = processor_settings()
+
+
+def _meta(config, dtype: torch.dtype):
+    """The shape's model on the meta device: a Qwen3-Omni thinker or a Qwen3MoeForCausalLM."""
+    if getattr(config, "model_type", None) == "qwen3_omni_moe_thinker":
+        from quantbench.models.synthetic_omni import meta_thinker
+
+        return meta_thinker(config, dtype)
+    return meta_model(config, dtype)
+
+
+def _new_buffers(model, device) -> None:
+    """The computed buffers (rotary frequencies, the audio sinusoids) a meta model has no values for."""
+    if getattr(model.config, "model_type", None) == "qwen3_omni_moe_thinker":
+        from quantbench.models.synthetic_omni import new_buffers
+
+        new_buffers(model, device)
+    else:
+        new_rotary(model, device)
 
 
 def build_synthetic(
@@ -95,7 +128,18 @@ def build_synthetic(
     (its ids are a subset of the real vocabulary; the model keeps vocab_size 151936). Weights are synthetic:
     latency and memory mean something, answers do not."""
     config, tokenizer = _config_and_tokenizer(shape, layers)
-    model = new_model(config, device, dtype, seed, what=synthetic_id(shape, layers, seed)).eval()
+    what = synthetic_id(shape, layers, seed)
+    if is_omni_shape(shape):
+        model = _meta(config, dtype)
+        refuse_if_too_big(what, sum(t.numel() for t in model.parameters()) * torch.finfo(dtype).bits / 8,
+                          config.get_text_config().num_hidden_layers, device,
+                          f"{str(dtype).removeprefix('torch.')} weights")
+        model = model.to_empty(device=device)
+        fill_random(model, seed, config.get_text_config().initializer_range)
+        _new_buffers(model, device)
+        model.eval()
+    else:
+        model = new_model(config, device, dtype, seed, what=what).eval()
     model.set_experts_implementation(experts_impl)
     _mark(model, shape, layers, seed)
     return model, tokenizer
@@ -108,8 +152,12 @@ def save_synthetic(shape: str, out_dir: Path, *, layers: int | None = None, seed
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
+    if is_omni_shape(shape):  # the processor files a real Omni checkpoint ships: media reads as from that one
+        from quantbench.models.synthetic_omni import preprocessor_json
+
+        (out_dir / "preprocessor_config.json").write_text(preprocessor_json())
     marker = {"model_id": synthetic_id(shape, layers, seed), "shape": shape,
-              "layers": model.config.num_hidden_layers, "seed": seed}
+              "layers": model.config.get_text_config().num_hidden_layers, "seed": seed}
     (out_dir / SYNTHETIC_FILE).write_text(json.dumps(marker, indent=1) + "\n")
     return out_dir
 
@@ -143,8 +191,9 @@ def build_synthetic_quantized(shape: str, make: Callable[[Tensor, Tensor | None]
     refusal before allocating when the variant cannot fit."""
     config, tokenizer = _config_and_tokenizer(shape, layers)
     what = synthetic_id(shape, layers, seed)
-    model = meta_model(config, dtype).eval()
+    model = _meta(config, dtype).eval()
     model.set_experts_implementation("grouped_mm")
+    text = config.get_text_config()
     layout = moe_layout(model)
     experts = {ref.layer_index: ref for ref in layout.blocks}
     experts_numel = sum(p.numel() for ref in layout.blocks for p in ref.block.experts.parameters())
@@ -154,14 +203,16 @@ def build_synthetic_quantized(shape: str, make: Callable[[Tensor, Tensor | None]
     layout = dataclasses.replace(layout, blocks=[])
     bits = torch.finfo(dtype).bits
     refuse_if_too_big(what, (rest_numel * bits + experts_numel * expert_bits + one_layer * bits) / 8,
-                      config.num_hidden_layers, device, f"weights ({expert_bits:g}-bit experts)")
-    fill = InOrderFill(model, device, seed, config.initializer_range)
-    fill.fill_through("model.embed_tokens.")
-    new_rotary(model, device)
+                      text.num_hidden_layers, device, f"weights ({expert_bits:g}-bit experts)")
+    decoder = model.get_decoder()
+    at = module_prefix(model, decoder)  # "model." (Qwen3-MoE), "model.language_model." (the Omni thinker, 5.21+)
+    fill = InOrderFill(model, device, seed, text.initializer_range)
+    fill.fill_through(f"{at}embed_tokens.")  # and, for the thinker, its towers, which come before it
+    _new_buffers(model, device)
 
     def make_layer(i: int) -> None:
         """Layer i's parameters, its experts observed in BF16 (they still are: nothing has run them yet)."""
-        fill.fill_through(f"model.layers.{i}.")
+        fill.fill_through(f"{at}layers.{i}.")
         if i in experts:
             install_grouped_moe(model, lambda _, ex: (_AmaxObserver(ex.gate_up_proj.data),
                                                       _AmaxObserver(ex.down_proj.data)),
@@ -178,9 +229,8 @@ def build_synthetic_quantized(shape: str, make: Callable[[Tensor, Tensor | None]
         if str(device).startswith("cuda"):
             torch.cuda.empty_cache()
 
-    decoder = model.get_decoder()
     if calibrate:
-        hooks = [decoder.norm.register_forward_pre_hook(lambda *_: fill.fill_through("model.norm."))]
+        hooks = [decoder.norm.register_forward_pre_hook(lambda *_: fill.fill_through(f"{at}norm."))]
         for i, layer in enumerate(decoder.layers):
             hooks.append(layer.register_forward_pre_hook(lambda *_, i=i: make_layer(i)))
             hooks.append(layer.register_forward_hook(lambda *_, i=i: quantize_layer(i)))

@@ -22,7 +22,7 @@ from quantbench.protocol import (
     loads_strict,
     parse_request,
 )
-from quantbench.protocol.media import decode_part
+from quantbench.protocol.media_cache import decode_once
 from quantbench.protocol.prompt import render_state
 
 # The reference card's curl example: what `--demo` answers.
@@ -183,7 +183,8 @@ def media_gate(request: DecisionRequest, limits: Limits, modalities: frozenset[s
     """Refuse media the server must not or cannot read, naming the field: a `path` (the server never reads local
     files; a `data` that is not a data URI was refused by the protocol: it never fetches URLs), a type the model
     has no input for, and bytes that do not decode or break a limit (413). Decoding runs on the preparing
-    thread, as tokenizing does."""
+    thread, as tokenizing does, through the process's decode cache: the engine then finds each part decoded
+    (quantbench.protocol.media_cache), rather than decoding it a second time."""
     parts = request.media_parts()
     for field, part in parts:
         if "path" in part:
@@ -202,7 +203,7 @@ def media_gate(request: DecisionRequest, limits: Limits, modalities: frozenset[s
             ))
     for field, part in parts:
         try:
-            decode_part(field, part, limits)
+            decode_once(field, part, limits)
         except RequestError as e:
             raise from_request_error(422, e) from None
 

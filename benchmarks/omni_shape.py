@@ -1,0 +1,403 @@
+"""The Qwen3-Omni-30B-A3B thinker at its real shape (random weights, `--shape qwen3-omni-30b-a3b`): per decision,
+batch 1, per variant (bf16, int4, nvfp4 packed, fp8), a 512-token text decision and one with a 448 x 448 image, 10 s
+of audio and a 2 s, 2 fps video (each beside ~300 text tokens), the time split into the processor (CPU: decoding,
+tokenizing, the media processor), the towers and the decoder (CUDA events on a GPU), medians over --reps; the
+towers of transformers itself (`get_image_features` ...) beside quantbench's (quantbench.engine.towers), with the
+ratio; the INT4 image decision end to end (prepare + forward); the thinker's weights in memory against the whole
+model's (thinker + talker + code2wav) BF16 weights, counted from its config on the meta device.
+
+Each variant is built as `quantbench run --shape` builds it (backends/*.py: int4 / nvfp4 / fp8 quantized layer by
+layer, so the peak is the variant plus one layer of BF16 experts), measured, and freed before the next. One row
+per variant goes into --db through quantbench's store (a run with weights `synthetic`, suite
+`omni-shape-bench`; the figures in `extra.omni_shape`, one latency row per timed forward), so `quantbench merge`
+brings them home. It prints what it does as it goes, and the tables at the end.
+
+    python benchmarks/omni_shape.py --db omni.duckdb                      # the H200: 48 layers, --reps 20
+    python benchmarks/omni_shape.py --layers 2 --reps 3 --device cpu      # CPU, real media sizes (slow)
+    python benchmarks/omni_shape.py --layers 4 --tiny-media --reps 2 --device cpu   # what the tests run
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gc
+import io
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+VARIANTS = {  # name -> (backend, its options)
+    "bf16": ("bf16", {}),
+    "int4": ("int4", {}),
+    "nvfp4-packed": ("nvfp4", {"nvfp4_mode": "packed"}),
+    "fp8": ("fp8", {}),
+}
+KINDS = ("text", "image", "audio", "video")
+WORDS = ("door wall corridor light player left right ahead enemy item key chest open closed north south east west "
+         "stairs window table lamp guard river bridge tower gate").split()
+QUESTION = {"action": {"type": "choice", "criteria": {"open": "Open the door", "wait": "Wait", "left": "Turn left",
+                                                     "right": "Turn right"}}}
+
+
+def say(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+
+# -- the decisions ------------------------------------------------------------------------------------------------
+def _uri(mime: str, raw: bytes) -> str:
+    import base64
+
+    return f"data:{mime};base64,{base64.b64encode(raw).decode()}"
+
+
+def _png(size: int, seed: int) -> bytes:
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.RandomState(seed)
+    pixels = (rng.rand(size // 16, size // 16, 3) * 255).astype(np.uint8)  # 16 px blocks: PNG stays small
+    buf = io.BytesIO()
+    Image.fromarray(pixels).resize((size, size), Image.NEAREST).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def _wav(seconds: float) -> bytes:
+    import numpy as np
+    import soundfile
+
+    t = np.arange(int(16000 * seconds)) / 16000
+    samples = (0.3 * np.sin(2 * np.pi * 440 * t) + 0.05 * np.random.RandomState(0).randn(len(t))).astype(np.float32)
+    buf = io.BytesIO()
+    soundfile.write(buf, samples, 16000, format="WAV")
+    return buf.getvalue()
+
+
+def media_parts(tiny: bool) -> dict[str, dict[str, Any]]:
+    """The media of each decision: a 448 x 448 picture, 10 s of audio, 2 s of video at 2 fps (tiny: 64 x 64, 1 s,
+    4 frames of 64 x 64)."""
+    side, seconds = (64, 1.0) if tiny else (448, 10.0)
+    return {"image": {"type": "image", "data": _uri("image/png", _png(side, 1))},
+            "audio": {"type": "audio", "data": _uri("audio/wav", _wav(seconds))},
+            "video": {"type": "video", "frames": [_uri("image/png", _png(side, 10 + i)) for i in range(4)], "fps": 2}}
+
+
+def _request(words: int, part: dict[str, Any] | None):
+    from quantbench.protocol import parse_request
+
+    text = " ".join(WORDS[(i * 7 + i // len(WORDS)) % len(WORDS)] for i in range(words))
+    state: dict[str, Any] = {"observation": text}
+    if part is not None:
+        state["sensor"] = part
+    return parse_request({"state": state, "questions": QUESTION})
+
+
+def _words_for(engine: Any, tokens: int) -> int:
+    """The number of words whose text-only decision is `tokens` tokens long (bisection on the prompt)."""
+    lo, hi = 1, tokens * 2
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(engine.prepare(_request(mid, None)).rows[0]) < tokens:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def decisions(engine: Any, tiny: bool, text_tokens: int, media_text_tokens: int) -> dict[str, Any]:
+    parts = media_parts(tiny)
+    text_words, media_words = _words_for(engine, text_tokens), _words_for(engine, media_text_tokens)
+    return {"text": _request(text_words, None), **{k: _request(media_words, parts[k]) for k in parts}}
+
+
+# -- timing -------------------------------------------------------------------------------------------------------
+class Clock:
+    """Milliseconds of a call: CUDA events on a GPU (the device's time), perf_counter on the CPU."""
+
+    def __init__(self, device: str):
+        import torch
+
+        self.cuda = device.startswith("cuda")
+        self.torch = torch
+
+    def __call__(self, fn: Any, *args: Any) -> tuple[Any, float]:
+        torch = self.torch
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            out = fn(*args)
+            end.record()
+            end.synchronize()
+            return out, start.elapsed_time(end)
+        t0 = time.perf_counter()
+        out = fn(*args)
+        return out, (time.perf_counter() - t0) * 1e3
+
+    def sync(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+
+def median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def measure_kind(engine: Any, request: Any, clock: Clock, reps: int, end_to_end: bool) -> dict[str, Any]:
+    """One decision kind on one variant: processor, towers, decoder and forward medians over `reps`."""
+    prepared = engine.prepare(request)  # the first: decodes the media (once per process)
+    prep = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        prepared = engine.prepare(request)
+        prep.append((time.perf_counter() - t0) * 1e3)
+    engine.warm([prepared])
+    for _ in range(2):  # warm: kernels chosen, graphs replayed once
+        engine.forward(prepared)
+    engine.split = []
+    forward = [clock(engine.forward, prepared)[1] for _ in range(reps)]
+    split, engine.split = engine.split, None
+    out = {"tokens": len(prepared.rows[0]), "processor_ms": median(prep), "forward_ms": median(forward),
+           "towers_ms": median([s["towers_ms"] for s in split]) if split else 0.0,
+           "decoder_ms": median([s["decoder_ms"] for s in split]) if split else median(forward),
+           "forward_all_ms": forward}
+    if end_to_end:
+        e2e = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            engine.forward(engine.prepare(request))
+            clock.sync()
+            e2e.append((time.perf_counter() - t0) * 1e3)
+        out["end_to_end_ms"] = median(e2e)
+    return out
+
+
+def measure_towers(engine: Any, requests: dict[str, Any], clock: Clock, reps: int) -> dict[str, dict[str, float]]:
+    """Each tower on each medium: transformers' own (the thinker's get_*_features) and quantbench's, medians."""
+    import torch
+
+    from quantbench.engine.omni import _audio_frames, _join
+
+    model, out = engine.model, {}
+    for kind in ("image", "audio", "video"):
+        inputs = _join([engine.prepare(requests[kind]).media[0]], engine.device, model.dtype)
+        if kind == "audio":
+            frames, lens = _audio_frames(inputs)
+            theirs = lambda i=inputs: model.get_audio_features(  # noqa: E731
+                i["input_features"], i["feature_attention_mask"], return_dict=True)
+            ours = lambda f=frames, n=lens: engine.towers.audio(f, n)  # noqa: E731
+            engine.towers.warm_audio(frames, lens)
+        else:
+            px, grid = ("pixel_values", "image_grid_thw") if kind == "image" else ("pixel_values_videos", "video_grid_thw")
+            get = model.get_image_features if kind == "image" else model.get_video_features
+            theirs = lambda g=get, p=inputs[px], t=inputs[grid]: g(p, t, return_dict=True)  # noqa: E731
+            ours = lambda p=inputs[px], t=inputs[grid]: engine.towers.vision(p, t)  # noqa: E731
+            engine.towers.warm_vision(inputs[px], inputs[grid])
+        times = {}
+        with torch.inference_mode():
+            for name, fn in (("transformers_ms", theirs), ("quantbench_ms", ours)):
+                for _ in range(2):
+                    fn()
+                times[name] = median([clock(fn)[1] for _ in range(reps)])
+        times["speedup"] = times["transformers_ms"] / times["quantbench_ms"]
+        out[kind] = times
+        say(f"  {kind} tower: transformers {times['transformers_ms']:.2f} ms, quantbench "
+            f"{times['quantbench_ms']:.2f} ms ({times['speedup']:.2f}x)")
+    return out
+
+
+# Thinker + talker + code2wav of Qwen3-Omni-30B-A3B: the published total, which the real encoder sizes reproduce
+# (transformers 5.17 on the H200, 2026-12-02: ../shared/reference/qwen3-omni.md §7). transformers' talker config
+# defaults do not build here (5.24: no shared_expert_intermediate_size), so the total is not recounted.
+WHOLE_MODEL_PARAMETERS = 35_259_818_545
+
+
+def whole_model_bf16_bytes(shape: str) -> int:
+    """BF16 bytes of thinker + talker + code2wav: the thinker counted from its config on the meta device (48
+    layers), the talker and code2wav as the published total's remainder."""
+    import torch
+
+    from quantbench.models.synthetic_omni import meta_thinker, thinker_config
+
+    thinker = sum(p.numel() for p in meta_thinker(thinker_config(shape, None, 0, 1), torch.bfloat16).parameters())
+    rest = WHOLE_MODEL_PARAMETERS - 31_719_205_488 if shape == "qwen3-omni-30b-a3b" else 0
+    return (thinker + rest) * 2
+
+
+# -- one variant --------------------------------------------------------------------------------------------------
+def run_variant(name: str, args: argparse.Namespace, machine: Any, clock: Clock, tower_figures: dict) -> dict:
+    import torch
+
+    from quantbench.models.checkpoint import tensor_bytes
+    from quantbench.run.backend import get_backend
+    from quantbench.run.spec import RunSpec
+
+    backend, options = VARIANTS[name]
+    spec = RunSpec(backend=backend, shape=args.shape, layers=args.layers, seed=0, device=args.device, **options)
+    cuda = args.device.startswith("cuda")
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+    say(f"{name}: building the {args.layers or 48}-layer thinker ({backend} backend, layer by layer) …")
+    t0 = time.perf_counter()
+    loaded = get_backend(backend).load(spec, machine)
+    load_s = time.perf_counter() - t0
+    engine = loaded.engine
+    weights = (torch.cuda.memory_allocated() - before) if cuda else None
+    figures: dict[str, Any] = {"load_s": load_s, "thinker_tensor_bytes": tensor_bytes(loaded.model),
+                               "thinker_weights_bytes": weights, "kernel_path": loaded.info.kernel_path, "kinds": {}}
+    say(f"{name}: built in {load_s:.1f} s; {figures['thinker_tensor_bytes'] / 2**30:.2f} GiB of tensors"
+        + (f", {weights / 2**30:.2f} GiB allocated on the GPU" if weights is not None else ""))
+    requests = decisions(engine, args.tiny_media, args.text_tokens, args.media_text_tokens)
+    for kind in args.kinds:
+        say(f"{name}: {kind} decision, {args.reps} reps …")
+        got = measure_kind(engine, requests[kind], clock, args.reps, end_to_end=(kind != "text"))
+        figures["kinds"][kind] = got
+        say(f"{name}: {kind}: {got['tokens']} tokens; processor {got['processor_ms']:.1f} ms, towers "
+            f"{got['towers_ms']:.2f} ms, decoder {got['decoder_ms']:.2f} ms, forward {got['forward_ms']:.2f} ms"
+            + (f", end to end {got['end_to_end_ms']:.1f} ms" if "end_to_end_ms" in got else ""))
+    if not tower_figures and any(k != "text" for k in args.kinds):  # the towers are BF16 in every variant
+        say(f"{name}: the towers alone, transformers' against quantbench's …")
+        tower_figures.update(measure_towers(engine, requests, clock, args.reps))
+    if cuda:
+        figures["peak_allocated_bytes"] = torch.cuda.max_memory_allocated() - before
+    report = engine.report()
+    figures["ran"] = {"media": report.media, "text_graphs": report.graphs}
+    say(f"{name}: what ran: towers {report.media.get('towers')}, tower graphs {report.media.get('tower_graphs')}"
+        + (f" ({'; '.join(report.media['tower_notes'])})" if report.media.get("tower_notes") else "")
+        + (f", media decoder graphs {report.media['decoder_graphs']}" if "decoder_graphs" in report.media else ""))
+    figures["info"] = loaded.info
+    del loaded, engine
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+    return figures
+
+
+def store_variant(db: Path, name: str, figures: dict, towers: dict, whole: int, args: argparse.Namespace,
+                  machine: Any) -> str:
+    """One run row (and a latency row per timed forward) through quantbench's store."""
+    from quantbench.run.record import (
+        LatencyRow,
+        MachineFacts,
+        Measured,
+        Provenance,
+        RunIdentity,
+        RunRecord,
+        RunResult,
+        SuiteFacts,
+        uuid7,
+    )
+    from quantbench.run.runner import provenance
+    from quantbench.store import Store
+
+    info = figures.pop("info")
+    now = dt.datetime.now(dt.UTC)
+    kinds = figures["kinds"]
+    extra = {"omni_shape": {**{k: v for k, v in figures.items() if k != "kinds"},
+                            "kinds": {k: {f: v for f, v in d.items() if f != "forward_all_ms"} for k, d in kinds.items()},
+                            "towers": towers, "whole_model_bf16_bytes": whole, "reps": args.reps,
+                            "tiny_media": args.tiny_media, "command": " ".join(sys.argv)},
+             "load_note": "random weights at the real shape (benchmarks/omni_shape.py): speed and memory only"}
+    measured = Measured(device=args.device, variant=info, load_s=figures["load_s"],
+                        model_tensor_bytes=figures["thinker_tensor_bytes"], kernel_path=info.kernel_path,
+                        suite=SuiteFacts(suite_id="omni-shape-bench", suite_hash="omni-shape-bench:v1",
+                                         n_records=len(kinds), n_questions=len(kinds)), extra=extra)
+    identity = RunIdentity(run_id=str(uuid7()), status="ok", created_at=now, finished_at=now, backend=VARIANTS[name][0],
+                           spec={"benchmark": "benchmarks/omni_shape.py", "shape": args.shape, "layers": args.layers,
+                                 "variant": name})
+    record = RunRecord.compose(identity, MachineFacts(**machine.as_row()), Provenance(**provenance()), measured)
+    if figures.get("thinker_weights_bytes") is not None:
+        record.mem_weights_bytes = figures["thinker_weights_bytes"]
+        record.mem_peak_allocated_bytes = figures.get("peak_allocated_bytes")
+    latencies, seq = [], 0
+    for kind, got in kinds.items():
+        for ms in got["forward_all_ms"]:
+            latencies.append(LatencyRow(seq=seq, phase="latency", record_id=f"omni-shape:{kind}", model_ms=ms,
+                                        prep_ms=got["processor_ms"], tokens=got["tokens"], batch=1))
+            seq += 1
+    return Store(db).write_run(RunResult(run=record, latencies=latencies))
+
+
+# -- the tables ---------------------------------------------------------------------------------------------------
+def tables(results: dict[str, dict], towers: dict, whole: int) -> str:
+    lines = ["| variant | decision | tokens | processor (CPU) ms | towers ms | decoder ms | forward ms | end to end ms |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, fig in results.items():
+        for kind, got in fig["kinds"].items():
+            e2e = f"{got['end_to_end_ms']:.1f}" if "end_to_end_ms" in got else "—"
+            lines.append(f"| {name} | {kind} | {got['tokens']} | {got['processor_ms']:.1f} | {got['towers_ms']:.2f} | "
+                         f"{got['decoder_ms']:.2f} | {got['forward_ms']:.2f} | {e2e} |")
+    if towers:
+        lines += ["", "| tower, medium | transformers ms | quantbench ms | speed-up |", "|---|---|---|---|"]
+        for kind, t in towers.items():
+            tower = "audio" if kind == "audio" else "vision"
+            lines.append(f"| {tower}, {kind} | {t['transformers_ms']:.2f} | {t['quantbench_ms']:.2f} | "
+                         f"{t['speedup']:.2f}x |")
+    lines += ["", "| variant | thinker weights GiB (tensors) | GPU allocated by the load GiB | "
+              "whole model BF16 GiB | thinker / whole |", "|---|---|---|---|---|"]
+    for name, fig in results.items():
+        gpu = fig.get("thinker_weights_bytes")
+        lines.append(f"| {name} | {fig['thinker_tensor_bytes'] / 2**30:.2f} | "
+                     f"{gpu / 2**30 if gpu is not None else float('nan'):.2f} | {whole / 2**30:.2f} | "
+                     f"{fig['thinker_tensor_bytes'] / whole:.1%} |")
+    return "\n".join(lines)
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="qwen3-omni-30b-a3b")
+    parser.add_argument("--layers", type=int, default=None, help="text decoder layers (default: the real 48)")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {', '.join(VARIANTS)}")
+    parser.add_argument("--kinds", default=",".join(KINDS), help=f"comma list of {', '.join(KINDS)}")
+    parser.add_argument("--reps", type=int, default=20, help="timed repetitions per figure (medians)")
+    parser.add_argument("--device", default=None, help="cuda (default when there is a GPU) or cpu")
+    parser.add_argument("--tiny-media", action="store_true", help="64 x 64 pictures, 1 s of audio (tests)")
+    parser.add_argument("--text-tokens", type=int, default=512)
+    parser.add_argument("--media-text-tokens", type=int, default=300)
+    parser.add_argument("--db", type=Path, default=Path("results.duckdb"))
+    args = parser.parse_args(argv)
+    args.variants = [v for v in args.variants.split(",") if v]
+    args.kinds = [k for k in args.kinds.split(",") if k]
+    for v in args.variants:
+        if v not in VARIANTS:
+            parser.error(f"--variants: {v!r} is not one of {', '.join(VARIANTS)}")
+    for k in args.kinds:
+        if k not in KINDS:
+            parser.error(f"--kinds: {k!r} is not one of {', '.join(KINDS)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse(argv)
+    import torch
+
+    from quantbench.run.machine import detect
+
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    machine = detect(with_torch=True)
+    clock = Clock(args.device)
+    say(f"omni shape benchmark: {args.shape}, {args.layers or 48} decoder layers, {', '.join(args.variants)} on "
+        f"{machine.gpu_name or 'CPU'} ({args.device}); torch {torch.__version__}, {args.reps} reps")
+    whole = whole_model_bf16_bytes(args.shape)
+    what = "thinker + talker + code2wav" if args.shape == "qwen3-omni-30b-a3b" else "its thinker only: not the real shape"
+    say(f"whole model ({what}, 48 layers) BF16: {whole / 2 / 1e9:.2f} B parameters, {whole / 2**30:.2f} GiB")
+    results: dict[str, dict] = {}
+    towers: dict[str, dict] = {}
+    for name in args.variants:
+        results[name] = run_variant(name, args, machine, clock, towers)
+        run_id = store_variant(args.db, name, results[name], towers, whole, args, machine)
+        say(f"{name}: stored as run {run_id} in {args.db}")
+    print(tables(results, towers, whole), flush=True)
+    return {"results": results, "towers": towers, "whole_model_bf16_bytes": whole}
+
+
+if __name__ == "__main__":
+    main()
