@@ -26,6 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from quantbench.errors import RequestError, classify
 from quantbench.models import lineage
 from quantbench.models.checkpoint import tensor_bytes
+from quantbench.models.plant import planted_info
 from quantbench.protocol import modality_of, refuse_unread_media
 from quantbench.protocol.suite import load_suite
 from quantbench.run.backend import LoadedVariant, get_backend
@@ -202,6 +203,11 @@ def run(spec: RunSpec, out: dict[str, Any]) -> None:
     measured.load_s = time.perf_counter() - t0
     mem.after_load()
     info = loaded.info
+    planted = planted_info(info.model_path)
+    if planted is not None:  # a planted regression (quantbench plant) is never mistaken for the variant it copies
+        info.variant = f"{info.variant}+planted-{planted['tower']}"
+        info.weight_format = f"{info.weight_format}; planted: {planted['tower']} tower {planted['mode']}"
+        info.extra = {**info.extra, "planted": planted}
     measured.variant = info
     extra = {**info.extra, "load_note": info.load_note} if info.load_note else dict(info.extra)
     measured.extra = extra
