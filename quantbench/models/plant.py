@@ -16,7 +16,8 @@ are left alone) become:
 Honest provenance: `quantbench_planted.json` says what was done, to which tensors, from which checkpoint (its
 hash), and that the result is a planted regression for testing the verdict, never a variant to use;
 `quantbench_provenance.json`, if the source had one, is copied with the same note under `planted`, since its
-record of unchanged tensors no longer holds for the tower. A run of the planted checkpoint is labelled
+record of unchanged tensors no longer holds for the tower; a source without one (a BF16 checkpoint) gets one
+naming it as the copy's source model, so the copy's runs share its model id and pair with its BF16 reference. A run of the planted checkpoint is labelled
 `<variant>+planted-<tower>` and carries the file in its `extra.planted` (quantbench.run.child), so neither the
 report nor a reader can take it for a real variant.
 """
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from quantbench.errors import ConfigError
-from quantbench.models.checkpoint import PROVENANCE_FILE, check_safetensors_only, fingerprint
+from quantbench.models.checkpoint import PROVENANCE_FILE, check_safetensors_only, model_identity
 from quantbench.models.lineage import canonical_tensor_name
 
 PLANTED_FILE = "quantbench_planted.json"
@@ -90,6 +91,7 @@ def plant(src: Path, out: Path, *, tower: str = "vision", mode: str = "perturb",
 
     src, out = Path(src), Path(out)
     _check(src, out, tower, mode, scale, bits, overwrite)
+    identity = model_identity(src)
     files = sorted(src.glob("*.safetensors"))
     changed: list[str] = []
     tmp = out.with_name(out.name + ".partial")
@@ -117,7 +119,7 @@ def plant(src: Path, out: Path, *, tower: str = "vision", mode: str = "perturb",
     record = {
         "planted": True,
         "purpose": "a deliberately broken copy for testing quantbench's per-modality verdict; not a variant to use",
-        "from": str(src.resolve()), "from_hash": fingerprint(src), "tower": tower, "mode": mode, "seed": seed,
+        "from": str(src.resolve()), "from_hash": identity["model_hash"], "model_id": identity["model_id"], "tower": tower, "mode": mode, "seed": seed,
         **({"scale": scale} if mode == "perturb" else {"bits": bits}),
         "what": (f"w + {scale:g} * std(w) * N(0,1) per tensor" if mode == "perturb" else
                  f"symmetric round-to-nearest, {bits} bits, one scale per output row, stored in the tensor's dtype"),
@@ -126,10 +128,14 @@ def plant(src: Path, out: Path, *, tower: str = "vision", mode: str = "perturb",
     }
     (tmp / PLANTED_FILE).write_text(json.dumps(record, indent=2) + "\n")
     prov = tmp / PROVENANCE_FILE
+    note = {k: record[k] for k in ("purpose", "tower", "mode", "tensors_changed")}
     if prov.is_file():  # its `unchanged` record no longer holds for the tower: say so where it is read
-        data = json.loads(prov.read_text())
-        data["planted"] = {k: record[k] for k in ("purpose", "tower", "mode", "tensors_changed")}
-        prov.write_text(json.dumps(data, indent=2) + "\n")
+        data = {**json.loads(prov.read_text()), "planted": note}
+    else:  # a BF16 source: the copy is of its model (model_id), so its runs pair with the source's reference
+        data = {"source_model_id": identity["model_id"], "source_model_hash": identity["model_hash"],
+                "source_model_path": identity["model_path"], "source_revision": identity["model_revision"],
+                "weights": identity["weights"], "planted": note}
+    prov.write_text(json.dumps(data, indent=2) + "\n")
     if out.exists():
         shutil.rmtree(out)
     tmp.replace(out)
