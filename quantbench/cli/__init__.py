@@ -10,7 +10,7 @@ import sys
 
 import typer
 
-from quantbench.cli import load, models, run, serve, store
+from quantbench.cli import load, models, plant, run, serve, store
 
 app = typer.Typer(
     help="Which quant of a mixture-of-experts model should I use on this GPU? Measured, reproducibly.",
@@ -24,6 +24,7 @@ app.command()(store.runs)
 app.command()(store.migrate)
 app.command()(models.fixture)
 app.command()(models.quantize)
+app.command()(plant.plant)
 app.command()(store.compare)
 app.command()(store.report)
 app.command()(store.export)

@@ -26,7 +26,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from quantbench.errors import RequestError, classify
 from quantbench.models import lineage
 from quantbench.models.checkpoint import tensor_bytes
-from quantbench.protocol import refuse_unread_media
+from quantbench.models.plant import planted_info
+from quantbench.protocol import modality_of, refuse_unread_media
 from quantbench.protocol.suite import load_suite
 from quantbench.run.backend import LoadedVariant, get_backend
 from quantbench.run.energy import EnergyMeter
@@ -148,9 +149,10 @@ def _answer_suite(loaded: LoadedVariant, records, timer: Timer, spec: RunSpec, o
             for record, (result, prep_ms, model_ms, tokens, batch) in zip(chunk, decide(chunk, suite=True),
                                                                           strict=True):
                 timed("suite", record, prep_ms, model_ms, tokens, batch)
+                modality = modality_of(record.request)
                 for q, ans in result.items():
                     answers.append(AnswerRow(
-                        record_id=record.id, benchmark=record.benchmark, question=q,
+                        record_id=record.id, benchmark=record.benchmark, modality=modality, question=q,
                         options=list(ans.probabilities), probs=list(ans.probabilities.values()), top=ans.top,
                         gold=(record.gold or {}).get(q), method=ans.method, truncated=ans.truncated,
                     ))
@@ -201,6 +203,11 @@ def run(spec: RunSpec, out: dict[str, Any]) -> None:
     measured.load_s = time.perf_counter() - t0
     mem.after_load()
     info = loaded.info
+    planted = planted_info(info.model_path)
+    if planted is not None:  # a planted regression (quantbench plant) is never mistaken for the variant it copies
+        info.variant = f"{info.variant}+planted-{planted['tower']}"
+        info.weight_format = f"{info.weight_format}; planted: {planted['tower']} tower {planted['mode']}"
+        info.extra = {**info.extra, "planted": planted}
     measured.variant = info
     extra = {**info.extra, "load_note": info.load_note} if info.load_note else dict(info.extra)
     measured.extra = extra
