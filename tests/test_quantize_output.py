@@ -77,3 +77,16 @@ def test_an_int4_run_keeps_auto_rounds_load_messages_on_the_run_instead_of_print
     assert "\x1b[" not in said and not re.search(r"\b(INFO|WARNING)\b", said) and "auto-round-lib" not in said
     kept = result.run.extra["library_log"]
     assert any(line.startswith("INFO Inference backend selection") for line in kept), kept
+
+
+def test_a_variant_keeps_its_sources_tokenizer_files(tiny_source, tiny_int4):
+    """auto-round saves the tokenizer it calibrated with, truncation to the calibration length left in it: the
+    variant must tokenize as its source does, so its tokenizer files are the source's."""
+    import json
+
+    target, _ = tiny_int4
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (target / name).read_bytes() == (tiny_source / name).read_bytes(), name
+    assert json.loads((target / "tokenizer.json").read_text())["truncation"] is None
+    provenance = json.loads((target / "quantbench_provenance.json").read_text())
+    assert "copied from the source" in json.dumps(provenance)

@@ -206,6 +206,7 @@ def quantize(
         from quantbench.models.quantize.unchanged import restore_source_dtypes
 
         restored = restore_source_dtypes(source, out)
+    details["tokenizer"] = _tokenizer_as_source(source, out)
     if source is not None and experts_only:
         details["unchanged"] = _check_unchanged(source, out, scheme, say)
         if restored:
@@ -215,6 +216,31 @@ def quantize(
     write_provenance(out, origin, recipe, seconds, details)
     say.print(f"{scheme}: quantized in {seconds:.1f} s", highlight=False)
     return out
+
+
+# A quantizer never changes tokenization, but the libraries save the tokenizer they calibrated with: a fast
+# tokenizer called with truncation keeps it in its state, so the variant's tokenizer.json came out with
+# `truncation: max_length = seqlen` (256 in the demo's variants, 64 in a short calibration), which the source lacks.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def _tokenizer_as_source(source: Path | None, out: Path) -> str:
+    """Put the source's tokenizer files back over the ones the library saved (a synthetic source, none on disk:
+    the saved tokenizer.json loses the truncation and padding calibration left in it). Says what it did."""
+    copied = [name for name in TOKENIZER_FILES if source is not None and (source / name).is_file()]
+    for name in copied:
+        shutil.copyfile(source / name, out / name)
+    if copied:
+        return f"copied from the source: {', '.join(copied)}"
+    saved = out / "tokenizer.json"
+    if not saved.is_file():
+        return "none saved"
+    data = json.loads(saved.read_text())
+    cleared = [key for key in ("truncation", "padding") if data.get(key) is not None]
+    for key in cleared:
+        data[key] = None
+    saved.write_text(json.dumps(data, ensure_ascii=False, indent=2))
+    return f"tokenizer.json as saved, {' and '.join(cleared)} cleared" if cleared else "tokenizer.json as saved"
 
 
 def _file_texts(cal: CalibrationFile | None, tokenizer: Any, recipe: Recipe,
