@@ -1,13 +1,13 @@
 """Wall time of `quantbench <command>` in a fresh process, per command, and which heavy libraries each one imports
 (from `python -X importtime`): what a user waits for before a command answers or refuses.
 
-    python benchmarks/cli_startup.py [--db results.duckdb] [--repeat 5]
+    python benchmarks/cli_startup.py [--db results.duckdb] [--repeat 5] [--root CHECKOUT]
 
 Works on a copy of the store (`--db`, default results.duckdb) in a temporary folder: `report` and `compare` read it,
 `merge` merges an export of it into a store that already holds it (nothing new: the command's start-up and its
 checks), `run` is refused at once for a store that is not a DuckDB file (tests/test_store.py's case). Prints one
 markdown row per command: median / min / max of --repeat runs, the load average before and after, and the heavy
-libraries the command imported.
+libraries the command imported. `--root` times another checkout of quantbench (e.g. main, for a before/after).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ HEAVY = ("torch", "transformers", "triton", "pandas", "numpy", "scipy", "duckdb"
 def quantbench(args: list[str], env: dict[str, str], *, importtime: bool = False) -> subprocess.CompletedProcess:
     flags = ["-X", "importtime"] if importtime else []
     return subprocess.run([sys.executable, *flags, "-m", "quantbench", *args], capture_output=True, text=True,
-                          cwd=ROOT, env=env)
+                          cwd=env["PYTHONPATH"], env=env)
 
 
 def heavy_imports(args: list[str], env: dict[str, str]) -> list[str]:
@@ -67,8 +67,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", type=Path, default=ROOT / "results.duckdb")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--root", type=Path, default=ROOT, help="the quantbench checkout to time")
     args = ap.parse_args()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "QUANTBENCH_DB": "/nonexistent/unused.duckdb"}
+    env = {**os.environ, "PYTHONPATH": str(args.root.resolve()), "QUANTBENCH_DB": "/nonexistent/unused.duckdb"}
     with tempfile.TemporaryDirectory(prefix="quantbench-cli-startup-") as tmp:
         tmp = Path(tmp)
         db = tmp / "results.duckdb"
