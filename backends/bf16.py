@@ -8,17 +8,9 @@ decisions of 512 tokens on the H200 (docs/BENCHMARKS.md)."""
 
 from __future__ import annotations
 
-import torch
-
-from quantbench.engine.moe import experts_nbytes
 from quantbench.errors import ConfigError
 from quantbench.models.checkpoint import experts_tensor_bytes, model_identity, read_config
-from quantbench.models.family import family_of, moe_layout
-from quantbench.models.modelopt import unread_note
-from quantbench.models.processor import decision_engine
-from quantbench.models.synthetic import build_synthetic, synthetic_id
 from quantbench.run.backend import EMBEDDED_MODEL, Availability, LoadedVariant, dir_bytes, model_dir
-from quantbench.run.placement import dtype_of
 from quantbench.run.record import VariantInfo
 from quantbench.run.spec import EngineOptions, RunSpec, opt
 
@@ -30,6 +22,7 @@ def set_experts_implementation(model, name: str) -> str:
     block for quantbench's grouped-MoE engine over the same weights); returns what runs, for the kernel path."""
     if name == QUANTBENCH_IMPL:
         from quantbench.engine.moe import DenseExperts, install_grouped_moe
+        from quantbench.models.family import moe_layout
 
         def same_weights(_layer, experts):
             if not hasattr(experts, "gate_up_proj"):
@@ -64,6 +57,17 @@ class Bf16Backend:
         return Availability(True, None, f"runs on {where}; experts grouped_mm | eager | quantbench")
 
     def load(self, spec: RunSpec, machine) -> LoadedVariant:
+        # torch and the model code are imported here, not with the module: `quantbench run` reads every backend's
+        # Options to build its flags, and `run --help` or a refused --db should not wait seconds for torch.
+        import torch
+
+        from quantbench.engine.moe import experts_nbytes
+        from quantbench.models.family import family_of
+        from quantbench.models.modelopt import unread_note
+        from quantbench.models.processor import decision_engine
+        from quantbench.models.synthetic import build_synthetic, synthetic_id
+        from quantbench.run.placement import dtype_of
+
         dtype = dtype_of(spec)
         if spec.shape:
             model, tokenizer = build_synthetic(spec.shape, layers=spec.layers, device=spec.device, dtype=dtype,

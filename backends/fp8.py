@@ -12,20 +12,16 @@ activation scales from one calibration forward: speed and memory only.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import Tensor
-
-from quantbench.engine.moe.engine import experts_nbytes, kernel_paths
 from quantbench.errors import ConfigError
-from quantbench.models.modelopt import load_checkpoint
-from quantbench.models.processor import decision_engine
-from quantbench.models.synthetic import build_synthetic_quantized, synthetic_id
 from quantbench.run.backend import Availability, LoadedVariant, dir_bytes, model_dir
-from quantbench.run.placement import device_of, dtype_of
 from quantbench.run.record import VariantInfo
 from quantbench.run.spec import GroupedMoeOptions, RunSpec
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
 
 
 def native_here(device: str, activations: str) -> bool:
@@ -51,6 +47,13 @@ class Fp8Backend:
                             "tensor cores; weights dequantized in the grouped GEMM, activations fake-quantized")
 
     def load(self, spec: RunSpec, machine) -> LoadedVariant:
+        # torch and the engine are imported here, not with the module: `quantbench run` imports every backend
+        # for its flags, and `run --help` or a refused --db should not wait for them (README, Adding a backend).
+        from quantbench.engine.moe.engine import experts_nbytes, kernel_paths
+        from quantbench.models.modelopt import load_checkpoint
+        from quantbench.models.processor import decision_engine
+        from quantbench.run.placement import device_of, dtype_of
+
         dtype = dtype_of(spec)
         if spec.shape:
             fields = self._synthetic(spec, dtype)
@@ -83,6 +86,8 @@ class Fp8Backend:
 
     def _synthetic(self, spec: RunSpec, dtype: torch.dtype) -> dict[str, Any]:
         from quantbench.engine.moe.fp8 import E4M3_MAX, Fp8Experts
+        from quantbench.models.synthetic import build_synthetic_quantized, synthetic_id
+        from quantbench.run.placement import device_of
 
         def make(weight: Tensor, amax: Tensor):
             return Fp8Experts.from_weights(weight, input_scale=(amax.float() / E4M3_MAX).reshape(1))

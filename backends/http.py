@@ -27,7 +27,6 @@ from quantbench.engine.base import EngineBase, Prepared
 from quantbench.errors import ConfigError, LoadError, QuantbenchError, RequestError
 from quantbench.limits import Limits
 from quantbench.protocol import DecisionRequest, DecisionResponse, QuestionAnswer
-from quantbench.protocol.media import inline_media_paths
 from quantbench.run.backend import Availability, LoadedVariant
 from quantbench.run.record import VariantInfo
 from quantbench.run.spec import BackendOptions, RunSpec, opt
@@ -160,6 +159,8 @@ class HttpEngine(EngineBase):
         )
 
     def prepare(self, request: DecisionRequest) -> HttpPrepared:
+        from quantbench.protocol.media import inline_media_paths  # numpy: not at import (Adding a backend)
+
         sent = inline_media_paths(request, self.limits, base=self.media_base)
         body = sent.model_dump(mode="json", exclude_none=True)
         return HttpPrepared(request, json.dumps(body, ensure_ascii=False).encode("utf-8"))

@@ -18,21 +18,17 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from quantbench.errors import ConfigError, LoadError
 from quantbench.models.checkpoint import experts_tensor_bytes, model_identity, read_config
-from quantbench.models.family import Qwen3OmniThinkerFamily, family_of, moe_layout
-from quantbench.models.modelopt import unread_note
-from quantbench.models.processor import decision_engine
-from quantbench.models.synthetic import build_synthetic_quantized, synthetic_id
 from quantbench.run.backend import Availability, LoadedVariant, dir_bytes, model_dir
-from quantbench.run.placement import device_of, dtype_of
 from quantbench.run.record import VariantInfo
 from quantbench.run.spec import GroupedMoeOptions, RunSpec
 from quantbench.term import logs_kept
+
+if TYPE_CHECKING:
+    import torch
 
 
 def read_quant_config(path: Path) -> dict[str, Any]:
@@ -121,6 +117,15 @@ class Int4Backend:
         return Availability(True, "native", "CPU: grouped-MoE cpu-vectorised; --no-fast-moe: per-expert")
 
     def load(self, spec: RunSpec, machine) -> LoadedVariant:
+        # torch and the model code are imported here, not with the module: `quantbench run` imports every backend
+        # for its flags, and `run --help` or a refused --db should not wait for them (README, Adding a backend).
+        import torch
+
+        from quantbench.models.family import Qwen3OmniThinkerFamily, family_of
+        from quantbench.models.modelopt import unread_note
+        from quantbench.models.processor import decision_engine
+        from quantbench.run.placement import device_of, dtype_of
+
         dtype = dtype_of(spec)
         device = device_of(spec)
         if spec.shape:
@@ -179,6 +184,8 @@ class Int4Backend:
             raise ConfigError("--shape with --backend int4 runs the grouped-MoE engine only; drop --no-fast-moe "
                               "(a per-expert synthetic run needs a checkpoint: `quantbench quantize --scheme int4`)")
         from quantbench.engine.moe.int4 import rtn_experts
+        from quantbench.models.processor import decision_engine
+        from quantbench.models.synthetic import build_synthetic_quantized, synthetic_id
 
         # built layer by layer: each layer's BF16 experts are quantized and freed before the next layer's exist
         # (4-bit codes, fp16 scales and uint8 zero points per group of 128)
@@ -206,6 +213,7 @@ def install_int4_engine(model: torch.nn.Module, qc: dict[str, Any], kernel: str 
     """Regroup every MoE layer's per-expert int4 QuantLinears into stacked tensors and swap in the engine."""
     from quantbench.engine.moe import install_grouped_moe
     from quantbench.engine.moe.int4 import regroup_experts
+    from quantbench.models.family import moe_layout
 
     sym = qc.get("sym", True)
     return install_grouped_moe(model, lambda i, ex: regroup_experts(ex, sym=sym, name=f"layers.{i}.mlp.experts"),

@@ -17,20 +17,16 @@ forward: speed and memory only.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
-from torch import Tensor
-
-from quantbench.engine.moe.engine import experts_nbytes, kernel_paths
 from quantbench.errors import ConfigError
-from quantbench.models.modelopt import load_checkpoint
-from quantbench.models.processor import decision_engine
-from quantbench.models.synthetic import build_synthetic_quantized, synthetic_id
 from quantbench.run.backend import Availability, LoadedVariant, dir_bytes, model_dir
-from quantbench.run.placement import device_of, dtype_of
 from quantbench.run.record import VariantInfo
 from quantbench.run.spec import GroupedMoeOptions, RunSpec, opt
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
 
 
 # -- the backend ----------------------------------------------------------------------------------------------------
@@ -64,6 +60,13 @@ class Nvfp4Backend:
             raise ConfigError(f"--nvfp4 {mode!r}: use packed (experts stay 4-bit) or unpacked (BF16 at load)")
         if acts not in ("on", "off"):
             raise ConfigError(f"--nvfp4-activations {acts!r}: use on (W4A4 emulation) or off (weights only)")
+        # torch and the engine are imported here, not with the module: `quantbench run` imports every backend
+        # for its flags, and `run --help` or a refused --db should not wait for them (README, Adding a backend).
+        from quantbench.engine.moe.engine import experts_nbytes, kernel_paths
+        from quantbench.models.modelopt import load_checkpoint
+        from quantbench.models.processor import decision_engine
+        from quantbench.run.placement import device_of, dtype_of
+
         dtype = dtype_of(spec)
         if spec.shape:
             fields = self._synthetic(spec, dtype, mode, acts == "on")
@@ -97,8 +100,12 @@ class Nvfp4Backend:
         return LoadedVariant(engine=engine, info=info, model=model)
 
     def _synthetic(self, spec: RunSpec, dtype: torch.dtype, mode: str, activations: bool) -> dict[str, Any]:
+        import torch
+
         from quantbench.engine.moe.nvfp4 import Nvfp4Experts
         from quantbench.engine.moe.nvfp4_numbers import global_scale_of
+        from quantbench.models.synthetic import build_synthetic_quantized, synthetic_id
+        from quantbench.run.placement import device_of
 
         def make(weight: Tensor, amax: Tensor):
             fmt = Nvfp4Experts.from_weights(weight, input_scale=global_scale_of(amax).reshape(1), activations=activations)

@@ -184,3 +184,138 @@ def test_a_merge_that_fails_part_way_says_what_it_added_and_exits_2(tmp_path):
     assert "other.parquet: not a quantbench export" in said
     assert "Merged before it: 2 new run(s) from 1 source(s)" in said and "merge again" in said
     assert sorted(Store(local).read("SELECT CAST(run_id AS VARCHAR) AS id FROM runs").id) == sorted(ids)
+
+
+# -- load runs (`quantbench load`, schema 6) travel with the runs ------------------------------------------------
+def write_load_runs(store, host, n=1, steps=3):
+    """n load runs measured from `host`, each with `steps` steps (one refused with 503s); returns their ids."""
+    from quantbench.store.load import LoadRunRecord, LoadStepRecord, write_load
+
+    ids = []
+    for i in range(n):
+        at = T0 + dt.timedelta(hours=10 + i)
+        run = LoadRunRecord(created_at=at, finished_at=at + dt.timedelta(minutes=2), endpoint="http://10.0.0.7:8000",
+                            mode="closed", requests_from="quantbench-default-v1", n_distinct_requests=364,
+                            server_model="synthetic-qwen3-30b-a3b", server_variant="int4",
+                            server_kernel_path="quantbench grouped-moe gluon-wgmma-int4 +cuda-graph",
+                            server_gpu="NVIDIA H200", server_health={"status": "ok", "kernel": {"ran": "gluon"}},
+                            saturation=32.0, peak_decisions_per_s=95.1, host=host, quantbench_version="0.1.0",
+                            settings={"concurrency": [1, 8, 32], "requests": 400, "seed": i})
+        ids.append(write_load(store, run, [
+            LoadStepRecord(step=k, concurrency=c, sent=400, ok=400 - 38 * (c == 32), duration_s=4.0 + k,
+                           offered_per_s=100.0 / (k + 1), decisions_per_s=95.1 - k, p50_ms=17.6 * c, p99_ms=20.1 * c,
+                           errors={"503": 38} if c == 32 else {}, mean_batch=float(c) / 2, queue_p50_ms=0.1 * k)
+            for k, c in enumerate([1, 8, 32][:steps])]))
+    return ids
+
+
+def load_table(store, name):
+    order = {"load_runs": "load_id", "load_steps": "load_id, step"}[name]
+    return store.read(f"SELECT * FROM {name} ORDER BY {order}").astype(str)
+
+
+def load_counts(store):
+    return [len(store.read(f"SELECT * FROM {t}")) for t in ("load_runs", "load_steps")]
+
+
+def test_load_runs_travel_whole_with_the_runs_and_merge_once(tmp_path):
+    src = Store(tmp_path / "h200.duckdb")
+    write_runs(src, "gpu-box", n=2, gpu="NVIDIA H200")
+    write_load_runs(src, "client-box", n=2)
+    [out] = transfer.export(src, tmp_path / "results.parquet")
+    assert transfer.exported_counts(out) == (2, 4) and transfer.exported_load_counts(out) == (2, 6)
+
+    for source in (out, src.path):  # the export, and the store itself
+        dst = Store(tmp_path / f"local-{source.suffix[1:]}.duckdb")
+        summary = transfer.merge(dst, [source])
+        s = summary.sources[0]
+        assert (s.runs_added, s.load_runs_in_source, s.load_runs_added, s.load_steps_added) == (2, 2, 2, 6)
+        for name in ("runs", "answers", "latencies"):
+            pd.testing.assert_frame_equal(table(dst, name), table(src, name))
+        for name in ("load_runs", "load_steps"):  # every column as measured: server, generator, JSON, times
+            pd.testing.assert_frame_equal(load_table(dst, name), load_table(src, name))
+        again = transfer.merge(dst, [out, src.path])
+        assert again.load_runs_added == 0 and [x.load_runs_present for x in again.sources] == [2, 2]
+        assert load_counts(dst) == [2, 6] and counts(dst) == [2, 4, 6]
+
+
+def test_a_store_with_only_load_runs_exports_and_merges(tmp_path):
+    src = Store(tmp_path / "client.duckdb")
+    [load_id] = write_load_runs(src, "client-box")
+    [out] = transfer.export(src, tmp_path / "load.parquet")
+    assert transfer.exported_counts(out) == (0, 0)
+    dst = Store(tmp_path / "local.duckdb")
+    write_load_runs(dst, "here")  # one of its own: kept beside the new one
+    summary = transfer.merge(dst, [out])
+    assert summary.runs_added == 0 and summary.load_runs_added == 1 and counts(dst) == [0, 0, 0]
+    assert load_id in set(dst.read("SELECT CAST(load_id AS VARCHAR) AS id FROM load_runs").id)
+    assert load_counts(dst) == [2, 6]
+
+
+def test_an_export_from_before_load_runs_has_no_load_column_and_merges_into_a_store_that_has_them(tmp_path):
+    con, _ = make_v1_store(tmp_path / "old.duckdb")
+    transfer.copy_nested(con, tmp_path / "old.parquet", version=1)
+    con.close()
+    assert "load_run" not in duckdb.connect().execute(
+        f"SELECT * FROM read_parquet('{tmp_path / 'old.parquet'}')").fetchdf().columns
+    assert transfer.exported_load_counts(tmp_path / "old.parquet") == (0, 0)
+    dst = Store(tmp_path / "local.duckdb")
+    write_load_runs(dst, "here")
+    summary = transfer.merge(dst, [tmp_path / "old.parquet", tmp_path / "old.duckdb"])
+    assert summary.runs_added == 1 and [s.load_runs_in_source for s in summary.sources] == [0, 0]
+    assert load_counts(dst) == [1, 3]  # its own load run untouched
+
+
+def test_a_partial_or_foreign_source_is_refused_and_adds_nothing(tmp_path):
+    src = Store(tmp_path / "a.duckdb")
+    write_runs(src, "a", n=1)
+    write_load_runs(src, "a")
+    [out] = transfer.export(src, tmp_path / "a.parquet")
+    data = out.read_bytes()
+    cut = tmp_path / "cut.parquet"  # a copy that stopped part way
+    cut.write_bytes(data[: len(data) // 2])
+    con = duckdb.connect()
+    stepless, foreign = tmp_path / "stepless.parquet", tmp_path / "foreign.parquet"
+    con.execute(f"COPY (SELECT * REPLACE (CASE WHEN load_run IS NULL THEN NULL ELSE struct_update(load_run, steps := "
+                f"load_run.steps[1:0]) END AS load_run) FROM read_parquet('{out}')) TO '{stepless}' "
+                f"(FORMAT parquet, KV_METADATA {{quantbench_schema_version: '{SCHEMA_VERSION}'}})")
+    con.execute(f"COPY (SELECT * REPLACE ('x' AS load_run) FROM read_parquet('{out}')) TO '{foreign}' "
+                f"(FORMAT parquet, KV_METADATA {{quantbench_schema_version: '{SCHEMA_VERSION}'}})")
+    con.close()
+    half = tmp_path / "half.duckdb"  # a store with load_runs and no load_steps
+    con = duckdb.connect(str(half))
+    con.execute(f"ATTACH '{src.path}' AS a (READ_ONLY)")
+    con.execute("CREATE TABLE schema_version AS SELECT * FROM a.schema_version")
+    for name in ("runs", "answers", "latencies", "load_runs"):
+        con.execute(f"CREATE TABLE {name} AS SELECT * FROM a.{name}")
+    con.close()
+    dst = Store(tmp_path / "local.duckdb")
+    for source, words in [(cut, "cut.parquet: not a whole Parquet file .* copy it again"),
+                          (stepless, "stepless.parquet: load run\\(s\\) .* have no steps: a partial source"),
+                          (foreign, "foreign.parquet: its load_run column is not a quantbench load run"),
+                          (half, "half.duckdb: has load_runs but not load_steps: not a whole quantbench store")]:
+        with pytest.raises(StoreError, match=words):
+            transfer.merge(dst, [source])
+        assert counts(dst) == [0, 0, 0] and load_counts(dst) == [0, 0], source  # the runs of the file too
+
+
+def test_cli_export_and_merge_say_how_many_load_runs(tmp_path):
+    from typer.testing import CliRunner
+
+    from quantbench.cli import app
+
+    src = Store(tmp_path / "a.duckdb")
+    write_runs(src, "lab-h200", n=1, gpu="NVIDIA H200")
+    write_load_runs(src, "client-box", n=2)
+    out = tmp_path / "a.parquet"
+    exported = CliRunner().invoke(app, ["export", "--out", str(out), "--db", str(src.path)])
+    assert exported.exit_code == 0, exported.output
+    said = " ".join(exported.stdout.split())
+    assert "exported 1 runs (2 answers)" in said and "and 2 load runs (6 steps)" in said
+    merge = ["merge", str(out), "--db", str(tmp_path / "local.duckdb")]
+    merged = CliRunner().invoke(app, merge)
+    said = " ".join(merged.stdout.split())
+    assert merged.exit_code == 0 and "load runs: 2 new (6 steps), 0 already here" in said
+    assert "int4 on NVIDIA H200 (quantbench grouped-moe gluon-wgmma-int4 +cuda-graph), measured from client-box" in said
+    again = " ".join(CliRunner().invoke(app, merge).stdout.split())
+    assert "load runs: 0 new (0 steps), 2 already here" in again

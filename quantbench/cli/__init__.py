@@ -31,6 +31,7 @@ app.command()(store.export)
 app.command()(store.merge)
 app.command(cls=serve.ServeCommand)(serve.serve)
 app.command()(load.load)
+app.command()(load.load_runs)
 app.command()(run.sweep)
 
 

@@ -1,4 +1,5 @@
-"""`load`: the load generator's flags; the generator is quantbench.load, its store quantbench.store.load."""
+"""`load`: the load generator's flags; `load-runs`: the stored load runs. The generator is quantbench.load, its store
+quantbench.store.load."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def load(
 ) -> None:
     """Drive a SystemOne server: decisions/s, p50/p99, queue time, errors and the saturation point per step; stored."""
     from quantbench.load import LoadSettings, run_load  # lazy: a fast --help
-    from quantbench.load.table import rate_text, saturation_line, steps_table
+    from quantbench.load.table import rate_text, run_title, saturation_line, steps_table
     from quantbench.store import Store
     from quantbench.store.load import write_load
 
@@ -56,13 +57,54 @@ def load(
 
         result = run_load(settings, on_step=progress)
         run = result.run
-        server = " ".join(str(x) for x in (run.server_model, run.server_variant, run.server_kernel_path) if x)
-        title = (f"load on {run.endpoint} ({server or 'no /healthz'}, {run.server_gpu or 'device unknown'}), "
-                 f"{run.mode} loop, requests from {run.requests_from}")
-        out.print(steps_table(result.steps, title))
+        out.print(steps_table(result.steps, run_title(run.model_dump())))
         out.print(saturation_line(result.saturation, run.mode), soft_wrap=True)
         if store:
             load_id = write_load(Store(_db(db)), run, result.steps)
             out.print(f"load run {load_id} stored in {_db(db)}", soft_wrap=True)
+    except QuantbenchError as e:
+        _fail(e)
+
+
+def load_runs(
+    ids: Annotated[list[str] | None, typer.Argument(help="Load ids or unique prefixes (default: the newest --last)")] = None,
+    last: Annotated[int, typer.Option(help="Show the newest N load runs")] = 10,
+    fmt: Annotated[str, typer.Option("--format", help="table | markdown (for a README or a model card)")] = "table",
+    db: DbOpt = None,
+) -> None:
+    """Stored load runs (`quantbench load`), newest first: each one's steps and saturation point."""
+    from quantbench.analysis.load import saturation  # lazy: a fast --help
+    from quantbench.load.table import load_run_markdown, run_title, saturation_line, steps_table
+    from quantbench.store import Store
+    from quantbench.store.load import has_load_tables, load_steps, step_records
+    from quantbench.store.load import load_runs as stored_load_runs
+
+    try:
+        if fmt not in ("table", "markdown"):
+            raise ConfigError(f"--format {fmt!r}: use table or markdown")
+        store = Store(_db(db))
+        runs = stored_load_runs(store) if has_load_tables(store) else None
+        if runs is None or runs.empty:
+            raise ConfigError(f"no load runs in {store.path}; make one with `quantbench load --endpoint URL`"
+                              + ("" if runs is not None else " (an older store: `quantbench migrate` adds the tables)"))
+        if ids:
+            chosen = []
+            for prefix in ids:
+                hits = runs[runs["load_id"].str.startswith(prefix)]
+                if len(hits) != 1:
+                    raise ConfigError(f"load id {prefix!r}: {'no' if hits.empty else len(hits)} stored load runs "
+                                      f"match in {store.path}; give a longer prefix (`quantbench load-runs` lists them)")
+                chosen.append(hits.iloc[0])
+        else:
+            chosen = [row for _, row in runs.head(last).iterrows()]
+        for run in chosen:
+            steps = step_records(load_steps(store, [run["load_id"]]))
+            loads = [float(s.rate if s.rate is not None else s.concurrency) for s in steps]
+            sat = saturation(loads, [s.decisions_per_s for s in steps])
+            if fmt == "markdown":
+                print(load_run_markdown(run, steps, sat))  # plain: markdown is pasted, rich would wrap it
+            else:
+                out.print(steps_table(steps, f"{run_title(run)} — {run['load_id']}"))
+                out.print(saturation_line(sat, run["mode"]), soft_wrap=True)
     except QuantbenchError as e:
         _fail(e)

@@ -48,12 +48,12 @@ def _execute_and_store(spec, db: Path) -> tuple[str, str]:
 def _declared_options() -> dict:
     """{name: FieldInfo} of every setting an installed backend declares; a name two backends declare is one flag,
     so its type must agree."""
-    from quantbench.run.backend import backend_names  # lazy: a fast --help
-    from quantbench.run.spec import options_class
+    from quantbench.run.spec import installed_backends, options_class  # lazy: a fast --help
 
     out: dict = {}
-    for backend in backend_names():
-        for name, info in options_class(backend).model_fields.items():
+    installed = installed_backends()  # once: each lookup reads every distribution's metadata
+    for backend in sorted(installed):
+        for name, info in options_class(backend, installed).model_fields.items():
             if name in out and out[name].annotation != info.annotation:
                 raise TypeError(f"backend {backend} declares {name} as {info.annotation}, another as "
                                 f"{out[name].annotation}: one `run` flag cannot be both")
@@ -67,6 +67,13 @@ class RunCommand(typer.core.TyperCommand):
     --help` must not wait for."""
 
     _options: list | None = None
+    _declared: dict | None = None
+
+    def backend_declarations(self) -> dict:
+        """_declared_options(), once per command: click asks for the params several times per invocation."""
+        if self._declared is None:
+            self._declared = _declared_options()
+        return self._declared
 
     def option_params(self) -> list:
         """The backend flags, made by typer from a signature built from the declarations (same help rendering)."""
@@ -74,7 +81,7 @@ class RunCommand(typer.core.TyperCommand):
             from quantbench.run.spec import choices, declared, flag_of  # lazy: a fast --help
 
             params = []
-            for name, info in _declared_options().items():
+            for name, info in self.backend_declarations().items():
                 how, allowed = declared(info), choices(info)
                 option = typer.Option(how.get("flag") or flag_of(name, info), help=info.description,
                                       envvar=how.get("envvar"))
@@ -94,7 +101,7 @@ class RunCommand(typer.core.TyperCommand):
         """The command's own flags with each backend flag after the flag its declaration names."""
         from quantbench.run.spec import declared  # lazy: a fast --help
 
-        anchors = {name: declared(info).get("after") for name, info in _declared_options().items()}
+        anchors = {name: declared(info).get("after") for name, info in self.backend_declarations().items()}
         pending = list(self.option_params())
         out = []
 
@@ -195,10 +202,9 @@ def run(
                      media_limits=media_limits(max_media_parts=max_media_parts, max_media_bytes=max_media_bytes,
                                                max_image_pixels=max_image_pixels, max_audio_seconds=max_audio_seconds,
                                                max_video_frames=max_video_frames, max_video_seconds=max_video_seconds))
-        from quantbench.report.tables import runs_table  # lazy: a fast --help
-        from quantbench.run.backend import get_backend
+        from quantbench.run.backend import get_backend  # lazy: a fast --help
         from quantbench.run.runner import preflight
-        from quantbench.store import Store, queries
+        from quantbench.store import Store
 
         # Refused now, in a second, not after the child's imports or the suite: a store that can't take the run,
         # a --model or --suite that can't be read.
@@ -206,6 +212,9 @@ def run(
         preflight(spec)
         get_backend(backend)  # an unknown backend is an error before anything is spawned
         run_id, status = _execute_and_store(spec, _db(db))
+
+        from quantbench.report.tables import runs_table  # pandas: not before the checks above refuse
+        from quantbench.store import queries
 
         out.print(runs_table(queries.run_summary(Store(_db(db)), run_id), f"run stored in {_db(db)}"))
         if status != "ok":

@@ -115,10 +115,16 @@ def export(
     from quantbench.report.tables import print_exported  # lazy: a fast --help
     from quantbench.store import Store
     from quantbench.store.transfer import export as export_runs
+    from quantbench.store.transfer import exported_load_counts
 
     try:
         store = Store(_db(db))
-        print_exported(store, export_runs(store, out_path))
+        paths = export_runs(store, out_path)
+        print_exported(store, paths)
+        for path in paths:
+            load_runs, steps = exported_load_counts(path)
+            if load_runs:
+                out.print(f"and {load_runs} load runs ({steps} steps) to {path}", markup=False, soft_wrap=True)
     except QuantbenchError as e:
         _fail(e)
 
@@ -138,7 +144,21 @@ def merge(
         summary = merge_sources(store, sources)
     except PartialMergeError as e:  # the sources before the failing one are in: say what they added
         print_merged(store, e.summary)
+        _print_merged_load_runs(e.summary)
         _fail(e)
     except QuantbenchError as e:
         _fail(e)
     print_merged(store, summary)
+    _print_merged_load_runs(summary)
+
+
+def _print_merged_load_runs(summary) -> None:
+    """Per source that carries load runs (`quantbench load`): how many came in, and whose server they measured."""
+    for s in summary.sources:
+        if not s.load_runs_in_source:
+            continue
+        out.print(f"load runs: {s.load_runs_added} new ({s.load_steps_added} steps), {s.load_runs_present} already "
+                  f"here, from {s.path}", markup=False, soft_wrap=True)
+        for n, variant, gpu, kernel, host in s.load_added:
+            out.print(f"  {n} × {variant or 'a server'} on {gpu or 'an unnamed device'}"
+                      + (f" ({kernel})" if kernel else "") + f", measured from {host}", markup=False, soft_wrap=True)

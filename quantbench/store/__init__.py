@@ -15,15 +15,17 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
-import pandas as pd
 from pydantic import BaseModel
 
 from quantbench.errors import QuantbenchError
 from quantbench.run.record import AnswerRow, LatencyRow, RunRecord, RunResult
 from quantbench.store.schema import MIGRATIONS, SCHEMA_VERSION, VIEWS
+
+if TYPE_CHECKING:  # pandas is imported where rows are read or inserted: `run` refuses a bad --db without it
+    import pandas as pd
 
 DEFAULT_DB = "results.duckdb"
 LOCK_RETRY_S = 60.0
@@ -231,6 +233,8 @@ class Store:
                 "add a migration (quantbench/store/schema.py) or the field (quantbench/run/record.py)")
         if not rows:
             return
+        import pandas as pd
+
         df = pd.DataFrame([{c: r[c] for c in cols} for r in rows], columns=cols)
         con.register("_incoming", df)
         try:

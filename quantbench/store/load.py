@@ -127,6 +127,17 @@ def load_steps(store: Store, load_ids: list[str] | None = None) -> pd.DataFrame:
         params)
 
 
+def step_records(steps: pd.DataFrame) -> list[LoadStepRecord]:
+    """`load_steps` rows (as load_steps() reads them) back as the records they were stored from."""
+    fields = LoadStepRecord.model_fields
+    records = []
+    for row in steps.to_dict("records"):
+        row = {k: (None if isinstance(v, float) and v != v else v) for k, v in row.items() if k in fields}  # NaN: NULL
+        row["errors"] = json.loads(row["errors"]) if isinstance(row["errors"], str) else row["errors"] or {}
+        records.append(LoadStepRecord.model_validate({**row, "load_id": str(row["load_id"])}))
+    return records
+
+
 def has_load_tables(store: Store) -> bool:
     """Whether the store has the load tables (an older store, not yet migrated, does not)."""
     df = store.read("SELECT count(*) AS n FROM information_schema.tables WHERE table_name = 'load_runs'")

@@ -1,13 +1,16 @@
 """Sharing results: export the store to Parquet; merge Parquet exports, other stores and folders into it.
 
 An export is one Parquet file with one row per run: the run's columns, plus `answers` and `latencies` as lists of
-structs, so a run travels whole. The file's key-value metadata carries `quantbench_schema_version`. DuckDB 2.x
-files cannot be read by DuckDB 1.x, so Parquet is what to share.
+structs, so a run travels whole. A load run (`quantbench load`, schema 6) is one more row, its run columns NULL and
+its own in `load_run`: a struct of the `load_runs` columns with its `steps` as a list. The file's key-value
+metadata carries `quantbench_schema_version`. DuckDB 2.x files cannot be read by DuckDB 1.x, so Parquet is what to
+share.
 
-Merging is idempotent: runs are keyed by their UUIDv7 `run_id`, a run already in the store is skipped, and a new
-run comes in with all its answers and latencies in one transaction per source. Sources from an older schema merge
-(missing columns take their defaults: a version-1 run becomes role 'candidate'); newer ones are refused. A run
-keeps its identity (host, GPU, versions): nothing is rewritten on the way in.
+Merging is idempotent: runs are keyed by their UUIDv7 `run_id`, load runs by their `load_id`; one already in the
+store is skipped, and a new one comes in with all its answers and latencies (its steps) in one transaction per
+source. Sources from an older schema merge (missing columns take their defaults: a version-1 run becomes role
+'candidate'; a source from before version 6 has no load runs); newer ones are refused. A run keeps its identity
+(host, GPU, versions), a load run its server and generator: nothing is rewritten on the way in.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from quantbench.store import SCHEMA_VERSION, Store, StoreError
 
 VERSION_KEY = "quantbench_schema_version"
 TABLES = ("runs", "answers", "latencies")
+LOAD_TABLES = ("load_runs", "load_steps")
+LOAD_COLUMN = "load_run"  # in an export: a load run's row, with its steps nested
 NESTED_ORDER = {"answers": "record_id, question", "latencies": "seq"}
 SOURCE_SUFFIXES = {".parquet": "parquet", ".duckdb": "duckdb", ".db": "duckdb"}
 
@@ -42,18 +47,41 @@ def _ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def _has_tables(con: duckdb.DuckDBPyConnection, catalog: str, tables: tuple[str, ...]) -> list[str]:
+    """Which of `tables` the database `catalog` (the connection's own when "") holds."""
+    where = "database_name = ?" if catalog else "database_name = current_database()"
+    found = {row[0] for row in con.execute(
+        f"SELECT table_name FROM duckdb_tables() WHERE {where} AND schema_name = 'main'",
+        [catalog] if catalog else []).fetchall()}
+    return [t for t in tables if t in found]
+
+
+def _fields(con: duckdb.DuckDBPyConnection, relation: str, drop: str) -> str:
+    """`name := name, ...` of a relation's columns but `drop`: the inside of a struct_pack."""
+    return ", ".join(f"{_ident(c)} := {_ident(c)}" for c in _columns(con, relation) if c != drop)
+
+
 # -- export --------------------------------------------------------------------------------------------------
 def copy_nested(con: duckdb.DuckDBPyConnection, out: Path, version: int, catalog: str = "") -> int:
-    """Write every run of `catalog` (the connection's own database by default) to `out`; returns the run count."""
+    """Write every run and load run of `catalog` (the connection's own database by default) to `out`; returns the
+    run count. A database from before schema 6 has no load tables: its export has no `load_run` column."""
     prefix = f"{catalog}." if catalog else ""
     lists = []
     for table in ("answers", "latencies"):
-        cols = [c for c in _columns(con, prefix + table) if c != "run_id"]
-        fields = ", ".join(f"{_ident(c)} := {_ident(c)}" for c in cols)
-        lists.append(f"LEFT JOIN (SELECT run_id, list(struct_pack({fields}) ORDER BY {NESTED_ORDER[table]}) AS {table} "
-                     f"FROM {prefix}{table} GROUP BY run_id) USING (run_id)")
+        lists.append(f"LEFT JOIN (SELECT run_id, list(struct_pack({_fields(con, prefix + table, 'run_id')}) "
+                     f"ORDER BY {NESTED_ORDER[table]}) AS {table} FROM {prefix}{table} GROUP BY run_id) USING (run_id)")
+    rows = f"SELECT r.*, answers, latencies FROM {prefix}runs r {' '.join(lists)}"
+    order = "r.created_at, r.run_id"
+    if _has_tables(con, catalog, LOAD_TABLES) == list(LOAD_TABLES):
+        runs_fields = _fields(con, prefix + "load_runs", "")
+        rows = (f"SELECT * FROM ({rows} UNION ALL BY NAME "
+                f"SELECT struct_pack({runs_fields}, steps := steps) AS {LOAD_COLUMN} FROM {prefix}load_runs "
+                f"LEFT JOIN (SELECT load_id, list(struct_pack({_fields(con, prefix + 'load_steps', 'load_id')}) "
+                f"ORDER BY step) AS steps FROM {prefix}load_steps GROUP BY load_id) USING (load_id)) r")
+        order = (f"r.{LOAD_COLUMN} IS NOT NULL, coalesce(r.created_at, r.{LOAD_COLUMN}.created_at), r.run_id, "
+                 f"r.{LOAD_COLUMN}.load_id")  # the runs first, as before load runs were exported
     con.execute(
-        f"COPY (SELECT r.*, answers, latencies FROM {prefix}runs r {' '.join(lists)} ORDER BY r.created_at, r.run_id) "
+        f"COPY ({rows} ORDER BY {order}) "
         f"TO {_q(out)} (FORMAT parquet, COMPRESSION zstd, KV_METADATA {{{VERSION_KEY}: '{version}'}})"
     )
     return con.execute(f"SELECT count(*) FROM {prefix}runs").fetchone()[0]
@@ -94,6 +122,11 @@ class SourceSummary:
     runs_present: int = 0  # already in the store: skipped
     answers_added: int = 0
     latencies_added: int = 0
+    load_runs_in_source: int = 0  # quantbench load's runs (schema 6); a source from before has none
+    load_runs_added: int = 0
+    load_runs_present: int = 0
+    load_steps_added: int = 0
+    load_added: list[tuple] = field(default_factory=list)  # (runs, server variant, GPU, kernel, generator host)
 
 
 @dataclass
@@ -109,6 +142,10 @@ class MergeSummary:
     @property
     def runs_present(self) -> int:
         return sum(s.runs_present for s in self.sources)
+
+    @property
+    def load_runs_added(self) -> int:
+        return sum(s.load_runs_added for s in self.sources)
 
 
 class PartialMergeError(StoreError):
@@ -146,9 +183,19 @@ def expand_sources(store: Store, sources: list[str | os.PathLike[str]]) -> tuple
     return files, skipped
 
 
-def _stage_parquet(con: duckdb.DuckDBPyConnection, path: Path) -> int:
-    """Views _src_runs / _src_answers / _src_latencies over an export; returns its schema version."""
-    cols = _columns(con, f"read_parquet({_q(path)})")
+def _not_parquet(path: Path, e: duckdb.Error) -> StoreError:
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return StoreError(f"{path}: not a whole Parquet file ({first}); if it was cut short in a copy, copy it again, or "
+                      "make it again with `quantbench export --out FILE.parquet`")
+
+
+def _stage_parquet(con: duckdb.DuckDBPyConnection, path: Path) -> tuple[int, bool]:
+    """Views _src_runs / _src_answers / _src_latencies (and _src_load_runs / _src_load_steps when the export
+    carries load runs) over an export; returns its schema version and whether it carries load runs."""
+    try:
+        cols = _columns(con, f"read_parquet({_q(path)})")
+    except duckdb.Error as e:  # a truncated or foreign file: Parquet's footer is at the end
+        raise _not_parquet(path, e) from e
     missing = {"run_id", "status", "answers", "latencies"} - set(cols)
     if missing:
         raise StoreError(f"{path}: not a quantbench export (no column(s) {sorted(missing)}); make one with "
@@ -157,14 +204,30 @@ def _stage_parquet(con: duckdb.DuckDBPyConnection, path: Path) -> int:
     if row is None:
         raise StoreError(f"{path}: no {VERSION_KEY} in the Parquet metadata; it was not written by `quantbench export`")
     src = f"read_parquet({_q(path)})"
-    con.execute(f"CREATE OR REPLACE TEMP VIEW _src_runs AS SELECT * EXCLUDE (answers, latencies) FROM {src}")
+    has_load = LOAD_COLUMN in cols
+    if not has_load:
+        con.execute(f"CREATE OR REPLACE TEMP VIEW _src_runs AS SELECT * EXCLUDE (answers, latencies) FROM {src}")
+    else:
+        try:
+            con.execute(f"SELECT {LOAD_COLUMN}.load_id, {LOAD_COLUMN}.steps[1].step FROM {src} LIMIT 0")
+        except duckdb.Error as e:
+            raise StoreError(f"{path}: its {LOAD_COLUMN} column is not a quantbench load run (no load_id, or no steps "
+                             "with a step number); make the file with `quantbench export --out FILE.parquet`") from e
+        con.execute(f"CREATE OR REPLACE TEMP VIEW _src_runs AS SELECT * EXCLUDE (answers, latencies, {LOAD_COLUMN}) "
+                    f"FROM {src} WHERE {LOAD_COLUMN} IS NULL")
+        loads = f"(SELECT {LOAD_COLUMN} AS l FROM {src} WHERE {LOAD_COLUMN} IS NOT NULL)"
+        con.execute(f"CREATE OR REPLACE TEMP VIEW _src_load_runs AS SELECT * EXCLUDE (steps) FROM "
+                    f"(SELECT unnest(l) FROM {loads})")
+        con.execute(f"CREATE OR REPLACE TEMP VIEW _src_load_steps AS SELECT load_id, x.* FROM "
+                    f"(SELECT l.load_id AS load_id, unnest(l.steps) AS x FROM {loads})")
     for table in ("answers", "latencies"):
         con.execute(f"CREATE OR REPLACE TEMP VIEW _src_{table} AS "
                     f"SELECT run_id, x.* FROM (SELECT run_id, unnest({table}) AS x FROM {src})")
-    return int(row[0])
+    return int(row[0]), has_load
 
 
-def _stage_duckdb(con: duckdb.DuckDBPyConnection, path: Path) -> int:
+def _stage_duckdb(con: duckdb.DuckDBPyConnection, path: Path) -> tuple[int, bool]:
+    """The same views over another store; returns its schema version and whether it has the load tables."""
     try:
         con.execute(f"ATTACH {_q(path)} AS _src (READ_ONLY)")
     except duckdb.Error as e:
@@ -174,13 +237,17 @@ def _stage_duckdb(con: duckdb.DuckDBPyConnection, path: Path) -> int:
                       "'schema_version'").fetchone()[0]
     if not has:
         raise StoreError(f"{path}: not a quantbench store (no schema_version table)")
-    for table in TABLES:
+    load = _has_tables(con, "_src", LOAD_TABLES)
+    if len(load) == 1:
+        raise StoreError(f"{path}: has {load[0]} but not {({*LOAD_TABLES} - {*load}).pop()}: not a whole quantbench "
+                         "store (a load run is stored with its steps); merge an export of it instead")
+    for table in (*TABLES, *load):
         con.execute(f"CREATE OR REPLACE TEMP VIEW _src_{table} AS SELECT * FROM _src.{table}")
-    return int(con.execute("SELECT max(version) FROM _src.schema_version").fetchone()[0] or 0)
+    return int(con.execute("SELECT max(version) FROM _src.schema_version").fetchone()[0] or 0), bool(load)
 
 
-def _merge_staged(con: duckdb.DuckDBPyConnection, summary: SourceSummary) -> pd.DataFrame:
-    for table in TABLES:
+def _merge_staged(con: duckdb.DuckDBPyConnection, summary: SourceSummary, has_load: bool) -> pd.DataFrame:
+    for table in (*TABLES, *(LOAD_TABLES if has_load else ())):
         unknown = set(_columns(con, f"_src_{table}")) - set(_columns(con, table))
         if unknown:
             raise StoreError(f"{summary.path}: {table} has column(s) {sorted(unknown)} this quantbench does not know; "
@@ -192,14 +259,10 @@ def _merge_staged(con: duckdb.DuckDBPyConnection, summary: SourceSummary) -> pd.
         summary.runs_in_source = con.execute("SELECT count(DISTINCT run_id) FROM _src_runs").fetchone()[0]
         summary.runs_added = con.execute("SELECT count(*) FROM _new").fetchone()[0]
         summary.runs_present = summary.runs_in_source - summary.runs_added
-        counts = {}
-        for table in TABLES:
-            src_cols = set(_columns(con, f"_src_{table}"))
-            cols = ", ".join(_ident(c) for c in _columns(con, table) if c in src_cols)  # absent: the default
-            counts[table] = con.execute(
-                f"INSERT INTO {table} ({cols}) SELECT {cols} FROM _src_{table} WHERE run_id IN (SELECT run_id FROM _new)"
-            ).fetchone()[0]
+        counts = {table: _insert_new(con, table, "run_id", "_new") for table in TABLES}
         summary.answers_added, summary.latencies_added = counts["answers"], counts["latencies"]
+        if has_load:
+            _merge_load_runs(con, summary)
         added = con.execute(
             "SELECT CAST(run_id AS VARCHAR) AS run_id, created_at, status, backend, variant, role, model_id, weights, "
             "device, gpu_name, gpu_family, host FROM runs WHERE run_id IN (SELECT run_id FROM _new) ORDER BY created_at"
@@ -212,6 +275,35 @@ def _merge_staged(con: duckdb.DuckDBPyConnection, summary: SourceSummary) -> pd.
     return added
 
 
+def _insert_new(con: duckdb.DuckDBPyConnection, table: str, key: str, new: str) -> int:
+    """Insert the source's rows of `table` whose `key` is in the temp table `new`; the columns the source lacks
+    take their defaults. Returns the rows inserted."""
+    src_cols = set(_columns(con, f"_src_{table}"))
+    cols = ", ".join(_ident(c) for c in _columns(con, table) if c in src_cols)  # absent: the default
+    return con.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM _src_{table} "
+                       f"WHERE {key} IN (SELECT {key} FROM {new})").fetchone()[0]
+
+
+def _merge_load_runs(con: duckdb.DuckDBPyConnection, summary: SourceSummary) -> None:
+    """The source's new load runs with their steps, in the caller's transaction. A load run without steps is a
+    partial source (quantbench stores one whole or not at all): refused."""
+    con.execute("CREATE OR REPLACE TEMP TABLE _new_load AS SELECT DISTINCT load_id FROM _src_load_runs "
+                "WHERE load_id NOT IN (SELECT load_id FROM load_runs)")
+    stepless = con.execute("SELECT CAST(load_id AS VARCHAR) FROM _new_load WHERE load_id NOT IN "
+                           "(SELECT load_id FROM _src_load_steps) ORDER BY 1").fetchall()
+    if stepless:
+        raise StoreError(f"{summary.path}: load run(s) {', '.join(r[0] for r in stepless)} have no steps: a partial "
+                         "source; export the store they were measured into again and merge that file")
+    summary.load_runs_in_source = con.execute("SELECT count(DISTINCT load_id) FROM _src_load_runs").fetchone()[0]
+    summary.load_runs_added = con.execute("SELECT count(*) FROM _new_load").fetchone()[0]
+    summary.load_runs_present = summary.load_runs_in_source - summary.load_runs_added
+    _insert_new(con, "load_runs", "load_id", "_new_load")
+    summary.load_steps_added = _insert_new(con, "load_steps", "load_id", "_new_load")
+    summary.load_added = con.execute(
+        "SELECT count(*), server_variant, server_gpu, server_kernel_path, host FROM load_runs WHERE load_id IN "
+        "(SELECT load_id FROM _new_load) GROUP BY ALL ORDER BY min(created_at)").fetchall()
+
+
 def merge(store: Store, sources: list[str | os.PathLike[str]]) -> MergeSummary:
     """Merge exports / stores / folders into `store`; running it twice adds nothing the second time."""
     files, skipped = expand_sources(store, sources)
@@ -222,12 +314,13 @@ def merge(store: Store, sources: list[str | os.PathLike[str]]) -> MergeSummary:
             kind = SOURCE_SUFFIXES[path.suffix]
             try:
                 try:
-                    version = _stage_parquet(con, path) if kind == "parquet" else _stage_duckdb(con, path)
+                    stage = _stage_parquet if kind == "parquet" else _stage_duckdb
+                    version, has_load = stage(con, path)
                     if version > SCHEMA_VERSION:
                         raise StoreError(f"{path} has schema version {version}, newer than this quantbench "
                                          f"({SCHEMA_VERSION}); upgrade quantbench to merge it")
                     summary = SourceSummary(str(path), kind, version)
-                    frames.append(_merge_staged(con, summary))
+                    frames.append(_merge_staged(con, summary, has_load))
                     result.sources.append(summary)
                 except duckdb.Error as e:
                     raise StoreError(f"{path}: merge failed ({e}); nothing from this file was added") from e
@@ -240,8 +333,9 @@ def merge(store: Store, sources: list[str | os.PathLike[str]]) -> MergeSummary:
                 # The sources before this one are committed: say so, and what they added.
                 result.added = pd.concat(frames, ignore_index=True)
                 rest = len(files) - i - 1
+                loads = f" and {result.load_runs_added} new load run(s)" if result.load_runs_added else ""
                 raise PartialMergeError(
-                    f"{e}. Merged before it: {result.runs_added} new run(s) from {len(result.sources)} source(s) "
+                    f"{e}. Merged before it: {result.runs_added} new run(s){loads} from {len(result.sources)} source(s) "
                     f"(listed above); not merged: {path}" + (f" and the {rest} source(s) after it" if rest else "")
                     + ". Fix it and merge again: runs already merged are skipped.", result) from e
     result.added = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
@@ -249,11 +343,23 @@ def merge(store: Store, sources: list[str | os.PathLike[str]]) -> MergeSummary:
 
 
 def exported_counts(path: Path) -> tuple[int, int]:
-    """(runs, answers) in one export file."""
+    """(runs, answers) in one export file (a load run's row has no run_id)."""
     con = duckdb.connect()
     try:
         runs, answers = con.execute(
-            f"SELECT count(*), coalesce(sum(len(answers)), 0) FROM read_parquet({_q(path)})").fetchone()
+            f"SELECT count(run_id), coalesce(sum(len(answers)), 0) FROM read_parquet({_q(path)})").fetchone()
     finally:
         con.close()
     return runs, answers
+
+
+def exported_load_counts(path: Path) -> tuple[int, int]:
+    """(load runs, their steps) in one export file; (0, 0) for an export without load runs."""
+    con = duckdb.connect()
+    try:
+        if LOAD_COLUMN not in _columns(con, f"read_parquet({_q(path)})"):
+            return 0, 0
+        return con.execute(f"SELECT count({LOAD_COLUMN}), coalesce(sum(len({LOAD_COLUMN}.steps)), 0) "
+                           f"FROM read_parquet({_q(path)})").fetchone()
+    finally:
+        con.close()
