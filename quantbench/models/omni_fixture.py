@@ -57,12 +57,13 @@ TRAIN = {
     # The text decoder and head start from the trained text fixture (same shape, same tokenizer plus the media
     # tokens): the decoder already reads option labels and answers them, so the towers only have to learn to feed
     # it, and a short run suffices. Text records are replayed beside the media ones so the text is kept.
-    "text_mix": {"intent": 60, "nli": 150, "compare": 300, "tool": 60, "facts": 150, "sentiment": 60, "multi": 120},
-    "media_per_family": 300,
-    "steps": 150,
+    "text_mix": {"intent": 30, "nli": 75, "compare": 150, "tool": 30, "facts": 75, "sentiment": 30, "multi": 60},
+    "media_per_family": 150,
+    "steps": 64,
     "batch_size": 16,
-    "lr": 1e-3,
-    "warmup": 10,
+    "lr": 5e-4,  # the decoder's and head's: already trained
+    "tower_lr": 3e-3,  # the vision and audio towers': from scratch
+    "warmup": 8,
     "weight_decay": 0.01,
     "lm_weight": 0.2,
     "aux_weight": 0.01,

@@ -3,7 +3,8 @@ the model, and the training loop.
 
 Every example is one question of a decision record prepared by `OmniEngine.prepare` itself (the prompt's token
 ids with each media part's placeholder expanded, and the processor's pixel values, audio features and grids), so
-the model learns exactly what it is later asked. The loop is the text fixture's (answer-token loss, a lighter
+the model learns exactly what it is later asked. The decoder and head start trained (the text fixture's), the
+towers from scratch, so the towers get a higher learning rate. The loop is otherwise the text fixture's (answer-token loss, a lighter
 next-token loss on the prompt, router load balancing) over batches that mix text and media rows: each batch's
 media inputs are joined as the engine joins them and go through the vision and audio towers, which train too.
 """
@@ -16,6 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+
+TOWERS = ("model.visual.", "model.audio_tower.")  # parameter names of the vision and audio towers
 
 
 @dataclass
@@ -68,10 +72,12 @@ def train(model: Any, examples: list[Example], pad_id: int, train: dict[str, Any
     from quantbench.term import LineProgress
 
     text_cfg = model.config.text_config
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": train["weight_decay"]},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=train["lr"], betas=(0.9, 0.95))
+    groups: dict[tuple[bool, bool], list[Any]] = {}
+    for name, p in model.named_parameters():  # (a tower's?, decayed?): the towers train from scratch, faster
+        groups.setdefault((name.startswith(TOWERS), p.dim() >= 2), []).append(p)
+    opt = torch.optim.AdamW([{"params": params, "lr": train["tower_lr"] if tower else train["lr"],
+                              "weight_decay": train["weight_decay"] if decayed else 0.0}
+                             for (tower, decayed), params in sorted(groups.items())], betas=(0.9, 0.95))
     warmup = train["warmup"]
 
     def lr_at(step: int) -> float:
