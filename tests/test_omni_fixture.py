@@ -81,6 +81,25 @@ def test_suite_is_deterministic_and_loads_by_name(tmp_path, monkeypatch):
         family_defaults("bf16", "video", None, None)
 
 
+def test_family_omni_picks_the_omni_model_or_its_variant_and_the_omni_suite(tmp_path, monkeypatch):
+    import quantbench.models.quantize
+    from quantbench.run.resolve import family_defaults
+
+    monkeypatch.setenv("QUANTBENCH_CACHE", str(tmp_path))
+    made: list[tuple[str, str]] = []
+    monkeypatch.setattr(OF, "omni_default_model_dir", lambda: tmp_path / "omni")
+    monkeypatch.setattr(quantbench.models.quantize, "default_variant",
+                        lambda scheme, family="text": made.append((scheme, family)) or tmp_path / f"{family}-{scheme}")
+    suite = str(G.omni_suite_path())
+    assert family_defaults("bf16", "omni", None, None) == (str(tmp_path / "omni"), suite)
+    assert [family_defaults(b, "omni", None, None)[0] for b in ("int4", "nvfp4", "fp8")] == [
+        str(tmp_path / f"omni-{b}") for b in ("int4", "nvfp4", "fp8")]
+    assert made == [("int4", "omni"), ("nvfp4", "omni"), ("fp8", "omni")]
+    assert family_defaults("http", "omni", None, None) == (None, suite)  # nothing local to prepare
+    assert family_defaults("int4", "omni", None, None, "qwen3-30b-a3b") == (None, suite)  # a shape is its own model
+    assert len(made) == 3
+
+
 def test_media_decodes_within_the_default_limits(suite_records):
     from quantbench.limits import Limits
     from quantbench.protocol.media import DecodedAudio, DecodedImage, DecodedVideo, decode_media
