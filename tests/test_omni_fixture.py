@@ -157,7 +157,7 @@ def test_a_short_build_is_deterministic_and_loads(tmp_path):
 
     evals = G.generate_media("eval", dict.fromkeys(G.MEDIA_FAMILIES, 1))
     a = OF.build_omni_fixture(tmp_path / "a", steps=2, train=SHORT, eval_records=evals)
-    b = OF.build_omni_fixture(tmp_path / "b", steps=2, train=SHORT, eval_records=evals)
+    OF.build_omni_fixture(tmp_path / "b", steps=2, train=SHORT, eval_records=evals)
     for name in ("model.safetensors", "tokenizer.json", "config.json", "preprocessor_config.json",
                  OF.FIXTURE_INFO_FILE):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
