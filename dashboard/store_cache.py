@@ -53,6 +53,11 @@ class Status:
     n_ok: int = 0
     version: int = 0
     message: str = ""
+    n_load_runs: int = 0  # `quantbench load` runs: a store may hold only these (the load page still shows them)
+
+    @property
+    def only_load_runs(self) -> bool:
+        return not self.usable and self.n_runs == 0 and self.n_load_runs > 0
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
@@ -79,9 +84,15 @@ def status(db: str, mtime: Stamp) -> Status:
             "The dashboard only reads, so it does not upgrade stores: the next `quantbench run` into this store "
             f"upgrades it in place, keeping every run, or run `quantbench migrate --db {path}`."))
     n, ok = queries.run_counts(store)
+    n_load = len(load_store.load_runs(store)) if load_store.has_load_tables(store) else 0
+    if n == 0 and n_load:
+        return Status(False, version=version, n_load_runs=n_load, message=(
+            f"The store `{path}` holds {n_load} load run{'s' * (n_load != 1)} (`quantbench load`: throughput and "
+            "latency of a server) and no benchmark runs, so there is no variant to compare yet: the Serving under "
+            f"load page shows them. For the which-quant table, {make}."))
     if n == 0:
         return Status(False, version=version, message=f"The store `{path}` has no runs yet: {make}.")
-    return Status(True, n_runs=n, n_ok=ok, version=version)
+    return Status(True, n_runs=n, n_ok=ok, version=version, n_load_runs=n_load)
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
