@@ -275,3 +275,75 @@ def throughput_latency(steps: pd.DataFrame, percentile: str = "p99_ms") -> go.Fi
     fig.update_yaxes(title=f"{percentile.removesuffix('_ms')} end to end, ms" + (" (log scale)" if log else ""),
                      type="log" if log else "linear")
     return fig
+
+
+# One colour per modality, the same on every page (the parity breakdown, the disagreement viewer, latency).
+MODALITY_COLOURS = {"text": "#6C757D", "image": "#E45756", "audio": "#4C9F70", "video": "#7E57C2", "mixed": "#D4A017"}
+MODALITY_ORDER = list(MODALITY_COLOURS)
+
+
+def modality_colour(modality: str) -> str:
+    return MODALITY_COLOURS.get(str(modality), OTHER[0])
+
+
+def modality_sorted(modalities) -> list[str]:
+    """Modalities in the fixed order (text, image, audio, video, mixed), any other after them."""
+    return sorted(set(map(str, modalities)), key=lambda m: (MODALITY_ORDER.index(m) if m in MODALITY_ORDER else 99, m))
+
+
+def waveform(samples, rate: int, title: str) -> go.Figure:
+    """An audio clip's samples against time (at most ~4,000 points: the min and max of each slice, so a
+    burst survives the thinning)."""
+    import numpy as np
+
+    x = np.asarray(samples, dtype=np.float32)
+    step = max(1, len(x) // 2000)
+    n = len(x) // step * step
+    if step > 1 and n:
+        blocks = x[:n].reshape(-1, step)
+        y = np.column_stack([blocks.min(axis=1), blocks.max(axis=1)]).ravel()
+        t = np.repeat(np.arange(len(blocks)) * step / rate, 2)
+    else:
+        y, t = x, np.arange(len(x)) / rate
+    fig = go.Figure(go.Scatter(x=t, y=y, mode="lines", line={"color": MODALITY_COLOURS["audio"], "width": 1},
+                               hoverinfo="skip"))
+    fig.update_layout(**{**LAYOUT, "height": 220, "margin": {"l": 10, "r": 10, "t": 36, "b": 10}}, title=title,
+                      showlegend=False)
+    fig.update_xaxes(title="seconds", range=[0, len(x) / rate])
+    fig.update_yaxes(title="amplitude", range=[-1.05, 1.05])
+    return fig
+
+
+def variant_colours(formats: list[str]) -> list[str]:
+    """A colour per variant: its format's for the first of each format, then the spare colours (two int4
+    variants side by side must not share one)."""
+    used: set[str] = set()
+    spare = iter(OTHER * 3)
+    out = []
+    for fmt in formats:
+        c = colour(fmt)
+        while c in used:
+            c = next(spare)
+        used.add(c)
+        out.append(c)
+    return out
+
+
+def option_probs(answers: pd.DataFrame, gold: str | None) -> go.Figure:
+    """Each variant's probability of each option on one question: one bar per variant (colour = its format) in
+    each option's group; the gold option named on the axis."""
+    fig = go.Figure()
+    options = list(answers["options"].iloc[0]) if len(answers) else []
+    colours = variant_colours(answers["weight_format"].astype(str).tolist())
+    for (_, a), c in zip(answers.iterrows(), colours, strict=True):
+        probs = dict(zip(a["options"], a["probs"], strict=True))
+        fig.add_trace(go.Bar(
+            x=[f"{o} ✓" if o == gold else o for o in options], y=[probs.get(o, 0.0) for o in options],
+            name=str(a["variant"]), marker_color=c,
+            marker_pattern_shape="/" if a["role"] == "reference" else "",
+            text=[f"{probs.get(o, 0.0):.2f}" for o in options], textposition="outside",
+            hovertemplate="%{x}: %{y:.3f}<extra>" + str(a["variant"]) + "</extra>"))
+    fig.update_layout(**{**LAYOUT, "height": 340, "legend": {"orientation": "h", "y": -0.25}}, barmode="group",
+                      title="Each variant's probability per option (✓ gold)")
+    fig.update_yaxes(title="probability", range=[0, 1.12])
+    return fig

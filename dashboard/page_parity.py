@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from dashboard import figures, store_cache, url_state
+from dashboard import figures, media_view, store_cache, url_state
 from quantbench.analysis.stats import n_needed_text
 from quantbench.report import SYNTHETIC_NOTE
 
@@ -13,6 +13,21 @@ def text_col(label: str, width: int, help: str | None = None):
 
 def dist(options: list, probs: list) -> str:
     return "  ".join(f"{o} {p:.2f}" for o, p in zip(options, probs, strict=True))
+
+
+ALL = "all"
+
+
+def modality_filter(per_question) -> str:
+    """The modality the page is cut to (kept in the link as `modality=`): all, or one the questions have. Drawn
+    only when the suite carries media: a text-only suite has nothing to choose."""
+    present = figures.modality_sorted(per_question["modality"]) if "modality" in per_question else ["text"]
+    if present == ["text"]:
+        return ALL
+    return url_state.bound_select("Modality", "modality", [ALL, *present],
+                                  {ALL: "all", **{m: m for m in present}},
+                                  help="cut the flipped questions and the media viewer to one kind of decision; "
+                                       "the table below breaks every figure down by modality", default=ALL)
 
 
 st.title("Parity detail")
@@ -39,6 +54,8 @@ choice = st.selectbox("Variant", labels, key="variant")
 url_state.publish("variant")
 rep, row = compared[labels.index(choice)]
 c = row.comparison
+pq = c.per_question
+modality = modality_filter(pq)
 
 ref = c.reference
 st.caption(f"{row.label} ({c.candidate.get('kernel_path')}, run {str(c.candidate['run_id'])[:13]}) against BF16 "
@@ -79,8 +96,9 @@ right.dataframe(bucket_table, hide_index=True,
                     "mean_tv": st.column_config.NumberColumn("Mean TV", format="%.4f", width=70)})
 
 st.subheader("Flipped questions")
-pq = c.per_question
 flipped = pq[~pq["agree"].astype(bool)]
+if modality != ALL:
+    flipped = flipped[flipped["modality"] == modality]
 keys = ["record_id", "question"]
 ans_ref = store_cache.answers(db, mtime, str(ref["run_id"]))[keys + ["options", "probs"]]
 ans_cand = store_cache.answers(db, mtime, str(c.candidate["run_id"]))[keys + ["options", "probs"]]
@@ -98,12 +116,15 @@ if query:
     hay = (flipped["question"] + " " + flipped["record_id"] + " " + flipped["benchmark"].fillna("")).str.lower()
     flipped = flipped[hay.str.contains(q, regex=False)]
 st.caption(f"{len(flipped)} of {int((~pq['agree'].astype(bool)).sum())} flipped questions"
-           + (f" match “{query}”" if query else "") + f" ({c.agreement.n} compared).")
+           + (f" are {modality}" if modality != ALL else "")
+           + (f" and match “{query}”" if query and modality != ALL else f" match “{query}”" if query else "")
+           + f" ({c.agreement.n} compared).")
 st.dataframe(
-    flipped[["record_id", "benchmark", "question", "gold", "top_ref", "top_cand", "BF16 distribution",
+    flipped[["record_id", "benchmark", *(["modality"] if "modality" in flipped else []), "question", "gold", "top_ref", "top_cand", "BF16 distribution",
              "variant distribution", "ref_margin", "tv", "dp"]],
     hide_index=True, width="stretch", column_config={
         "record_id": text_col("Record", 112), "benchmark": text_col("Benchmark", 90),
+        "modality": text_col("Modality", 70),
         "question": text_col("Question", 175), "gold": text_col("Gold", 50), "top_ref": text_col("BF16", 50),
         "top_cand": text_col("Variant", 60),
         "BF16 distribution": text_col("BF16 distribution", 195, "each option's probability under BF16"),
@@ -134,3 +155,6 @@ else:
     if m is not None:
         right.caption(f"Unweighted mean over benchmarks: {100 * m.mean:+.2f} points (95% CI {100 * m.lo:+.2f} to "
                       f"{100 * m.hi:+.2f}), {m.n} questions with gold answers.")
+
+if "modality" in pq and set(pq["modality"]) != {"text"}:
+    media_view.section(db, mtime, rep, modality)

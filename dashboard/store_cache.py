@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from quantbench.analysis import parity
+from quantbench.analysis import decision_media, parity
 from quantbench.errors import QuantbenchError
 from quantbench.report import GpuReport, Rules, build_report, since_filter
 from quantbench.store import SCHEMA_VERSION, Store, default_db, queries
@@ -161,3 +161,30 @@ def report_key(rep: GpuReport) -> str:
 
 def env_db_note() -> str:
     return "from QUANTBENCH_DB" if os.environ.get("QUANTBENCH_DB") else "default; set QUANTBENCH_DB to change"
+
+
+def _file_stamps(paths: tuple[str, ...]) -> tuple[Stamp, ...]:
+    return tuple(stamp(Path(p).expanduser()) for p in paths)
+
+
+@st.cache_resource(show_spinner="Finding the suite these runs answered…", max_entries=8)
+def _suite_lookup(suite_id: str | None, suite_hash: str | None, paths: tuple[str, ...], limits: decision_media.Limits,
+                  stamps: tuple[Stamp, ...]) -> decision_media.SuiteLookup:
+    return decision_media.find_suite(suite_id, suite_hash, list(paths), limits)
+
+
+def suite_lookup(run: dict, paths: tuple[str, ...]) -> decision_media.SuiteLookup:
+    """The suite `run` answered (media included), from `paths` (the user's file first), the run's own --suite or
+    the built-in suite of its id; cached until a file among them changes. Kept as a resource: a suite with its
+    media inline is large, and copying it on every rerun (as cache_data would) is slow."""
+    own = decision_media.run_suite_path(run)
+    paths = tuple(p for p in (*paths, own) if p)
+    return _suite_lookup(run.get("suite_id"), run.get("suite_hash"), paths, decision_media.run_limits(run),
+                         _file_stamps(paths))
+
+
+@st.cache_resource(show_spinner="Decoding the record's media…", max_entries=32)
+def record_media(_lookup: decision_media.SuiteLookup, suite_hash: str, record_id: str,
+                 limits: decision_media.Limits) -> list[decision_media.Decoded]:
+    """One record's media, decoded (`suite_hash` keys the cache: the lookup itself is not hashed)."""
+    return decision_media.record_media(_lookup.suite, record_id, limits)
