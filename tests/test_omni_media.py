@@ -266,6 +266,7 @@ def test_a_suite_with_path_media_runs_end_to_end_and_stores_its_answers(tmp_path
     assert result.run.status == "ok", result.run.error
     assert sorted((a.record_id, a.question) for a in result.answers) == [
         ("img", "action"), ("img", "ok"), ("txt", "action"), ("txt", "ok"), ("wav", "ok")]
+    assert {a.record_id: a.modality for a in result.answers} == {"img": "image", "wav": "audio", "txt": "text"}
     assert result.run.extra["media"]["modalities"] == ["audio", "image", "video"]
     # the run's media limits reach the child that decodes: a picture over --max-image-pixels fails the run
     refused = execute(RunSpec(backend="bf16", model=str(checkpoints()["thinker"]), suite=str(suite), gpu="cpu",

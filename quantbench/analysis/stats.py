@@ -172,16 +172,19 @@ def _probs_for(options: list[str], probs: list[float], want: list[str], where: s
 def pair(reference: pd.DataFrame, candidate: pd.DataFrame) -> pd.DataFrame:
     """One row per question both runs answered, with the per-question statistics.
 
-    Columns: record_id, question, benchmark, gold, top_ref, top_cand, agree, tv, kl, dp, ref_p_top, ref_margin,
-    right_ref, right_cand (the last two None without gold).
+    Columns: record_id, question, benchmark, modality, gold, top_ref, top_cand, agree, tv, kl, dp, ref_p_top,
+    ref_margin, right_ref, right_cand (the last two None without gold). `modality` is the reference's (an answers
+    frame without the column, from before schema 7, reads text).
     """
-    cols = ["record_id", "question", "benchmark", "options", "probs", "top", "gold"]
+    cols = ["record_id", "question", "benchmark", "modality", "options", "probs", "top", "gold"]
+    reference, candidate = (df if "modality" in df else df.assign(modality="text") for df in (reference, candidate))
     merged = reference[cols].merge(candidate[cols], on=["record_id", "question"], suffixes=("_r", "_c"))
     rows = []
     # Plain lists: iterating pandas' Arrow-backed columns row by row is several times slower.
-    lists = [merged[c].tolist() for c in ("record_id", "question", "benchmark_r", "options_r", "probs_r", "top_r",
-                                          "gold_r", "options_c", "probs_c", "top_c")]
-    for rid, question, bench, opts_r, probs_r, top_r, gold_r, opts_c, probs_c, top_c in zip(*lists, strict=True):
+    lists = [merged[c].tolist() for c in ("record_id", "question", "benchmark_r", "modality_r", "options_r",
+                                          "probs_r", "top_r", "gold_r", "options_c", "probs_c", "top_c")]
+    for rid, question, bench, modality, opts_r, probs_r, top_r, gold_r, opts_c, probs_c, top_c in zip(*lists,
+                                                                                                       strict=True):
         opts = list(opts_r)
         p = [float(x) for x in probs_r]
         where = f"record {rid!r} question {question!r}"
@@ -192,14 +195,14 @@ def pair(reference: pd.DataFrame, candidate: pd.DataFrame) -> pd.DataFrame:
         ordered = sorted(p, reverse=True)
         gold = gold_r if _is_gold(gold_r) else None
         rows.append({
-            "record_id": rid, "question": question, "benchmark": bench, "gold": gold,
+            "record_id": rid, "question": question, "benchmark": bench, "modality": modality or "text", "gold": gold,
             "top_ref": top_r, "top_cand": top_c, "agree": top_r == top_c,
             "tv": tv, "kl": max(kl, 0.0), "dp": q[i_top] - p[i_top],
             "ref_p_top": p[i_top], "ref_margin": ordered[0] - (ordered[1] if len(ordered) > 1 else 0.0),
             "right_ref": None if gold is None else top_r == gold,
             "right_cand": None if gold is None else top_c == gold,
         })
-    columns = ["record_id", "question", "benchmark", "gold", "top_ref", "top_cand", "agree", "tv", "kl", "dp",
+    columns = ["record_id", "question", "benchmark", "modality", "gold", "top_ref", "top_cand", "agree", "tv", "kl", "dp",
                "ref_p_top", "ref_margin", "right_ref", "right_cand"]
     return pd.DataFrame(rows, columns=columns)
 

@@ -212,6 +212,25 @@ def media_parts(state: Any) -> list[tuple[str, dict[str, Any]]]:
     return found
 
 
+MODALITIES = ("text", "image", "audio", "video", "mixed")
+
+
+def modality_of(request_or_state: Any) -> str:
+    """What a record's decision is about, from its media parts' types alone (nothing is decoded): `text` without
+    media, `image` / `audio` / `video` when every part is of that one type, `mixed` when the state holds more than
+    one kind. Takes a DecisionRequest, a SuiteRecord or a bare state dict."""
+    state = getattr(request_or_state, "request", request_or_state)
+    state = getattr(state, "state", state)
+    kinds = set()
+    for field, part in media_parts(state):
+        if part.get("type") not in MEDIA_MIMES:  # check_media refuses it first in a parsed request
+            raise RequestError(f"{field}.type", f"unknown media type {part.get('type')!r}", "use image, audio or video")
+        kinds.add(part["type"])
+    if not kinds:
+        return "text"
+    return kinds.pop() if len(kinds) == 1 else "mixed"
+
+
 def data_uri_format(field: str, kind: str, uri: Any) -> tuple[str, str]:
     """(format, base64 payload) of a data URI of media type `kind`, or RequestError naming `field`."""
     formats = MEDIA_MIMES[kind]

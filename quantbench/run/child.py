@@ -26,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from quantbench.errors import RequestError, classify
 from quantbench.models import lineage
 from quantbench.models.checkpoint import tensor_bytes
-from quantbench.protocol import refuse_unread_media
+from quantbench.protocol import modality_of, refuse_unread_media
 from quantbench.protocol.suite import load_suite
 from quantbench.run.backend import LoadedVariant, get_backend
 from quantbench.run.energy import EnergyMeter
@@ -148,9 +148,10 @@ def _answer_suite(loaded: LoadedVariant, records, timer: Timer, spec: RunSpec, o
             for record, (result, prep_ms, model_ms, tokens, batch) in zip(chunk, decide(chunk, suite=True),
                                                                           strict=True):
                 timed("suite", record, prep_ms, model_ms, tokens, batch)
+                modality = modality_of(record.request)
                 for q, ans in result.items():
                     answers.append(AnswerRow(
-                        record_id=record.id, benchmark=record.benchmark, question=q,
+                        record_id=record.id, benchmark=record.benchmark, modality=modality, question=q,
                         options=list(ans.probabilities), probs=list(ans.probabilities.values()), top=ans.top,
                         gold=(record.gold or {}).get(q), method=ans.method, truncated=ans.truncated,
                     ))

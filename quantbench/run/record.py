@@ -300,6 +300,9 @@ class AnswerRow(_Part):
     gold: str | None
     method: str
     truncated: bool
+    # quantbench.protocol.modality_of(record): the child always gives it; the default keeps text-only rows made
+    # by hand (tests, older tools) valid, as the schema-7 migration reads every earlier row.
+    modality: Literal["text", "image", "audio", "video", "mixed"] = "text"
 
 
 class LatencyRow(_Part):

@@ -14,7 +14,7 @@ import pandas as pd
 
 from quantbench.store import Store
 
-ANSWER_COLS = "record_id, question, benchmark, options, probs, top, gold"
+ANSWER_COLS = "record_id, question, benchmark, modality, options, probs, top, gold"
 
 
 # -- runs, one line each (`quantbench runs`, the demo's and the sweep's tables) -------------------------------

@@ -169,6 +169,13 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (load_id, step)
     );
     """,
+    # 7: what each answer's decision was about (quantbench.protocol.modality_of: text | image | audio | video |
+    # mixed, from the record's media parts), so parity can be judged per modality. Rows stored before it read
+    # 'text': their suites had no media until schema 6's engine, and where a pre-7 row's suite did carry media the
+    # migration cannot know it (the store keeps no request); re-run such a suite to have it split.
+    """
+    ALTER TABLE answers ADD COLUMN modality VARCHAR DEFAULT 'text';
+    """,
 ]
 
 # Views are recreated on every open (they hold no data), so they can change without a migration.
