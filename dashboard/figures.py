@@ -347,3 +347,71 @@ def option_probs(answers: pd.DataFrame, gold: str | None) -> go.Figure:
                       title="Each variant's probability per option (✓ gold)")
     fig.update_yaxes(title="probability", range=[0, 1.12])
     return fig
+
+
+def modality_breakdown(df: pd.DataFrame, floor: bool = True) -> go.Figure:
+    """Per modality (quantbench.analysis.parity.by_modality's rows): agreement with BF16 and Δ accuracy, each with
+    its 95% interval, one colour per modality; the noise floor's agreement on the same questions as a hollow
+    mark."""
+    from plotly.subplots import make_subplots
+
+    df = df.reset_index(drop=True)
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.06,
+                        subplot_titles=("agrees with BF16 (%, 95% CI)", "Δ accuracy vs BF16 (points, 95% CI)"))
+    names = [f"{m} (n={n})" for m, n in zip(df["modality"], df["n"], strict=True)]
+    colours = [modality_colour(m) for m in df["modality"]]
+    agree = 100 * df["agreement"].astype(float)
+    fig.add_trace(go.Scatter(
+        x=agree, y=names, mode="markers", marker={"size": 12, "color": colours}, showlegend=False,
+        error_x={"type": "data", "symmetric": False, "array": 100 * df["agreement_hi"].astype(float) - agree,
+                 "arrayminus": agree - 100 * df["agreement_lo"].astype(float)},
+        hovertemplate="%{y}: %{x:.1f}%<extra>agreement</extra>"), row=1, col=1)
+    if floor and df["floor_agreement"].notna().any():
+        fig.add_trace(go.Scatter(
+            x=100 * df["floor_agreement"].astype(float), y=names, mode="markers", name="noise floor (same questions)",
+            marker={"size": 11, "symbol": "diamond-open", "color": "#555555"},
+            hovertemplate="%{y}: floor %{x:.1f}%<extra></extra>"), row=1, col=1)
+    gold = df[df["delta_accuracy"].notna()]
+    if len(gold):
+        delta = 100 * gold["delta_accuracy"].astype(float)
+        fig.add_trace(go.Scatter(
+            x=delta, y=[names[i] for i in gold.index], mode="markers", showlegend=False,
+            marker={"size": 12, "color": [colours[i] for i in gold.index], "symbol": "square"},
+            error_x={"type": "data", "symmetric": False,
+                     "array": 100 * gold["delta_accuracy_hi"].astype(float) - delta,
+                     "arrayminus": delta - 100 * gold["delta_accuracy_lo"].astype(float)},
+            hovertemplate="%{y}: %{x:+.1f} pts<extra>Δ accuracy</extra>"), row=1, col=2)
+    fig.add_vline(x=0, line={"color": "#777777", "width": 1}, row=1, col=2)
+    fig.update_layout(**{**LAYOUT, "height": max(220, 70 + 48 * len(df)), "legend": {"orientation": "h", "y": -0.3}},
+                      title="By modality")
+    fig.update_yaxes(autorange="reversed")
+    fig.update_xaxes(range=[max(0.0, float((100 * df["agreement_lo"].astype(float)).min()) - 5), 101], row=1, col=1)
+    return fig
+
+
+def agreement_by_modality(rep: GpuReport) -> go.Figure:
+    """The report's variants side by side, their agreement with BF16 on each modality's questions (colour =
+    modality, as on the parity page), with 95% intervals; a modality judged worse is drawn as ✕."""
+    from quantbench.analysis.parity import by_modality
+
+    rows = [r for r in rep.rows if r.comparison is not None and not r.is_reference]
+    frames = [by_modality(r.comparison).assign(variant=r.label) for r in rows]
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    fig = go.Figure()
+    for m in modality_sorted(df["modality"]) if len(df) else []:
+        d = df[df["modality"] == m]
+        y = 100 * d["agreement"].astype(float)
+        fig.add_trace(go.Scatter(
+            x=d["variant"], y=y, mode="markers", name=m, offsetgroup=m,
+            marker={"size": 13, "color": modality_colour(m),
+                    "symbol": ["x" if v == "worse" else "circle" for v in d["verdict"]],
+                    "line": {"width": 1, "color": "#222222"}},
+            error_y={"type": "data", "symmetric": False, "array": 100 * d["agreement_hi"].astype(float) - y,
+                     "arrayminus": y - 100 * d["agreement_lo"].astype(float), "color": modality_colour(m)},
+            customdata=d[["n", "verdict"]].to_numpy(),
+            hovertemplate="%{x} · " + m + ": %{y:.1f}% of %{customdata[0]} questions, %{customdata[1]}<extra></extra>"))
+    fig.update_layout(**LAYOUT, title="Agreement with BF16 per modality (95% CI; ✕ = worse beyond the margin)",
+                      scattermode="group", legend_title_text="modality")
+    low = float((100 * df["agreement_lo"].astype(float)).min()) if len(df) else 90.0
+    fig.update_yaxes(title="agrees with BF16 (%)", range=[max(0.0, low - 3), 101.5])
+    return fig

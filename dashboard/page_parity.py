@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from dashboard import figures, media_view, store_cache, url_state
+from dashboard import figures, media_view, modality_view, store_cache, url_state
 from quantbench.analysis.stats import n_needed_text
 from quantbench.report import SYNTHETIC_NOTE
 
@@ -15,7 +15,7 @@ def dist(options: list, probs: list) -> str:
     return "  ".join(f"{o} {p:.2f}" for o, p in zip(options, probs, strict=True))
 
 
-ALL = "all"
+ALL = modality_view.ALL
 
 
 def modality_filter(per_question) -> str:
@@ -63,23 +63,29 @@ st.caption(f"{row.label} ({c.candidate.get('kernel_path')}, run {str(c.candidate
            "identical questions.")
 for note in c.notes:
     st.caption(f"Note: {note}")
+h = modality_view.headline(c, modality)
+if h.scope:
+    st.caption(f"The figures below are {h.scope}.")
 a, b, f, v = st.columns([1, 1, 1, 1.6])
-a.metric("Agrees with BF16", f"{c.agreement.rate:.1%}", help=f"95% Wilson interval {c.agreement.lo:.1%}–"
-         f"{c.agreement.hi:.1%} ({c.agreement.k}/{c.agreement.n})", delta_color="off")
-b.metric("Mean TV", f"{c.tv_ci.mean:.4f}", help=f"95% bootstrap interval {c.tv_ci.lo:.4f}–{c.tv_ci.hi:.4f}")
-fl = c.flips
+a.metric("Agrees with BF16", f"{h.agreement.rate:.1%}", help=f"95% Wilson interval {h.agreement.lo:.1%}–"
+         f"{h.agreement.hi:.1%} ({h.agreement.k}/{h.agreement.n})", delta_color="off")
+b.metric("Mean TV", f"{h.tv_ci.mean:.4f}", help=f"95% bootstrap interval {h.tv_ci.lo:.4f}–{h.tv_ci.hi:.4f}")
+fl = h.flips
 f.metric("Flips on gold answers", f"{fl.ref_right_cand_wrong} / {fl.ref_wrong_cand_right}",
          help=f"BF16 right → variant wrong / the reverse, over {fl.n_gold} questions with a gold answer")
-v.metric("Against the noise floor", c.verdict.label,
-         help=f"margins: {c.verdict.margins.describe()}" if c.verdict.margins else None)
+v.metric("Against the noise floor", h.verdict.label,
+         help=f"margins: {h.verdict.margins.describe()}" if h.verdict.margins else None)
 with st.expander("Why this verdict"):
-    if c.verdict.label == "inconclusive":
-        st.markdown(f"- Inconclusive: {n_needed_text(c.verdict.n_needed)}.")
-    for reason in c.verdict.reasons:
+    if h.verdict.label == "inconclusive":
+        st.markdown(f"- Inconclusive: {n_needed_text(h.verdict.n_needed)}.")
+    for reason in h.verdict.reasons:
         st.markdown(f"- {reason}")
-    if c.floor is not None:
+    if c.floor is not None and h.floor_agreement is not None:
+        fa = h.floor_agreement
         st.markdown(f"- Noise floor: BF16 under {c.floor.run.get('kernel_path')} agrees with BF16 on "
-                    f"{c.floor.agreement.rate:.1%} ({c.floor.agreement.lo:.1%}–{c.floor.agreement.hi:.1%}).")
+                    f"{fa.rate:.1%} ({fa.lo:.1%}–{fa.hi:.1%}){' ' + h.scope if h.scope else ''}.")
+if c.per_modality:
+    modality_view.breakdown(c, modality)
 
 st.subheader("Agreement by the reference's confidence")
 left, right = st.columns([5, 4])

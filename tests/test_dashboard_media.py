@@ -51,7 +51,7 @@ def plotly(at: AppTest) -> list[dict]:
 
 
 def images(at: AppTest) -> list[str]:
-    return [c for e in at.get("imgs") for c in e.captions]
+    return [c for e in at.get("image") for c in e.captions]
 
 
 def comparison(store: Store):
