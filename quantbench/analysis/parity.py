@@ -19,6 +19,7 @@ import pandas as pd
 from quantbench.analysis import stats as an
 from quantbench.analysis.stats import ParityError
 from quantbench.models import lineage
+from quantbench.protocol import MODALITIES
 from quantbench.store import Store, queries
 
 
@@ -175,6 +176,24 @@ class Comparison:
     floor: FloorStats | None
     verdict: an.Verdict
     notes: list[str] = field(default_factory=list)
+    modalities: list[ModalityParity] = field(default_factory=list)  # one per modality present, in MODALITIES order
+
+    @property
+    def per_modality(self) -> bool:
+        """More than one modality among the questions: the figures and verdicts per modality say more than the
+        overall ones (a tower broken on pictures hides among text questions)."""
+        return len(self.modalities) > 1
+
+    def flagged(self) -> list[ModalityParity]:
+        """The modalities on which the variant is `worse` (beyond the margin), whatever the overall verdict."""
+        return [m for m in self.modalities if m.verdict.label == an.WORSE]
+
+    def verdict_short(self) -> str:
+        """The verdict for a table cell: the overall one, or with several modalities each modality's
+        (`text: indistinguishable; image: worse`)."""
+        if not self.per_modality:
+            return self.verdict.short()
+        return "; ".join(f"{m.modality}: {m.verdict.short()}" for m in self.modalities)
 
     def to_dict(self) -> dict[str, Any]:
         """Everything but the per-question table, JSON-ready."""
@@ -196,7 +215,92 @@ class Comparison:
             "verdict_margins": asdict(self.verdict.margins) if self.verdict.margins else None,
             "verdict_excess": [asdict(p) for p in self.verdict.parts],
             "verdict_n_needed": self.verdict.n_needed, "notes": self.notes,
+            "modalities": by_modality(self).to_dict("records"),
+            "worse_on": [m.modality for m in self.flagged()],
         })
+
+
+@dataclass
+class ModalityParity:
+    """Parity on the questions of one modality (quantbench.protocol.modality_of): the same figures and the same
+    verdict rule as the whole comparison, on that subset, with the noise floor's figures on the same questions."""
+
+    modality: str
+    agreement: an.Agreement
+    tv_ci: an.MeanCI
+    flips: an.Flips
+    paired: an.PairedAccuracy
+    verdict: an.Verdict
+    floor_agreement: an.Agreement | None = None
+    floor_tv_ci: an.MeanCI | None = None
+
+
+def _modality_rank(modality: str) -> tuple[int, str]:
+    return (MODALITIES.index(modality) if modality in MODALITIES else len(MODALITIES), modality)
+
+
+def modality_parity(paired: pd.DataFrame, floor: pd.DataFrame | None, margins: an.Margins | None = None,
+                    seed: int = 0) -> list[ModalityParity]:
+    """Per modality: agreement (Wilson), mean TV (bootstrap), flips, paired Δ accuracy (bootstrap) and the verdict
+    against the floor on the same questions (stats.parity_verdict on the subset)."""
+    modality = paired["modality"] if "modality" in paired else pd.Series("text", index=paired.index)
+    out = []
+    for key in sorted(modality.fillna("text").unique(), key=_modality_rank):
+        sub = paired[modality.fillna("text") == key]
+        fpair = None if floor is None else floor.merge(sub[["record_id", "question"]], on=["record_id", "question"])
+        out.append(ModalityParity(
+            modality=str(key), agreement=an.agreement(sub), tv_ci=an.bootstrap_mean(sub["tv"], seed),
+            flips=an.flips(sub), paired=an.paired_accuracy(sub, seed),
+            verdict=an.parity_verdict(sub, floor, margins, seed),
+            floor_agreement=None if fpair is None or fpair.empty else an.agreement(fpair),
+            floor_tv_ci=None if fpair is None or fpair.empty else an.bootstrap_mean(fpair["tv"], seed),
+        ))
+    return out
+
+
+MODALITY_COLUMNS = ["modality", "n", "agreement", "agreement_lo", "agreement_hi", "tv_mean", "tv_lo", "tv_hi",
+                    "n_gold", "flips_right_to_wrong", "flips_wrong_to_right", "delta_accuracy", "delta_accuracy_lo",
+                    "delta_accuracy_hi", "floor_agreement", "floor_tv_mean", "verdict", "verdict_short",
+                    "verdict_n_needed", "verdict_reasons"]
+
+
+def by_modality(comparison: Comparison) -> pd.DataFrame:
+    """The comparison per modality, one row each (the report, `compare --format json` and the dashboard share it):
+    modality, n, agreement with its Wilson interval, mean TV with its bootstrap interval, flips on gold, paired
+    Δ accuracy with its bootstrap interval (fractions, not points), the noise floor's agreement and TV on the same
+    questions, and the verdict."""
+    rows = []
+    for m in comparison.modalities:
+        d = m.paired.mean
+        rows.append({
+            "modality": m.modality, "n": m.agreement.n, "agreement": m.agreement.rate, "agreement_lo": m.agreement.lo,
+            "agreement_hi": m.agreement.hi, "tv_mean": m.tv_ci.mean, "tv_lo": m.tv_ci.lo, "tv_hi": m.tv_ci.hi,
+            "n_gold": m.flips.n_gold, "flips_right_to_wrong": m.flips.ref_right_cand_wrong,
+            "flips_wrong_to_right": m.flips.ref_wrong_cand_right,
+            "delta_accuracy": d.mean if d else None, "delta_accuracy_lo": d.lo if d else None,
+            "delta_accuracy_hi": d.hi if d else None,
+            "floor_agreement": m.floor_agreement.rate if m.floor_agreement else None,
+            "floor_tv_mean": m.floor_tv_ci.mean if m.floor_tv_ci else None,
+            "verdict": m.verdict.label, "verdict_short": m.verdict.short(), "verdict_n_needed": m.verdict.n_needed,
+            "verdict_reasons": list(m.verdict.reasons),
+        })
+    return pd.DataFrame(rows, columns=MODALITY_COLUMNS)
+
+
+def modality_counts(answers: pd.DataFrame) -> dict[str, int]:
+    """Questions per modality of one run's answers, in MODALITIES order."""
+    if answers.empty:
+        return {}
+    counts = (answers["modality"].fillna("text") if "modality" in answers else pd.Series("text", index=answers.index)
+              ).value_counts()
+    return {str(k): int(counts[k]) for k in sorted(counts.index, key=_modality_rank)}
+
+
+def coverage_text(counts: dict[str, int]) -> str:
+    """Which modalities the figures cover, in questions: `text 436; image 40, audio 30, video 20`."""
+    text = f"text {counts['text']}" if "text" in counts else ""
+    media = ", ".join(f"{k} {n}" for k, n in counts.items() if k != "text")
+    return "; ".join(p for p in (text, media) if p) or "no questions"
 
 
 def clean_json(obj: Any) -> Any:
@@ -260,15 +364,26 @@ def compare_loaded(cand: dict[str, Any], cand_answers: pd.DataFrame, ref: dict[s
         notes.append(floor_note(floor, margins))
     tv_ci = an.bootstrap_mean(paired["tv"], seed)
     agree = an.agreement(paired)
+    floor_pq = floor.per_question if floor else None
+    verdict = an.parity_verdict(paired, floor_pq, margins, seed)
+    paired_acc = an.paired_accuracy(paired, seed)
+    modalities = paired["modality"].fillna("text").unique() if "modality" in paired else ["text"]
+    if len(modalities) == 1:  # one modality: its figures are the whole comparison's (no second bootstrap)
+        fpair = None if floor_pq is None else floor_pq.merge(paired[keys], on=keys)
+        by_modality_ = [ModalityParity(
+            str(modalities[0]), agree, tv_ci, an.flips(paired), paired_acc, verdict,
+            None if fpair is None or fpair.empty else an.agreement(fpair),
+            None if fpair is None or fpair.empty else an.bootstrap_mean(fpair["tv"], seed))]
+    else:
+        by_modality_ = modality_parity(paired, floor_pq, margins, seed)
     return Comparison(
         candidate=cand, reference=ref, reference_how=reference_how, per_question=paired,
         n_candidate_only=len(cand_answers.drop_duplicates(keys)) - n_both,
         n_reference_only=len(ref_answers.drop_duplicates(keys)) - n_both,
         agreement=agree, tv=an.distribution(paired["tv"]), tv_ci=tv_ci, kl=an.distribution(paired["kl"]),
         dp=an.distribution(paired["dp"]), flips=an.flips(paired), buckets=an.confidence_buckets(paired),
-        accuracy=_accuracy_table(ref_answers, cand_answers), paired=an.paired_accuracy(paired, seed), floor=floor,
-        verdict=an.parity_verdict(paired, floor.per_question if floor else None, margins, seed),
-        notes=notes,
+        accuracy=_accuracy_table(ref_answers, cand_answers), paired=paired_acc, floor=floor,
+        verdict=verdict, notes=notes, modalities=by_modality_,
     )
 
 

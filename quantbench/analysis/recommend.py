@@ -6,7 +6,8 @@ with the BF16 reference (see quantbench.analysis.parity); runs with synthetic we
 
 "Best for" follows `Rules`, applied in this order, and the report prints which rule picked the recommendation:
   1. quality: agreement with BF16 ≥ `min_agreement`, and (with `use_noise_floor`) not `worse` than the noise
-     floor; the BF16 reference passes by definition; a row without parity figures cannot pass;
+     floor, overall nor on any one modality's questions; the BF16 reference passes by definition; a row
+     without parity figures cannot pass;
   2. memory: peak memory (peak VRAM; peak host RSS on a CPU) ≤ `vram_budget_gib`, when a budget is set;
   3. native: with `prefer_native`, a variant that is emulated on this GPU is dropped when a native one passes;
   4. objective: the smallest weights in memory (`objective="memory"`) or the lowest p50 latency ("latency"),
@@ -110,6 +111,7 @@ class GpuReport:
     notes: list[str] = field(default_factory=list)
     throughput: list[dict[str, Any]] = field(default_factory=list)  # batched runs: throughput()
     price_per_gpu_hour: float | None = None  # USD: the rows' efficiency carries cost per 1M decisions
+    modality_counts: dict[str, int] = field(default_factory=dict)  # the reference's questions per modality
 
 
 class Reports(list[GpuReport]):
@@ -394,8 +396,9 @@ def _build_one(store, group, rows_runs, rules, answers_of, cross_gpu_reference, 
     if reference is not None and not synthetic:
         by_bench = an.accuracy_by_benchmark(answers_of(reference))
         ref_acc = float(by_bench["accuracy"].mean()) if len(by_bench) else None
+    counts = parity.modality_counts(answers_of(reference)) if reference is not None and not synthetic else {}
     report = GpuReport(
-        gpu=parity.gpu_label(first), gpu_family=first.get("gpu_family"), cpu=cpu, model_id=first.get("model_id"),
+        modality_counts=counts, gpu=parity.gpu_label(first), gpu_family=first.get("gpu_family"), cpu=cpu, model_id=first.get("model_id"),
         suite_id=next((r.get("suite_id") for r in group if r.get("suite_id")), None),
         suite_hash=next((r.get("suite_hash") for r in group if r.get("suite_hash")), None),
         rows=rows, reference=reference, floor=floor, recommended=None, rule="", reference_accuracy=ref_acc,
@@ -440,8 +443,11 @@ def _recommend(report: GpuReport, rules: Rules, synthetic: bool) -> None:
             else:
                 if c.agreement.rate < rules.min_agreement:
                     r.excluded.append(f"agreement {c.agreement.rate:.1%} < {rules.min_agreement:.1%}")
-                if rules.use_noise_floor and c.verdict.label == an.WORSE:
-                    r.excluded.append("worse than the noise floor by more than the margin")
+                worse_on = [m.modality for m in c.flagged()] if c.per_modality else []
+                if rules.use_noise_floor and (c.verdict.label == an.WORSE or worse_on):
+                    # each modality is judged: a tower broken on pictures must not hide among text questions
+                    r.excluded.append("worse than the noise floor by more than the margin"
+                                      + (f" on {', '.join(worse_on)} decisions" if worse_on else ""))
         if rules.vram_budget_gib is not None:
             if r.peak_bytes is None:
                 r.excluded.append("peak memory unknown")

@@ -101,7 +101,7 @@ def cells(row: Row, report: GpuReport) -> dict[str, str]:
             f"reference (mean accuracy {_pct(report.reference_accuracy)})")
     else:
         agree, tv, acc = row.quality or "n/a", "—", "—"
-    verdict = c.verdict.short() if c is not None else "—"
+    verdict = c.verdict_short() if c is not None else "—"
     native = {"native": "yes", "emulated": "no (emulated)"}.get(run.get("native") or "", "—")
     lat = "n/a" if row.p50 is None else f"{fmt_ms(row.p50)} / {fmt_ms(float_or_none(run.get('p90_ms')))} ms"
     peak = fmt_bytes(row.peak_bytes) + ("*" if row.peak_source == "torch_reserved" else "")
@@ -133,11 +133,14 @@ def _md_escape(text: str) -> str:
 def _markdown_one(report: GpuReport) -> str:
     title = f"### {report.model_id} on {report.gpu}"
     lines = [title, "", f"Suite {report.suite_id} (hash {report.suite_hash})."]
+    if report.modality_counts:
+        lines[-1] += f" Questions by modality: {parity.coverage_text(report.modality_counts)}."
     table = [cells(r, report) for r in report.rows]
     header = list(table[0])
     lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(_md_escape(row[h]) for h in header) + " |" for row in table]
     lines.append("")
+    lines += modality_markdown(report)
     if report.recommended:
         lines.append(f"**Recommended: {report.recommended.label}**, picked by the rule: {report.rule}.")
     else:
@@ -179,6 +182,36 @@ def _markdown_one(report: GpuReport) -> str:
     return "\n".join(lines)
 
 
+def modality_cells(m: parity.ModalityParity) -> dict[str, str]:
+    """One variant on one modality's questions, as text: the table of `report` and the rows of `compare`."""
+    a, t, f, d = m.agreement, m.tv_ci, m.flips, m.paired.mean
+    return {
+        "Modality": m.modality, "n": str(a.n),
+        "Agrees with BF16 (95% CI)": f"{_pct(a.rate)} ({100 * a.lo:.1f}–{100 * a.hi:.1f})",
+        "Mean TV (95% CI)": f"{t.mean:.3f} ({t.lo:.3f}–{t.hi:.3f})",
+        "Flips on gold (right→wrong / wrong→right)": f"{f.ref_right_cand_wrong} / {f.ref_wrong_cand_right} of {f.n_gold}",
+        "Δ accuracy vs BF16": "no gold answers" if d is None else
+        f"{100 * d.mean:+.2f} pts ({100 * d.lo:+.2f}…{100 * d.hi:+.2f})",
+        "Noise floor (agreement, TV)": "—" if m.floor_agreement is None else
+        f"{_pct(m.floor_agreement.rate)}, {m.floor_tv_ci.mean:.3f}",
+        "Verdict": m.verdict.short(),
+    }
+
+
+def modality_markdown(report: GpuReport) -> list[str]:
+    """Parity per modality, a row per variant and modality, when the questions hold more than one modality."""
+    compared = [r for r in report.rows if r.comparison is not None and r.comparison.per_modality]
+    if not compared:
+        return []
+    rows = [{"Variant": r.label, **modality_cells(m)} for r in compared for m in r.comparison.modalities]
+    header = list(rows[0])
+    lines = ["Parity per modality (the same figures and verdict rule on each modality's questions; a variant worse "
+             "on one modality is not recommended, whatever the others say):", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_md_escape(row[h]) for h in header) + " |" for row in rows]
+    return lines + [""]
+
+
 def verdict_notes(report: GpuReport) -> list[str]:
     """The rule behind the Verdict column, then each variant's figures: the excess over the floor and its interval."""
     compared = [r for r in report.rows if r.comparison is not None and r.comparison.verdict.parts]
@@ -198,6 +231,9 @@ def verdict_notes(report: GpuReport) -> list[str]:
             f"disagreement {100 * e.diff:+.1f} pts [{100 * e.lo:+.1f}, {100 * e.hi:+.1f}]" if e.statistic ==
             "disagreement" else f"TV {e.diff:+.4f} [{e.lo:+.4f}, {e.hi:+.4f}]" for e in v.parts)
         notes.append(f"{r.label}: {v.short()}; {figures}.")
+        for m in r.comparison.flagged() if r.comparison.per_modality else []:
+            notes.append(f"{r.label} on {m.modality} ({m.agreement.n} questions): worse; "
+                         + "; ".join(m.verdict.reasons) + ".")
     return notes
 
 
@@ -323,6 +359,10 @@ def flat_rows(reports: list[GpuReport]) -> pd.DataFrame:
                 "agreement_hi": c.agreement.hi if c else None, "n_questions": c.agreement.n if c else None,
                 "tv_mean": c.tv.mean if c else None, "kl_mean": c.kl.mean if c else None,
                 "verdict": c.verdict.label if c else None,
+                "verdict_by_modality": "; ".join(f"{m.modality}: {m.verdict.label}" for m in c.modalities)
+                if c else None,
+                "worse_on": ", ".join(m.modality for m in c.flagged()) if c else None,
+                "modalities": parity.coverage_text(rep.modality_counts) if rep.modality_counts else None,
                 "verdict_n_needed": c.verdict.n_needed if c else None,
                 **{f"excess_{e.statistic.lower().replace(' ', '_')}{k}": getattr(e, v)
                    for e in (c.verdict.parts if c else ()) for k, v in (("", "diff"), ("_lo", "lo"), ("_hi", "hi"))},
@@ -359,6 +399,8 @@ def to_json(reports: list[GpuReport], rules: Rules | None = None) -> dict[str, A
     out = []
     for rep in reports:
         f = rep.floor
+        per_modality = {str(r.run["run_id"]): parity.clean_json(parity.by_modality(r.comparison).to_dict("records"))
+                        for r in rep.rows if r.comparison is not None}
         out.append({
             "gpu": rep.gpu, "gpu_family": rep.gpu_family, "cpu": rep.cpu, "model_id": rep.model_id,
             "suite_id": rep.suite_id, "suite_hash": rep.suite_hash,
@@ -369,8 +411,9 @@ def to_json(reports: list[GpuReport], rules: Rules | None = None) -> dict[str, A
             "recommended": rep.recommended.label if rep.recommended else None, "rule": rep.rule,
             "notes": throughput_notes(rep.throughput) + rep.notes, "throughput": _throughput_json(rep.throughput),
             "price_per_gpu_hour": rep.price_per_gpu_hour,
-            "rows": [r for r in records if r["gpu"] == rep.gpu and r["model_id"] == rep.model_id
-                     and r["suite_hash"] == rep.suite_hash],
+            "modality_counts": rep.modality_counts,
+            "rows": [{**r, "by_modality": per_modality.get(r["run_id"], [])} for r in records
+                     if r["gpu"] == rep.gpu and r["model_id"] == rep.model_id and r["suite_hash"] == rep.suite_hash],
         })
     failed = [parity.clean_json({k: str(run.get(k)) if k in ("run_id", "created_at") else run.get(k) for k in (
         "run_id", "created_at", "backend", "model_path", "gpu_name", "host", "failure", "error")})

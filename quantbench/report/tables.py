@@ -116,6 +116,8 @@ def print_comparison(comp: Comparison, console: Console | None = None) -> None:
                   + (f" (margins: {comp.verdict.margins.describe()})" if comp.verdict.parts else ""))
     for reason in comp.verdict.reasons:
         console.print(f"  - {reason}")
+    if comp.per_modality:
+        print_modalities(comp, console)
 
     b = Table(title="Agreement by the reference's margin p(top) − p(second)")
     for col in ("Margin", "n", "Agree", "95% CI", "Mean TV"):
@@ -139,6 +141,25 @@ def print_comparison(comp: Comparison, console: Console | None = None) -> None:
         console.print(a)
     else:
         console.print("no gold answers in this suite: no accuracy figures")
+
+
+def print_modalities(comp: Comparison, console: Console) -> None:
+    """Parity per modality, then why each modality on which the variant is worse is worse."""
+    from quantbench.report.render import modality_cells
+
+    rows = [modality_cells(m) for m in comp.modalities]
+    t = Table(title="Parity per modality (the same figures and verdict rule on each modality's questions)")
+    for col in rows[0]:
+        t.add_column(col, justify="right" if col == "n" else "left")
+    colour = {an.INDISTINGUISHABLE: "green", an.WITHIN_MARGIN: "green", an.WORSE: "red"}
+    for m, row in zip(comp.modalities, rows, strict=True):
+        verdict = row.pop("Verdict")
+        t.add_row(*row.values(), f"[{colour.get(m.verdict.label, 'yellow')}]{verdict}[/]")
+    console.print(t)
+    for m in comp.flagged():
+        console.print(f"[bold red]worse on {m.modality}[/] ({m.agreement.n} questions):")
+        for reason in m.verdict.reasons:
+            console.print(f"  - {reason}")
 
 
 def print_efficiency(comp: Comparison, effs: dict[str, efficiency.Efficiency], console: Console | None = None) -> None:
