@@ -278,7 +278,8 @@ def throughput_latency(steps: pd.DataFrame, percentile: str = "p99_ms") -> go.Fi
 
 
 # One colour per modality, the same on every page (the parity breakdown, the disagreement viewer, latency).
-MODALITY_COLOURS = {"text": "#6C757D", "image": "#E45756", "audio": "#4C9F70", "video": "#7E57C2", "mixed": "#D4A017"}
+# Hues apart from the format colours above (a chart of variants and one of modalities sit on one page).
+MODALITY_COLOURS = {"text": "#5F6B7A", "image": "#D62976", "audio": "#17A2B8", "video": "#6F42C1", "mixed": "#A0522D"}
 MODALITY_ORDER = list(MODALITY_COLOURS)
 
 
@@ -356,7 +357,7 @@ def modality_breakdown(df: pd.DataFrame, floor: bool = True) -> go.Figure:
     from plotly.subplots import make_subplots
 
     df = df.reset_index(drop=True)
-    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.06,
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.04,
                         subplot_titles=("agrees with BF16 (%, 95% CI)", "Δ accuracy vs BF16 (points, 95% CI)"))
     names = [f"{m} (n={n})" for m, n in zip(df["modality"], df["n"], strict=True)]
     colours = [modality_colour(m) for m in df["modality"]]
@@ -382,8 +383,8 @@ def modality_breakdown(df: pd.DataFrame, floor: bool = True) -> go.Figure:
                      "arrayminus": delta - 100 * gold["delta_accuracy_lo"].astype(float)},
             hovertemplate="%{y}: %{x:+.1f} pts<extra>Δ accuracy</extra>"), row=1, col=2)
     fig.add_vline(x=0, line={"color": "#777777", "width": 1}, row=1, col=2)
-    fig.update_layout(**{**LAYOUT, "height": max(220, 70 + 48 * len(df)), "legend": {"orientation": "h", "y": -0.3}},
-                      title="By modality")
+    fig.update_layout(**{**LAYOUT, "height": max(240, 90 + 44 * len(df)),
+                         "legend": {"orientation": "h", "y": -0.12, "yanchor": "top"}})
     fig.update_yaxes(autorange="reversed")
     fig.update_xaxes(range=[max(0.0, float((100 * df["agreement_lo"].astype(float)).min()) - 5), 101], row=1, col=1)
     return fig

@@ -8,6 +8,7 @@ its hash is the runs'. When it cannot be found the page says why and still shows
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import streamlit as st
 from PIL import Image
@@ -71,6 +72,19 @@ def disagreements(answers: pd.DataFrame, reference_id: str) -> pd.DataFrame:
     return table
 
 
+def audio_summary(samples, rate: int) -> str:
+    """What the waveform at this scale hides: the strongest frequency (a high and a low tone look alike over a
+    second) and the level."""
+    x = np.asarray(samples, dtype=np.float64)
+    if len(x) < 2 or not np.any(x):
+        return "silence"
+    spectrum = np.abs(np.fft.rfft(x * np.hanning(len(x))))
+    spectrum[0] = 0.0
+    peak_hz = float(np.argmax(spectrum)) * rate / len(x)
+    return (f"strongest frequency {peak_hz:,.0f} Hz · peak {np.max(np.abs(x)):.2f} · "
+            f"RMS {np.sqrt(np.mean(x ** 2)):.3f} (full scale 1)")
+
+
 def show_medium(medium) -> None:
     kind = type(medium).__name__
     if kind == "DecodedImage":
@@ -82,6 +96,7 @@ def show_medium(medium) -> None:
         st.plotly_chart(figures.waveform(medium.samples, medium.sampling_rate,
                                          f"{medium.field}: audio, {medium.seconds:.2f} s"), width="stretch")
         st.audio(medium.samples, sample_rate=medium.sampling_rate)
+        st.caption(audio_summary(medium.samples, medium.sampling_rate))
     elif kind == "DecodedVideo":
         n = len(medium.frames)
         picks = list(range(n)) if n <= SHOWN_FRAMES else [round(i * (n - 1) / (SHOWN_FRAMES - 1))

@@ -73,10 +73,9 @@ def breakdown(c: parity.Comparison, modality: str) -> None:
         st.error(f"Worse than BF16 beyond the margin on {', '.join(worse)} decisions"
                  + (f", while its overall verdict is {c.verdict.label}" if c.verdict.label != "worse" else "")
                  + ": a quant that breaks one modality hides among the others' questions.", icon="🚩")
-    left, right = st.columns([4, 5])
-    left.plotly_chart(figures.modality_breakdown(df), width="stretch")
+    st.plotly_chart(figures.modality_breakdown(df), width="stretch")
     shown = table(df)
-    right.dataframe(shown.style.apply(
+    st.dataframe(shown.style.apply(
         lambda col: [f"color: {figures.modality_colour(m)}; font-weight: 600" for m in df["modality"]],
         subset=["Modality"]), hide_index=True, width="stretch", column_config={
             "n": st.column_config.NumberColumn("n", width=45, help="questions of this modality both runs answered"),

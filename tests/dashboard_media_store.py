@@ -158,12 +158,13 @@ def build(path: Path, suite_folder: Path, *, spec_suite: bool = False) -> tuple[
     suite = load_suite(suite_path)
     ref = reference_answers(suite_path)
     seen = [r.id for r in suite.records if modality_of(r) in ("image", "video", "mixed")]
+    near_ties = {"audio-003", "audio-010"}  # both INT4 variants flip these two tones: a rounding, not a broken tower
     variants = [  # (variant, backend, kernel, format, role, answers)
         ("bf16", "bf16", "grouped_mm", "bf16", "reference", ref),
         ("bf16", "bf16", "eager", "bf16", "noise_floor", perturbed(ref, 1, 0.01, set())),
-        ("int4", "int4", "dequant_bf16", "int4-g128", "candidate", perturbed(ref, 2, 0.04, set())),
+        ("int4", "int4", "dequant_bf16", "int4-g128", "candidate", perturbed(ref, 2, 0.04, near_ties)),
         (VISION_BROKEN, "int4", "dequant_bf16", "int4-g128", "candidate",
-         perturbed(ref, 2, 0.04, set(seen[::2]))),
+         perturbed(ref, 2, 0.04, near_ties | set(seen[::2]))),
     ]
     store = Store(path)
     for i, (variant, backend, kernel, fmt, role, answers) in enumerate(variants):

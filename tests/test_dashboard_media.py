@@ -50,6 +50,10 @@ def plotly(at: AppTest) -> list[dict]:
     return [json.loads(e.proto.spec) for e in at.get("plotly_chart")]
 
 
+def title(fig: dict) -> str:
+    return fig["layout"].get("title", {}).get("text", "")
+
+
 def images(at: AppTest) -> list[str]:
     return [c for e in at.get("image") for c in e.captions]
 
@@ -89,7 +93,7 @@ def test_the_viewer_shows_the_picture_beside_every_variants_probabilities(store,
     assert at.query_params["decision"] == decision.value.split(" · ")[0]
     shown = images(at)
     assert len(shown) == 1 and shown[0] == "state.camera: image 64×64"
-    probs = next(f for f in plotly(at) if "probability per option" in f["layout"]["title"]["text"])
+    probs = next(f for f in plotly(at) if "probability per option" in title(f))
     names = [t["name"] for t in probs["data"]]
     assert names[0] == "bf16" and dms.VISION_BROKEN in names and "int4" in names
     assert len(names) == 4  # the reference, the noise floor and both candidates
@@ -101,9 +105,10 @@ def test_the_viewer_draws_a_waveform_for_audio_and_the_frames_of_a_video(store, 
     # the mixed records (a picture and a tone) only flip for the broken variant
     assert "differs: " + dms.VISION_BROKEN in at.selectbox(key="decision").value
     assert images(at) == ["state.camera: image 64×64"]
-    wave = [f for f in plotly(at) if f["layout"]["title"]["text"].startswith("state.microphone: audio")]
-    assert len(wave) == 1 and wave[0]["layout"]["title"]["text"] == "state.microphone: audio, 1.00 s"
+    wave = [f for f in plotly(at) if title(f).startswith("state.microphone: audio")]
+    assert len(wave) == 1 and title(wave[0]) == "state.microphone: audio, 1.00 s"
     assert len(at.get("audio")) == 1
+    assert any(c.value.startswith("strongest frequency 880 Hz") for c in at.caption)  # mixed-000: the high tone
     at.selectbox(key="modality").set_value("video").run()
     assert not at.exception, at.exception
     assert images(at) == [f"frame {i + 1} · {i / 2:.2f} s" for i in range(4)]
@@ -115,7 +120,7 @@ def test_without_the_suite_the_viewer_says_the_media_is_unavailable_and_still_sh
     [warning] = [w.value for w in at.warning if "Media unavailable" in w.value]
     assert "the store keeps answers, not media" in warning.lower() and "not a suite quantbench generates" in warning
     assert images(at) == []
-    assert any("probability per option" in f["layout"]["title"]["text"] for f in plotly(at))
+    assert any("probability per option" in title(f) for f in plotly(at))
 
 
 def test_a_suite_file_of_another_hash_is_named_and_not_shown(store, built, tmp_path):
