@@ -121,13 +121,14 @@ if query:
     q = query.lower()
     hay = (flipped["question"] + " " + flipped["record_id"] + " " + flipped["benchmark"].fillna("")).str.lower()
     flipped = flipped[hay.str.contains(q, regex=False)]
+cut = [f"are {modality}"] if modality != ALL else []
+cut += [f"match “{query}”"] if query else []
 st.caption(f"{len(flipped)} of {int((~pq['agree'].astype(bool)).sum())} flipped questions"
-           + (f" are {modality}" if modality != ALL else "")
-           + (f" and match “{query}”" if query and modality != ALL else f" match “{query}”" if query else "")
-           + f" ({c.agreement.n} compared).")
+           + (" " + " and ".join(cut) if cut else "") + f" ({c.agreement.n} compared).")
+shown_cols = ["record_id", "benchmark", *(["modality"] if "modality" in flipped else []), "question", "gold",
+              "top_ref", "top_cand", "BF16 distribution", "variant distribution", "ref_margin", "tv", "dp"]
 st.dataframe(
-    flipped[["record_id", "benchmark", *(["modality"] if "modality" in flipped else []), "question", "gold", "top_ref", "top_cand", "BF16 distribution",
-             "variant distribution", "ref_margin", "tv", "dp"]],
+    flipped[shown_cols],
     hide_index=True, width="stretch", column_config={
         "record_id": text_col("Record", 112), "benchmark": text_col("Benchmark", 90),
         "modality": text_col("Modality", 70),

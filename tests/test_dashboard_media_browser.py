@@ -106,3 +106,5 @@ def test_the_report_page_draws_agreement_per_modality(page, server):
     chart.wait_for(state="visible")
     assert chart.locator(".scatterlayer .trace").count() == 5  # one per modality
     shoot(page, "report-modality")
+    shoot_section(page, "dashboard-report-modality", f"{dms.MODEL} on CPU (ci-runner)",
+                  f"{dms.MODEL}: the recommendation on every GPU")

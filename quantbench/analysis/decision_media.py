@@ -82,8 +82,8 @@ def find_suite(suite_id: str | None, suite_hash: str | None, paths: list[str], l
             continue
         if suite.hash == suite_hash:
             return SuiteLookup(suite, source=str(path), tried=tuple(tried))
-        problems.append(f"`{path}` is suite {suite.id} with hash {suite.hash[:12]}…, not the {suite_hash and suite_hash[:12]}… "
-                        "the runs answered (other decisions or other media)")
+        problems.append(f"`{path}` is suite {suite.id} with hash {suite.hash[:12]}…, not the "
+                        f"{suite_hash and suite_hash[:12]}… the runs answered (other decisions or other media)")
     if suite_id:
         tried.append(f"built-in {suite_id}")
         try:
