@@ -139,3 +139,19 @@ def test_the_runs_own_suite_path_is_found_without_being_told(tmp_path, monkeypat
     monkeypatch.setenv("QUANTBENCH_DB", str(store.path))
     at = parity(modality="image")
     assert images(at) == ["state.camera: image 64×64"]
+
+
+def test_find_suite_takes_the_first_file_of_the_runs_hash_then_a_built_in_suite(built, tmp_path):
+    from quantbench.analysis.decision_media import Limits, find_suite
+    from quantbench.protocol.suite import BUILTIN_SUITE_ID, load_suite
+
+    suite = load_suite(built[1])
+    missing = tmp_path / "gone.jsonl"
+    found = find_suite(suite.id, suite.hash, [str(missing), str(built[1])], Limits())
+    assert found.suite is not None and found.source == str(built[1]) and found.tried == (str(missing), str(built[1]))
+    builtin = load_suite(None)
+    found = find_suite(BUILTIN_SUITE_ID, builtin.hash, [str(built[1])], Limits())
+    assert found.source == f"built-in {BUILTIN_SUITE_ID}" and found.suite.hash == builtin.hash
+    lost = find_suite(suite.id, suite.hash, [str(missing)], Limits())
+    assert lost.suite is None and f"`{missing}` is not a file here" in lost.problem
+    assert f"{suite.id} is not a suite quantbench generates" in lost.problem
