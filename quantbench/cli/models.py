@@ -19,26 +19,40 @@ def fixture(
                                                    "seeded random weights, written to --out (weights: synthetic)")] = None,
     layers: Annotated[int | None, typer.Option(help="--shape: number of layers (default: the real model's)")] = None,
     seed: Annotated[int, typer.Option(help="--shape: the random weights' seed")] = 0,
+    family: Annotated[str, typer.Option(help="text: the Qwen3-MoE default model | omni: the Qwen3-Omni thinker "
+                                             "default model (vision and audio towers), scored on quantbench-omni-v1")] = "text",
 ) -> None:
-    """Build (or show) the embedded default model: a small trained Qwen3-MoE with its own tokenizer."""
+    """Build (or show) the embedded default model: a small trained Qwen3-MoE with its own tokenizer (--family omni:
+    a small trained Qwen3-Omni thinker that also reads images, audio and video)."""
     from quantbench.models.fixture import find_or_build  # lazy: a fast --help
     from quantbench.models.synthetic import SYNTHETIC_SHAPES, save_synthetic, synthetic_id
 
     try:
+        if family not in ("text", "omni"):
+            raise ConfigError(f"--family {family!r}: use text or omni")
         if shape is None:
             if layers is not None:
                 raise ConfigError("--layers applies to --shape only: the embedded model's layers are part of its recipe")
-            info = find_or_build(rebuild, out_dir)
+            if family == "omni":
+                from quantbench.models.omni_fixture import find_or_build_omni  # lazy: a fast --help
+
+                info = find_or_build_omni(rebuild, out_dir)
+            else:
+                info = find_or_build(rebuild, out_dir)
             out.print(f"fixture [bold]{info.model_id}[/] at {info.path}")
             how = f"built in {info.train_seconds:.0f} s of training" if info.train_seconds is not None else "cached"
             out.print(f"{how}; {info.parameters / 1e6:.1f} M parameters, {info.size_bytes / 2**20:.1f} MiB "
                       "(bf16 safetensors)")
-            table = Table("family", "held-out accuracy", title="built-in suite (never trained on)")
+            suite = "quantbench-omni-v1" if family == "omni" else "built-in suite"
+            table = Table("family", "held-out accuracy", title=f"{suite} (never trained on)")
             for family, acc in info.accuracy.items():
                 table.add_row(family, f"{acc:.1%}")
             table.add_row("[bold]mean[/]", f"[bold]{info.overall:.1%}[/]")
             out.print(table)
             return
+        if family != "text":
+            raise ConfigError("--family omni builds the trained omni default model; --shape builds a random-weight "
+                              "model of a real shape: give one of them")
         if shape not in SYNTHETIC_SHAPES:
             raise ConfigError(f"--shape {shape!r}: use one of {', '.join(sorted(SYNTHETIC_SHAPES))}")
         if out_dir is None:

@@ -145,7 +145,8 @@ def run(
     ctx: typer.Context,
     backend: Annotated[str, typer.Option(help="bf16 | int4 | nvfp4 | fp8 | http (see `quantbench backends`)")] = "bf16",
     model: Annotated[str | None, typer.Option(help="Checkpoint dir or hub id org/name[@revision]. Default: the embedded fixture (or its variant)")] = None,
-    suite: Annotated[str | None, typer.Option(help="Suite JSONL. Default: the built-in suite")] = None,
+    suite: Annotated[str | None, typer.Option(help="Suite JSONL, or quantbench-omni-v1 (the built-in media suite). Default: the built-in suite of --family")] = None,
+    family: Annotated[str, typer.Option(help="text | omni: the embedded default model (and its variant for --backend) and the built-in suite used where --model / --suite are not given; omni: a trained Qwen3-Omni thinker and quantbench-omni-v1")] = "text",
     gpu: Annotated[str, typer.Option(help="auto | cpu | ampere | ada | hopper | blackwell | part of a GPU name")] = "auto",
     db: DbOpt = None,
     device: Annotated[str | None, typer.Option(help="torch device (default cuda:0 when there is a GPU)")] = None,
@@ -186,6 +187,11 @@ def run(
             from quantbench.models.lineage import resolve_given_base  # lazy: a fast --help
 
             base_model = resolve_given_base(base_model)
+        if family != "text" or suite is not None:
+            from quantbench.run.resolve import family_defaults  # lazy: a fast --help
+
+            # the omni model and its variants are prepared here, by the parent, as resolve() prepares the text one
+            model, suite = family_defaults(backend, family, model, suite, shape)
         spec = _spec(backend=backend, model=model, suite=suite, gpu=gpu, device=device, dtype=dtype, base_model=base_model,
                      concurrency=concurrency, shape=shape, layers=layers, role=role,
                      trust_remote_code=trust_remote_code, max_options=max_options, max_tokens=max_tokens,

@@ -28,9 +28,14 @@ def resolve(spec: RunSpec) -> RunSpec:
     return spec.model_copy(update={"model": prepared_model_dir(default)})
 
 
-def prepared_model_dir(default: str) -> str:
+def prepared_model_dir(default: str, family: str = "text") -> str:
     """The embedded model's directory (`EMBEDDED_MODEL`), or its variant quantized with the scheme `default`;
-    trained or quantized on first use, cached (and locked) across processes afterwards."""
+    trained or quantized on first use, cached (and locked) across processes afterwards. `family` "omni": the omni
+    default model (quantbench.models.omni_fixture) and its variants."""
+    if family != "text":
+        if default == EMBEDDED_MODEL:
+            return str(quantize.default_model_dir(family))
+        return str(quantize.default_variant(default, family))
     if default == EMBEDDED_MODEL:
         # lazy: fixture imports torch; the runner's parent, which imports this module, checks a given --model
         # without importing torch (runner.preflight) and only needs it here, to build the embedded model
@@ -38,3 +43,25 @@ def prepared_model_dir(default: str) -> str:
 
         return str(fixture.default_model_dir())  # through the module: tests replace it
     return str(quantize.default_variant(default))
+
+
+def family_defaults(backend: str, family: str, model: str | None, suite: str | None,
+                    shape: str | None = None) -> tuple[str | None, str | None]:
+    """(model, suite) for `quantbench run --family`: "text" changes nothing; "omni" fills what is not given with
+    the omni default model (or its variant for `backend`, prepared here) and the built-in suite quantbench-omni-v1.
+    A suite given by that name becomes its file in the cache (quantbench.protocol.omnigen), whatever the family."""
+    if family not in quantize.FAMILIES:
+        from quantbench.errors import ConfigError
+
+        raise ConfigError(f"--family {family!r}: use one of {', '.join(quantize.FAMILIES)}")
+    from quantbench.protocol import omnigen
+
+    if suite is None and family == "omni":
+        suite = omnigen.OMNI_SUITE_ID
+    if suite == omnigen.OMNI_SUITE_ID:
+        suite = str(omnigen.omni_suite_path())
+    if family == "omni" and model is None and shape is None:
+        default = getattr(get_backend(backend), "default_model", None)
+        if default is not None:
+            model = prepared_model_dir(default, family)
+    return model, suite

@@ -16,8 +16,9 @@ thinker-only variant, each library in a child process). After every experts-only
 every non-expert tensor of the variant is checked byte-identical to the source's and the check is recorded
 (quantbench.models.quantize.unchanged); a variant that fails it is removed.
 
-`default_variant(scheme)` is the embedded default model's variant, made once and cached under
-`$QUANTBENCH_CACHE` (default ~/.cache/quantbench) in `variants/<source-hash>-<recipe-hash>/`.
+`default_variant(scheme)` is the embedded default model's variant (`default_variant(scheme, "omni")`: the omni
+default model's), made once and cached under `$QUANTBENCH_CACHE` (default ~/.cache/quantbench) in
+`variants/<source-hash>-<recipe-hash>/`.
 """
 
 from __future__ import annotations
@@ -335,8 +336,23 @@ def cached_variant(source_dir: str | Path, scheme: str, **opts: Any) -> Path:
 DEFAULT_VARIANT_RECIPE = {"iters": 0, "nsamples": 16, "seqlen": 256}
 
 
-def default_variant(scheme: str, **opts: Any) -> Path:
-    """The embedded default model's `scheme` variant (RTN unless `opts` say otherwise), cached."""
-    from quantbench.models.fixture import default_model_dir
+def default_variant(scheme: str, family: str = "text", **opts: Any) -> Path:
+    """The embedded default model's `scheme` variant (RTN unless `opts` say otherwise), cached; `family` "omni":
+    the omni default model's (quantbench.models.omni_fixture; its thinker's experts, quantize/omni.py)."""
+    return cached_variant(default_model_dir(family), scheme, **{**DEFAULT_VARIANT_RECIPE, **opts})
 
-    return cached_variant(default_model_dir(), scheme, **{**DEFAULT_VARIANT_RECIPE, **opts})
+
+FAMILIES = ("text", "omni")  # the embedded default models: `--family`
+
+
+def default_model_dir(family: str = "text") -> Path:
+    """The embedded default model of `family` (built and cached on first use)."""
+    if family == "omni":
+        from quantbench.models.omni_fixture import omni_default_model_dir
+
+        return omni_default_model_dir()
+    if family != "text":
+        raise ConfigError(f"--family {family!r}: use one of {', '.join(FAMILIES)}")
+    from quantbench.models.fixture import default_model_dir as text_model_dir
+
+    return text_model_dir()

@@ -1,0 +1,174 @@
+"""The omni default model (quantbench.models.omni_fixture) and the built-in media suite quantbench-omni-v1
+(quantbench.protocol.omnigen): the suite's size, mix, gold, determinism and disjointness from the training records;
+a short build's determinism and loadability; the cached full build answering every media family above chance."""
+
+import hashlib
+import json
+from collections import Counter
+
+import pytest
+import torch
+
+from quantbench.models import omni_fixture as OF
+from quantbench.protocol import omnigen as G
+from quantbench.protocol.suite import load_suite
+from quantbench.protocol.suitegen import FAMILIES, generate, request_text
+
+MEDIA = set(G.MEDIA_FAMILIES)
+CHANCE = {"image_colour": 1 / 4, "image_side": 1 / 2, "audio_pitch": 1 / 2, "audio_count": 1 / 2, "video_motion": 1 / 2}
+# sha256 of the suite's bytes: the data URIs are encoded by quantbench itself (stored-block PNG, PCM WAV), so the
+# file is the same on every machine; a change to the generator must change this on purpose
+SUITE_SHA256 = None
+
+
+@pytest.fixture(scope="module")
+def suite_records():
+    return G.omni_suite_records()
+
+
+def _text_only(request) -> str:
+    """The request with every media part blanked: what a model would see without the medium."""
+    state = {k: "<media>" if isinstance(v, dict) and "type" in v else v for k, v in request.state.items()}
+    return json.dumps({"state": state, "questions": request.model_dump(mode="json")["questions"]}, sort_keys=True)
+
+
+def test_suite_size_mix_and_gold(suite_records):
+    counts = Counter(r.benchmark for r in suite_records)
+    assert len(suite_records) >= 150
+    media = [r for r in suite_records if r.request.media_parts()]
+    assert 1 / 5 <= len(media) / len(suite_records) <= 1 / 3
+    assert {r.benchmark for r in media} == MEDIA and len(MEDIA) >= 3
+    assert {r.benchmark for r in media} == {r.benchmark for r in media if r.benchmark.split("_")[0] in
+                                            ("image", "audio", "video")}
+    assert {"image", "audio", "video"} == {p["type"] for r in media for _, p in r.request.media_parts()}
+    assert set(FAMILIES) <= set(counts)  # the text families too
+    assert all(r.gold and set(r.gold) == set(r.request.questions) for r in suite_records)
+    assert len({r.id for r in suite_records}) == len(suite_records)
+    for family in MEDIA:  # gold balanced: every answer of the family's question is gold equally often (±1)
+        golds = Counter(g for r in suite_records if r.benchmark == family for g in r.gold.values())
+        options = next(r for r in suite_records if r.benchmark == family).request.questions
+        assert set(golds) == set(next(iter(options.values())).options)
+        assert max(golds.values()) - min(golds.values()) <= 1, (family, golds)
+
+
+def test_every_media_answer_needs_the_medium(suite_records):
+    """Within a media family the text of every record is the same: without the medium, no answer beats chance."""
+    for family in MEDIA:
+        texts = {_text_only(r.request) for r in suite_records if r.benchmark == family}
+        assert len(texts) == 1, family
+
+
+def test_suite_is_deterministic_and_loads_by_name(tmp_path, monkeypatch):
+    monkeypatch.setenv("QUANTBENCH_CACHE", str(tmp_path))
+    first = G.omni_suite_bytes()
+    assert G.omni_suite_bytes() == first
+    if SUITE_SHA256 is not None:
+        assert hashlib.sha256(first).hexdigest() == SUITE_SHA256
+    path = G.omni_suite_path()
+    assert path.read_bytes() == first and path.is_relative_to(tmp_path)
+    suite = load_suite(path)
+    assert suite.id == G.OMNI_SUITE_ID == "quantbench-omni-v1"
+    assert load_suite(G.omni_suite_path()).hash == suite.hash == hashlib.sha256(first).hexdigest()
+    from quantbench.run.resolve import family_defaults
+
+    # --suite quantbench-omni-v1 by name, and the default suite of --family omni (a model given: none is built)
+    assert family_defaults("bf16", "text", None, "quantbench-omni-v1") == (None, str(path))
+    assert family_defaults("bf16", "omni", "some/dir", None) == ("some/dir", str(path))
+    assert family_defaults("bf16", "text", None, None) == (None, None)  # the text default is unchanged
+    from quantbench.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--family 'video'"):
+        family_defaults("bf16", "video", None, None)
+
+
+def test_media_decodes_within_the_default_limits(suite_records):
+    from quantbench.limits import Limits
+    from quantbench.protocol.media import DecodedAudio, DecodedImage, DecodedVideo, decode_media
+
+    seen = set()
+    for r in suite_records:
+        if r.benchmark in MEDIA and r.benchmark not in seen:
+            seen.add(r.benchmark)
+            (part,) = decode_media(r.request.state, Limits())
+            if isinstance(part, DecodedImage):
+                assert part.image.size == (G.IMAGE_SIZE, G.IMAGE_SIZE)
+            elif isinstance(part, DecodedAudio):
+                assert part.seconds == 1.0 and part.sampling_rate == G.AUDIO_RATE
+            else:
+                assert isinstance(part, DecodedVideo) and len(part.frames) == G.VIDEO_FRAMES
+    assert seen == MEDIA
+
+
+def test_suite_is_disjoint_from_the_training_records(suite_records):
+    train = generate("train", 0, seed=0, families=OF.TRAIN["text_mix"])
+    train += G.generate_media("train", dict.fromkeys(G.MEDIA_FAMILIES, OF.TRAIN["media_per_family"]))
+    seen = {request_text(r.request.model_dump(mode="json")) for r in train}
+    assert not [r.id for r in suite_records if request_text(r.request.model_dump(mode="json")) in seen]
+    assert OF.TRAIN["media_per_family"] <= G.TRAIN_CHECK  # what generate_media checks the eval split against
+
+
+def test_an_eval_record_shared_with_the_train_split_is_refused(monkeypatch):
+    drafts = G._drafts
+    monkeypatch.setattr(G, "_drafts", lambda split, family, n, seed: drafts("train", family, n, G.TRAIN_SEED))
+    with pytest.raises(ValueError, match="image_side-0000: the eval request also occurs in the train split"):
+        G.generate_media("eval", {"image_side": 2})
+
+
+def test_the_encoders_are_plain_png_and_wav():
+    import io
+
+    import numpy as np
+    import soundfile
+    from PIL import Image
+
+    pixels = [bytearray(range(i, i + 3 * 5)) for i in range(4)]  # 5 x 4, distinct bytes
+    image = Image.open(io.BytesIO(G.png_bytes(pixels)))
+    assert image.size == (5, 4) and image.mode == "RGB"
+    assert np.asarray(image).tobytes() == b"".join(bytes(r) for r in pixels)
+    samples, rate = soundfile.read(io.BytesIO(G.wav_bytes([0, 1000, -1000, 32767])), dtype="int16")
+    assert rate == G.AUDIO_RATE and samples.tolist() == [0, 1000, -1000, 32767]
+
+
+SHORT = {"text_mix": dict.fromkeys(FAMILIES, 3), "media_per_family": 4, "batch_size": 8}
+
+
+@pytest.mark.slow
+def test_a_short_build_is_deterministic_and_loads(tmp_path):
+    from transformers import AutoModelForImageTextToText
+
+    evals = G.generate_media("eval", dict.fromkeys(G.MEDIA_FAMILIES, 1))
+    a = OF.build_omni_fixture(tmp_path / "a", steps=2, train=SHORT, eval_records=evals)
+    b = OF.build_omni_fixture(tmp_path / "b", steps=2, train=SHORT, eval_records=evals)
+    for name in ("model.safetensors", "tokenizer.json", "config.json", "preprocessor_config.json",
+                 OF.FIXTURE_INFO_FILE):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    assert a.model_id == OF.omni_fixture_id(steps=2, train=SHORT) != OF.omni_fixture_id()
+    assert set(a.accuracy) == MEDIA
+    # a qwen3_omni_moe_thinker checkpoint transformers loads completely, at the shapes the issue asks for
+    model, info = AutoModelForImageTextToText.from_pretrained(tmp_path / "a", dtype=torch.bfloat16,
+                                                              output_loading_info=True)
+    assert not any(info.values()), info
+    config = model.config
+    assert config.model_type == "qwen3_omni_moe_thinker" and config.quantbench_model_id == a.model_id
+    assert config.text_config.num_experts >= 8 and config.text_config.hidden_size >= 256
+    assert config.text_config.hidden_size % 128 == 0 and config.text_config.moe_intermediate_size % 128 == 0
+    # quantbench's processor reads its files: every media kind, the media tokens at the config's ids
+    from quantbench.models.processor import omni_processor
+
+    media = omni_processor(tmp_path / "a", OF.build_omni_tokenizer(), model)
+    assert media.modalities == {"image", "audio", "video"}
+
+
+@pytest.mark.slow
+def test_the_cached_model_answers_every_media_family_above_chance():
+    """The full build (minutes on 2 cores when not cached: CI builds it once) on the suite's media records,
+    loaded from disk and scored by the engine a run uses."""
+    path = OF.omni_default_model_dir(progress=False)
+    media = [r for r in G.omni_suite_records() if r.benchmark in MEDIA]
+    accuracy = OF.evaluate_omni(path, media)
+    assert set(accuracy) == MEDIA
+    for family, acc in accuracy.items():
+        assert acc >= CHANCE[family] + 0.25, (family, acc)
+    info = OF.read_info(path)
+    assert info.model_id == OF.omni_fixture_id()
+    assert all(info.accuracy[f] >= 1 / 3 for f in FAMILIES), info.accuracy  # the text families too
