@@ -155,3 +155,26 @@ def test_find_suite_takes_the_first_file_of_the_runs_hash_then_a_built_in_suite(
     lost = find_suite(suite.id, suite.hash, [str(missing)], Limits())
     assert lost.suite is None and f"`{missing}` is not a file here" in lost.problem
     assert f"{suite.id} is not a suite quantbench generates" in lost.problem
+
+
+def test_the_built_in_omni_suite_is_found_by_its_id_and_its_media_decode(tmp_path, monkeypatch):
+    from quantbench.analysis.decision_media import Limits, find_suite, record_media
+    from quantbench.protocol import modality_of, omnigen
+
+    monkeypatch.setenv("QUANTBENCH_CACHE", str(tmp_path))  # generated here, as on a machine that never ran it
+    expected = load_suite_bytes_hash(omnigen.omni_suite_bytes())
+    found = find_suite(omnigen.OMNI_SUITE_ID, expected, [], Limits())
+    assert found.suite is not None and found.source == f"built-in {omnigen.OMNI_SUITE_ID}"
+    kinds = {modality_of(r): r.id for r in found.suite.records}
+    assert {"image", "audio", "video"} <= set(kinds)
+    for kind in ("image", "audio", "video"):
+        [medium] = record_media(found.suite, kinds[kind], Limits())
+        assert type(medium).__name__ == f"Decoded{kind.capitalize()}"
+    other = find_suite(omnigen.OMNI_SUITE_ID, "0" * 64, [], Limits())
+    assert other.suite is None and "another quantbench version made it" in other.problem
+
+
+def load_suite_bytes_hash(raw: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(raw).hexdigest()  # the suite's media are inline: its hash is its bytes'

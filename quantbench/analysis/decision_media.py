@@ -16,6 +16,7 @@ from typing import Any
 
 from quantbench.errors import QuantbenchError
 from quantbench.limits import DEFAULT_MAX_OPTIONS, MEDIA_LIMITS, Limits
+from quantbench.protocol import omnigen
 from quantbench.protocol.media import Decoded, DecodedAudio, DecodedImage, DecodedVideo, decode_media
 from quantbench.protocol.suite import BUILTIN_SUITE_ID, Suite, load_suite
 
@@ -57,9 +58,12 @@ def run_limits(run: dict[str, Any]) -> Limits:
 
 
 def builtin_suite(suite_id: str, limits: Limits) -> Suite | None:
-    """A suite quantbench generates itself, by its id (None: no built-in suite has that id)."""
+    """A suite quantbench generates itself, by its id (None: no built-in suite has that id): the text suite, or
+    the omni media suite (generated into the cache on first use, as `quantbench run --family omni` does)."""
     if suite_id == BUILTIN_SUITE_ID:
         return load_suite(None, limits=limits)
+    if suite_id == omnigen.OMNI_SUITE_ID:
+        return load_suite(omnigen.omni_suite_path(), limits=limits)
     return None
 
 
