@@ -14,7 +14,9 @@ import streamlit as st
 from PIL import Image
 
 from dashboard import figures, store_cache, url_state
+from quantbench.analysis import decision_media
 from quantbench.analysis.recommend import GpuReport
+from quantbench.errors import QuantbenchError
 
 SHOWN_FRAMES = 8  # a longer video shows this many frames, evenly spaced, and says so
 IMAGE_WIDTH = 256  # small suite pictures (64 px) are enlarged without smoothing, so their pixels stay sharp
@@ -126,21 +128,22 @@ def section(db: str, mtime, rep: GpuReport, modality: str) -> None:
         return
     answers = all_answers(db, mtime, rep)
     table = disagreements(answers, str(rep.reference["run_id"]))
-    media_total = int((answers.loc[answers["run_id"] == str(rep.reference["run_id"]), "modality"] != "text").sum())
-    if modality != "all":
-        table = table[table["modality"] == modality]
     if modality == "text":
         st.info("Text decisions carry no media: choose another modality (or all) to see media decisions.", icon="ℹ️")
         return
-    if media_total == 0:
-        st.info("These runs answered no media decisions (every answer is text).", icon="ℹ️")
+    ref_modality = answers.loc[answers["run_id"] == str(rep.reference["run_id"]), "modality"]
+    kind = "media" if modality == "all" else modality
+    total = int((ref_modality != "text").sum() if modality == "all" else (ref_modality == modality).sum())
+    if modality != "all":
+        table = table[table["modality"] == modality]
+    if total == 0:
+        st.info(f"These runs answered no {kind} questions.", icon="ℹ️")
         return
     if table.empty:
-        st.success(f"Every variant gives BF16's top answer on all {media_total} media questions"
-                   + ("" if modality == "all" else f" ({modality} among them)") + ".", icon="✅")
+        st.success(f"Every variant gives BF16's top answer on all {total} {kind} questions.", icon="✅")
         return
-    st.caption(f"{len(table)} media questions where at least one variant's top answer differs from BF16's "
-               f"(of {media_total} media questions).")
+    st.caption(f"{len(table)} of {total} {kind} questions where at least one variant's top answer differs from "
+               "BF16's.")
     labels = [f"{r.record_id} · {r.question} · {r.modality} — differs: {r.differ}" for r in table.itertuples()]
     url_state.start("decision", labels[0])
     wanted = st.session_state["decision"]
@@ -157,8 +160,8 @@ def section(db: str, mtime, rep: GpuReport, modality: str) -> None:
         else:
             try:
                 media = store_cache.record_media(lookup, lookup.suite.hash, str(pick["record_id"]),
-                                                 store_cache.decision_media.run_limits(rep.reference))
-            except Exception as e:  # a record missing from the suite, a part that no longer decodes
+                                                 decision_media.run_limits(rep.reference))
+            except QuantbenchError as e:  # a record not in the suite, a part that does not decode
                 st.warning(f"Media unavailable: {e}", icon="🖼️")
                 media = []
             st.caption(f"From {lookup.source}.")

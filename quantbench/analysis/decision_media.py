@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantbench.errors import QuantbenchError
+from quantbench.errors import ConfigError, QuantbenchError
 from quantbench.limits import DEFAULT_MAX_OPTIONS, MEDIA_LIMITS, Limits
 from quantbench.protocol import omnigen
 from quantbench.protocol.media import Decoded, DecodedAudio, DecodedImage, DecodedVideo, decode_media
@@ -110,8 +110,8 @@ def find_suite(suite_id: str | None, suite_hash: str | None, paths: list[str], l
 
 def record_media(suite: Suite, record_id: str, limits: Limits) -> list[Decoded]:
     """Every media part of one record, decoded (images RGB, audio 16 kHz mono, video frames and rate). A record
-    the suite lacks is a KeyError; a part that does not decode raises the protocol's RequestError naming it."""
+    the suite lacks is a ConfigError; a part that does not decode raises the protocol's RequestError naming it."""
     record = next((r for r in suite.records if r.id == record_id), None)
     if record is None:
-        raise KeyError(f"record {record_id!r} is not in suite {suite.id}")
+        raise ConfigError(f"record {record_id!r} is not in suite {suite.id} ({suite.path})")
     return decode_media(record.request.state, limits, base=suite.path.parent)
