@@ -58,20 +58,18 @@ def all_answers(db: str, mtime, rep: GpuReport) -> pd.DataFrame:
     return out
 
 
-def disagreements(answers: pd.DataFrame, reference_id: str) -> pd.DataFrame:
-    """The media questions where some variant's top answer is not the reference's, with which variants differ."""
-    ref = answers[answers["run_id"] == reference_id][["record_id", "question", "benchmark", "modality", "top",
-                                                       "gold"]]
-    others = answers[(answers["run_id"] != reference_id) & (answers["modality"] != "text")]
-    merged = others.merge(ref, on=["record_id", "question"], suffixes=("", "_ref"))
-    differ = merged[merged["top"] != merged["top_ref"]]
-    if differ.empty:
-        return pd.DataFrame(columns=["record_id", "question", "benchmark", "modality", "gold", "BF16", "differ"])
-    table = (differ.groupby(["record_id", "question"], sort=True)
-             .agg(benchmark=("benchmark_ref", "first"), modality=("modality_ref", "first"), gold=("gold_ref", "first"),
-                  BF16=("top_ref", "first"), differ=("variant", lambda v: ", ".join(dict.fromkeys(v))))
-             .reset_index())
-    return table
+def media_questions(answers: pd.DataFrame, reference_id: str) -> pd.DataFrame:
+    """The reference's media questions, each with the variants whose top answer is not the reference's (`differ`,
+    empty where every variant agrees)."""
+    ref = answers[(answers["run_id"] == reference_id) & (answers["modality"] != "text")]
+    ref = ref[["record_id", "question", "benchmark", "modality", "gold", "top"]].rename(columns={"top": "BF16"})
+    others = answers[answers["run_id"] != reference_id][["record_id", "question", "top", "variant"]]
+    merged = others.merge(ref, on=["record_id", "question"])
+    differ = (merged[merged["top"] != merged["BF16"]].groupby(["record_id", "question"])["variant"]
+              .agg(lambda v: ", ".join(dict.fromkeys(v))).rename("differ"))
+    table = ref.merge(differ, left_on=["record_id", "question"], right_index=True, how="left")
+    return table.assign(differ=table["differ"].fillna("")).sort_values(["record_id", "question"],
+                                                                      ignore_index=True)
 
 
 def audio_summary(samples, rate: int) -> str:
@@ -127,24 +125,29 @@ def section(db: str, mtime, rep: GpuReport, modality: str) -> None:
     if rep.reference is None:
         return
     answers = all_answers(db, mtime, rep)
-    table = disagreements(answers, str(rep.reference["run_id"]))
     if modality == "text":
         st.info("Text decisions carry no media: choose another modality (or all) to see media decisions.", icon="ℹ️")
         return
-    ref_modality = answers.loc[answers["run_id"] == str(rep.reference["run_id"]), "modality"]
+    table = media_questions(answers, str(rep.reference["run_id"]))
     kind = "media" if modality == "all" else modality
-    total = int((ref_modality != "text").sum() if modality == "all" else (ref_modality == modality).sum())
     if modality != "all":
         table = table[table["modality"] == modality]
-    if total == 0:
+    if table.empty:
         st.info(f"These runs answered no {kind} questions.", icon="ℹ️")
         return
-    if table.empty:
-        st.success(f"Every variant gives BF16's top answer on all {total} {kind} questions.", icon="✅")
-        return
-    st.caption(f"{len(table)} of {total} {kind} questions where at least one variant's top answer differs from "
-               "BF16's.")
-    labels = [f"{r.record_id} · {r.question} · {r.modality} — differs: {r.differ}" for r in table.itertuples()]
+    n_differ, total = int((table["differ"] != "").sum()), len(table)
+    every = st.toggle("Every media question, not only those where the variants disagree", key="every_media",
+                      help="off: the questions on which some variant's top answer is not BF16's")
+    if n_differ == 0:
+        st.success(f"Every variant gives BF16's top answer on all {len(table)} {kind} questions.", icon="✅")
+        if not every:
+            return
+    if not every:
+        table = table[table["differ"] != ""]
+    st.caption(f"{n_differ} of {total} {kind} questions where at least one variant's top answer differs from BF16's"
+               + ("; all of them listed." if every else "."))
+    labels = [f"{r.record_id} · {r.question} · {r.modality} — " + (f"differs: {r.differ}" if r.differ else "all agree")
+              for r in table.itertuples()]
     url_state.start("decision", labels[0])
     wanted = st.session_state["decision"]
     if wanted not in labels:  # a link may name only the record
@@ -172,4 +175,5 @@ def section(db: str, mtime, rep: GpuReport, modality: str) -> None:
         gold = pick["gold"] if isinstance(pick["gold"], str) else None
         st.plotly_chart(figures.option_probs(one, gold), width="stretch")
         st.caption(f"{pick['benchmark']}: question “{pick['question']}”; BF16 answers {pick['BF16']}"
-                   + (f", gold {gold}" if gold else "") + f"; differs: {pick['differ']}.")
+                   + (f", gold {gold}" if gold else "")
+                   + (f"; differs: {pick['differ']}." if pick["differ"] else "; every variant agrees."))

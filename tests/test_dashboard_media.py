@@ -109,6 +109,11 @@ def test_the_viewer_draws_a_waveform_for_audio_and_the_frames_of_a_video(store, 
     assert len(wave) == 1 and title(wave[0]) == "state.microphone: audio, 1.00 s"
     assert len(at.get("audio")) == 1
     assert any(c.value.startswith("strongest frequency 880 Hz") for c in at.caption)  # mixed-000: the high tone
+    at.selectbox(key="modality").set_value("audio").run()
+    assert len(at.selectbox(key="decision").options) == 2  # the two near-ties both INT4 variants flip
+    at.toggle(key="every_media").set_value(True).run()
+    options = at.selectbox(key="decision").options
+    assert len(options) == dms.N["audio"] and sum(o.endswith("all agree") for o in options) == dms.N["audio"] - 2
     at.selectbox(key="modality").set_value("video").run()
     assert not at.exception, at.exception
     assert images(at) == [f"frame {i + 1} · {i / 2:.2f} s" for i in range(4)]
