@@ -18,8 +18,9 @@ LAYOUT = {"template": "plotly_white", "margin": {"l": 10, "r": 10, "t": 40, "b":
 
 
 def colour(fmt: str) -> str:
+    name = str(fmt).lower().replace("bfloat16", "bf16")  # a real run's format reads bfloat16
     for prefix, c in FORMAT_COLOURS.items():
-        if str(fmt).lower().startswith(prefix):
+        if name.startswith(prefix):
             return c
     return OTHER[sum(map(ord, str(fmt))) % len(OTHER)]
 
@@ -332,7 +333,7 @@ def variant_colours(formats: list[str]) -> list[str]:
 
 def option_probs(answers: pd.DataFrame, gold: str | None) -> go.Figure:
     """Each variant's probability of each option on one question: one bar per variant (colour = its format) in
-    each option's group; the gold option named on the axis."""
+    each option's group, the reference's hatched; the gold option named on the axis."""
     fig = go.Figure()
     options = list(answers["options"].iloc[0]) if len(answers) else []
     colours = variant_colours(answers["weight_format"].astype(str).tolist())
@@ -341,7 +342,7 @@ def option_probs(answers: pd.DataFrame, gold: str | None) -> go.Figure:
         fig.add_trace(go.Bar(
             x=[f"{o} ✓" if o == gold else o for o in options], y=[probs.get(o, 0.0) for o in options],
             name=str(a["variant"]), marker_color=c,
-            marker_pattern_shape="/" if a["role"] == "reference" else "",
+            marker_pattern_shape="/" if a["is_reference"] else "",
             text=[f"{probs.get(o, 0.0):.2f}" for o in options], textposition="outside",
             hovertemplate="%{x}: %{y:.3f}<extra>" + str(a["variant"]) + "</extra>"))
     fig.update_layout(**{**LAYOUT, "height": 340, "legend": {"orientation": "h", "y": -0.25}}, barmode="group",

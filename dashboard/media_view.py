@@ -46,11 +46,13 @@ def label_of(run: dict, rep: GpuReport) -> str:
 
 
 def all_answers(db: str, mtime, rep: GpuReport) -> pd.DataFrame:
-    """Every answer of every run of the report, one row per run and question, with the run's label and role."""
+    """Every answer of every run of the report, one row per run and question, with the run's label and whether
+    it is the reference."""
     frames = []
     for run in runs_of(rep):
         a = store_cache.answers(db, mtime, str(run["run_id"]))
-        frames.append(a.assign(run_id=str(run["run_id"]), variant=label_of(run, rep), role=run.get("role"),
+        frames.append(a.assign(run_id=str(run["run_id"]), variant=label_of(run, rep),
+                               is_reference=str(run["run_id"]) == str(rep.reference["run_id"]),
                                weight_format=str(run.get("weight_format"))))
     out = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if "modality" not in out:  # a store from before schema 7
