@@ -1,6 +1,7 @@
 """The dashboard's media decisions in a real browser (Debian's chromium via Playwright): the parity page cut to one
 modality shows the picture, the waveform or the video frames beside the variants' probabilities, and the report
-page draws agreement per modality. Screenshots go to test-artifacts/screenshots (and $QUANTBENCH_SCREENSHOTS)."""
+page draws agreement per modality. Screenshots of those sections go to test-artifacts/screenshots (and to
+$QUANTBENCH_SCREENSHOTS: docs/img holds them)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from tests import dashboard_media_store as dms
 from tests.streamlit_server import CHROMIUM, WAIT_MS, dashboard
-from tests.test_dashboard_browser import ROOT, no_exception, shoot
+from tests.test_dashboard_browser import ROOT, no_exception
 
 pytestmark = [
     pytest.mark.browser,
@@ -75,7 +76,6 @@ def test_an_image_decision_shows_the_picture_and_the_breakdown(page, server):
     assert pictures.first.evaluate("img => img.naturalWidth") == 256  # the 64 px picture, enlarged 4x
     assert page.get_by_text("state.camera: image 64×64").is_visible()
     assert page.locator(".js-plotly-plot").filter(has_text="probability per option").count() == 1
-    shoot(page, "parity-image")
     shoot_section(page, "dashboard-modality-breakdown", "By modality", "Agreement by the reference's confidence")
     shoot_section(page, "dashboard-media-image", "Media decisions where the variants disagree")
 
@@ -84,7 +84,6 @@ def test_an_audio_decision_draws_its_waveform(page, server):
     parity(page, server, "audio")
     assert page.locator(".js-plotly-plot").filter(has_text="state.microphone: audio").count() == 1
     assert page.locator("audio").count() == 1
-    shoot(page, "parity-audio")
     shoot_section(page, "dashboard-media-audio", "Media decisions where the variants disagree")
 
 
@@ -94,7 +93,6 @@ def test_a_video_decision_shows_its_frames_side_by_side(page, server):
     assert frames.count() == 4
     boxes = [frames.nth(i).bounding_box() for i in range(4)]
     assert len({round(b["y"]) for b in boxes}) == 1 and [b["x"] for b in boxes] == sorted(b["x"] for b in boxes)
-    shoot(page, "parity-video")
     shoot_section(page, "dashboard-media-video", "Media decisions where the variants disagree")
 
 
@@ -105,6 +103,5 @@ def test_the_report_page_draws_agreement_per_modality(page, server):
     chart = page.locator(".js-plotly-plot").filter(has_text="Agreement with BF16 per modality")
     chart.wait_for(state="visible")
     assert chart.locator(".scatterlayer .trace").count() == 5  # one per modality
-    shoot(page, "report-modality")
     shoot_section(page, "dashboard-report-modality", f"{dms.MODEL} on CPU (ci-runner)",
                   f"{dms.MODEL}: the recommendation on every GPU")
