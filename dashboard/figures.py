@@ -18,8 +18,9 @@ LAYOUT = {"template": "plotly_white", "margin": {"l": 10, "r": 10, "t": 40, "b":
 
 
 def colour(fmt: str) -> str:
+    name = str(fmt).lower().replace("bfloat16", "bf16")  # a real run's format reads bfloat16
     for prefix, c in FORMAT_COLOURS.items():
-        if str(fmt).lower().startswith(prefix):
+        if name.startswith(prefix):
             return c
     return OTHER[sum(map(ord, str(fmt))) % len(OTHER)]
 
@@ -274,4 +275,145 @@ def throughput_latency(steps: pd.DataFrame, percentile: str = "p99_ms") -> go.Fi
     fig.update_xaxes(title="decisions/s (answered)", rangemode="tozero")
     fig.update_yaxes(title=f"{percentile.removesuffix('_ms')} end to end, ms" + (" (log scale)" if log else ""),
                      type="log" if log else "linear")
+    return fig
+
+
+# One colour per modality, the same on every page (the parity breakdown, the disagreement viewer, latency).
+# Hues apart from the format colours above (a chart of variants and one of modalities sit on one page).
+MODALITY_COLOURS = {"text": "#5F6B7A", "image": "#D62976", "audio": "#17A2B8", "video": "#6F42C1", "mixed": "#A0522D"}
+MODALITY_ORDER = list(MODALITY_COLOURS)
+
+
+def modality_colour(modality: str) -> str:
+    return MODALITY_COLOURS.get(str(modality), OTHER[0])
+
+
+def modality_sorted(modalities) -> list[str]:
+    """Modalities in the fixed order (text, image, audio, video, mixed), any other after them."""
+    return sorted(set(map(str, modalities)), key=lambda m: (MODALITY_ORDER.index(m) if m in MODALITY_ORDER else 99, m))
+
+
+def waveform(samples, rate: int, title: str) -> go.Figure:
+    """An audio clip's samples against time (at most ~4,000 points: the min and max of each slice, so a
+    burst survives the thinning)."""
+    import numpy as np
+
+    x = np.asarray(samples, dtype=np.float32)
+    step = max(1, len(x) // 2000)
+    n = len(x) // step * step
+    if step > 1 and n:
+        blocks = x[:n].reshape(-1, step)
+        y = np.column_stack([blocks.min(axis=1), blocks.max(axis=1)]).ravel()
+        t = np.repeat(np.arange(len(blocks)) * step / rate, 2)
+    else:
+        y, t = x, np.arange(len(x)) / rate
+    fig = go.Figure(go.Scatter(x=t, y=y, mode="lines", line={"color": MODALITY_COLOURS["audio"], "width": 1},
+                               hoverinfo="skip"))
+    fig.update_layout(**{**LAYOUT, "height": 220, "margin": {"l": 10, "r": 10, "t": 36, "b": 10}}, title=title,
+                      showlegend=False)
+    fig.update_xaxes(title="seconds", range=[0, len(x) / rate])
+    fig.update_yaxes(title="amplitude", range=[-1.05, 1.05])
+    return fig
+
+
+def variant_colours(formats: list[str]) -> list[str]:
+    """A colour per variant: its format's for the first of each format, then the spare colours (two int4
+    variants side by side must not share one)."""
+    used: set[str] = set()
+    spare = iter(OTHER * 3)
+    out = []
+    for fmt in formats:
+        c = colour(fmt)
+        while c in used:
+            c = next(spare)
+        used.add(c)
+        out.append(c)
+    return out
+
+
+def option_probs(answers: pd.DataFrame, gold: str | None) -> go.Figure:
+    """Each variant's probability of each option on one question: one bar per variant (colour = its format) in
+    each option's group, the reference's hatched; the gold option named on the axis."""
+    fig = go.Figure()
+    options = list(answers["options"].iloc[0]) if len(answers) else []
+    colours = variant_colours(answers["weight_format"].astype(str).tolist())
+    for (_, a), c in zip(answers.iterrows(), colours, strict=True):
+        probs = dict(zip(a["options"], a["probs"], strict=True))
+        fig.add_trace(go.Bar(
+            x=[f"{o} ✓" if o == gold else o for o in options], y=[probs.get(o, 0.0) for o in options],
+            name=str(a["variant"]), marker_color=c,
+            marker_pattern_shape="/" if a["is_reference"] else "",
+            text=[f"{probs.get(o, 0.0):.2f}" for o in options], textposition="outside",
+            hovertemplate="%{x}: %{y:.3f}<extra>" + str(a["variant"]) + "</extra>"))
+    fig.update_layout(**{**LAYOUT, "height": 340, "legend": {"orientation": "h", "y": -0.25}}, barmode="group",
+                      title="Each variant's probability per option (✓ gold)")
+    fig.update_yaxes(title="probability", range=[0, 1.12])
+    return fig
+
+
+def modality_breakdown(df: pd.DataFrame, floor: bool = True) -> go.Figure:
+    """Per modality (quantbench.analysis.parity.by_modality's rows): agreement with BF16 and Δ accuracy, each with
+    its 95% interval, one colour per modality; the noise floor's agreement on the same questions as a hollow
+    mark."""
+    from plotly.subplots import make_subplots
+
+    df = df.reset_index(drop=True)
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.04,
+                        subplot_titles=("agrees with BF16 (%, 95% CI)", "Δ accuracy vs BF16 (points, 95% CI)"))
+    names = [f"{m} (n={n})" for m, n in zip(df["modality"], df["n"], strict=True)]
+    colours = [modality_colour(m) for m in df["modality"]]
+    agree = 100 * df["agreement"].astype(float)
+    fig.add_trace(go.Scatter(
+        x=agree, y=names, mode="markers", marker={"size": 12, "color": colours}, showlegend=False,
+        error_x={"type": "data", "symmetric": False, "array": 100 * df["agreement_hi"].astype(float) - agree,
+                 "arrayminus": agree - 100 * df["agreement_lo"].astype(float)},
+        hovertemplate="%{y}: %{x:.1f}%<extra>agreement</extra>"), row=1, col=1)
+    if floor and df["floor_agreement"].notna().any():
+        fig.add_trace(go.Scatter(
+            x=100 * df["floor_agreement"].astype(float), y=names, mode="markers", name="noise floor (same questions)",
+            marker={"size": 11, "symbol": "diamond-open", "color": "#555555"},
+            hovertemplate="%{y}: floor %{x:.1f}%<extra></extra>"), row=1, col=1)
+    gold = df[df["delta_accuracy"].notna()]
+    if len(gold):
+        delta = 100 * gold["delta_accuracy"].astype(float)
+        fig.add_trace(go.Scatter(
+            x=delta, y=[names[i] for i in gold.index], mode="markers", showlegend=False,
+            marker={"size": 12, "color": [colours[i] for i in gold.index], "symbol": "square"},
+            error_x={"type": "data", "symmetric": False,
+                     "array": 100 * gold["delta_accuracy_hi"].astype(float) - delta,
+                     "arrayminus": delta - 100 * gold["delta_accuracy_lo"].astype(float)},
+            hovertemplate="%{y}: %{x:+.1f} pts<extra>Δ accuracy</extra>"), row=1, col=2)
+    fig.add_vline(x=0, line={"color": "#777777", "width": 1}, row=1, col=2)
+    fig.update_layout(**{**LAYOUT, "height": max(240, 90 + 44 * len(df)),
+                         "legend": {"orientation": "h", "y": -0.12, "yanchor": "top"}})
+    fig.update_yaxes(autorange="reversed")
+    fig.update_xaxes(range=[max(0.0, float((100 * df["agreement_lo"].astype(float)).min()) - 5), 101], row=1, col=1)
+    return fig
+
+
+def agreement_by_modality(rep: GpuReport) -> go.Figure:
+    """The report's variants side by side, their agreement with BF16 on each modality's questions (colour =
+    modality, as on the parity page), with 95% intervals; a modality judged worse is drawn as ✕."""
+    from quantbench.analysis.parity import by_modality
+
+    rows = [r for r in rep.rows if r.comparison is not None and not r.is_reference]
+    frames = [by_modality(r.comparison).assign(variant=r.label) for r in rows]
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    fig = go.Figure()
+    for m in modality_sorted(df["modality"]) if len(df) else []:
+        d = df[df["modality"] == m]
+        y = 100 * d["agreement"].astype(float)
+        fig.add_trace(go.Scatter(
+            x=d["variant"], y=y, mode="markers", name=m, offsetgroup=m,
+            marker={"size": 13, "color": modality_colour(m),
+                    "symbol": ["x" if v == "worse" else "circle" for v in d["verdict"]],
+                    "line": {"width": 1, "color": "#222222"}},
+            error_y={"type": "data", "symmetric": False, "array": 100 * d["agreement_hi"].astype(float) - y,
+                     "arrayminus": y - 100 * d["agreement_lo"].astype(float), "color": modality_colour(m)},
+            customdata=d[["n", "verdict"]].to_numpy(),
+            hovertemplate="%{x} · " + m + ": %{y:.1f}% of %{customdata[0]} questions, %{customdata[1]}<extra></extra>"))
+    fig.update_layout(**LAYOUT, title="Agreement with BF16 per modality (95% CI; ✕ = worse beyond the margin)",
+                      scattermode="group", legend_title_text="modality")
+    low = float((100 * df["agreement_lo"].astype(float)).min()) if len(df) else 90.0
+    fig.update_yaxes(title="agrees with BF16 (%)", range=[max(0.0, low - 3), 101.5])
     return fig

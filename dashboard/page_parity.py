@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from dashboard import figures, store_cache, url_state
+from dashboard import figures, media_view, modality_view, store_cache, url_state
 from quantbench.analysis.stats import n_needed_text
 from quantbench.report import SYNTHETIC_NOTE
 
@@ -13,6 +13,21 @@ def text_col(label: str, width: int, help: str | None = None):
 
 def dist(options: list, probs: list) -> str:
     return "  ".join(f"{o} {p:.2f}" for o, p in zip(options, probs, strict=True))
+
+
+ALL = modality_view.ALL
+
+
+def modality_filter(per_question) -> str:
+    """The modality the page is cut to (kept in the link as `modality=`): all, or one the questions have. Drawn
+    only when the suite carries media: a text-only suite has nothing to choose."""
+    present = figures.modality_sorted(per_question["modality"]) if "modality" in per_question else ["text"]
+    if present == ["text"]:
+        return ALL
+    return url_state.bound_select("Modality", "modality", [ALL, *present],
+                                  {ALL: "all", **{m: m for m in present}},
+                                  help="cut the flipped questions and the media viewer to one kind of decision; "
+                                       "the table below breaks every figure down by modality", default=ALL)
 
 
 st.title("Parity detail")
@@ -39,6 +54,8 @@ choice = st.selectbox("Variant", labels, key="variant")
 url_state.publish("variant")
 rep, row = compared[labels.index(choice)]
 c = row.comparison
+pq = c.per_question
+modality = modality_filter(pq)
 
 ref = c.reference
 st.caption(f"{row.label} ({c.candidate.get('kernel_path')}, run {str(c.candidate['run_id'])[:13]}) against BF16 "
@@ -46,23 +63,29 @@ st.caption(f"{row.label} ({c.candidate.get('kernel_path')}, run {str(c.candidate
            "identical questions.")
 for note in c.notes:
     st.caption(f"Note: {note}")
+h = modality_view.headline(c, modality)
+if h.scope:
+    st.caption(f"The figures below are {h.scope}.")
 a, b, f, v = st.columns([1, 1, 1, 1.6])
-a.metric("Agrees with BF16", f"{c.agreement.rate:.1%}", help=f"95% Wilson interval {c.agreement.lo:.1%}–"
-         f"{c.agreement.hi:.1%} ({c.agreement.k}/{c.agreement.n})", delta_color="off")
-b.metric("Mean TV", f"{c.tv_ci.mean:.4f}", help=f"95% bootstrap interval {c.tv_ci.lo:.4f}–{c.tv_ci.hi:.4f}")
-fl = c.flips
+a.metric("Agrees with BF16", f"{h.agreement.rate:.1%}", help=f"95% Wilson interval {h.agreement.lo:.1%}–"
+         f"{h.agreement.hi:.1%} ({h.agreement.k}/{h.agreement.n})", delta_color="off")
+b.metric("Mean TV", f"{h.tv_ci.mean:.4f}", help=f"95% bootstrap interval {h.tv_ci.lo:.4f}–{h.tv_ci.hi:.4f}")
+fl = h.flips
 f.metric("Flips on gold answers", f"{fl.ref_right_cand_wrong} / {fl.ref_wrong_cand_right}",
          help=f"BF16 right → variant wrong / the reverse, over {fl.n_gold} questions with a gold answer")
-v.metric("Against the noise floor", c.verdict.label,
-         help=f"margins: {c.verdict.margins.describe()}" if c.verdict.margins else None)
+v.metric("Against the noise floor", h.verdict.label,
+         help=f"margins: {h.verdict.margins.describe()}" if h.verdict.margins else None)
 with st.expander("Why this verdict"):
-    if c.verdict.label == "inconclusive":
-        st.markdown(f"- Inconclusive: {n_needed_text(c.verdict.n_needed)}.")
-    for reason in c.verdict.reasons:
+    if h.verdict.label == "inconclusive":
+        st.markdown(f"- Inconclusive: {n_needed_text(h.verdict.n_needed)}.")
+    for reason in h.verdict.reasons:
         st.markdown(f"- {reason}")
-    if c.floor is not None:
+    if c.floor is not None and h.floor_agreement is not None:
+        fa = h.floor_agreement
         st.markdown(f"- Noise floor: BF16 under {c.floor.run.get('kernel_path')} agrees with BF16 on "
-                    f"{c.floor.agreement.rate:.1%} ({c.floor.agreement.lo:.1%}–{c.floor.agreement.hi:.1%}).")
+                    f"{fa.rate:.1%} ({fa.lo:.1%}–{fa.hi:.1%}){' ' + h.scope if h.scope else ''}.")
+if c.per_modality:
+    modality_view.breakdown(c, modality)
 
 st.subheader("Agreement by the reference's confidence")
 left, right = st.columns([5, 4])
@@ -79,8 +102,9 @@ right.dataframe(bucket_table, hide_index=True,
                     "mean_tv": st.column_config.NumberColumn("Mean TV", format="%.4f", width=70)})
 
 st.subheader("Flipped questions")
-pq = c.per_question
 flipped = pq[~pq["agree"].astype(bool)]
+if modality != ALL:
+    flipped = flipped[flipped["modality"] == modality]
 keys = ["record_id", "question"]
 ans_ref = store_cache.answers(db, mtime, str(ref["run_id"]))[keys + ["options", "probs"]]
 ans_cand = store_cache.answers(db, mtime, str(c.candidate["run_id"]))[keys + ["options", "probs"]]
@@ -97,13 +121,17 @@ if query:
     q = query.lower()
     hay = (flipped["question"] + " " + flipped["record_id"] + " " + flipped["benchmark"].fillna("")).str.lower()
     flipped = flipped[hay.str.contains(q, regex=False)]
+cut = [f"are {modality}"] if modality != ALL else []
+cut += [f"match “{query}”"] if query else []
 st.caption(f"{len(flipped)} of {int((~pq['agree'].astype(bool)).sum())} flipped questions"
-           + (f" match “{query}”" if query else "") + f" ({c.agreement.n} compared).")
+           + (" " + " and ".join(cut) if cut else "") + f" ({c.agreement.n} compared).")
+shown_cols = ["record_id", "benchmark", *(["modality"] if "modality" in flipped else []), "question", "gold",
+              "top_ref", "top_cand", "BF16 distribution", "variant distribution", "ref_margin", "tv", "dp"]
 st.dataframe(
-    flipped[["record_id", "benchmark", "question", "gold", "top_ref", "top_cand", "BF16 distribution",
-             "variant distribution", "ref_margin", "tv", "dp"]],
+    flipped[shown_cols],
     hide_index=True, width="stretch", column_config={
         "record_id": text_col("Record", 112), "benchmark": text_col("Benchmark", 90),
+        "modality": text_col("Modality", 70),
         "question": text_col("Question", 175), "gold": text_col("Gold", 50), "top_ref": text_col("BF16", 50),
         "top_cand": text_col("Variant", 60),
         "BF16 distribution": text_col("BF16 distribution", 195, "each option's probability under BF16"),
@@ -134,3 +162,6 @@ else:
     if m is not None:
         right.caption(f"Unweighted mean over benchmarks: {100 * m.mean:+.2f} points (95% CI {100 * m.lo:+.2f} to "
                       f"{100 * m.hi:+.2f}), {m.n} questions with gold answers.")
+
+if "modality" in pq and set(pq["modality"]) != {"text"}:
+    media_view.section(db, mtime, rep, modality)

@@ -87,6 +87,10 @@ for rep in mine:
     flat = flat_rows([rep])
     if any(r.comparison is not None for r in rep.rows):
         st.plotly_chart(figures.tradeoff(rep, flat, rules), width="stretch")
+        if any(r.comparison.per_modality for r in rep.rows if r.comparison is not None):
+            st.plotly_chart(figures.agreement_by_modality(rep), width="stretch")
+            st.caption("Each modality's questions judged alone, by the same rule (the Parity detail page breaks every "
+                       "figure down by modality and shows the media decisions where the variants disagree).")
     else:
         st.plotly_chart(figures.speed_memory(rep, flat), width="stretch")
     with st.expander("This table as markdown (what `quantbench report` prints, for a model card)"):

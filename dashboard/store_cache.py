@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from quantbench.analysis import parity
+from quantbench.analysis import decision_media, parity
 from quantbench.errors import QuantbenchError
 from quantbench.report import GpuReport, Rules, build_report, since_filter
 from quantbench.store import SCHEMA_VERSION, Store, default_db, queries
@@ -53,6 +53,11 @@ class Status:
     n_ok: int = 0
     version: int = 0
     message: str = ""
+    n_load_runs: int = 0  # `quantbench load` runs: a store may hold only these (the load page still shows them)
+
+    @property
+    def only_load_runs(self) -> bool:
+        return not self.usable and self.n_runs == 0 and self.n_load_runs > 0
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
@@ -79,9 +84,15 @@ def status(db: str, mtime: Stamp) -> Status:
             "The dashboard only reads, so it does not upgrade stores: the next `quantbench run` into this store "
             f"upgrades it in place, keeping every run, or run `quantbench migrate --db {path}`."))
     n, ok = queries.run_counts(store)
+    n_load = len(load_store.load_runs(store)) if load_store.has_load_tables(store) else 0
+    if n == 0 and n_load:
+        return Status(False, version=version, n_load_runs=n_load, message=(
+            f"The store `{path}` holds {n_load} load run{'s' * (n_load != 1)} (`quantbench load`: throughput and "
+            "latency of a server) and no benchmark runs, so there is no variant to compare yet: the Serving under "
+            f"load page shows them. For the which-quant table, {make}."))
     if n == 0:
         return Status(False, version=version, message=f"The store `{path}` has no runs yet: {make}.")
-    return Status(True, n_runs=n, n_ok=ok, version=version)
+    return Status(True, n_runs=n, n_ok=ok, version=version, n_load_runs=n_load)
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
@@ -150,3 +161,30 @@ def report_key(rep: GpuReport) -> str:
 
 def env_db_note() -> str:
     return "from QUANTBENCH_DB" if os.environ.get("QUANTBENCH_DB") else "default; set QUANTBENCH_DB to change"
+
+
+def _file_stamps(paths: tuple[str, ...]) -> tuple[Stamp, ...]:
+    return tuple(stamp(Path(p).expanduser()) for p in paths)
+
+
+@st.cache_resource(show_spinner="Finding the suite these runs answered…", max_entries=8)
+def _suite_lookup(suite_id: str | None, suite_hash: str | None, paths: tuple[str, ...], limits: decision_media.Limits,
+                  stamps: tuple[Stamp, ...]) -> decision_media.SuiteLookup:
+    return decision_media.find_suite(suite_id, suite_hash, list(paths), limits)
+
+
+def suite_lookup(run: dict, paths: tuple[str, ...]) -> decision_media.SuiteLookup:
+    """The suite `run` answered (media included), from `paths` (the user's file first), the run's own --suite or
+    the built-in suite of its id; cached until a file among them changes. Kept as a resource: a suite with its
+    media inline is large, and copying it on every rerun (as cache_data would) is slow."""
+    own = decision_media.run_suite_path(run)
+    paths = tuple(p for p in (*paths, own) if p)
+    return _suite_lookup(run.get("suite_id"), run.get("suite_hash"), paths, decision_media.run_limits(run),
+                         _file_stamps(paths))
+
+
+@st.cache_resource(show_spinner="Decoding the record's media…", max_entries=32)
+def record_media(_lookup: decision_media.SuiteLookup, suite_hash: str, record_id: str,
+                 limits: decision_media.Limits) -> list[decision_media.Decoded]:
+    """One record's media, decoded (`suite_hash` keys the cache: the lookup itself is not hashed)."""
+    return decision_media.record_media(_lookup.suite, record_id, limits)

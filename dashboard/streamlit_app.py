@@ -14,18 +14,31 @@ from dashboard import store_cache, url_state  # noqa: E402
 
 st.set_page_config(page_title="quantbench", page_icon=":material/balance:", layout="wide")
 
+db, mtime = store_cache.current()
+status = store_cache.status(db, mtime)
+# A store of only `quantbench load` runs opens on the load page: it is the one page with something to show.
+load_first = status.only_load_runs
+LOAD_TITLE = "Serving under load"
 page = st.navigation([
-    st.Page("page_report.py", title="Which quant should I use?", icon=":material/star:", default=True),
+    st.Page("page_report.py", title="Which quant should I use?", icon=":material/star:", default=not load_first),
     st.Page("page_latency.py", title="Latency", icon=":material/timer:", url_path="latency"),
     st.Page("page_parity.py", title="Parity detail", icon=":material/compare_arrows:", url_path="parity"),
-    st.Page("page_load.py", title="Serving under load", icon=":material/speed:", url_path="load"),
+    st.Page("page_load.py", title=LOAD_TITLE, icon=":material/speed:", url_path="load", default=load_first),
     st.Page("page_runs.py", title="Runs", icon=":material/list:", url_path="runs"),
 ])
 
-db, mtime = store_cache.current()
-status = store_cache.status(db, mtime)
 with st.sidebar:
     st.caption(f"Store `{db}` ({store_cache.env_db_note()})")
+if status.only_load_runs:
+    with st.sidebar:
+        st.caption(f"{status.n_load_runs} load run{'s' * (status.n_load_runs != 1)}, no benchmark runs")
+    if page.title == LOAD_TITLE:  # (the default page's url_path is "", whichever it is)
+        page.run()
+    else:
+        st.title(page.title)
+        st.info(status.message, icon="ℹ️")
+        st.page_link("page_load.py", label=LOAD_TITLE, icon=":material/speed:")
+    st.stop()
 if not status.usable:
     st.title(page.title)
     st.info(status.message, icon="ℹ️")

@@ -17,6 +17,7 @@ import numpy as np
 
 from quantbench.run.record import RunResult, uuid7
 from quantbench.store import Store
+from quantbench.store.load import LoadRunRecord, LoadStepRecord, write_load
 
 MODEL = "teststore/moe-a3b"
 SYNTHETIC_MODEL = "teststore/synthetic-moe-a3b"
@@ -198,4 +199,28 @@ def build_old_schema(path: str | Path) -> Store:
                     [str(uuid7())])
     finally:
         con.close()
+    return store
+
+
+# The issue's INT4 load run on the H200: (clients, decisions/s, p50 ms, p99 ms) per step
+LOAD_STEPS = [(1, 56.3, 17.6, 20.1), (8, 71.6, 110.0, 120.0), (32, 95.1, 335.0, 372.0), (128, 66.1, 1263.0, 8307.0)]
+
+
+def write_load_run(store: Store) -> str:
+    """One `quantbench load` run against an INT4 server, as the load generator stores it."""
+    now = dt.datetime(2026, 12, 2, 12, 0, tzinfo=dt.UTC)
+    run = LoadRunRecord(created_at=now, finished_at=now, endpoint="http://127.0.0.1:8000", mode="closed",
+                        requests_from="quantbench-default-v1", n_distinct_requests=364, server_model="synthetic",
+                        server_variant="int4", server_kernel_path="quantbench grouped-moe gluon +cuda-graph",
+                        server_gpu="NVIDIA H200", saturation=32.0, peak_decisions_per_s=95.1, host="h200-box")
+    steps = [LoadStepRecord(step=i, concurrency=c, sent=500, ok=500, duration_s=500 / t, offered_per_s=t,
+                            decisions_per_s=t, p50_ms=p50, p99_ms=p99, errors={"503": 238} if c == 128 else {})
+             for i, (c, t, p50, p99) in enumerate(LOAD_STEPS)]
+    return write_load(store, run, steps)
+
+
+def build_only_load(path: str | Path) -> Store:
+    """A store that `quantbench load` wrote to and no `quantbench run` ever did."""
+    store = build_empty(path)
+    write_load_run(store)
     return store
