@@ -84,3 +84,41 @@ def test_a_demo_where_every_variant_succeeds_exits_0_and_reports_only_its_own_ru
     assert "failed" not in done.stdout
     int4 = next(line for line in done.stdout.splitlines() if line.startswith("| int4 |"))
     assert "99.0%" in int4  # 2 flips of 200: this demo's int4 run, not the older one (40 flips, 80.0%)
+
+
+def test_demo_family_omni_runs_every_variant_on_the_omni_model_and_its_suite(demo_store, monkeypatch, tmp_path):
+    """`demo --family omni`: each variant's run gets the omni default model (or its variant for the backend) and the
+    built-in media suite, prepared by the parent as `run --family omni` prepares them."""
+    import quantbench.models.omni_fixture
+    import quantbench.run.resolve
+
+    store, _ = demo_store
+    asked: list[tuple[str, str]] = []
+
+    def family_defaults(backend, family, model, suite, shape=None):
+        asked.append((backend, family))
+        return str(tmp_path / f"omni-{backend}"), str(tmp_path / "quantbench-omni-v1.jsonl")
+
+    specs = []
+    faked = cli_run._execute_and_store
+
+    def execute_and_store(spec, db):
+        specs.append(spec)
+        return faked(spec, db)
+
+    monkeypatch.setattr(quantbench.run.resolve, "family_defaults", family_defaults)
+    monkeypatch.setattr(quantbench.models.omni_fixture, "omni_default_model_dir", lambda: tmp_path / "omni")
+    monkeypatch.setattr(cli_run, "_execute_and_store", execute_and_store)
+    done = CliRunner().invoke(cli.app, ["demo", "--family", "omni", "--db", str(store.path)])
+    assert f"embedded default model (omni): {tmp_path / 'omni'}" in " ".join(done.stderr.split())
+    assert [s.backend for s in specs] == ["bf16", "bf16", "int4", "nvfp4", "nvfp4", "fp8"]
+    assert all(family == "omni" for _, family in asked) and len(asked) == 6
+    assert all(s.model == str(tmp_path / f"omni-{s.backend}") for s in specs)
+    assert {s.suite for s in specs} == {str(tmp_path / "quantbench-omni-v1.jsonl")}
+    assert done.exit_code == 1  # the fake int4 run fails, as in the text demo: reported, not hidden
+
+
+def test_demo_refuses_an_unknown_family_before_running_anything(demo_store):
+    store, _ = demo_store
+    done = CliRunner().invoke(cli.app, ["demo", "--family", "vision", "--db", str(store.path)])
+    assert done.exit_code != 0 and "--family 'vision'" in " ".join((done.stderr + done.stdout).split())

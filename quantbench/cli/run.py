@@ -257,9 +257,12 @@ def demo(
     db: DbOpt = None,
     limit: Annotated[int | None, typer.Option(help="Only the first N records of the suite")] = None,
     only: Annotated[list[str] | None, typer.Option(help="Run only these backends (repeatable)")] = None,
+    family: Annotated[str, typer.Option(help="text: the embedded Qwen3-MoE on the built-in text suite | omni: the "
+                                             "embedded Qwen3-Omni thinker on quantbench-omni-v1 (text, image, "
+                                             "audio and video decisions; the report per modality)")] = "text",
 ) -> None:
     """Build the embedded default model if needed, run every variant on it, store the results, print the table."""
-    from quantbench.models.fixture import default_model_dir
+    from quantbench.models.quantize import default_model_dir
     from quantbench.report.tables import runs_table  # lazy: a fast --help
     from quantbench.run.backend import backend_names
     from quantbench.store import Store, queries
@@ -267,7 +270,7 @@ def demo(
     path = _db(db)
     try:
         Store(path).check_writable()  # before minutes of building and running
-        err.print(f"[bold]embedded default model:[/] {default_model_dir()}")
+        err.print(f"[bold]embedded default model ({family}):[/] {default_model_dir(family)}")
         installed = set(backend_names())
         ids, failed = [], []
         for label, kw in DEMO_VARIANTS:
@@ -276,6 +279,12 @@ def demo(
             rule(err, f"[bold]{label}")
             if kw.get("role") == "noise_floor":
                 kw = dict(kw, **dict(zip(("experts_impl", "dtype"), noise_floor_kernel("auto"), strict=True)))
+            if family != "text":
+                from quantbench.run.resolve import family_defaults  # lazy: a fast --help
+
+                # the model (or its variant for this backend) and the suite, prepared here as `run --family` does
+                model, suite = family_defaults(kw["backend"], family, None, None)
+                kw = dict(kw, model=model, suite=suite)
             run_id, status = _execute_and_store(_spec(limit=limit, timeout_s=1800.0, **kw), path)
             ids.append(run_id)
             if status != "ok":
