@@ -176,3 +176,22 @@ def test_every_weight_format_declares_the_optional_features_on_experts_base():
     assert dense.quantize_input is None and dense.quantizes_input_in_kernel(torch.device("cpu")) is False
     assert Int4Experts.quantize_input is None and callable(Nvfp4UnpackedExperts.quantize_input)
     assert Int4Experts.fused_features == frozenset({"gather", "swiglu", "row_scale", "scatter"})
+
+
+def test_install_frees_each_layers_old_experts_before_building_the_next():
+    """The swap holds one layer's old experts at a time: a layout that kept its refs to the old blocks held all of
+    them until the end (peak memory of a checkpoint load at two copies of the experts)."""
+    import gc
+    import weakref
+
+    model = tiny_model(seed=4)
+    old: list[weakref.ref] = []
+
+    def weights(layer_index, experts):
+        gc.collect()
+        assert all(r() is None for r in old), f"layer {layer_index}: an earlier layer's old experts are still alive"
+        old.append(weakref.ref(experts))
+        return dense_weights(layer_index, experts)
+
+    install_grouped_moe(model, weights, layout=moe_layout(model))
+    assert len(old) == len(model.model.layers) >= 2
