@@ -6,9 +6,10 @@ deepstack features added after the first decoder layers; transformers adds those
 handed over dense ([rows, width, hidden], zero off the visual positions) and added by a forward hook on each of
 those layers, which adds exactly nothing elsewhere, so the decoder captures as the text decoder does
 (quantbench.engine.cudagraph): one graph per padded [rows, width] bucket, the same buckets, right padding that no
-real token attends to, no attention mask. Each bucket's first replay is checked against the eager decoder with
-transformers' own deepstack path (mean relative error within 2%: bf16 over 48 layers); a capture that fails or
-disagrees turns the graphs off, with the reason kept (`report`), and the decoder runs eagerly from then on.
+real token attends to, no attention mask. Each bucket's first replay is checked against the same forward run
+eagerly (mean relative error within 1%; the error against transformers' own deepstack path is recorded beside it);
+a capture that fails or disagrees turns the graphs off, with the reason kept (`report`), and the decoder runs
+eagerly from then on.
 """
 
 from __future__ import annotations
@@ -87,13 +88,35 @@ class GraphedMediaDecoder:
         graph.replay()
         self.replays += 1
         out = s_out[:rows, :width]
-        if fresh:  # bf16 through 48 layers: a routing flip moves a few positions; a missing deepstack moves many
-            want = eager().float()
-            err = float((out.float() - want).abs().mean() / want.abs().mean().clamp_min(1e-12))
-            self.checks.append({"shape": list(key), "mean_relative_error": err})
-            if not err <= 0.02:
-                self.disabled = f"the replay of {list(key)} differs from the eager decoder (mean relative error {err:.3g})"
-                return want.to(out.dtype)
+        if fresh:
+            return self._check(key, out, rows, width, s_embeds, s_positions, s_deep, eager)
+        return out
+
+    def _check(self, key: tuple[int, int], out: Tensor, rows: int, width: int, s_embeds: Tensor, s_positions: Tensor,
+               s_deep: Tensor, eager: Any) -> Tensor:
+        """A bucket's first replay against the same forward run eagerly (the static inputs, no mask, deepstack by
+        the hooks): a graph defect shows there, within a rounding step of nothing. The error against transformers'
+        own path (attention mask, deepstack by indexing) is recorded beside it: it holds the kernels' other
+        summation orders through 48 random layers (0.013-0.023 mean relative error on the H200, 2026-12-02, NVFP4's
+        activation rounding the largest), so it is no test of the graph; tests/test_omni_shape_towers.py pins the
+        two paths' equality in fp32 on the CPU."""
+        self._deep_now = s_deep
+        try:
+            same = self.decoder(inputs_embeds=s_embeds, position_ids=s_positions,
+                                use_cache=False).last_hidden_state[:rows, :width].float()
+        finally:
+            self._deep_now = None
+
+        def relative(a: Tensor, b: Tensor) -> float:
+            return float((a.float() - b).abs().mean() / b.abs().mean().clamp_min(1e-12))
+
+        err = relative(out, same)
+        self.checks.append({"shape": list(key), "mean_relative_error": err,
+                            "against_transformers_path": relative(out, eager().float())})
+        if not err <= 1e-2:
+            self.disabled = (f"the replay of {list(key)} differs from the same forward run eagerly (mean relative "
+                             f"error {err:.3g})")
+            return eager()
         return out
 
     def _capture(self, key: tuple[int, int], like: Tensor) -> tuple[Any, Tensor, Tensor, Tensor, Tensor]:
