@@ -174,3 +174,11 @@ def test_a_saved_synthetic_omni_checkpoint_loads_and_reads_media(small_shape, tm
     assert isinstance(loaded.engine, OmniEngine) and loaded.engine.modalities == {"image", "audio", "video"}
     request = parse_request({"state": STATES["audio"], "questions": {"ok": {"type": "boolean"}}})
     assert set(loaded.engine.forward(loaded.engine.prepare(request))["ok"].probabilities) == {"yes", "no"}
+
+
+def test_quantize_refuses_a_synthetic_omni_shape_and_names_run_shape():
+    from quantbench.errors import ConfigError
+    from quantbench.models.quantize import _synthetic_source
+
+    with pytest.raises(ConfigError, match=r"run --shape qwen3-omni-30b-a3b --backend int4"):
+        _synthetic_source("qwen3-omni-30b-a3b", 1, 0)

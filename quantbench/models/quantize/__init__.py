@@ -287,6 +287,12 @@ def _synthetic_source(shape: str, layers: int | None, weights_seed: int) -> tupl
 
     if shape not in SYNTHETIC_SHAPES:
         raise ConfigError(f"--shape {shape!r}: use one of {', '.join(sorted(SYNTHETIC_SHAPES))}")
+    from quantbench.models.synthetic_omni import is_omni_shape
+
+    if is_omni_shape(shape):  # auto-round's omni path wants a checkpoint with a processor, not a model in memory
+        raise ConfigError(f"--shape {shape}: a synthetic Qwen3-Omni thinker is not quantized to a checkpoint; "
+                          f"`quantbench run --shape {shape} --backend int4|nvfp4|fp8` quantizes it in memory, "
+                          "layer by layer")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, tokenizer = build_synthetic(shape, layers=layers, device=device, seed=weights_seed)
     if device != "cpu":  # AutoRound takes the model from host memory, as from a checkpoint, and moves each block
