@@ -199,3 +199,17 @@ def test_the_cached_model_answers_text_and_the_learned_media_families_above_chan
     info = OF.read_info(path)
     assert info.model_id == OF.omni_fixture_id()
     assert info.accuracy == pytest.approx(accuracy, abs=1e-6)  # what `fixture --family omni` prints is what it does
+
+
+def test_a_failed_omni_build_leaves_no_directory_behind(tmp_path, monkeypatch):
+    def boom(out_dir, **kwargs):
+        (out_dir / "model.safetensors").write_bytes(b"half")
+        raise RuntimeError("killed mid-build")
+
+    monkeypatch.setattr(OF, "build_omni_fixture", boom)
+    target = tmp_path / "models" / "omni-fixture-x"
+    target.parent.mkdir()
+    with pytest.raises(RuntimeError, match="mid-build"):
+        OF._build_into(target, rebuild=False, progress=False)
+    assert not target.exists()
+    assert [p.name for p in target.parent.iterdir()] == [".omni-fixture-x.lock"]

@@ -181,19 +181,25 @@ def _build_into(target: Path, *, rebuild: bool, progress: bool, seed: int = 0, s
         if progress:
             print(f"building the embedded model {target.name} into {target} ({steps or TRAIN['steps']} training "
                   "steps: about 2 minutes on 2 idle cores; nothing is downloaded)", file=sys.stderr, flush=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-        tmp.chmod(0o755)  # mkdtemp makes it private; the cache is shared like any other
-        try:
-            info = build_fixture(tmp, seed=seed, steps=steps, progress=progress)
-            if target.exists():
-                old = target.with_name(f".{target.name}.old-{os.getpid()}")
-                target.rename(old)
-                shutil.rmtree(old)
-            tmp.rename(target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        info.path = target
-        return info
+        return build_in_place(target, lambda tmp: build_fixture(tmp, seed=seed, steps=steps, progress=progress))
+
+
+def build_in_place(target: Path, build: Any) -> Any:
+    """`build(tmp)` into a temp sibling of `target`, then renamed into place (replacing an older build): a reader
+    never sees half a model. The caller holds the target's lock. Returns build's info, its `path` set to target."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; the cache is shared like any other
+    try:
+        info = build(tmp)
+        if target.exists():
+            old = target.with_name(f".{target.name}.old-{os.getpid()}")
+            target.rename(old)
+            shutil.rmtree(old)
+        tmp.rename(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    info.path = target
+    return info
 
 
 def default_model_dir(progress: bool = True) -> Path:

@@ -22,10 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -127,19 +124,8 @@ def _build_into(target: Path, *, rebuild: bool, progress: bool, seed: int = 0,
             print(f"building the omni default model {target.name} into {target} ({steps or TRAIN['steps']} "
                   "training steps: about 4 minutes on 2 idle cores; nothing is downloaded)", file=sys.stderr,
                   flush=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-        tmp.chmod(0o755)
-        try:
-            info = build_omni_fixture(tmp, seed=seed, steps=steps, progress=progress)
-            if target.exists():
-                old = target.with_name(f".{target.name}.old-{os.getpid()}")
-                target.rename(old)
-                shutil.rmtree(old)
-            tmp.rename(target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        info.path = target
-        return info
+        return fixture.build_in_place(target, lambda tmp: build_omni_fixture(tmp, seed=seed, steps=steps,
+                                                                               progress=progress))
 
 
 # -- tokenizer, config, processor files ------------------------------------------------------------------------
