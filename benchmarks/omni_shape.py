@@ -33,6 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from quantbench.run.child import Timer  # noqa: E402  (after the checkout is on the path)
+
 VARIANTS = {  # name -> (backend, its options)
     "bf16": ("bf16", {}),
     "int4": ("int4", {}),
@@ -117,32 +119,15 @@ def decisions(engine: Any, tiny: bool, text_tokens: int, media_text_tokens: int)
 
 
 # -- timing -------------------------------------------------------------------------------------------------------
-class Clock:
-    """Milliseconds of a call: CUDA events on a GPU (the device's time), perf_counter on the CPU."""
-
-    def __init__(self, device: str):
-        import torch
-
-        self.cuda = device.startswith("cuda")
-        self.torch = torch
-
-    def __call__(self, fn: Any, *args: Any) -> tuple[Any, float]:
-        torch = self.torch
-        if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            start.record()
-            out = fn(*args)
-            end.record()
-            end.synchronize()
-            return out, start.elapsed_time(end)
-        t0 = time.perf_counter()
-        out = fn(*args)
-        return out, (time.perf_counter() - t0) * 1e3
+class Clock(Timer):
+    """Milliseconds of a call, as `quantbench run` times a forward (run.child.Timer: CUDA events on a GPU, the
+    device's time; perf_counter on the CPU), and a synchronize between phases."""
 
     def sync(self) -> None:
         if self.cuda:
-            self.torch.cuda.synchronize()
+            import torch
+
+            torch.cuda.synchronize()
 
 
 def median(values: list[float]) -> float | None:
