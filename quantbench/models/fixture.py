@@ -406,10 +406,16 @@ def evaluate_model(model, tokenizer, suite=None, batch: int = 32) -> dict[str, f
     from quantbench.protocol.suite import load_suite
 
     suite = suite or load_suite(None)
-    engine = TransformersEngine(model, tokenizer)
+    accuracy = accuracy_by_family(TransformersEngine(model, tokenizer), suite.records, batch)
+    return {b: accuracy[b] for b in sorted(accuracy)}
+
+
+def accuracy_by_family(engine: Any, records: list[Any], batch: int = 32) -> dict[str, float]:
+    """The share of gold answers an engine gets right per benchmark family, over the records with gold answers,
+    `batch` records a forward pass; families in the order they first appear."""
+    records = [r for r in records if r.gold]
     right: dict[str, int] = {}
     total: dict[str, int] = {}
-    records = [r for r in suite.records if r.gold]
     for start in range(0, len(records), batch):
         chunk = records[start : start + batch]
         answers = engine.forward_many([engine.prepare(r.request) for r in chunk])
@@ -417,7 +423,7 @@ def evaluate_model(model, tokenizer, suite=None, batch: int = 32) -> dict[str, f
             for q, gold in rec.gold.items():
                 total[rec.benchmark] = total.get(rec.benchmark, 0) + 1
                 right[rec.benchmark] = right.get(rec.benchmark, 0) + (ans[q].top == gold)
-    return {b: right[b] / total[b] for b in sorted(total)}
+    return {b: right[b] / total[b] for b in total}
 
 
 def build_fixture(out_dir: Path, *, seed: int = 0, steps: int | None = None, progress: bool = False) -> FixtureInfo:

@@ -258,14 +258,4 @@ def evaluate_omni(model_dir: Path, records: list[Any] | None = None, batch: int 
 
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.bfloat16, use_safetensors=True).eval()
     engine = _engine(model, AutoTokenizer.from_pretrained(model_dir), Path(model_dir))
-    records = [r for r in (records if records is not None else omni_suite_records()) if r.gold]
-    right: dict[str, int] = {}
-    total: dict[str, int] = {}
-    for start in range(0, len(records), batch):
-        chunk = records[start : start + batch]
-        answers = engine.forward_many([engine.prepare(r.request) for r in chunk])
-        for rec, ans in zip(chunk, answers, strict=True):
-            for q, gold in rec.gold.items():
-                total[rec.benchmark] = total.get(rec.benchmark, 0) + 1
-                right[rec.benchmark] = right.get(rec.benchmark, 0) + (ans[q].top == gold)
-    return {b: right[b] / total[b] for b in total}
+    return fixture.accuracy_by_family(engine, records if records is not None else omni_suite_records(), batch)
