@@ -3,7 +3,6 @@ with the saturation point that quantbench.analysis.load computes, and a plain no
 
 from __future__ import annotations
 
-import datetime as dt
 import shutil
 from pathlib import Path
 
@@ -12,12 +11,10 @@ from streamlit.testing.v1 import AppTest
 
 from quantbench.analysis.load import saturation
 from quantbench.store import Store
-from quantbench.store.load import LoadRunRecord, LoadStepRecord, write_load
 from tests import dashboard_store as ds
 
 APP = str(Path(__file__).resolve().parent.parent / "dashboard" / "streamlit_app.py")
-# The INT4 row on the H200 (decisions/s, p50, p99 per clients)
-INT4 = [(1, 56.3, 17.6, 20.1), (8, 71.6, 110.0, 120.0), (32, 95.1, 335.0, 372.0), (128, 66.1, 1263.0, 8307.0)]
+INT4 = ds.LOAD_STEPS  # the INT4 row on the H200: (clients, decisions/s, p50 ms, p99 ms) per step
 
 
 @pytest.fixture(scope="module")
@@ -28,15 +25,7 @@ def built(tmp_path_factory) -> Path:
 def with_load_run(built: Path, tmp_path: Path) -> Path:
     path = tmp_path / "results.duckdb"
     shutil.copy(built, path)
-    now = dt.datetime(2026, 12, 2, 12, 0, tzinfo=dt.UTC)
-    run = LoadRunRecord(created_at=now, finished_at=now, endpoint="http://127.0.0.1:8000", mode="closed",
-                        requests_from="quantbench-default-v1", n_distinct_requests=364, server_model="synthetic",
-                        server_variant="int4", server_kernel_path="quantbench grouped-moe gluon +cuda-graph",
-                        server_gpu="NVIDIA H200", saturation=32.0, peak_decisions_per_s=95.1, host="h200-box")
-    steps = [LoadStepRecord(step=i, concurrency=c, sent=500, ok=500, duration_s=500 / t, offered_per_s=t,
-                            decisions_per_s=t, p50_ms=p50, p99_ms=p99, errors={"503": 238} if c == 128 else {})
-             for i, (c, t, p50, p99) in enumerate(INT4)]
-    write_load(Store(path), run, steps)
+    ds.write_load_run(Store(path))
     return path
 
 
