@@ -18,6 +18,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+# The marks of every browser test module: `pytestmark = BROWSER_TESTS`.
+BROWSER_TESTS = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.skipif(not Path(CHROMIUM).exists(),
+                       reason="chromium is not installed (apt-get install -y chromium); the browser tests need it"),
+]
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
 WAIT_MS = 60_000
 VIEWPORT = {"width": 1600, "height": 1000}

@@ -11,16 +11,11 @@ from pathlib import Path
 import pytest
 
 from tests import dashboard_store as ds
-from tests.streamlit_server import CHROMIUM, VIEWPORT, WAIT_MS, dashboard
+from tests.streamlit_server import BROWSER_TESTS, VIEWPORT, WAIT_MS, dashboard
 
 ROOT = Path(__file__).resolve().parent.parent
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.slow,
-    pytest.mark.skipif(not Path(CHROMIUM).exists(),
-                       reason="chromium is not installed (apt-get install -y chromium); the browser tests need it"),
-]
+pytestmark = BROWSER_TESTS
 
 
 @pytest.fixture(scope="module")

@@ -16,19 +16,14 @@ from quantbench.run.spec import RunSpec
 from quantbench.store import Store
 from tests import dashboard_store as ds
 from tests.failing_backends import model_less_load_error
-from tests.streamlit_server import CHROMIUM, WAIT_MS, dashboard
+from tests.streamlit_server import BROWSER_TESTS, WAIT_MS, dashboard
 from tests.test_dashboard_browser import no_exception, shoot
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = f"cpu:{detect().host}"
 PAGES = [("", "Which quant should I use?"), ("latency", "Latency"), ("parity", "Parity detail"), ("runs", "Runs")]
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.slow,
-    pytest.mark.skipif(not Path(CHROMIUM).exists(),
-                       reason="chromium is not installed (apt-get install -y chromium); the browser tests need it"),
-]
+pytestmark = BROWSER_TESTS
 
 
 @pytest.fixture(scope="module")

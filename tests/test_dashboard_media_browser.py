@@ -7,20 +7,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests import dashboard_media_store as dms
-from tests.streamlit_server import CHROMIUM, WAIT_MS, dashboard
+from tests.streamlit_server import BROWSER_TESTS, WAIT_MS, dashboard
 from tests.test_dashboard_browser import ROOT, no_exception
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.slow,
-    pytest.mark.skipif(not Path(CHROMIUM).exists(),
-                       reason="chromium is not installed (apt-get install -y chromium); the browser tests need it"),
-]
+pytestmark = BROWSER_TESTS
 
 
 @pytest.fixture(scope="module")
