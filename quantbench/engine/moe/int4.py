@@ -27,9 +27,9 @@ from quantbench.engine.moe import int4_wgmma
 from quantbench.engine.moe.align import triton_available
 from quantbench.engine.moe.engine import DenseExperts, ExpertsBase, stored_nbytes
 from quantbench.engine.moe.int4_kernels import (
-    DEQUANT_FROM_ROWS,
     FUSED_K_BLOCK,
     FUSED_KERNEL,
+    dequantize_instead,
     fused_supported,
     int4_grouped_mm,
     pick_config,
@@ -167,10 +167,11 @@ class Int4Experts(ExpertsBase):
         rows = x_sorted.shape[0] if row_index is None else row_index.shape[0]
         if rows // 16 + self.num_experts > 65535:
             return None  # the M tiles live on grid axis 1, which CUDA caps at 65535
-        if kernel == "auto" and rows >= DEQUANT_FROM_ROWS.get((self.out_features, self.in_features), 1 << 62) * self.num_experts:
-            return None  # compute-bound: one dequantized copy + a CUTLASS grouped GEMM wins (TUNED's comment)
         config = pick_config(rows, self.num_experts, self.out_features, self.in_features, self.group_size,
                              act == "swiglu", x_sorted.device)
+        if kernel == "auto" and dequantize_instead(config.get("KERNEL", "triton"), self.out_features, self.in_features,
+                                                   rows, self.num_experts):
+            return None  # compute-bound: one dequantized copy + a CUTLASS grouped GEMM wins (DEQUANT_FROM_ROWS)
         self.ran_kernel = int4_wgmma.KERNEL if config.get("KERNEL") == "gluon" else FUSED_KERNEL  # recorded per run
         return int4_grouped_mm(x_sorted, self.qweight, self.scales, self.zeros, offsets, self.group_size, config,
                                row_index=row_index, swiglu=act == "swiglu", row_scale=row_scale, row_dest=row_dest)

@@ -46,7 +46,18 @@ TUNED: dict[tuple[int, int, bool, str], dict[str, Any]] = {
     (2048, 768, False, "mid"): dict(_H200_BEST, num_stages=2),
     (2048, 768, False, "large"): dict(_H200_BEST, BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2, SWAP_AB=False),
 }
-DEQUANT_FROM_ROWS: dict[tuple[int, int], int] = {(1536, 2048): 512}
+# That comparison was the Triton kernel's. The Gluon kernel (int4_wgmma) beats dequantize + grouped_mm where it
+# was measured against it (H200, `benchmarks/kernel_sweep.py --tokens 2048,8192 --formats int4`, 2026-12-02):
+# gate_up 300.7 against 729.5 us at 128 rows per expert, 975.5 against 1,407.9 us at 512; so on sm_90 the
+# engine dequantizes only from 1,024 rows per expert, where the two were not compared (the Triton crossover kept).
+DEQUANT_FROM_ROWS: dict[tuple[str, int, int], int] = {("triton", 1536, 2048): 512, ("gluon", 1536, 2048): 1024}
+
+
+def dequantize_instead(kernel: str, n: int, k: int, rows: int, experts: int) -> bool:
+    """Whether `rows` sorted rows over `experts` experts of an [N, K] projection run faster as one dequantized copy
+    + a CUTLASS grouped GEMM than through `kernel` ("gluon" / "triton"): compute-bound, by DEQUANT_FROM_ROWS."""
+    threshold = DEQUANT_FROM_ROWS.get((kernel, n, k))
+    return threshold is not None and rows >= threshold * experts
 # The Gluon kernel's tiles per rows-per-expert bucket (BLOCK_N weight rows, gate and up stacked for SwiGLU, x
 # BLOCK_M tokens; one warpgroup; AHEAD blocks of tokens and words copied ahead), measured on an H200 at the
 # Qwen3-30B-A3B shape (.dev sweeps recorded in docs/BENCHMARKS.md, 2026-11-30, fifth session):
