@@ -110,9 +110,13 @@ class DevicePixels:
     (patch, merge and temporal patch sizes, size bounds, rescale factor, mean, std)."""
 
     def __init__(self, image_processor: Any, device: torch.device | str, video_size: dict[str, int] | None = None):
+        import importlib
+
         from transformers.image_utils import PILImageResampling
 
         ip = image_processor
+        # the image processor's own module's smart_resize (transformers 5.17 and 5.24 keep one beside each class)
+        self._smart_resize = importlib.import_module(type(ip).__module__).smart_resize
         if ip.resample not in (PILImageResampling.BICUBIC, int(PILImageResampling.BICUBIC)):
             raise ValueError(f"resample {ip.resample!r}: only bicubic, the Qwen2-VL processor's, is reproduced")
         self.device = torch.device(device)
@@ -130,11 +134,9 @@ class DevicePixels:
         return f"quantbench DevicePixels on {self.device.type} (PIL's bicubic in fixed point, bit-equal to Qwen2VLImageProcessorPil)"
 
     def _target(self, height: int, width: int, size: dict[str, int]) -> tuple[int, int]:
-        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
-
         if not self.do_resize:
             return height, width
-        return smart_resize(height, width, factor=self.patch_size * self.merge_size,
+        return self._smart_resize(height, width, factor=self.patch_size * self.merge_size,
                             min_pixels=size["shortest_edge"], max_pixels=size["longest_edge"])
 
     def _frames(self, frames: Tensor, size: dict[str, int]) -> Tensor:
