@@ -3,7 +3,9 @@ positions) at the real media sizes, without the 30B model: the real shape's proc
 small thinker (the processor does not depend on the model's size). For each decision of benchmarks/omni_shape.py
 (a 448 x 448 picture, 10 s of audio, a 2 s video at 2 fps, each beside ~300 text tokens): transformers' processor
 call (what prepare ran before, `MediaProcessor.through_transformers`) against quantbench's (`MediaProcessor.__call__`,
-pixels on the host and, for pictures and frames, made by torch ops on --device), and prepare's phases.
+pixels on the host and, for pictures and frames, made by torch ops on --device), and prepare's phases; on a GPU,
+the audio's mel features by transformers' torch STFT there against the host (time and largest difference): whether
+moving them is worth it.
 
     python benchmarks/omni_prepare.py --reps 20                  # CPU
     python benchmarks/omni_prepare.py --reps 20 --device cuda    # a GPU: the pixels made there
@@ -85,6 +87,15 @@ def measure(engine, request, kind: str, device_pixels, args: argparse.Namespace)
         media.pixels = device_pixels
         row["quantbench_call_device_ms"] = median_ms(lambda: (media(text, **call), sync()), args.reps)
         row["prepare_device_ms"] = median_ms(lambda: (engine.prepare(request), sync()), args.reps)
+    if kind == "audio" and args.device != "cpu":  # the mel features by transformers' torch STFT on the device
+        fe = media.processor.feature_extractor
+        kw = {"sampling_rate": fe.sampling_rate, "padding": True, "truncation": False, "return_attention_mask": True,
+              "return_tensors": "pt"}
+        row["features_host_ms"] = median_ms(lambda: fe(call["audio"], **kw), args.reps)
+        row["features_device_ms"] = median_ms(lambda: fe(call["audio"], device=args.device, **kw), args.reps)
+        host, dev = (fe(call["audio"], **kw)["input_features"],
+                     fe(call["audio"], device=args.device, **kw)["input_features"])
+        row["features_device_max_abs_diff"] = float((host - dev).abs().max())
     engine.phases = Phases(engine.device)
     for _ in range(args.reps):
         engine.prepare(request)

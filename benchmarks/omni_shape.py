@@ -214,6 +214,7 @@ def measure_towers(engine: Any, requests: dict[str, Any], clock: Clock, reps: in
         inputs = _join([engine.prepare(requests[kind]).media[0]], engine.device, model.dtype)
         if kind == "audio":
             frames, lens = _audio_frames(inputs)
+            lens = lens.cpu()  # as the engine's forward hands them: the lengths on the host, no sync
             theirs = lambda i=inputs: model.get_audio_features(  # noqa: E731
                 i["input_features"], i["feature_attention_mask"], return_dict=True)
             ours = lambda f=frames, n=lens: engine.towers.audio(f, n)  # noqa: E731
@@ -222,8 +223,9 @@ def measure_towers(engine: Any, requests: dict[str, Any], clock: Clock, reps: in
             px, grid = ("pixel_values", "image_grid_thw") if kind == "image" else ("pixel_values_videos", "video_grid_thw")
             get = model.get_image_features if kind == "image" else model.get_video_features
             theirs = lambda g=get, p=inputs[px], t=inputs[grid]: g(p, t, return_dict=True)  # noqa: E731
-            ours = lambda p=inputs[px], t=inputs[grid]: engine.towers.vision(p, t)  # noqa: E731
-            engine.towers.warm_vision(inputs[px], inputs[grid])
+            host_grid = inputs[grid].cpu()  # as the engine's forward hands it: on the host, no sync
+            ours = lambda p=inputs[px], t=host_grid: engine.towers.vision(p, t)  # noqa: E731
+            engine.towers.warm_vision(inputs[px], host_grid)
         times = {}
         with torch.inference_mode():
             for name, fn in (("transformers_ms", theirs), ("quantbench_ms", ours)):
