@@ -59,14 +59,20 @@ def pil_taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:
     return index.astype(np.int64), fixed.astype(np.int32)
 
 
+@lru_cache(maxsize=64)
+def _device_taps(in_size: int, out_size: int, device: str) -> tuple[Tensor, Tensor]:
+    """pil_taps on `device`, copied there once per pair of sizes."""
+    index, weight = pil_taps(in_size, out_size)
+    return torch.from_numpy(index).to(device), torch.from_numpy(weight).to(device)
+
+
 def _pass(image: Tensor, out_size: int) -> Tensor:
     """One PIL resample pass of an int32 image along its first dimension, rounded and clipped to 0..255 as
     libImaging's clip8 (the first dimension, so each tap gathers whole rows: fast on CPU and GPU alike)."""
-    index, weight = pil_taps(image.shape[0], out_size)
-    index_t = torch.from_numpy(index).to(image.device)
-    weight_t = torch.from_numpy(weight).to(image.device).view(out_size, index.shape[1], *[1] * (image.dim() - 1))
+    index_t, weight_t = _device_taps(image.shape[0], out_size, str(image.device))
+    weight_t = weight_t.view(out_size, index_t.shape[1], *[1] * (image.dim() - 1))
     acc = image.index_select(0, index_t[:, 0]) * weight_t[:, 0]
-    for t in range(1, index.shape[1]):
+    for t in range(1, index_t.shape[1]):
         acc += image.index_select(0, index_t[:, t]) * weight_t[:, t]
     acc += 1 << (PRECISION_BITS - 1)
     return torch.clamp(torch.div(acc, 1 << PRECISION_BITS, rounding_mode="floor"), 0, 255)
@@ -115,8 +121,12 @@ class DevicePixels:
         from transformers.image_utils import PILImageResampling
 
         ip = image_processor
-        # the image processor's own module's smart_resize (transformers 5.17 and 5.24 keep one beside each class)
-        self._smart_resize = importlib.import_module(type(ip).__module__).smart_resize
+        # the image processor's own module's smart_resize (transformers keeps one beside each Qwen2-VL class)
+        self._smart_resize = getattr(importlib.import_module(type(ip).__module__), "smart_resize", None)
+        if self._smart_resize is None:
+            from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
+
+            self._smart_resize = smart_resize
         if ip.resample not in (PILImageResampling.BICUBIC, int(PILImageResampling.BICUBIC)):
             raise ValueError(f"resample {ip.resample!r}: only bicubic, the Qwen2-VL processor's, is reproduced")
         self.device = torch.device(device)
