@@ -137,3 +137,21 @@ def test_deepstack_added_densely_by_hooks_equals_transformers_path():
     finally:
         for hook in graphed._hooks:
             hook.remove()
+
+
+def test_a_batch_mixing_media_and_text_requests_answers_as_each_alone():
+    """One forward over several requests (a server's batch): picture, text only, audio and frames rows in one
+    padded batch, their placeholders, positions and mask laid out by index (OmniEngine._layout), answer as each
+    request does alone."""
+    from quantbench.protocol import parse_request
+    from tests.test_omni_media import request
+
+    ours = engine()
+    text = parse_request({"state": {"observation": "a wall ahead and a door"}, "questions": {"ok": {"type": "boolean"}}})
+    prepared = [ours.prepare(r) for r in (request("image"), text, request("audio"), request("frames"))]
+    alone = [ours.forward(p) for p in prepared]
+    together = ours.forward_many(prepared)
+    for one, batched in zip(alone, together, strict=True):
+        for question, answer in one.items():
+            for option, p in answer.probabilities.items():
+                assert abs(batched[question].probabilities[option] - p) < 1e-6
