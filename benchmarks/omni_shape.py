@@ -364,13 +364,15 @@ def store_variant(db: Path, name: str, figures: dict, towers: dict, whole: int, 
 
 
 # -- the tables ---------------------------------------------------------------------------------------------------
-def tables(results: dict[str, dict], towers: dict, whole: int) -> str:
+def tables(results: dict[str, dict], towers: dict, whole: int, before: dict | None = None) -> str:
+    """The tables; `before`: the figures measured before at the same settings (BEFORE), shown beside."""
+    before = before or {}
     lines = ["| variant | decision | tokens | prepare ms | towers ms | decoder ms | forward ms | end to end ms | "
              "before (9c4bfeb): prepare / towers / decoder / forward / end to end |", "|---|---|---|---|---|---|---|---|---|"]
     for name, fig in results.items():
         for kind, got in fig["kinds"].items():
             e2e = f"{got['end_to_end_ms']:.1f}" if "end_to_end_ms" in got else "—"
-            old = BEFORE.get((name, kind))
+            old = before.get((name, kind))
             before = " / ".join(f"{old[k]:g}" for k in ("processor_ms", "towers_ms", "decoder_ms", "forward_ms",
                                                           "end_to_end_ms") if k in old) if old else "—"
             lines.append(f"| {name} | {kind} | {got['tokens']} | {got['processor_ms']:.1f} | {got['towers_ms']:.2f} | "
@@ -449,7 +451,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         results[name] = run_variant(name, args, machine, clock, towers)
         run_id = store_variant(args.db, name, results[name], towers, whole, args, machine)
         say(f"{name}: stored as run {run_id} in {args.db}")
-    print(tables(results, towers, whole), flush=True)
+    same = args.shape == "qwen3-omni-30b-a3b" and args.layers is None and not args.tiny_media
+    print(tables(results, towers, whole, BEFORE if same else None), flush=True)
     return {"results": results, "towers": towers, "whole_model_bf16_bytes": whole}
 
 
