@@ -373,10 +373,10 @@ def tables(results: dict[str, dict], towers: dict, whole: int, before: dict | No
         for kind, got in fig["kinds"].items():
             e2e = f"{got['end_to_end_ms']:.1f}" if "end_to_end_ms" in got else "—"
             old = before.get((name, kind))
-            before = " / ".join(f"{old[k]:g}" for k in ("processor_ms", "towers_ms", "decoder_ms", "forward_ms",
-                                                          "end_to_end_ms") if k in old) if old else "—"
+            was = " / ".join(f"{old[k]:g}" for k in ("processor_ms", "towers_ms", "decoder_ms", "forward_ms",
+                                                       "end_to_end_ms") if k in old) if old else "—"
             lines.append(f"| {name} | {kind} | {got['tokens']} | {got['processor_ms']:.1f} | {got['towers_ms']:.2f} | "
-                         f"{got['decoder_ms']:.2f} | {got['forward_ms']:.2f} | {e2e} | {before} |")
+                         f"{got['decoder_ms']:.2f} | {got['forward_ms']:.2f} | {e2e} | {was} |")
     lines += ["", "Phases, ms (medians; the device synchronized at each phase's end, so they may sum to more than the "
               "unsynchronized figures above):", "",
               "| variant | decision | " + " | ".join(PREPARE_PHASES) + " | decode (uncached) | "
