@@ -1,7 +1,10 @@
 """The Qwen3-Omni-30B-A3B thinker at its real shape (random weights, `--shape qwen3-omni-30b-a3b`): per decision,
 batch 1, per variant (bf16, int4, nvfp4 packed, fp8), a 512-token text decision and one with a 448 x 448 image, 10 s
-of audio and a 2 s, 2 fps video (each beside ~300 text tokens), the time split into the processor (CPU: decoding,
-tokenizing, the media processor), the towers and the decoder (CUDA events on a GPU), medians over --reps; the
+of audio and a 2 s, 2 fps video (each beside ~300 text tokens), the time of prepare (decoding, the prompt, the
+media processor, the 3-D positions), the towers and the decoder, medians over --reps, and every phase of prepare
+and forward on its own (the device synchronized at each: checks, decode, prompt, processor, positions; ids,
+upload, towers, merge, decoder, head) beside the figures the H200 measured before (commit 9c4bfeb); with the
+pixels made on the GPU, the image and video decisions again with them made on the host (--host-pixels); the
 towers of transformers itself (`get_image_features` ...) beside quantbench's (quantbench.engine.towers), with the
 ratio; the INT4 image decision end to end (prepare + forward); the thinker's weights in memory against the whole
 model's (thinker + talker + code2wav) BF16 weights, counted from its config on the meta device.
@@ -134,8 +137,30 @@ def median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+PREPARE_PHASES = ("checks", "decode", "prompt", "processor", "positions")
+FORWARD_PHASES = ("ids", "upload", "towers", "merge", "decoder", "head")
+# What the H200 measured before the media path was reworked (docs/BENCHMARKS.md, commit 9c4bfeb, 2026-12-02):
+# printed beside this run's figures. ms, medians of 20.
+BEFORE = {("int4", "image"): {"processor_ms": 11.3, "towers_ms": 7.28, "decoder_ms": 15.20, "forward_ms": 23.51,
+                              "end_to_end_ms": 44.5},
+          ("int4", "audio"): {"processor_ms": 6.3, "towers_ms": 3.92, "decoder_ms": 11.65, "forward_ms": 16.63,
+                              "end_to_end_ms": 21.1},
+          ("int4", "video"): {"processor_ms": 4.7, "towers_ms": 11.15, "decoder_ms": 19.05, "forward_ms": 31.41,
+                              "end_to_end_ms": 45.9},
+          ("int4", "text"): {"processor_ms": 0.8, "towers_ms": 0.0, "decoder_ms": 11.97, "forward_ms": 11.97}}
+
+
+def phase_medians(calls: list[dict[str, float]], names: tuple[str, ...]) -> dict[str, float]:
+    return {n: median([c.get(n, 0.0) for c in calls]) for n in names if any(n in c for c in calls)}
+
+
 def measure_kind(engine: Any, request: Any, clock: Clock, reps: int, end_to_end: bool) -> dict[str, Any]:
-    """One decision kind on one variant: processor, towers, decoder and forward medians over `reps`."""
+    """One decision kind on one variant: prepare, forward and end-to-end medians over `reps` (unsynchronized, as
+    a run times them), then the same decision again phase by phase (quantbench.engine.omni.Phases: the device
+    synchronized at each mark), and the media parts' decoding without the process's decode cache."""
+    from quantbench.engine.omni import Phases
+    from quantbench.protocol.media import decode_media
+
     prepared = engine.prepare(request)  # the first: decodes the media (once per process)
     prep = []
     for _ in range(reps):
@@ -145,13 +170,9 @@ def measure_kind(engine: Any, request: Any, clock: Clock, reps: int, end_to_end:
     engine.warm([prepared])
     for _ in range(2):  # warm: kernels chosen, graphs replayed once
         engine.forward(prepared)
-    engine.split = []
     forward = [clock(engine.forward, prepared)[1] for _ in range(reps)]
-    split, engine.split = engine.split, None
-    out = {"tokens": len(prepared.rows[0]), "processor_ms": median(prep), "forward_ms": median(forward),
-           "towers_ms": median([s["towers_ms"] for s in split]) if split else 0.0,
-           "decoder_ms": median([s["decoder_ms"] for s in split]) if split else median(forward),
-           "forward_all_ms": forward}
+    out: dict[str, Any] = {"tokens": len(prepared.rows[0]), "processor_ms": median(prep),
+                           "forward_ms": median(forward), "forward_all_ms": forward}
     if end_to_end:
         e2e = []
         for _ in range(reps):
@@ -160,6 +181,25 @@ def measure_kind(engine: Any, request: Any, clock: Clock, reps: int, end_to_end:
             clock.sync()
             e2e.append((time.perf_counter() - t0) * 1e3)
         out["end_to_end_ms"] = median(e2e)
+    engine.phases = Phases(engine.device)
+    try:
+        for _ in range(reps):
+            engine.forward(engine.prepare(request))
+        calls = engine.phases.calls
+    finally:
+        engine.phases = None
+    out["prepare_phases"] = phase_medians(calls[0::2], PREPARE_PHASES)
+    out["forward_phases"] = phase_medians(calls[1::2], FORWARD_PHASES)
+    fp = out["forward_phases"]
+    out["towers_ms"] = fp.get("towers", 0.0)
+    out["decoder_ms"] = fp["merge"] + fp["decoder"] if "decoder" in fp else out["forward_ms"]
+    if request.media_parts():
+        decode = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            decode_media(request.state, engine.limits)
+            decode.append((time.perf_counter() - t0) * 1e3)
+        out["decode_uncached_ms"] = median(decode)
     return out
 
 
@@ -174,6 +214,7 @@ def measure_towers(engine: Any, requests: dict[str, Any], clock: Clock, reps: in
         inputs = _join([engine.prepare(requests[kind]).media[0]], engine.device, model.dtype)
         if kind == "audio":
             frames, lens = _audio_frames(inputs)
+            lens = lens.cpu()  # as the engine's forward hands them: the lengths on the host, no sync
             theirs = lambda i=inputs: model.get_audio_features(  # noqa: E731
                 i["input_features"], i["feature_attention_mask"], return_dict=True)
             ours = lambda f=frames, n=lens: engine.towers.audio(f, n)  # noqa: E731
@@ -182,8 +223,9 @@ def measure_towers(engine: Any, requests: dict[str, Any], clock: Clock, reps: in
             px, grid = ("pixel_values", "image_grid_thw") if kind == "image" else ("pixel_values_videos", "video_grid_thw")
             get = model.get_image_features if kind == "image" else model.get_video_features
             theirs = lambda g=get, p=inputs[px], t=inputs[grid]: g(p, t, return_dict=True)  # noqa: E731
-            ours = lambda p=inputs[px], t=inputs[grid]: engine.towers.vision(p, t)  # noqa: E731
-            engine.towers.warm_vision(inputs[px], inputs[grid])
+            host_grid = inputs[grid].cpu()  # as the engine's forward hands it: on the host, no sync
+            ours = lambda p=inputs[px], t=host_grid: engine.towers.vision(p, t)  # noqa: E731
+            engine.towers.warm_vision(inputs[px], host_grid)
         times = {}
         with torch.inference_mode():
             for name, fn in (("transformers_ms", theirs), ("quantbench_ms", ours)):
@@ -241,6 +283,7 @@ def run_variant(name: str, args: argparse.Namespace, machine: Any, clock: Clock,
     say(f"{name}: built in {load_s:.1f} s; {figures['thinker_tensor_bytes'] / 2**30:.2f} GiB of tensors"
         + (f", {weights / 2**30:.2f} GiB allocated on the GPU" if weights is not None else ""))
     requests = decisions(engine, args.tiny_media, args.text_tokens, args.media_text_tokens)
+    media = getattr(engine, "media", None)
     for kind in args.kinds:
         say(f"{name}: {kind} decision, {args.reps} reps …")
         got = measure_kind(engine, requests[kind], clock, args.reps, end_to_end=(kind != "text"))
@@ -248,6 +291,15 @@ def run_variant(name: str, args: argparse.Namespace, machine: Any, clock: Clock,
         say(f"{name}: {kind}: {got['tokens']} tokens; processor {got['processor_ms']:.1f} ms, towers "
             f"{got['towers_ms']:.2f} ms, decoder {got['decoder_ms']:.2f} ms, forward {got['forward_ms']:.2f} ms"
             + (f", end to end {got['end_to_end_ms']:.1f} ms" if "end_to_end_ms" in got else ""))
+        if args.host_pixels and kind in ("image", "video") and media is not None and media.pixels is not None:
+            pixels, media.pixels = media.pixels, None  # the same decision with the pixels made on the host
+            try:
+                host = measure_kind(engine, requests[kind], clock, args.reps, end_to_end=True)
+            finally:
+                media.pixels = pixels
+            figures["kinds"][f"{kind} (host pixels)"] = host
+            say(f"{name}: {kind}, pixels on the host: processor {host['processor_ms']:.1f} ms, forward "
+                f"{host['forward_ms']:.2f} ms, end to end {host['end_to_end_ms']:.1f} ms")
     if not tower_figures and any(k != "text" for k in args.kinds):  # the towers are BF16 in every variant
         say(f"{name}: the towers alone, transformers' against quantbench's …")
         tower_figures.update(measure_towers(engine, requests, clock, args.reps))
@@ -312,14 +364,30 @@ def store_variant(db: Path, name: str, figures: dict, towers: dict, whole: int, 
 
 
 # -- the tables ---------------------------------------------------------------------------------------------------
-def tables(results: dict[str, dict], towers: dict, whole: int) -> str:
-    lines = ["| variant | decision | tokens | processor (CPU) ms | towers ms | decoder ms | forward ms | end to end ms |",
-             "|---|---|---|---|---|---|---|---|"]
+def tables(results: dict[str, dict], towers: dict, whole: int, before: dict | None = None) -> str:
+    """The tables; `before`: the figures measured before at the same settings (BEFORE), shown beside."""
+    before = before or {}
+    lines = ["| variant | decision | tokens | prepare ms | towers ms | decoder ms | forward ms | end to end ms | "
+             "before (9c4bfeb): prepare / towers / decoder / forward / end to end |", "|---|---|---|---|---|---|---|---|---|"]
     for name, fig in results.items():
         for kind, got in fig["kinds"].items():
             e2e = f"{got['end_to_end_ms']:.1f}" if "end_to_end_ms" in got else "—"
+            old = before.get((name, kind))
+            was = " / ".join(f"{old[k]:g}" for k in ("processor_ms", "towers_ms", "decoder_ms", "forward_ms",
+                                                       "end_to_end_ms") if k in old) if old else "—"
             lines.append(f"| {name} | {kind} | {got['tokens']} | {got['processor_ms']:.1f} | {got['towers_ms']:.2f} | "
-                         f"{got['decoder_ms']:.2f} | {got['forward_ms']:.2f} | {e2e} |")
+                         f"{got['decoder_ms']:.2f} | {got['forward_ms']:.2f} | {e2e} | {was} |")
+    lines += ["", "Phases, ms (medians; the device synchronized at each phase's end, so they may sum to more than the "
+              "unsynchronized figures above):", "",
+              "| variant | decision | " + " | ".join(PREPARE_PHASES) + " | decode (uncached) | "
+              + " | ".join(FORWARD_PHASES) + " |", "|---|---|" + "---|" * (len(PREPARE_PHASES) + 1 + len(FORWARD_PHASES))]
+    for name, fig in results.items():
+        for kind, got in fig["kinds"].items():
+            pp, fp = got.get("prepare_phases", {}), got.get("forward_phases", {})
+            cells = [f"{pp[n]:.2f}" if n in pp else "—" for n in PREPARE_PHASES]
+            cells.append(f"{got['decode_uncached_ms']:.2f}" if "decode_uncached_ms" in got else "—")
+            cells += [f"{fp[n]:.2f}" if n in fp else "—" for n in FORWARD_PHASES]
+            lines.append(f"| {name} | {kind} | " + " | ".join(cells) + " |")
     if towers:
         lines += ["", "| tower, medium | transformers ms | quantbench ms | speed-up |", "|---|---|---|---|"]
         for kind, t in towers.items():
@@ -348,6 +416,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--text-tokens", type=int, default=512)
     parser.add_argument("--media-text-tokens", type=int, default=300)
     parser.add_argument("--db", type=Path, default=Path("results.duckdb"))
+    parser.add_argument("--host-pixels", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time the image and video decisions with the pixels made on the host (the "
+                             "processor a run used before), when they are made on the device")
     args = parser.parse_args(argv)
     args.variants = [v for v in args.variants.split(",") if v]
     args.kinds = [k for k in args.kinds.split(",") if k]
@@ -380,7 +451,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         results[name] = run_variant(name, args, machine, clock, towers)
         run_id = store_variant(args.db, name, results[name], towers, whole, args, machine)
         say(f"{name}: stored as run {run_id} in {args.db}")
-    print(tables(results, towers, whole), flush=True)
+    same = args.shape == "qwen3-omni-30b-a3b" and args.layers is None and not args.tiny_media
+    print(tables(results, towers, whole, BEFORE if same else None), flush=True)
     return {"results": results, "towers": towers, "whole_model_bf16_bytes": whole}
 
 

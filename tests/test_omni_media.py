@@ -105,7 +105,9 @@ def test_the_processor_is_the_checkpoints_own_and_reads_every_media_type():
     engine = bf16().engine
     assert isinstance(engine, OmniEngine) and engine.modalities == {"image", "audio", "video"}
     media = engine.report().media
-    assert media["video_processor"].startswith(("quantbench NumpyVideoProcessor", "transformers Qwen2VLVideoProcessor"))
+    assert media["video_processor"].startswith(("quantbench NumpyVideoProcessor", "transformers Qwen2VLVideoProcessor",
+                                                 "quantbench DevicePixels on cuda"))  # the last: the model on a GPU
+    assert media["image_processor"].startswith(("transformers Qwen2VLImageProcessorPil", "quantbench DevicePixels on cuda"))
     assert media["video_size"] == {"shortest_edge": 64 * 64, "longest_edge": 128 * 128}  # the file's, not the class's
     rows = engine.prepare(request("frames")).rows
     # 4 frames of 96 x 64: 2 temporal patches x 4 x 6 patches / 4 = 12 tokens (the class default size made 280)

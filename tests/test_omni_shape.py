@@ -149,11 +149,17 @@ def test_the_benchmark_runs_on_cpu_and_stores_its_rows(small_shape, tmp_path, ca
                            "--db", str(db)])
     printed = capsys.readouterr().out
     assert "| tower, medium | transformers ms | quantbench ms | speed-up |" in printed
+    assert "| variant | decision | checks | decode | prompt | processor | positions | decode (uncached) |" in printed
     for variant in ("bf16", "int4"):
         kinds = out["results"][variant]["kinds"]
         assert set(kinds) == {"text", "image", "audio", "video"}
         assert 128 <= kinds["text"]["tokens"] < 140 and kinds["text"]["towers_ms"] == 0.0  # whole words
         assert all(kinds[k]["towers_ms"] > 0 and kinds[k]["end_to_end_ms"] > 0 for k in ("image", "audio", "video"))
+        for kind in ("image", "audio", "video"):  # every phase of prepare and of the forward timed on its own
+            assert set(kinds[kind]["prepare_phases"]) == set(omni_shape.PREPARE_PHASES)
+            assert set(kinds[kind]["forward_phases"]) == set(omni_shape.FORWARD_PHASES)
+            assert kinds[kind]["decode_uncached_ms"] > 0
+        assert set(kinds["text"]["forward_phases"]) == {"head"}  # the text decoder: TransformersEngine's path
     assert set(out["towers"]) == {"image", "audio", "video"}
     con = duckdb.connect(str(db), read_only=True)
     rows = con.execute("SELECT variant, weights, suite_id, json_extract(extra, '$.omni_shape.kinds.image.tokens') "

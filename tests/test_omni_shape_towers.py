@@ -89,7 +89,8 @@ def test_the_media_forward_equals_the_thinkers_own():
     ours, theirs = engine(), engine(towers="transformers")
     for kind in ("image", "audio", "video", "frames"):
         prepared = ours.prepare(request(kind))
-        prepared = dataclasses.replace(prepared, rows=prepared.rows[:1], media=prepared.media[:1])  # one row
+        prepared = dataclasses.replace(prepared, rows=prepared.rows[:1], media=prepared.media[:1],
+                                       positions=prepared.positions[:1])  # one row
         ids = torch.tensor(prepared.rows)
         inputs = prepared.media[0]
         with torch.inference_mode():
@@ -104,7 +105,7 @@ def test_deepstack_added_densely_by_hooks_equals_transformers_path():
     """What the graphed media decoder captures (quantbench.engine.omni_graph: no attention mask, deepstack as
     dense adds by forward hooks) computes what the eager decoder with transformers' deepstack path computes; the
     graph itself needs a GPU, this is the forward it records."""
-    from quantbench.engine.omni import _dense, _join
+    from quantbench.engine.omni import _dense, _join, _visual
     from quantbench.engine.omni_graph import GraphedMediaDecoder
     from tests.test_omni_media import request
 
@@ -114,15 +115,20 @@ def test_deepstack_added_densely_by_hooks_equals_transformers_path():
     try:
         for kind in ("image", "frames"):
             prepared = ours.prepare(request(kind))
-            ids = torch.tensor(prepared.rows[:1])
-            mask = torch.ones_like(ids)
-            media = prepared.media[:1]
-            encoded = {id(media[0]): ours._run_towers(_join(media, ours.device, ours.model.dtype))}
+            prepared = dataclasses.replace(prepared, rows=prepared.rows[:1], media=prepared.media[:1],
+                                           positions=prepared.positions[:1])
+            ids = torch.tensor(prepared.rows)
+            media = prepared.media
+            encoded = {id(media[0]): ours._run_towers(_join(media, ours.device, ours.model.dtype, host_meta=True))}
             with torch.inference_mode():
-                embeds, positions, visual_at, deepstack = ours._merge(ids, mask, media, encoded)
-                want = decoder(inputs_embeds=embeds, attention_mask=mask, position_ids=positions, use_cache=False,
-                               visual_pos_masks=visual_at, deepstack_visual_embeds=deepstack).last_hidden_state
-                graphed._deep_now = torch.stack(_dense(embeds, visual_at, deepstack))
+                layout = ours._layout([prepared], media, ids.shape[1])
+                embeds, deep = ours._merge(ids, layout, media, encoded)
+                positions = layout.positions
+                visual_at, deepstack = _visual(embeds, layout, deep)
+                want = decoder(inputs_embeds=embeds, attention_mask=layout.mask, position_ids=positions,
+                               use_cache=False, visual_pos_masks=visual_at,
+                               deepstack_visual_embeds=deepstack).last_hidden_state
+                graphed._deep_now = _dense(embeds, layout, deep)
                 got = decoder(inputs_embeds=embeds, position_ids=positions, use_cache=False).last_hidden_state
                 graphed._deep_now = None
                 plain = decoder(inputs_embeds=embeds, position_ids=positions, use_cache=False).last_hidden_state
@@ -131,3 +137,21 @@ def test_deepstack_added_densely_by_hooks_equals_transformers_path():
     finally:
         for hook in graphed._hooks:
             hook.remove()
+
+
+def test_a_batch_mixing_media_and_text_requests_answers_as_each_alone():
+    """One forward over several requests (a server's batch): picture, text only, audio and frames rows in one
+    padded batch, their placeholders, positions and mask laid out by index (OmniEngine._layout), answer as each
+    request does alone."""
+    from quantbench.protocol import parse_request
+    from tests.test_omni_media import request
+
+    ours = engine()
+    text = parse_request({"state": {"observation": "a wall ahead and a door"}, "questions": {"ok": {"type": "boolean"}}})
+    prepared = [ours.prepare(r) for r in (request("image"), text, request("audio"), request("frames"))]
+    alone = [ours.forward(p) for p in prepared]
+    together = ours.forward_many(prepared)
+    for one, batched in zip(alone, together, strict=True):
+        for question, answer in one.items():
+            for option, p in answer.probabilities.items():
+                assert abs(batched[question].probabilities[option] - p) < 1e-6

@@ -2,16 +2,19 @@
 
 It is TransformersEngine with two hooks filled (quantbench.engine.scoring): `_prompt` renders a question whose
 state holds media parts with each part's placeholder, decodes the parts (once per part and process:
-quantbench.protocol.media_cache) and runs the checkpoint's processor (quantbench.models.processor), which expands
-each placeholder to the part's tokens and makes the tensors the model reads; `_hidden` runs a batch that carries
-media: the towers (quantbench.engine.towers: transformers' modules, one SDPA call per layer, CUDA graphs per media
-shape on a GPU) once per distinct media of the batch, not once per question row (a record's questions share its
-media), their outputs merged into the text embeddings as transformers merges them (placeholders, deepstack), 3-D
-rope positions from transformers' own `get_rope_index`, then the text decoder; it hands back the last hidden
-states, so the head is applied only at the positions read, as for text (the thinker's forward has no
-`logits_to_keep` and would compute the whole vocabulary at every position). `split` keeps, per forward, the
-time of the towers and of the decoder when asked (benchmarks/omni_shape.py). A request without media takes
-TransformersEngine's path unchanged: the same prompt text, the text decoder replayed from a CUDA graph on a GPU.
+quantbench.protocol.media_cache) and runs the checkpoint's processor (quantbench.models.processor: pictures and
+frames made on the model's device on a GPU, each part once per request), which expands each placeholder to the
+part's tokens and makes the tensors the model reads; prepare also makes each row's 3-D rope positions on the host
+(transformers' own `get_rope_index`). `_hidden` runs a batch that carries media with the host work first (where
+each row's media go, the mask, the positions: one upload) and then device work only, no sync: the towers
+(quantbench.engine.towers: transformers' modules, one SDPA call per layer, CUDA graphs per media shape on a GPU)
+once per distinct media of the batch, not once per question row (a record's questions share their media), their
+outputs placed at the placeholders by index as transformers merges them (placeholders, deepstack), then the text
+decoder (a CUDA graph per shape on a GPU); it hands back the last hidden states, so the head is applied only at
+the positions read, as for text (the thinker's forward has no `logits_to_keep` and would compute the whole
+vocabulary at every position). `phases`, when a benchmark sets it, times each phase of prepare and forward
+(benchmarks/omni_shape.py). A request without media takes TransformersEngine's path unchanged: the same prompt
+text, the text decoder replayed from a CUDA graph on a GPU.
 
 What transformers does not check, quantbench does: text that spells one of the model's media tokens (a state value
 `"<|audio_pad|>"` would become a placeholder) is refused naming its field, and the audio placeholders of a prompt
@@ -24,9 +27,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -48,6 +53,48 @@ MEDIA_INPUTS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_
                 "input_features", "feature_attention_mask")
 
 
+@dataclass(kw_only=True)
+class OmniPrepared(Prepared):
+    """A prepared request with, per row, its 3-D rope positions [3, len(row)] made on the host at prepare time
+    (transformers' own get_rope_index on the row's token ids and grids: no device work, no sync in the forward);
+    None for a row without media."""
+
+    positions: list[Tensor | None] | None = None
+
+
+class Phases:
+    """Wall-clock milliseconds of the named phases of each prepare and forward (benchmarks/omni_shape.py's
+    accounting), the device synchronized at every mark so that a phase holds its own device work: the syncs
+    take away the overlap of host and device, so the phases of a call may sum to more than the call unmarked."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.calls: list[dict[str, float]] = []
+        self._now: dict[str, float] | None = None
+        self._t = 0.0
+
+    def _sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def begin(self) -> None:
+        self._sync()
+        self._now, self._t = {}, time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        if self._now is None:
+            return
+        self._sync()
+        t = time.perf_counter()
+        self._now[name] = self._now.get(name, 0.0) + (t - self._t) * 1e3
+        self._t = t
+
+    def end(self) -> None:
+        if self._now is not None:
+            self.calls.append(self._now)
+        self._now = None
+
+
 def is_omni_thinker(model: Any) -> bool:
     """Whether `model` is a Qwen3-Omni-MoE thinker (the model class quantbench runs that family as)."""
     return getattr(getattr(model, "config", None), "model_type", None) == OMNI_THINKER
@@ -65,12 +112,13 @@ class OmniEngine(TransformersEngine):
         self.media, self.limits, self.media_base = media, limits or Limits(), media_base
         # towers="transformers": the thinker's own get_*_features (the benchmark's reference); else quantbench's
         self.towers = Towers(model, graphs=kwargs.get("cuda_graph", "auto")) if towers == "quantbench" else None
-        self.split: list[dict[str, float]] | None = None  # per media forward {towers_ms, decoder_ms}, when a list
+        self.phases: Phases | None = None  # set by a benchmark: each prepare's and forward's phases, timed
         # the decoder of a media decision, from CUDA graphs on a GPU (the text decoder's are self.decoder's)
         self.media_graphs = GraphedMediaDecoder(
             model.get_decoder(), len(model.config.vision_config.deepstack_visual_indexes), max_width=self.max_tokens,
             mode=kwargs.get("cuda_graph", "auto")) if self.device.type == "cuda" else None
         self._decoded: dict[int, Any] = {}  # id(part) -> its decoded media, while one request is prepared
+        self._memo: dict = {}  # the processor's tensors per list of parts, while one request is prepared
         self.modalities = media.modalities if media is not None else frozenset()
         tokens = media.tokens if media is not None else {}
         self.media_tokens = sorted(set(tokens.values()))
@@ -111,18 +159,50 @@ class OmniEngine(TransformersEngine):
 
     # -- preparing (decoding, the processor, the checks) ------------------------------------------------------
     def prepare(self, request: DecisionRequest) -> Prepared:
+        if self.phases is not None:
+            self.phases.begin()
+        try:
+            return self._prepare(request)
+        finally:
+            if self.phases is not None:
+                self.phases.end()
+
+    def _mark(self, name: str) -> None:
+        if self.phases is not None:
+            self.phases.mark(name)
+
+    def _prepare(self, request: DecisionRequest) -> Prepared:
         self._refuse_media_tokens(request)
         if not request.media_parts():
-            return super().prepare(request)  # text: exactly TransformersEngine's rows
+            prepared = super().prepare(request)  # text: exactly TransformersEngine's rows
+            self._mark("prompt")
+            return prepared
         refuse_unread_media(request, self.modalities)
+        self._mark("checks")
         decoded = decode_media_once(request.state, self.limits, base=self.media_base)
         self._decoded = {id(part): item for (_, part), item in zip(request.media_parts(), decoded, strict=True)}
+        self._mark("decode")
         try:
             prepared = super().prepare(request)
         finally:
-            self._decoded = {}
-        prepared.media = _shared(prepared.media)
-        return prepared
+            self._decoded, self._memo = {}, {}
+        media = _shared(prepared.media)
+        self._mark("checks")
+        positions = [None if m is None else self._row_positions(row, m) for row, m in zip(prepared.rows, media,
+                                                                                            strict=True)]
+        self._mark("positions")
+        fields = {f.name: getattr(prepared, f.name) for f in dataclasses.fields(prepared)}
+        return OmniPrepared(**{**fields, "media": media}, positions=positions)
+
+    def _row_positions(self, row: list[int], media: dict[str, Any]) -> Tensor:
+        """The 3-D rope positions [3, len(row)] of one row, by the model's own get_rope_index, on the host."""
+        ids = torch.tensor([row])
+        features = media.get("feature_attention_mask")
+        owner = self.model.model if hasattr(self.model.model, "language_model") else self.model
+        positions, _ = owner.get_rope_index(
+            ids, _host(media.get("image_grid_thw")), _host(media.get("video_grid_thw")), torch.ones_like(ids), False,
+            _host(features).sum(-1) if features is not None else None, _host(media.get("video_second_per_grid")))
+        return positions[:, 0]
 
     def _refuse_media_tokens(self, request: DecisionRequest) -> None:
         """RequestError naming the first text that spells a media token: typed into a state value, a key, a
@@ -157,16 +237,22 @@ class OmniEngine(TransformersEngine):
         raise ContextLengthError(f"questions.{name}", len(ids) + extra, self.max_tokens)
 
     def _process(self, request: DecisionRequest, name: str, segments: list[tuple[str, Any]]) -> tuple[list[int], dict]:
-        """The processor on one question's prompt with the state `segments`: (token ids, media inputs)."""
+        """The processor on one question's prompt with the state `segments`: (token ids, media inputs). The
+        request's questions share each part's tensors (`self._memo`): the media are processed once a request."""
         parts = [self._decoded[id(part)] for _, part in segments if part is not None]
         text = render_prompt(self.tokenizer, request, name, state_text="".join(t for t, _ in segments))
+        self._mark("prompt")
+        videos = [p for p in parts if isinstance(p, DecodedVideo)]
+        arrays = [self._memo.setdefault(("frames", id(p)), _video_array(p)) for p in videos]
         out = self.media(
             text,
             images=[p.image for p in parts if isinstance(p, DecodedImage)],
             audio=[p.samples for p in parts if isinstance(p, DecodedAudio)],
-            videos=[_video_array(p) for p in parts if isinstance(p, DecodedVideo)],
-            fps=[p.fps for p in parts if isinstance(p, DecodedVideo)],
+            videos=arrays,
+            fps=[p.fps for p in videos],
+            memo=self._memo,
         )
+        self._mark("processor")
         ids = out["input_ids"][0]
         inputs = {k: out[k] for k in MEDIA_INPUTS if k in out}
         self._check_audio(ids, inputs, parts)
@@ -225,7 +311,7 @@ class OmniEngine(TransformersEngine):
             return
         towers = self.towers
         for m in _distinct(m for p in batch for m in (p.media or []) if m is not None) if towers else []:
-            inputs = _join([m], self.device, self.model.dtype)
+            inputs = _join([m], self.device, self.model.dtype, host_meta=True)
             if "pixel_values" in inputs:
                 towers.warm_vision(inputs["pixel_values"], inputs["image_grid_thw"])
             if "pixel_values_videos" in inputs:
@@ -237,34 +323,31 @@ class OmniEngine(TransformersEngine):
             if not self.media_graphs.has(len(rows), max(len(r) for r in rows)):
                 self.forward_many(batch)  # captures (and checks) this shape's decoder graph, untimed
 
+    def forward_many(self, batch: list[Prepared]) -> list[dict[str, Any]]:
+        if self.phases is not None:
+            self.phases.begin()
+        try:
+            out = super().forward_many(batch)
+            self._mark("head")
+            return out
+        finally:
+            if self.phases is not None:
+                self.phases.end()
+
     def _hidden(self, batch: list[Prepared], ids: Tensor) -> Tensor:
         media = [m for p in batch for m in (p.media or [None] * len(p.rows))]
         if all(m is None for m in media):
             return super()._hidden(batch, ids)
-        rows = [r for p in batch for r in p.rows]
-        mask = torch.zeros_like(ids)
-        for i, r in enumerate(rows):
-            mask[i, : len(r)] = 1
-        timing = self.split is not None and self.device.type == "cuda"
-        marks = [torch.cuda.Event(enable_timing=True) for _ in range(3)] if timing else []
-        t0 = time.perf_counter()
-        if timing:
-            marks[0].record()
-        # each distinct media once: a record's question rows (and a continuation's option rows) share theirs
+        self._mark("ids")
+        layout = self._layout(batch, media, ids.shape[1])  # host work first: one upload, then only device work
         distinct = _distinct(m for m in media if m is not None)
-        encoded = {id(m): self._run_towers(_join([m], self.device, self.model.dtype)) for m in distinct}
-        if timing:
-            marks[1].record()
-        t1 = time.perf_counter()
-        hidden = self._decode(ids, mask, media, encoded)
-        if self.split is not None:
-            if timing:
-                marks[2].record()
-                marks[2].synchronize()
-                self.split.append({"towers_ms": marks[0].elapsed_time(marks[1]),
-                                   "decoder_ms": marks[1].elapsed_time(marks[2])})
-            else:
-                self.split.append({"towers_ms": (t1 - t0) * 1e3, "decoder_ms": (time.perf_counter() - t1) * 1e3})
+        inputs = {id(m): _join([m], self.device, self.model.dtype, host_meta=True) for m in distinct}
+        self._mark("upload")
+        # each distinct media once: a record's question rows (and a continuation's option rows) share theirs
+        encoded = {id(m): self._run_towers(inputs[id(m)]) for m in distinct}
+        self._mark("towers")
+        hidden = self._decode(ids, layout, media, encoded)
+        self._mark("decoder")
         return hidden
 
     def _run_towers(self, inputs: dict[str, Tensor]) -> dict[str, Any]:
@@ -275,7 +358,8 @@ class OmniEngine(TransformersEngine):
                 out["audio"] = self.towers.audio(*_audio_frames(inputs))
             else:
                 out["audio"] = self.model.get_audio_features(
-                    inputs["input_features"], inputs["feature_attention_mask"], return_dict=True).last_hidden_state
+                    inputs["input_features"], inputs["feature_attention_mask"].to(self.device),
+                    return_dict=True).last_hidden_state
         for kind, pixels, grid in (("image", "pixel_values", "image_grid_thw"),
                                    ("video", "pixel_values_videos", "video_grid_thw")):
             if pixels not in inputs:
@@ -284,84 +368,121 @@ class OmniEngine(TransformersEngine):
                 out[kind] = self.towers.vision(inputs[pixels], inputs[grid])
                 continue
             get = self.model.get_image_features if kind == "image" else self.model.get_video_features
-            got = get(inputs[pixels], inputs[grid], return_dict=True)
+            got = get(inputs[pixels], inputs[grid].to(self.device), return_dict=True)
             deep = [torch.cat(list(f)) if isinstance(f, (list, tuple)) else f for f in got.deepstack_features]
             out[kind] = (torch.cat(list(got.pooler_output)), deep)  # 5.24 splits deepstack per image, 5.17 not
         return out
 
-    def _decode(self, ids: Tensor, mask: Tensor, media: list[Any], encoded: dict[int, dict[str, Any]]) -> Tensor:
+    def _layout(self, batch: list[Prepared], media: list[Any], width: int) -> _Layout:
+        """Where each row's media go in the flattened [rows * width] batch, its attention mask and 3-D positions,
+        all from the rows' token ids on the host and uploaded in one copy (transformers finds them on the device
+        with boolean masks, get_rope_index's loops and `.sum()` checks: host syncs between device kernels)."""
+        config = self.model.config
+        rows = [r for p in batch for r in p.rows]
+        positions = [q for p in batch for q in (getattr(p, "positions", None) or [None] * len(p.rows))]
+        flat = np.full((len(rows), width), -1, dtype=np.int64)
+        pos = np.ones((3, len(rows), width), dtype=np.int64)  # get_rope_index's value off the real tokens
+        for i, (r, m) in enumerate(zip(rows, media, strict=True)):
+            flat[i, : len(r)] = r
+            if m is None:
+                pos[:, i, : len(r)] = np.arange(len(r))
+            else:
+                q = positions[i] if positions[i] is not None and positions[i].shape[-1] == len(r) else \
+                    self._row_positions(r, m)
+                pos[:, i, : len(r)] = q.numpy()
+        flat = flat.reshape(-1)
+        at = {kind: np.flatnonzero(flat == token) for kind, token in
+              (("audio", config.audio_token_id), ("image", config.image_token_id), ("video", config.video_token_id))}
+        visual = np.union1d(at["image"], at["video"])
+        pieces = {"mask": (flat >= 0).astype(np.int64), "positions": pos.reshape(-1), **at, "visual": visual,
+                  "image_rank": np.searchsorted(visual, at["image"]), "video_rank": np.searchsorted(visual, at["video"])}
+        packed = torch.from_numpy(np.concatenate(list(pieces.values()))).to(self.device)
+        out, start = {}, 0
+        for key, value in pieces.items():
+            out[key] = packed[start: start + len(value)]
+            start += len(value)
+        counts = {k: len(v) for k, v in at.items()}
+        return _Layout(mask=out["mask"].view(len(rows), width), positions=out["positions"].view(3, len(rows), width),
+                       at={k: out[k] for k in at}, visual=out["visual"], rank={k: out[f"{k}_rank"] for k in ("image", "video")},
+                       counts=counts, n_visual=len(visual))
+
+    def _decode(self, ids: Tensor, layout: _Layout, media: list[Any], encoded: dict[int, dict[str, Any]]) -> Tensor:
         """The text decoder over the merged embeddings (`_merge`): from a CUDA graph per padded shape on a GPU
         (quantbench.engine.omni_graph: deepstack added densely), else eagerly with transformers' deepstack path."""
-        embeds, positions, visual_at, deepstack = self._merge(ids, mask, media, encoded)
+        embeds, deep = self._merge(ids, layout, media, encoded)
+        self._mark("merge")
 
         def eager() -> Tensor:
-            return self.model.get_decoder()(inputs_embeds=embeds, attention_mask=mask, position_ids=positions,
-                                            use_cache=False, visual_pos_masks=visual_at,
-                                            deepstack_visual_embeds=deepstack).last_hidden_state
+            visual_at, deepstack = _visual(embeds, layout, deep)
+            return self.model.get_decoder()(inputs_embeds=embeds, attention_mask=layout.mask,
+                                            position_ids=layout.positions, use_cache=False,
+                                            visual_pos_masks=visual_at, deepstack_visual_embeds=deepstack).last_hidden_state
 
-        if self.media_graphs is not None:
-            hidden = self.media_graphs(embeds, positions, _dense(embeds, visual_at, deepstack), eager)
+        if self.media_graphs is not None and not self.media_graphs.disabled:
+            hidden = self.media_graphs(embeds, layout.positions, _dense(embeds, layout, deep), eager)
             if hidden is not None:
                 return hidden
         return eager()
 
-    def _merge(self, ids: Tensor, mask: Tensor, media: list[Any],
-               encoded: dict[int, dict[str, Any]]) -> tuple[Tensor, Tensor, Tensor | None, list[Tensor] | None]:
-        """(embeddings, 3-D rope positions, visual positions, deepstack features): the embeddings of `ids` with
-        each row's tower outputs at its placeholders, as transformers' thinker merges them (the same order: rows,
-        then parts within a row), positions from the model's own get_rope_index."""
-        config = self.model.config
+    def _merge(self, ids: Tensor, layout: _Layout, media: list[Any],
+               encoded: dict[int, dict[str, Any]]) -> tuple[Tensor, dict[str, list[Tensor]]]:
+        """(embeddings, deepstack features per kind): the embeddings of `ids` with each row's tower outputs at its
+        placeholders, in transformers' order (rows, then parts within a row), by index (no host sync); the
+        image and video deepstack features, one [tokens, hidden] per deepstack layer, in the same order."""
         embeds = self.model.get_input_embeddings()(ids)
-        per_row = [(m, encoded[id(m)]) for m in media if m is not None]
+        flat = embeds.view(-1, embeds.shape[-1])
+        per_row = [encoded[id(m)] for m in media if m is not None]
+        deep: dict[str, list[Tensor]] = {}
+        for kind in ("audio", "image", "video"):
+            got = [e[kind] for e in per_row if kind in e]
+            if not got:
+                continue
+            feats = torch.cat([g if kind == "audio" else g[0] for g in got]).to(embeds.dtype)
+            if layout.counts[kind] != feats.shape[0]:  # transformers raises for images and video too
+                raise RuntimeError(f"{kind}: {layout.counts[kind]} placeholder tokens for {feats.shape[0]} features")
+            flat.index_copy_(0, layout.at[kind], feats)
+            if kind != "audio":
+                deep[kind] = [torch.cat([g[1][level] for g in got]).to(embeds.dtype) for level in range(len(got[0][1]))]
+        return embeds, deep
 
-        def scatter(token_id: int, parts: list[Tensor], what: str) -> Tensor | None:
-            if not parts:
-                return None
-            at = ids == token_id
-            feats = torch.cat(parts).to(embeds.dtype)
-            if int(at.sum()) != feats.shape[0]:  # transformers raises for images and video too
-                raise RuntimeError(f"{what}: {int(at.sum())} placeholder tokens for {feats.shape[0]} features")
-            embeds.masked_scatter_(at[..., None].expand_as(embeds), feats)
-            return at
-
-        scatter(config.audio_token_id, [e["audio"] for _, e in per_row if "audio" in e], "audio")
-        image_at = scatter(config.image_token_id, [e["image"][0] for _, e in per_row if "image" in e], "image")
-        video_at = scatter(config.video_token_id, [e["video"][0] for _, e in per_row if "video" in e], "video")
-        visual_at, deepstack = None, None
-        if image_at is not None or video_at is not None:
-            visual_at = image_at if video_at is None else video_at if image_at is None else image_at | video_at
-            levels = [[e[k][1] for _, e in per_row if k in e] for k in ("image", "video")]
-            deepstack = []
-            for level in range(len(self.model.config.vision_config.deepstack_visual_indexes)):
-                joint = embeds.new_zeros(int(visual_at.sum()), embeds.shape[-1])
-                for at, parts in ((image_at, levels[0]), (video_at, levels[1])):
-                    if at is not None:
-                        joint[at[visual_at]] = torch.cat([p[level] for p in parts]).to(joint.dtype)
-                deepstack.append(joint)
-
-        def joined(key: str) -> Tensor | None:
-            parts = [m[key] for m, _ in per_row if key in m]
-            return torch.cat([torch.as_tensor(p) for p in parts]).to(self.device) if parts else None
-
-        feature_mask = joined("feature_attention_mask")
-        owner = self.model.model if hasattr(self.model.model, "language_model") else self.model
-        positions, _ = owner.get_rope_index(ids, joined("image_grid_thw"), joined("video_grid_thw"), mask, False,
-                                            feature_mask.sum(-1) if feature_mask is not None else None,
-                                            joined("video_second_per_grid"))
-        return embeds, positions, visual_at, deepstack
-
-
-def _dense(embeds: Tensor, visual_at: Tensor | None, deepstack: list[Tensor] | None) -> list[Tensor] | None:
-    """Deepstack features as [rows, width, hidden] tensors, zero off the visual positions (what the graphed
-    decoder adds after each deepstack layer)."""
-    if not deepstack:
+def _dense(embeds: Tensor, layout: _Layout, deep: dict[str, list[Tensor]]) -> Tensor | None:
+    """Deepstack features as one [layers, rows, width, hidden] tensor, zero off the visual positions (what the
+    graphed decoder adds after each deepstack layer); None without pictures."""
+    if not deep:
         return None
-    dense = []
-    for joint in deepstack:
-        full = embeds.new_zeros(embeds.shape)
-        full[visual_at] = joint
-        dense.append(full)
-    return dense
+    levels = len(next(iter(deep.values())))
+    dense = embeds.new_zeros(levels, embeds.shape[0] * embeds.shape[1], embeds.shape[-1])
+    for kind, features in deep.items():
+        dense.index_copy_(1, layout.at[kind], torch.stack(features))
+    return dense.view(levels, *embeds.shape)
+
+
+def _visual(embeds: Tensor, layout: _Layout, deep: dict[str, list[Tensor]]) -> tuple[Tensor | None, list[Tensor] | None]:
+    """(visual positions mask [rows, width], deepstack features per layer over the visual positions in row-major
+    order): what transformers' decoder takes for its deepstack path; (None, None) without pictures."""
+    if not deep:
+        return None, None
+    mask = torch.zeros(embeds.shape[0] * embeds.shape[1], dtype=torch.bool, device=embeds.device)
+    mask[layout.visual] = True
+    levels = len(next(iter(deep.values())))
+    joint = [embeds.new_zeros(layout.n_visual, embeds.shape[-1]) for _ in range(levels)]
+    for kind, features in deep.items():
+        for level in range(levels):
+            joint[level].index_copy_(0, layout.rank[kind], features[level])
+    return mask.view(embeds.shape[:2]), joint
+
+
+@dataclass
+class _Layout:
+    """A media batch's host-made index tensors, on the device (OmniEngine._layout)."""
+
+    mask: Tensor  # [rows, width] 1 on real tokens
+    positions: Tensor  # [3, rows, width]
+    at: dict[str, Tensor]  # kind -> flat positions of its placeholders, in order
+    visual: Tensor  # flat positions of image and video placeholders, sorted
+    rank: dict[str, Tensor]  # image / video -> each placeholder's index among `visual`
+    counts: dict[str, int]
+    n_visual: int
 
 
 def _distinct(items: Any) -> list[Any]:
@@ -389,14 +510,25 @@ def _shared(media: list[Any] | None) -> list[Any] | None:
 
 
 def _equal(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(torch.as_tensor(a[k]), torch.as_tensor(b[k])) for k in a)
+    """Equal inputs: the same tensors (a request's questions share them: no device compare, no sync), or equal
+    values."""
+    return a.keys() == b.keys() and all(a[k] is b[k] or torch.equal(torch.as_tensor(a[k]), torch.as_tensor(b[k]))
+                                        for k in a)
+
+
+def _host(value: Any) -> Tensor | None:
+    return None if value is None else torch.as_tensor(value).cpu()
 
 
 def _audio_frames(inputs: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
     """The clips' real feature frames [mel, frames] one after another, and each clip's length, as transformers'
     get_audio_features hands them to the audio tower."""
-    mask = inputs["feature_attention_mask"]
-    return inputs["input_features"].permute(0, 2, 1)[mask.bool()].permute(1, 0), mask.sum(-1)
+    mask, features = inputs["feature_attention_mask"], inputs["input_features"]
+    if mask.device != features.device:  # the mask on the host (_join's host_meta): gather by index, no sync
+        real = torch.nonzero(mask.reshape(-1).bool()).squeeze(1).to(features.device)
+        frames = features.permute(0, 2, 1).reshape(-1, features.shape[1]).index_select(0, real)
+        return frames.permute(1, 0), mask.sum(-1)
+    return features.permute(0, 2, 1)[mask.bool()].permute(1, 0), mask.sum(-1)
 
 
 def _audio_tokens(feature_mask: Tensor, n_window: int) -> Tensor:
@@ -412,9 +544,11 @@ def _video_array(video: DecodedVideo) -> Any:
     return np.stack(video.frames)  # [frames, height, width, 3] uint8
 
 
-def _join(rows: list[dict], device: torch.device, dtype: torch.dtype) -> dict[str, Tensor]:
+def _join(rows: list[dict], device: torch.device, dtype: torch.dtype, host_meta: bool = False) -> dict[str, Tensor]:
     """The media inputs of a batch's rows as the model takes them: concatenated in row order (the order of the
-    placeholders in the flattened batch); audio features padded to the batch's longest clip, its mask with them."""
+    placeholders in the flattened batch); audio features padded to the batch's longest clip, its mask with them.
+    `host_meta`: the grids, the audio mask and the video timing stay on the host (quantbench's towers read them
+    there: a device copy would be read back with a sync); the features go to `device` in `dtype`."""
     out: dict[str, Tensor] = {}
     for key in MEDIA_INPUTS:
         parts = [torch.as_tensor(r[key]) for r in rows if key in r]
@@ -423,10 +557,13 @@ def _join(rows: list[dict], device: torch.device, dtype: torch.dtype) -> dict[st
         if key in ("input_features", "feature_attention_mask"):
             width = max(p.shape[-1] for p in parts)
             parts = [torch.nn.functional.pad(p, (0, width - p.shape[-1])) for p in parts]
-        joined = torch.cat(parts, dim=0)
-        if joined.is_floating_point() and key != "video_second_per_grid":
-            joined = joined.to(dtype)
-        out[key] = joined.to(device)
+        joined = torch.cat(parts, dim=0) if len(parts) > 1 else parts[0]
+        meta = key in ("image_grid_thw", "video_grid_thw", "video_second_per_grid", "feature_attention_mask")
+        if host_meta and meta:
+            out[key] = joined.cpu()
+            continue
+        out[key] = joined.to(device, dtype) if joined.is_floating_point() and key != "video_second_per_grid" \
+            else joined.to(device)
     return out
 
 

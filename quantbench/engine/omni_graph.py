@@ -56,10 +56,10 @@ class GraphedMediaDecoder:
 
         return hook
 
-    def __call__(self, embeds: Tensor, positions: Tensor, deep: list[Tensor] | None, eager: Any) -> Tensor | None:
+    def __call__(self, embeds: Tensor, positions: Tensor, deep: Tensor | None, eager: Any) -> Tensor | None:
         """The decoder's last hidden states [rows, width, hidden] replayed from this shape's graph (a view: read it
         before the next call), or None when no graph serves it (the caller runs `eager()` instead). `deep`: the
-        dense deepstack features, one [rows, width, hidden] per deepstack layer (None: no picture). `eager`: the
+        dense deepstack features [deepstack layers, rows, width, hidden] (None: no picture). `eager`: the
         eager forward with transformers' deepstack path, for the first replay's check."""
         if self.disabled or embeds.device.type != "cuda":
             return None
@@ -83,8 +83,8 @@ class GraphedMediaDecoder:
         s_positions.zero_()
         s_positions[:, :rows, :width].copy_(positions)
         s_deep.zero_()
-        if deep:
-            s_deep[:, :rows, :width].copy_(torch.stack(deep))
+        if deep is not None:
+            s_deep[:, :rows, :width].copy_(deep)
         graph.replay()
         self.replays += 1
         out = s_out[:rows, :width]

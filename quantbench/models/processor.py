@@ -109,7 +109,9 @@ def _processor_class() -> type:
 @dataclass
 class MediaProcessor:
     """A checkpoint's processor and what quantbench passes it on every call (the video size from the
-    checkpoint's files, never the processor class's default; the audio encoder's window from the model)."""
+    checkpoint's files, never the processor class's default; the audio encoder's window from the model).
+    `pixels`: pictures and video frames made on the model's device (quantbench.models.pixels, bit-equal to the
+    PIL processor); None: by the checkpoint's image / video processor on the host."""
 
     processor: Any
     modalities: frozenset[str]
@@ -117,24 +119,110 @@ class MediaProcessor:
     n_window: int
     video_processor: str | None  # what ran for video, recorded on the run
     tokens: dict[str, str] = field(default_factory=dict)  # image_token, vision_bos_token, ... -> its text
+    pixels: Any = None  # DevicePixels, or None
+    pixels_note: str | None = None  # why pixels are made on the host when the device was asked for
 
     def __call__(self, text: str, images: list[Any], audio: list[np.ndarray], videos: list[np.ndarray],
-                 fps: list[float]) -> Any:
+                 fps: list[float], memo: dict | None = None) -> dict[str, Any]:
+        """`input_ids` [1, T] and the media inputs of one prompt: what transformers' processor returns for it
+        (`through_transformers`; tests/test_omni_media_pixels.py holds them equal), without its per-call
+        machinery (keyword merging and validation, ~1-3 ms a call): the prompt is tokenized with one placeholder
+        per part, and each placeholder repeated to its part's token count (the media tokens are special tokens,
+        so the text around them tokenizes alike); pictures and frames through `pixels` or the checkpoint's
+        processors; audio through its feature extractor. `memo` (one per prepared request) keeps the tensors of
+        each list of parts, so a request's questions share them (the forward then runs the towers once)."""
+        import torch  # lazy: as transformers, in the child only
+
+        memo = {} if memo is None else memo
+        out: dict[str, Any] = {}
+        for kind, items, make in (("image", images, lambda: self._images(images)),
+                                  ("video", videos, lambda: self._videos(videos, fps)),
+                                  ("audio", audio, lambda: self._audio(audio))):
+            if items:
+                key = (kind, tuple(id(x) for x in items), tuple(fps) if kind == "video" else ())
+                if key not in memo:
+                    memo[key] = make()
+                out.update(memo[key])
+        ids = self.processor.tokenizer(text)["input_ids"]
+        out["input_ids"] = torch.tensor([self._expand(ids, out)])
+        return out
+
+    def _images(self, images: list[Any]) -> dict[str, Any]:
+        if self.pixels is not None:
+            return self.pixels.images(images)
+        got = self.processor.image_processor(images=images, return_tensors="pt")
+        return {"pixel_values": got["pixel_values"], "image_grid_thw": got["image_grid_thw"]}
+
+    def _videos(self, videos: list[np.ndarray], fps: list[float]) -> dict[str, Any]:
+        import torch
+
+        if self.pixels is not None:
+            got = self.pixels.videos(videos)
+        else:
+            got = self.processor.video_processor(videos, size=self.video_size, return_tensors="pt")
+        patch = self.processor.video_processor.temporal_patch_size
+        # one frame rate per video: transformers' processor takes one rate for all the videos of a call
+        return {"pixel_values_videos": got["pixel_values_videos"], "video_grid_thw": got["video_grid_thw"],
+                "video_second_per_grid": torch.tensor([patch / rate for rate in fps])}
+
+    def _audio(self, audio: list[np.ndarray]) -> dict[str, Any]:
+        fe = self.processor.feature_extractor
+        got = fe(audio, sampling_rate=fe.sampling_rate, padding=True, truncation=False, return_attention_mask=True,
+                 return_tensors="pt")  # Qwen3OmniMoeProcessor's audio settings
+        return {"input_features": got["input_features"], "feature_attention_mask": got["attention_mask"]}
+
+    def _expand(self, ids: list[int], media: dict[str, Any]) -> list[int]:
+        """`ids` with the k-th image / video / audio placeholder repeated to the k-th part's token count
+        (transformers' counts: grid / merge^2; the audio encoder's output length)."""
+        from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as omni
+
+        tok, m2 = self.processor.tokenizer, self.processor.image_processor.merge_size ** 2
+        counts: dict[int, list[int]] = {}
+        if "image_grid_thw" in media:
+            counts[tok.image_token_id] = (media["image_grid_thw"].prod(-1) // m2).tolist()
+        if "video_grid_thw" in media:
+            counts[tok.video_token_id] = (media["video_grid_thw"].prod(-1) // m2).tolist()
+        if "feature_attention_mask" in media:
+            lengths = media["feature_attention_mask"].sum(-1)
+            counts[tok.audio_token_id] = omni._get_feat_extract_output_lengths(lengths, self.n_window).tolist()
+        out: list[int] = []
+        used = dict.fromkeys(counts, 0)
+        for token in ids:
+            if token in counts:
+                if used[token] >= len(counts[token]):
+                    raise ValueError(f"the prompt holds more {tok.convert_ids_to_tokens(token)} placeholders than parts")
+                out.extend([token] * counts[token][used[token]])
+                used[token] += 1
+            else:
+                out.append(token)
+        for token, n in used.items():
+            if n != len(counts[token]):
+                raise ValueError(f"the prompt holds {n} {tok.convert_ids_to_tokens(token)} placeholders for "
+                                 f"{len(counts[token])} parts")
+        return out
+
+    def through_transformers(self, text: str, images: list[Any], audio: list[np.ndarray], videos: list[np.ndarray],
+                             fps: list[float]) -> Any:
+        """The same inputs made by transformers' processor call itself (with the checkpoint's image / video
+        processors): the reference `__call__` is held to."""
         kwargs: dict[str, Any] = {"n_window": self.n_window, "return_tensors": "pt"}
         if videos:
             kwargs["videos_kwargs"] = {"size": self.video_size}
         out = self.processor(text=[text], images=images or None, audio=audio or None, videos=videos or None,
                              **kwargs)
-        if videos:  # one frame rate per video: transformers' processor takes one rate for all the videos of a call
-            import torch  # lazy: as transformers, in the child only
+        if videos:
+            import torch
 
             patch = self.processor.video_processor.temporal_patch_size
             out["video_second_per_grid"] = torch.tensor([patch / rate for rate in fps])
         return out
 
     def describe(self) -> dict[str, Any]:
-        return {"modalities": sorted(self.modalities), "video_processor": self.video_processor,
-                "video_size": self.video_size}
+        image = (self.pixels.describe() if self.pixels is not None
+                 else "transformers Qwen2VLImageProcessorPil (host)") if "image" in self.modalities else None
+        video = self.pixels.describe() if self.pixels is not None and "video" in self.modalities else self.video_processor
+        return {"modalities": sorted(self.modalities), "image_processor": image, "video_processor": video,
+                "video_size": self.video_size, **({"pixels_note": self.pixels_note} if self.pixels_note else {})}
 
 
 def _settings(root: Path) -> dict[str, dict[str, Any]]:
@@ -185,9 +273,12 @@ def omni_processor(path: str | Path, tokenizer: Any, model: Any) -> MediaProcess
 
 
 def processor_from_settings(settings: dict[str, dict[str, Any]], tokenizer: Any, model: Any,
-                            root: str | Path) -> MediaProcessor | None:
+                            root: str | Path, pixels: str = "auto") -> MediaProcessor | None:
     """The media processor from the image / audio / video settings a checkpoint's files hold (`_settings`), or a
-    synthetic model carries (quantbench.models.synthetic_omni); `root` names where they came from in errors."""
+    synthetic model carries (quantbench.models.synthetic_omni); `root` names where they came from in errors.
+    `pixels`: where pictures and frames are made: "auto" on the model's device when that is a GPU (bit-equal to
+    the PIL processor, and faster there), else on the host by the checkpoint's processors; "device" on the
+    model's device always; "host" by the checkpoint's processors always."""
     modalities = {kind for kind, found in (("image", settings["image"]), ("video", settings["image"]),
                                            ("audio", settings["audio"])) if found}
     if not modalities:
@@ -217,9 +308,22 @@ def processor_from_settings(settings: dict[str, dict[str, Any]], tokenizer: Any,
     processor = _processor_class()(image_processor=image, video_processor=video, feature_extractor=audio,
                                    tokenizer=tokenizer)
     n_window = int(config.audio_config.n_window)  # what the encoder windows by: the processor must count the same
+    device = next(model.parameters()).device
+    on_device, note = None, None
+    if pixels == "device" or (pixels == "auto" and device.type == "cuda"):
+        from quantbench.models.pixels import DevicePixels
+
+        try:
+            on_device = DevicePixels(image, device, video_size)
+        except ValueError as e:  # settings it does not reproduce: the host processor, and the reason recorded
+            if pixels == "device":
+                raise LoadError(f"{root}: pixels on the device: {e}") from None
+            note = f"pixels on the host: {e}"
+    elif pixels not in ("auto", "host"):
+        raise ValueError(f"pixels must be auto, device or host, not {pixels!r}")
     return MediaProcessor(processor=processor, modalities=frozenset(modalities), video_size=video_size,
                           n_window=n_window, video_processor=video_name if "video" in modalities else None,
-                          tokens=tokens)
+                          pixels=on_device, pixels_note=note, tokens=tokens)
 
 
 def _size(settings: dict[str, Any]) -> dict[str, int]:
