@@ -28,9 +28,10 @@ batcher.TRIM_MIN_INTERVAL_S).
 
 The package, one responsibility a module (each imports only those listed before it):
     schema.py   the wire schema: request decoding, error bodies, the state's prefix and bound
-    batcher.py  the micro-batcher, its metrics and queue, malloc_trim
+    batcher.py  the micro-batcher (its own model thread), its metrics, admission and queue, malloc_trim
     auth.py     the API key check
-    app.py      create_app, serve, demo
+    endpoint.py POST /v1/systemone as a plain ASGI app, with Server-Timing; the server's state
+    app.py      create_app (the routes, /healthz, /metrics, the OpenAPI schema), serve, demo
     command.py  cli_serve, behind `quantbench serve` (the only part that prints)
 """
 
