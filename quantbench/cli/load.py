@@ -33,6 +33,8 @@ def load(
     warmup: Annotated[int, typer.Option(help="Untimed requests before the first step")] = 8,
     ready_timeout: Annotated[float, typer.Option(help="Seconds to wait for the server's /healthz to say ready")] = 60.0,
     seed: Annotated[int, typer.Option(help="Seed of the open loop's arrival times")] = 0,
+    processes: Annotated[int, typer.Option(help="Generator processes, the clients (or the rate) split between them: more when the 'client CPU' column nears 100%")] = 1,
+    retry_after: Annotated[bool, typer.Option("--retry-after/--no-retry-after", help="Closed loop: a client that gets 503 with Retry-After waits that long before its next request (--no-retry-after: it sends at once)")] = True,
     store: Annotated[bool, typer.Option(help="Store the load run in --db")] = True,
     db: DbOpt = None,
 ) -> None:
@@ -46,7 +48,8 @@ def load(
         settings = LoadSettings(endpoint=endpoint, concurrency=_numbers(concurrency, "--concurrency", int),
                                 rate=_numbers(rate, "--rate", float), requests=requests, seconds=seconds, suite=suite,
                                 card_example=card_example, api_key=api_key, timeout_s=timeout, warmup=warmup,
-                                ready_timeout_s=ready_timeout, seed=seed)
+                                ready_timeout_s=ready_timeout, seed=seed, processes=processes,
+                                honor_retry_after=retry_after)
         settings.check()
         if store:
             Store(_db(db)).check_writable()  # before minutes of load, not after

@@ -26,7 +26,8 @@ def summarize(step: int, samples: list[Sample], duration_s: float, *, concurrenc
     by status, and the server's queue, model time and batch where it reported them. The overhead is end to end
     minus queue and model time, per request that reported both: what HTTP, parsing, tokenizing and the hops
     between threads cost (the client's own share included). `cpu_s`: the generator's own CPU time in the step;
-    near the wall time, the generator (one Python process) was the limit, not the server."""
+    near the wall time, the generator (one Python process) was the limit, not the server; with several generator
+    processes, the busiest one's."""
     ok = [s for s in samples if s.status == "200"]
     failed = [s for s in samples if s.status != "200"]
     ms = [s.ms for s in ok]
@@ -47,3 +48,19 @@ def summarize(step: int, samples: list[Sample], duration_s: float, *, concurrenc
         mean_batch=len(batch) / sum(1.0 / b for b in batch) if batch else None,
         client_cpu=None if cpu_s is None else cpu_s / duration_s,
     )
+
+
+def timing_breakdown(samples: list[Sample]) -> dict[str, float]:
+    """Where an answered request's time went, by the server's Server-Timing (medians in ms): each span it reported
+    (quantbench's: read, prepare, queue, forward, app: its handler's whole time), `e2e` on the client, and
+    `outside` = end to end - app: HTTP, the network and the client. Empty when the server sent no Server-Timing."""
+    timed = [s for s in samples if s.status == "200" and s.timing]
+    if not timed:
+        return {}
+    names = list(dict.fromkeys(name for s in timed for name in s.timing))  # type: ignore[union-attr]
+    out = {name: percentile([s.timing[name] for s in timed if name in s.timing], 0.5) for name in names}  # type: ignore[index,operator]
+    out["e2e"] = percentile([s.ms for s in timed], 0.5)
+    with_app = [s.ms - s.timing["app"] for s in timed if "app" in s.timing]  # type: ignore[index,operator]
+    if with_app:
+        out["outside"] = percentile(with_app, 0.5)
+    return {k: v for k, v in out.items() if v is not None}
