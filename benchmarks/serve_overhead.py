@@ -29,7 +29,6 @@ from pathlib import Path
 
 import httpx
 import psutil
-from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,22 +62,6 @@ sys.exit(serve(app, "127.0.0.1", port, log_level="warning"))
 """
 
 
-def breakdown_table(result, server_cpu_s: list[float]) -> Table:
-    """Per step, where an answered request's time went (medians of the server's Server-Timing, ms) and the
-    server's CPU per request sent (all its threads; the first step's includes the 16 warm-up requests)."""
-    spans = ["read", "prepare", "queue", "forward", "app", "outside", "e2e"]
-    t = Table(title="where the time went (medians, ms): read, prepare, queue, forward and app (the server's handler "
-              "in all) from Server-Timing; outside = end to end - app (HTTP, loopback, the client)",
-              title_justify="left")
-    for col in ["clients", *spans, "handler other", "server CPU / request"]:
-        t.add_column(col, justify="right")
-    for step, b, cpu_s in zip(result.steps, result.breakdown, server_cpu_s, strict=False):
-        other = b["app"] - sum(b.get(k, 0.0) for k in ("read", "prepare", "queue", "forward")) if b else None
-        t.add_row(str(step.concurrency), *(f"{b[k]:.3f}" if k in b else "—" for k in spans),
-                  "—" if other is None else f"{other:.3f}", f"{cpu_s * 1000.0 / max(1, step.sent):.2f}")
-    return t
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -103,7 +86,7 @@ def main() -> int:
     from rich.console import Console
 
     from quantbench.load import LoadSettings, run_load
-    from quantbench.load.table import saturation_line, steps_table
+    from quantbench.load.table import breakdown_table, saturation_line, steps_table
 
     port = free_port()
     log = Path(os.environ.get("TMPDIR", "/tmp")) / "serve_overhead_server.log"
@@ -143,7 +126,8 @@ def main() -> int:
     con.print(steps_table(result.steps, f"fake engine, forward {args.forward_ms:g} ms, max_batch {args.max_batch}, "
                                         f"max_queue {args.max_queue}, server from {args.server_path}"))
     con.print(saturation_line(result.saturation, "closed"))
-    con.print(breakdown_table(result, [b - a for a, b in zip(cpu, cpu[1:], strict=False)]))
+    cpu_ms = [(b - a) * 1000.0 / max(1, step.sent) for a, b, step in zip(cpu, cpu[1:], result.steps, strict=False)]
+    con.print(breakdown_table(result.steps, result.breakdown, cpu_ms) or "(no Server-Timing from this server)")
     one = result.steps[0]
     if one.concurrency == 1 and one.p50_ms is not None:
         con.print(f"1 client: end to end p50 {one.p50_ms:.2f} ms for a {args.forward_ms:g} ms forward: "

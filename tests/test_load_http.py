@@ -16,8 +16,8 @@ from quantbench.load.client import Pool, closed_loop, send, server_timing
 from quantbench.load.driver import StepPlan, plans_for, split
 from quantbench.load.http import Connection, Target
 from quantbench.server import create_app
-from tests.test_load import tiny_loaded
 from tests.test_http_backend import ThreadServer
+from tests.test_load import tiny_loaded
 
 BODY = b'{"model": "m", "model_ms": 1.5}'
 

@@ -40,7 +40,7 @@ def load(
 ) -> None:
     """Drive a SystemOne server: decisions/s, p50/p99, queue time, errors and the saturation point per step; stored."""
     from quantbench.load import LoadSettings, run_load  # lazy: a fast --help
-    from quantbench.load.table import rate_text, run_title, saturation_line, steps_table
+    from quantbench.load.table import breakdown_table, rate_text, run_title, saturation_line, steps_table
     from quantbench.store import Store
     from quantbench.store.load import write_load
 
@@ -62,6 +62,8 @@ def load(
         run = result.run
         out.print(steps_table(result.steps, run_title(run.model_dump())))
         out.print(saturation_line(result.saturation, run.mode), soft_wrap=True)
+        if (timing := breakdown_table(result.steps, result.breakdown)) is not None:
+            out.print(timing)
         if store:
             load_id = write_load(Store(_db(db)), run, result.steps)
             out.print(f"load run {load_id} stored in {_db(db)}", soft_wrap=True)

@@ -389,7 +389,10 @@ class MicroBatcher:
         self._trim()
         ms = (time.perf_counter() - t0) * 1000.0
         self._trimmed_at, self._batches_since_trim = time.monotonic(), 0
-        self._loop.call_soon_threadsafe(self._count_trim, ms)  # type: ignore[union-attr]
+        try:
+            self._loop.call_soon_threadsafe(self._count_trim, ms)  # type: ignore[union-attr]
+        except RuntimeError:  # the event loop has closed
+            pass
 
     def _count_trim(self, ms: float) -> None:
         self.metrics.memory_trims += 1
