@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Serving under load on one GPU, in one device call (~7 min): the server's own overhead with a fake forward on this
-# host's CPU, then `quantbench serve --shape qwen3-30b-a3b` (48 layers, random weights) for INT4 and then BF16, each
+# Serving under load on one GPU, in one device call (~6-7 min): `quantbench serve --shape qwen3-30b-a3b` (48 layers,
+# random weights) for INT4 and then BF16 (BACKENDS="int4 bf16"), each
 # driven by `quantbench load` with 4 generator processes (closed loop 1, 8, 32, 128 clients; 512-token decisions),
 # and a second pass at 128 clients whose refused clients do not wait out Retry-After (a storm of refusals).
+#
+# With OVERHEAD=1, first the server's own overhead with a fake 12.5 ms forward on this host's CPU (serve_overhead.py).
 #
 #   bash benchmarks/serve_h200.sh OUT_DIR            # then: quantbench merge OUT_DIR/serve.duckdb
 #
@@ -18,8 +20,8 @@ python3 -c "import httptools" 2>/dev/null && echo "uvicorn parses HTTP with http
 python3 -c "import os; print('load average', os.getloadavg(), 'cores', os.cpu_count())"
 
 # 1. The server's own overhead on this host: a 12.5 ms sleep for a forward pass, real parsing and tokenizing with
-# the embedded fixture's engine (from $QUANTBENCH_CACHE: carry its models/ folder, 27 MB; OVERHEAD=0 skips this).
-if [[ ${OVERHEAD:-1} == 1 ]]; then
+# the embedded fixture's engine (from $QUANTBENCH_CACHE: carry its models/ folder, 27 MB).
+if [[ ${OVERHEAD:-0} == 1 ]]; then
   timeout 150 python3 "$here/serve_overhead.py" --requests 1500 --concurrency 1,32,128 --seconds 8 --processes 4 \
     > "$out/overhead.txt" 2>&1
   grep -E "│|1 client|saturation|load average" "$out/overhead.txt"
@@ -27,16 +29,16 @@ fi
 
 # 2. The real-shape model for each backend.
 python3 "$here/long_suite.py" --tokens 512 --n 64 --out "$out/s512.jsonl" > /dev/null
-for backend in int4 bf16; do
+for backend in ${BACKENDS:-int4 bf16}; do
   t=$SECONDS
   python3 -m quantbench serve --backend "$backend" --shape qwen3-30b-a3b --layers 48 --port $port \
     > "$out/serve-$backend.log" 2>&1 &
   server=$!
-  timeout 240 python3 -m quantbench load --endpoint http://127.0.0.1:$port --suite "$out/s512.jsonl" \
-    --concurrency 1,8,32,128 --requests 1200 --seconds 12 --processes 4 --ready-timeout 200 --db "$db" \
+  timeout 330 python3 -m quantbench load --endpoint http://127.0.0.1:$port --suite "$out/s512.jsonl" \
+    --concurrency 1,8,32,128 --requests 1000 --seconds 8 --processes 4 --ready-timeout 240 --db "$db" \
     > "$out/load-$backend.txt" 2>&1
   timeout 60 python3 -m quantbench load --endpoint http://127.0.0.1:$port --suite "$out/s512.jsonl" \
-    --concurrency 128 --requests 1200 --seconds 10 --processes 4 --no-retry-after --warmup 0 --db "$db" \
+    --concurrency 128 --requests 1000 --seconds 6 --processes 4 --no-retry-after --warmup 0 --db "$db" \
     > "$out/load-$backend-storm.txt" 2>&1
   curl -s http://127.0.0.1:$port/metrics > "$out/metrics-$backend.json"
   kill $server; wait $server

@@ -196,4 +196,4 @@ def test_two_generator_processes_drive_a_real_server_to_the_same_counts():
     assert all(0 < s.client_cpu < 2 for s in result.steps)  # the busiest generator process's share of a core
     assert result.run.settings["processes"] == 2
     # quantbench's server says where the time went: the breakdown has its spans
-    assert {"read", "prepare", "queue", "forward", "app", "outside", "e2e"} <= set(result.breakdown[0])
+    assert {"read", "prepare", "queue", "forward", "app", "outside", "e2e", "other"} <= set(result.breakdown[0])

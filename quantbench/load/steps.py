@@ -52,15 +52,20 @@ def summarize(step: int, samples: list[Sample], duration_s: float, *, concurrenc
 
 def timing_breakdown(samples: list[Sample]) -> dict[str, float]:
     """Where an answered request's time went, by the server's Server-Timing (medians in ms): each span it reported
-    (quantbench's: read, prepare, queue, forward, app: its handler's whole time), `e2e` on the client, and
-    `outside` = end to end - app: HTTP, the network and the client. Empty when the server sent no Server-Timing."""
+    (quantbench's: read, prepare, queue, forward, app: its handler's whole time), `e2e` on the client,
+    `outside` = end to end - app (HTTP, the network and the client) and `other` = app - read - prepare - queue -
+    forward (the hand-offs between threads, the response). Empty when the server sent no Server-Timing."""
     timed = [s for s in samples if s.status == "200" and s.timing]
     if not timed:
         return {}
     names = list(dict.fromkeys(name for s in timed for name in s.timing))  # type: ignore[union-attr]
     out = {name: percentile([s.timing[name] for s in timed if name in s.timing], 0.5) for name in names}  # type: ignore[index,operator]
     out["e2e"] = percentile([s.ms for s in timed], 0.5)
-    with_app = [s.ms - s.timing["app"] for s in timed if "app" in s.timing]  # type: ignore[index,operator]
+    with_app = [s for s in timed if "app" in s.timing]  # type: ignore[operator]
     if with_app:
-        out["outside"] = percentile(with_app, 0.5)
+        out["outside"] = percentile([s.ms - s.timing["app"] for s in with_app], 0.5)  # type: ignore[index]
+        parts = ("read", "prepare", "queue", "forward")
+        whole = [s.timing for s in with_app if all(p in s.timing for p in parts)]  # type: ignore[operator]
+        if whole:  # per request, then the median: medians of the parts do not add up to the whole's
+            out["other"] = percentile([t["app"] - sum(t[p] for p in parts) for t in whole], 0.5)
     return {k: v for k, v in out.items() if v is not None}

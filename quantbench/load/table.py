@@ -88,9 +88,9 @@ SPANS = ("read", "prepare", "queue", "forward", "app", "outside", "e2e")
 def breakdown_table(steps: list[LoadStepRecord], breakdown: list[dict[str, float]],
                     server_cpu_ms: list[float] | None = None) -> Table | None:
     """Per step, where an answered request's time went (medians, ms) by the server's Server-Timing: read,
-    prepare, queue, forward, app (its handling in all), `handler other` (app less those: the hand-offs between
-    the event loop and the model thread), outside (end to end - app: HTTP, the network, the client) and end to
-    end; with `server_cpu_ms`, the server's CPU per request. None when the server sent no Server-Timing."""
+    prepare, queue, forward, app (its handling in all), outside (end to end - app: HTTP, the network, the client),
+    end to end, and `handler other` (app less the four spans: the hand-offs between the event loop and the model
+    thread, the response); with `server_cpu_ms`, the server's CPU per request. None without Server-Timing."""
     if not any(breakdown):
         return None
     t = Table(title="where an answered request's time went (medians, ms; from the server's Server-Timing)",
@@ -99,9 +99,8 @@ def breakdown_table(steps: list[LoadStepRecord], breakdown: list[dict[str, float
     for col in columns:
         t.add_column(col, justify="right")
     for i, (step, b) in enumerate(zip(steps, breakdown, strict=True)):
-        other = b["app"] - sum(b.get(k, 0.0) for k in ("read", "prepare", "queue", "forward")) if "app" in b else None
         row = [f"{step.rate:g}" if step.rate is not None else str(step.concurrency),
-               *(f"{b[k]:.3f}" if k in b else "—" for k in SPANS), "—" if other is None else f"{other:.3f}"]
+               *(f"{b[k]:.3f}" if k in b else "—" for k in (*SPANS, "other"))]
         if server_cpu_ms:
             row.append(f"{server_cpu_ms[i]:.2f}" if i < len(server_cpu_ms) else "—")
         t.add_row(*row)
