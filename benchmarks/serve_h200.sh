@@ -4,7 +4,7 @@
 # driven by `quantbench load` with 4 generator processes (closed loop 1, 8, 32, 128 clients; 512-token decisions),
 # and a second pass at 128 clients whose refused clients do not wait out Retry-After (a storm of refusals).
 #
-# With OVERHEAD=1, first the server's own overhead with a fake 12.5 ms forward on this host's CPU (serve_overhead.py).
+# MODEL="" serves the embedded fixture instead (a smoke test of this script on a CPU). With OVERHEAD=1, first the server's own overhead with a fake 12.5 ms forward on this host's CPU (serve_overhead.py).
 #
 #   bash benchmarks/serve_h200.sh OUT_DIR            # then: quantbench merge OUT_DIR/serve.duckdb
 #
@@ -31,9 +31,15 @@ fi
 python3 "$here/long_suite.py" --tokens 512 --n 64 --out "$out/s512.jsonl" > /dev/null
 for backend in ${BACKENDS:-int4 bf16}; do
   t=$SECONDS
-  python3 -m quantbench serve --backend "$backend" --shape qwen3-30b-a3b --layers 48 --port $port \
+  # shellcheck disable=SC2086  # MODEL: the model flags, one word each
+  python3 -m quantbench serve --backend "$backend" ${MODEL---shape qwen3-30b-a3b --layers 48} --port $port \
     > "$out/serve-$backend.log" 2>&1 &
   server=$!
+  for _ in $(seq 120); do  # the port opens once the imports are done; `load --ready-timeout` waits for the model
+    curl -s -o /dev/null http://127.0.0.1:$port/healthz && break
+    kill -0 $server 2>/dev/null || break
+    sleep 1
+  done
   timeout 330 python3 -m quantbench load --endpoint http://127.0.0.1:$port --suite "$out/s512.jsonl" \
     --concurrency 1,8,32,128 --requests 1000 --seconds 8 --processes 4 --ready-timeout 240 --db "$db" \
     > "$out/load-$backend.txt" 2>&1
