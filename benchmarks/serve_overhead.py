@@ -9,7 +9,11 @@ the GIL, as a GPU wait does). Then drives it with `quantbench load` (quantbench.
 prints, per step, decisions/s, end-to-end p50 / p99, the server's queue and forward time, the overhead (end to end
 minus queue minus forward), the mean batch per forward pass and the refusals. The ceiling is max_batch / forward
 time (16 / 12.5 ms = 1,280 decisions/s): what is lost below it is the server's (and this client's) Python.
-`--server-path DIR` serves another checkout's quantbench (e.g. the one before a change), for a before/after.
+`--server-path DIR` serves another checkout's quantbench (e.g. the one before a change), for a before/after (the
+client is always this checkout's). Then a second table: per step, where an answered request's time went by the
+server's Server-Timing (read, prepare, queue, forward, the handler in all, and outside it: HTTP and the client) and
+the server's CPU per request. `--processes N` splits the clients over N generator processes; `--no-retry-after`
+has refused clients send again at once instead of waiting out Retry-After; `--max-queue-ms` sets the server's.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import httpx
+import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,6 +44,7 @@ from quantbench.run.resolve import resolve
 from quantbench.server import create_app, serve
 
 port, forward_ms, max_batch, max_queue = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+settings = {"max_queue_ms": float(sys.argv[5])} if len(sys.argv) > 5 else {}
 
 def load():
     spec = resolve(RunSpec(backend="bf16", device="cpu"))
@@ -49,7 +57,7 @@ def load():
     loaded.engine.forward_many = fixed
     return loaded
 
-app = create_app(load, max_batch=max_batch, max_queue=max_queue)
+app = create_app(load, max_batch=max_batch, max_queue=max_queue, **settings)
 sys.exit(serve(app, "127.0.0.1", port, log_level="warning"))
 """
 
@@ -69,19 +77,26 @@ def main() -> int:
     ap.add_argument("--max-batch", type=int, default=16)
     ap.add_argument("--max-queue", type=int, default=64)
     ap.add_argument("--server-path", type=Path, default=ROOT, help="the checkout whose quantbench serves")
+    ap.add_argument("--max-queue-ms", type=float, default=None, help="the server's --max-queue-ms (its default: unset)")
+    ap.add_argument("--processes", type=int, default=1, help="load generator processes")
+    ap.add_argument("--no-retry-after", action="store_true", help="refused clients send again at once")
     args = ap.parse_args()
 
     sys.path.insert(0, str(ROOT))
     from rich.console import Console
 
     from quantbench.load import LoadSettings, run_load
-    from quantbench.load.table import saturation_line, steps_table
+    from quantbench.load.table import breakdown_table, saturation_line, steps_table
 
     port = free_port()
     log = Path(os.environ.get("TMPDIR", "/tmp")) / "serve_overhead_server.log"
     env = {**os.environ, "PYTHONPATH": str(args.server_path.resolve())}
-    proc = subprocess.Popen([sys.executable, "-c", SERVER, str(port), str(args.forward_ms), str(args.max_batch),
-                             str(args.max_queue)], stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
+    argv = [str(port), str(args.forward_ms), str(args.max_batch), str(args.max_queue)]
+    if args.max_queue_ms is not None:
+        argv.append(str(args.max_queue_ms))
+    proc = subprocess.Popen([sys.executable, "-c", SERVER, *argv], stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            env=env, cwd=args.server_path)  # `python -c` puts its cwd first on sys.path
+    server = psutil.Process(proc.pid)
     try:
         deadline = time.monotonic() + 600
         while True:  # the port opens once the server's imports are done (the model loads behind /healthz 503)
@@ -92,9 +107,17 @@ def main() -> int:
             time.sleep(0.2)
         settings = LoadSettings(endpoint=f"http://127.0.0.1:{port}",
                                 concurrency=[int(c) for c in args.concurrency.split(",")], requests=args.requests,
-                                seconds=args.seconds, warmup=16, ready_timeout_s=600)
+                                seconds=args.seconds, warmup=16, ready_timeout_s=600, processes=args.processes,
+                                honor_retry_after=not args.no_retry_after)
+        while httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=30).status_code != 200:  # loaded
+            time.sleep(0.2)
+        cpu = [sum(server.cpu_times()[:2])]  # the server's CPU (all its threads) at the end of each step
+
+        def step_done(step) -> None:
+            cpu.append(sum(server.cpu_times()[:2]))
+
         t0 = time.monotonic()
-        result = run_load(settings)
+        result = run_load(settings, on_step=step_done)
         wall = time.monotonic() - t0
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -103,6 +126,8 @@ def main() -> int:
     con.print(steps_table(result.steps, f"fake engine, forward {args.forward_ms:g} ms, max_batch {args.max_batch}, "
                                         f"max_queue {args.max_queue}, server from {args.server_path}"))
     con.print(saturation_line(result.saturation, "closed"))
+    cpu_ms = [(b - a) * 1000.0 / max(1, step.sent) for a, b, step in zip(cpu, cpu[1:], result.steps, strict=False)]
+    con.print(breakdown_table(result.steps, result.breakdown, cpu_ms) or "(no Server-Timing from this server)")
     one = result.steps[0]
     if one.concurrency == 1 and one.p50_ms is not None:
         con.print(f"1 client: end to end p50 {one.p50_ms:.2f} ms for a {args.forward_ms:g} ms forward: "

@@ -122,7 +122,8 @@ def test_an_endpoint_where_nothing_answers_is_refused_and_nothing_is_written(tmp
     (["--concurrency", "0"], "each step needs 1 or more clients"),
     (["--rate", "x"], "--rate 'x': give comma-separated numbers"),
     (["--endpoint", "localhost:8000"], "give the server's base URL"),
-], ids=["both_modes", "zero_clients", "not_numbers", "no_scheme"])
+    (["--processes", "0"], "--processes 0: use 1 or more generator processes"),
+], ids=["both_modes", "zero_clients", "not_numbers", "no_scheme", "no_processes"])
 def test_bad_settings_are_refused_naming_the_flag(args, text, tmp_path):
     base = ["load", "--endpoint", "http://127.0.0.1:9", "--db", str(tmp_path / "r.duckdb")]
     result = CliRunner().invoke(cli_app, base + args)

@@ -218,3 +218,79 @@ def test_the_cli_spells_the_servers_defaults():
 def test_threads_left_behind_are_none():
     # every TestClient above was closed: no model worker of theirs is still running
     assert not [t for t in threading.enumerate() if t.name.startswith("quantbench-model") and t.is_alive()]
+
+
+# -- admission by expected wait, Server-Timing, one send a response -------------------------------------------------
+def test_a_request_whose_expected_wait_is_over_max_queue_ms_gets_503_at_admission_and_is_never_tokenized(tiny_engine):
+    slow = SlowEngine(tiny_engine, forward_s=0.4)
+    client = started(create_app(lambda: loaded_with(slow), max_batch=1, max_queue=64, max_queue_ms=600))
+    try:
+        assert client.post("/v1/systemone", json=request_for(0)).status_code == 200  # the forward time is known
+        with ThreadPoolExecutor(6) as pool:
+            t0 = time.perf_counter()
+            futures = [pool.submit(client.post, "/v1/systemone", json=request_for(i)) for i in range(6)]
+            rs = [f.result(WAIT_S) for f in futures]
+        metrics = client.get("/metrics").json()
+    finally:
+        client.__exit__(None, None, None)
+    refused = [r for r in rs if r.status_code == 503]
+    # one forward pass of 0.4 s each: a request with two or more ahead of it would wait over 600 ms
+    assert 2 <= len(rs) - len(refused) <= 3 and refused, [r.status_code for r in rs]
+    assert all("--max-queue-ms" in r.json()["detail"] and int(r.headers["retry-after"]) >= 1 for r in refused)
+    assert metrics["shed"].get("expected_wait") == len(refused) and "queue_deadline" not in metrics["shed"]
+    assert slow.prepared == 1 + len(rs) - len(refused)  # refused before parsing and tokenizing
+    assert max(r.elapsed.total_seconds() for r in refused) < 0.3 < time.perf_counter() - t0  # refused at once
+
+
+def test_every_answer_says_where_its_time_went_in_server_timing(tiny_engine):
+    slow = SlowEngine(tiny_engine, forward_s=0.05)
+    client = started(create_app(lambda: loaded_with(slow)))
+    try:
+        ok = client.post("/v1/systemone", json=request_for(0))
+        bad = client.post("/v1/systemone", json={"state": {}, "questions": {"q": {"type": "choice"}}})
+    finally:
+        client.__exit__(None, None, None)
+    spans = {p.split(";dur=")[0].strip(): float(p.split(";dur=")[1]) for p in ok.headers["server-timing"].split(",")}
+    assert list(spans) == ["read", "prepare", "queue", "forward", "app"]
+    assert spans["forward"] >= 50.0 and spans["app"] >= spans["read"] + spans["prepare"] + spans["forward"]
+    assert spans["forward"] == pytest.approx(ok.json()["model_ms"], abs=0.01)
+    assert bad.status_code == 422 and "app;dur=" in bad.headers["server-timing"]
+
+
+def test_writes_in_one_step_of_the_event_loop_leave_in_one_send_and_close_sends_them_first():
+    import asyncio
+
+    from quantbench.server.app import CoalescedWrites
+
+    class Recorder:
+        def __init__(self):
+            self.writes, self.closed = [], False
+
+        def write(self, data):
+            self.writes.append(data)
+
+        def is_closing(self):
+            return self.closed
+
+        def close(self):
+            self.closed = True
+
+        def get_extra_info(self, name):
+            return ("127.0.0.1", 1) if name == "peername" else None
+
+    async def go():
+        inner = Recorder()
+        t = CoalescedWrites(inner, asyncio.get_running_loop())
+        t.write(b"HTTP/1.1 200 OK\r\n\r\n")
+        t.write(b"")
+        t.write(b"{}")
+        assert inner.writes == []  # nothing sent within the step
+        await asyncio.sleep(0)
+        first = list(inner.writes)
+        t.write(b"last")
+        t.close()
+        return first, inner.writes, inner.closed, t.get_extra_info("peername")
+
+    first, writes, closed, peer = asyncio.run(go())
+    assert first == [b"HTTP/1.1 200 OK\r\n\r\n{}"] and writes[-1] == b"last" and closed
+    assert peer == ("127.0.0.1", 1)  # everything else is the transport's own

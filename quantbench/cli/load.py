@@ -33,12 +33,14 @@ def load(
     warmup: Annotated[int, typer.Option(help="Untimed requests before the first step")] = 8,
     ready_timeout: Annotated[float, typer.Option(help="Seconds to wait for the server's /healthz to say ready")] = 60.0,
     seed: Annotated[int, typer.Option(help="Seed of the open loop's arrival times")] = 0,
+    processes: Annotated[int, typer.Option(help="Generator processes, the clients (or the rate) split between them: more when the 'client CPU' column nears 100%")] = 1,
+    retry_after: Annotated[bool, typer.Option("--retry-after/--no-retry-after", help="Closed loop: a client that gets 503 with Retry-After waits that long before its next request (--no-retry-after: it sends at once)")] = True,
     store: Annotated[bool, typer.Option(help="Store the load run in --db")] = True,
     db: DbOpt = None,
 ) -> None:
     """Drive a SystemOne server: decisions/s, p50/p99, queue time, errors and the saturation point per step; stored."""
     from quantbench.load import LoadSettings, run_load  # lazy: a fast --help
-    from quantbench.load.table import rate_text, run_title, saturation_line, steps_table
+    from quantbench.load.table import breakdown_table, rate_text, run_title, saturation_line, steps_table
     from quantbench.store import Store
     from quantbench.store.load import write_load
 
@@ -46,7 +48,8 @@ def load(
         settings = LoadSettings(endpoint=endpoint, concurrency=_numbers(concurrency, "--concurrency", int),
                                 rate=_numbers(rate, "--rate", float), requests=requests, seconds=seconds, suite=suite,
                                 card_example=card_example, api_key=api_key, timeout_s=timeout, warmup=warmup,
-                                ready_timeout_s=ready_timeout, seed=seed)
+                                ready_timeout_s=ready_timeout, seed=seed, processes=processes,
+                                honor_retry_after=retry_after)
         settings.check()
         if store:
             Store(_db(db)).check_writable()  # before minutes of load, not after
@@ -59,6 +62,8 @@ def load(
         run = result.run
         out.print(steps_table(result.steps, run_title(run.model_dump())))
         out.print(saturation_line(result.saturation, run.mode), soft_wrap=True)
+        if (timing := breakdown_table(result.steps, result.breakdown)) is not None:
+            out.print(timing)
         if store:
             load_id = write_load(Store(_db(db)), run, result.steps)
             out.print(f"load run {load_id} stored in {_db(db)}", soft_wrap=True)

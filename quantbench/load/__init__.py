@@ -15,11 +15,24 @@ Two modes, each bounded by `requests` per step and `seconds` per step, whichever
 
 The package, one responsibility a module (each imports only those listed before it):
     requests.py  the request bodies (a suite's records, or the card's example) and the server's /healthz
+    http.py      one keep-alive HTTP/1.1 connection: a prebuilt request out, its response read
     client.py    sending: one timed request (Sample), a closed-loop step, an open-loop step
-    steps.py     a step's summary from its samples (percentiles, errors, queue, batch, overhead)
+    driver.py    the generator's processes: one step on one process's connections, or split over several
+    steps.py     a step's summary from its samples (percentiles, errors, queue, batch, overhead, Server-Timing)
     generator.py LoadSettings, run_load: the steps in order, the saturation point, the records to store
+
+The names below are imported when first used: a generator worker process imports driver.py and what it needs,
+not the generator's store and machine detection.
 """
 
-from quantbench.load.generator import LoadResult, LoadSettings, run_load
+from typing import Any
 
 __all__ = ["LoadResult", "LoadSettings", "run_load"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from quantbench.load import generator
+
+        return getattr(generator, name)
+    raise AttributeError(f"module 'quantbench.load' has no attribute {name!r}")

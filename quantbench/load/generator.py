@@ -4,9 +4,7 @@ answer is refused before the first step."""
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,9 +13,10 @@ import httpx
 import quantbench
 from quantbench.analysis.load import Saturation, saturation
 from quantbench.errors import ConfigError
-from quantbench.load.client import closed_loop, open_loop
-from quantbench.load.requests import PATH, Bodies, endpoint_url, request_bodies, server_health
-from quantbench.load.steps import summarize
+from quantbench.load.driver import Driver, Drivers, DriverSettings, StepPlan
+from quantbench.load.http import Target
+from quantbench.load.requests import PATH, endpoint_url, request_bodies, server_health
+from quantbench.load.steps import summarize, timing_breakdown
 from quantbench.run.machine import detect
 from quantbench.run.runner import provenance
 from quantbench.store.load import LoadRunRecord, LoadStepRecord
@@ -46,6 +45,8 @@ class LoadSettings:
     warmup: int = DEFAULT_WARMUP
     ready_timeout_s: float = 60.0
     seed: int = 0
+    processes: int = 1  # generator processes, the clients (or the arrival rate) split between them
+    honor_retry_after: bool = True  # a closed-loop client waits out a 503's Retry-After before its next request
 
     def check(self) -> None:
         """Refuse, naming the flag, settings that cannot make a load run."""
@@ -61,6 +62,8 @@ class LoadSettings:
             raise ConfigError("--requests and --seconds bound each step: use 1 or more requests and seconds above 0")
         if not self.timeout_s > 0 or self.warmup < 0:
             raise ConfigError("--timeout: seconds above 0; --warmup: 0 or more requests")
+        if self.processes < 1:
+            raise ConfigError(f"--processes {self.processes}: use 1 or more generator processes")
 
     @property
     def mode(self) -> str:
@@ -70,7 +73,8 @@ class LoadSettings:
         """The settings as stored on the load run (no API key)."""
         return {"concurrency": self.concurrency, "rate": self.rate, "requests": self.requests,
                 "seconds": self.seconds, "suite": self.suite, "card_example": self.card_example,
-                "timeout_s": self.timeout_s, "warmup": self.warmup, "seed": self.seed}
+                "timeout_s": self.timeout_s, "warmup": self.warmup, "seed": self.seed,
+                "processes": self.processes, "honor_retry_after": self.honor_retry_after}
 
 
 @dataclass
@@ -78,6 +82,9 @@ class LoadResult:
     run: LoadRunRecord
     steps: list[LoadStepRecord]
     saturation: Saturation
+    # per step, where a request's time went by the server's Server-Timing (medians, ms; empty for a server that
+    # does not send it): quantbench.load.steps.timing_breakdown. Printed, not stored.
+    breakdown: list[dict[str, float]] = field(default_factory=list)
 
 
 def _headers(api_key: str | None) -> dict[str, str]:
@@ -96,7 +103,11 @@ def run_load(settings: LoadSettings, on_step: Any = None) -> LoadResult:
     with httpx.Client(headers=_headers(settings.api_key)) as client:
         health = server_health(client, endpoint, settings.ready_timeout_s)
     created = dt.datetime.now(dt.UTC)
-    steps = asyncio.run(_steps(settings, endpoint + PATH, bodies, on_step))
+    target = Target.from_url(endpoint + PATH)
+    headers = _headers(settings.api_key)
+    driver = DriverSettings(url=endpoint + PATH, requests=[target.request(b, headers) for b in bodies.bodies],
+                            timeout_s=settings.timeout_s, honor_retry_after=settings.honor_retry_after)
+    steps, breakdown = _steps(settings, driver, on_step)
     if health is not None:  # read again: a quantbench server reports the kernel path its forwards ran by now
         health = _health_after(endpoint, settings.api_key) or health
     loads = [s.rate if settings.rate else s.concurrency for s in steps]
@@ -114,7 +125,7 @@ def run_load(settings: LoadSettings, on_step: Any = None) -> LoadResult:
         python_version=machine.python_version, quantbench_version=quantbench.__version__,
         quantbench_git_rev=provenance()["quantbench_git_rev"], settings=settings.stored(),
     )
-    return LoadResult(record, steps, sat)
+    return LoadResult(record, steps, sat, breakdown)
 
 
 def _health_after(endpoint: str, api_key: str | None) -> dict[str, Any] | None:
@@ -127,28 +138,27 @@ def _health_after(endpoint: str, api_key: str | None) -> dict[str, Any] | None:
     return body if isinstance(body, dict) else None
 
 
-async def _steps(settings: LoadSettings, url: str, bodies: Bodies, on_step: Any) -> list[LoadStepRecord]:
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    timeout = httpx.Timeout(settings.timeout_s)
-    async with httpx.AsyncClient(headers=_headers(settings.api_key), limits=limits, timeout=timeout) as client:
+def _steps(settings: LoadSettings, driver: DriverSettings, on_step: Any) -> tuple[list[LoadStepRecord],
+                                                                                 list[dict[str, float]]]:
+    drivers = Drivers(driver, settings.processes) if settings.processes > 1 else Driver(driver)
+    try:
         if settings.warmup:  # untimed: connections, and the server's first-call costs
-            await closed_loop(client, url, bodies.bodies, concurrency=1, requests=settings.warmup,
-                              seconds=settings.seconds)
-        steps = []
+            drivers.warm(settings.warmup, settings.seconds)
+        steps, breakdown = [], []
         offset = 0
         for i, load in enumerate(settings.rate or settings.concurrency):
-            cpu0 = time.process_time()
-            if settings.rate:
-                samples, wall = await open_loop(client, url, bodies.bodies, rate=float(load),
-                                                requests=settings.requests, seconds=settings.seconds,
-                                                seed=settings.seed + i, offset=offset)
-                step = summarize(i, samples, wall, rate=float(load), cpu_s=time.process_time() - cpu0)
-            else:
-                samples, wall = await closed_loop(client, url, bodies.bodies, concurrency=int(load),
-                                                  requests=settings.requests, seconds=settings.seconds, offset=offset)
-                step = summarize(i, samples, wall, concurrency=int(load), cpu_s=time.process_time() - cpu0)
-            offset += len(samples)
+            rate = float(load) if settings.rate else None
+            plan = StepPlan(concurrency=None if rate else int(load), rate=rate, count=settings.requests,
+                            seconds=settings.seconds, offset=offset, seed=settings.seed + i)
+            run = drivers.step(plan)
+            wall = max(run.end - run.start, 1e-9)
+            step = summarize(i, run.samples, wall, concurrency=plan.concurrency, rate=rate,
+                             cpu_s=max(run.cpu_s, default=0.0))
+            offset += len(run.samples)
             steps.append(step)
+            breakdown.append(timing_breakdown(run.samples))
             if on_step is not None:
                 on_step(step)
-        return steps
+        return steps, breakdown
+    finally:
+        drivers.close()

@@ -26,7 +26,8 @@ def summarize(step: int, samples: list[Sample], duration_s: float, *, concurrenc
     by status, and the server's queue, model time and batch where it reported them. The overhead is end to end
     minus queue and model time, per request that reported both: what HTTP, parsing, tokenizing and the hops
     between threads cost (the client's own share included). `cpu_s`: the generator's own CPU time in the step;
-    near the wall time, the generator (one Python process) was the limit, not the server."""
+    near the wall time, the generator (one Python process) was the limit, not the server; with several generator
+    processes, the busiest one's."""
     ok = [s for s in samples if s.status == "200"]
     failed = [s for s in samples if s.status != "200"]
     ms = [s.ms for s in ok]
@@ -47,3 +48,24 @@ def summarize(step: int, samples: list[Sample], duration_s: float, *, concurrenc
         mean_batch=len(batch) / sum(1.0 / b for b in batch) if batch else None,
         client_cpu=None if cpu_s is None else cpu_s / duration_s,
     )
+
+
+def timing_breakdown(samples: list[Sample]) -> dict[str, float]:
+    """Where an answered request's time went, by the server's Server-Timing (medians in ms): each span it reported
+    (quantbench's: read, prepare, queue, forward, app: its handler's whole time), `e2e` on the client,
+    `outside` = end to end - app (HTTP, the network and the client) and `other` = app - read - prepare - queue -
+    forward (the hand-offs between threads, the response). Empty when the server sent no Server-Timing."""
+    timed = [s for s in samples if s.status == "200" and s.timing]
+    if not timed:
+        return {}
+    names = list(dict.fromkeys(name for s in timed for name in s.timing))  # type: ignore[union-attr]
+    out = {name: percentile([s.timing[name] for s in timed if name in s.timing], 0.5) for name in names}  # type: ignore[index,operator]
+    out["e2e"] = percentile([s.ms for s in timed], 0.5)
+    with_app = [s for s in timed if "app" in s.timing]  # type: ignore[operator]
+    if with_app:
+        out["outside"] = percentile([s.ms - s.timing["app"] for s in with_app], 0.5)  # type: ignore[index]
+        parts = ("read", "prepare", "queue", "forward")
+        whole = [s.timing for s in with_app if all(p in s.timing for p in parts)]  # type: ignore[operator]
+        if whole:  # per request, then the median: medians of the parts do not add up to the whole's
+            out["other"] = percentile([t["app"] - sum(t[p] for p in parts) for t in whole], 0.5)
+    return {k: v for k, v in out.items() if v is not None}

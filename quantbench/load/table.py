@@ -80,3 +80,28 @@ def saturation_line(sat: Saturation, mode: str) -> str:
                 "reached; add a larger step")
     return (f"saturation at {sat.point:g} {unit} (peak {sat.peak:,.1f} decisions/s); at {sat.beyond:g} "
             f"{unit} throughput kept {sat.kept:.0%} of the peak")
+
+
+SPANS = ("read", "prepare", "queue", "forward", "app", "outside", "e2e")
+
+
+def breakdown_table(steps: list[LoadStepRecord], breakdown: list[dict[str, float]],
+                    server_cpu_ms: list[float] | None = None) -> Table | None:
+    """Per step, where an answered request's time went (medians, ms) by the server's Server-Timing: read,
+    prepare, queue, forward, app (its handling in all), outside (end to end - app: HTTP, the network, the client),
+    end to end, and `handler other` (app less the four spans: the hand-offs between the event loop and the model
+    thread, the response); with `server_cpu_ms`, the server's CPU per request. None without Server-Timing."""
+    if not any(breakdown):
+        return None
+    t = Table(title="where an answered request's time went (medians, ms; from the server's Server-Timing)",
+              title_justify="left")
+    columns = [_header(steps)[0], *SPANS, "handler other"] + (["server CPU / request"] if server_cpu_ms else [])
+    for col in columns:
+        t.add_column(col, justify="right")
+    for i, (step, b) in enumerate(zip(steps, breakdown, strict=True)):
+        row = [f"{step.rate:g}" if step.rate is not None else str(step.concurrency),
+               *(f"{b[k]:.3f}" if k in b else "—" for k in (*SPANS, "other"))]
+        if server_cpu_ms:
+            row.append(f"{server_cpu_ms[i]:.2f}" if i < len(server_cpu_ms) else "—")
+        t.add_row(*row)
+    return t

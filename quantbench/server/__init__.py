@@ -28,24 +28,32 @@ batcher.TRIM_MIN_INTERVAL_S).
 
 The package, one responsibility a module (each imports only those listed before it):
     schema.py   the wire schema: request decoding, error bodies, the state's prefix and bound
-    batcher.py  the micro-batcher, its metrics and queue, malloc_trim
+    batcher.py  the micro-batcher (its own model thread), its metrics, admission and queue, malloc_trim
     auth.py     the API key check
-    app.py      create_app, serve, demo
+    endpoint.py POST /v1/systemone as a plain ASGI app, with Server-Timing; the server's state
+    app.py      create_app (the routes, /healthz, /metrics, the OpenAPI schema), serve, demo
     command.py  cli_serve, behind `quantbench serve` (the only part that prints)
 """
 
-from quantbench.server.app import create_app, demo, serve
-from quantbench.server.batcher import DEFAULT_MAX_BATCH, DEFAULT_MAX_WAIT_MS, malloc_trim
-from quantbench.server.command import cli_serve
-from quantbench.server.schema import DEMO_REQUEST
+from importlib import import_module
+from typing import Any
 
-__all__ = [
-    "DEFAULT_MAX_BATCH",
-    "DEFAULT_MAX_WAIT_MS",
-    "DEMO_REQUEST",
-    "cli_serve",
-    "create_app",
-    "demo",
-    "malloc_trim",
-    "serve",
-]
+# Each name from its module, imported when first used: the load generator's worker processes read the wire schema
+# (schema.py) without loading the app, uvicorn and the backends.
+_HOME = {
+    "DEFAULT_MAX_BATCH": "batcher",
+    "DEFAULT_MAX_WAIT_MS": "batcher",
+    "DEMO_REQUEST": "schema",
+    "cli_serve": "command",
+    "create_app": "app",
+    "demo": "app",
+    "malloc_trim": "batcher",
+    "serve": "app",
+}
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOME:
+        return getattr(import_module(f"quantbench.server.{_HOME[name]}"), name)
+    raise AttributeError(f"module 'quantbench.server' has no attribute {name!r}")

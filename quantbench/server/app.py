@@ -6,23 +6,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import asdict, is_dataclass
 from typing import Any
 
 import uvicorn
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.encoders import jsonable_encoder
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 import quantbench
-from quantbench.errors import RequestError
 from quantbench.limits import (
     DEFAULT_HEADER_TIMEOUT_S,
     DEFAULT_MAX_BODY_BYTES,
@@ -33,7 +32,6 @@ from quantbench.limits import (
     DEFAULT_REQUEST_TIMEOUT_S,
     MEDIA_LIMITS,
     Limits,
-    flag,
 )
 from quantbench.protocol import DecisionRequest, DecisionResponse, parse_request
 from quantbench.run.backend import LoadedVariant
@@ -45,79 +43,19 @@ from quantbench.server.batcher import (
     DEFAULT_MAX_QUEUE,
     DEFAULT_MAX_QUEUE_MS,
     DEFAULT_MAX_WAIT_MS,
-    Metrics,
     MicroBatcher,
-    QueueFull,
-    QueueTimeout,
-    padded_tokens,
 )
-from quantbench.server.schema import (
-    BATCH_HEADER,
-    DEMO_REQUEST,
-    ERROR_RESPONSES,
-    QUEUE_MS_HEADER,
-    ClientGone,
-    ErrorBody,
-    Rejected,
-    bound_long_state,
-    decode_request,
-    from_request_error,
-    over_deadline,
-    read_body,
-)
+from quantbench.server.endpoint import PATH, ServerState, SystemOneEndpoint
+from quantbench.server.schema import DEMO_REQUEST, ERROR_RESPONSES
 
 log = logging.getLogger("quantbench.server")
 
 DRAIN_TIMEOUT_S = 60.0
-# A request body up to this size is parsed and tokenized on the event loop (well under a millisecond for a card
-# request: the hop to the preparing thread and back cost more than the work); a larger one on the preparing thread,
-# so that it never holds up the others.
-INLINE_PREPARE_BYTES = 4096
 
 KEEP_ALIVE_TIMEOUT_S = 5  # uvicorn's default: an idle keep-alive connection is closed after this
 
 
-# -- deadlines and disconnects ----------------------------------------------------------------------------------
-async def _disconnected(request: Request) -> None:
-    """Returns when the client has closed its connection (the body has been read: nothing else can arrive)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _first(work: asyncio.Future[Any], gone: asyncio.Future[None], deadline: float) -> Any:
-    """The result of `work`; if the client goes first (ClientGone) or the deadline passes (TimeoutError), `work`
-    is cancelled: a queued request is then skipped, never computed."""
-    timeout = deadline - asyncio.get_running_loop().time()
-    done, _ = await asyncio.wait({work, gone}, timeout=max(0.0, timeout), return_when=asyncio.FIRST_COMPLETED)
-    if work in done:
-        return work.result()
-    work.cancel()
-    if gone in done:
-        raise ClientGone
-    raise TimeoutError
-
-
-def _dropped(state: ServerState, why: str) -> Response:
-    """What a handler returns for a client that has gone: nobody reads it (uvicorn sends nothing)."""
-    state.metrics.dropped[why] += 1
-    return Response(status_code=499)
-
-
 # -- the app ------------------------------------------------------------------------------------------------------
-@dataclass
-class ServerState:
-    loaded: LoadedVariant | None = None
-    batcher: MicroBatcher | None = None
-    error: str | None = None
-    started: float = field(default_factory=time.monotonic)
-    load_s: float | None = None
-    metrics: Metrics = field(default_factory=Metrics)
-    on_load_error: Callable[[], None] | None = None  # serve() stops the process: a server that cannot answer
-    planned: KernelPath | None = None  # the kernel path planned at load, before any forward
-    warm_s: float | None = None  # the warm-up forwards after load (None: none were run)
-    warm_error: str | None = None  # why the warm-up failed (the server serves all the same)
-
-
 def _identity(loaded: LoadedVariant, machine: Any, state: ServerState) -> dict[str, Any]:
     """What /healthz reports as served: the variant's record, the device and the GPU, and the kernel path of the
     forward passes so far (`run`'s kernel_path: quantbench.run.kernel) with the engine's facts behind it."""
@@ -151,15 +89,6 @@ def _identity(loaded: LoadedVariant, machine: Any, state: ServerState) -> dict[s
     }
 
 
-def _retry_after(state: ServerState, pending: int) -> int:
-    """Seconds until the requests admitted now have been answered (at the mean forward pass so far), at least 1:
-    Retry-After counts whole seconds."""
-    batcher = state.batcher
-    batches = max(1, math.ceil(pending / (batcher.max_batch if batcher else 1)))
-    per_batch_s = state.metrics.forward_ms_total / 1000.0 / max(1, state.metrics.batches)
-    return max(1, math.ceil(batches * per_batch_s))
-
-
 def warm_sizes(max_batch: int, cuda: bool) -> list[int]:
     """The batches the warm-up runs: on a GPU 1, 2, 4 … max_batch (a CUDA graph bucket each); on a CPU one pass
     (no graphs to capture; at the 30B shape a CPU pass takes tens of seconds)."""
@@ -189,11 +118,6 @@ def _warm_up(loaded: LoadedVariant, state: ServerState, max_batch: int) -> int:
         log.warning("the warm-up forward passes failed (serving anyway): %s", state.warm_error)
     state.warm_s = time.perf_counter() - t0
     return done
-
-
-def _error_response(state: ServerState, e: Rejected) -> JSONResponse:
-    state.metrics.rejected[e.status] += 1
-    return JSONResponse(e.body.model_dump(exclude_none=True), status_code=e.status, headers=e.headers)
 
 
 def create_app(
@@ -289,10 +213,6 @@ def create_app(
     if api_key:
         require_api_key(app, api_key)
 
-    @app.exception_handler(Rejected)
-    async def rejected(request: Request, e: Rejected) -> JSONResponse:
-        return _error_response(state, e)
-
     @app.get("/healthz", responses={503: {"description": "The model is still loading, or failed to load."}})
     async def healthz() -> JSONResponse:
         if state.error:
@@ -333,34 +253,8 @@ def create_app(
         queued = state.batcher.pending if state.batcher else 0
         return JSONResponse({**state.metrics.to_dict(), "pending": queued, "max_queue": max_queue})
 
-    def prepare(body: bytes) -> Any:
-        """On the preparing thread: parse and check the body, tokenize it, check its tokens (no model work)."""
-        engine = state.batcher.engine  # type: ignore[union-attr]  # requests reach here only once loaded
-        # The engine's `modalities`: the media types its model reads (none: a text-only model).
-        modalities = engine.modalities
-        decision, cut = bound_long_state(engine, decode_request(body, limits=limits, modalities=modalities))
-        prepared = engine.prepare(decision)
-        if cut:
-            for reader in getattr(prepared, "readers", []):
-                reader.truncated = True  # the state was cut here, before the engine cut it further
-        rows, width = padded_tokens(prepared, engine)
-        if rows * width > max_request_tokens:
-            raise Rejected(
-                413,
-                ErrorBody(
-                    detail=f"the request is {rows} sequences of up to {width} tokens, {rows * width} padded "
-                    f"tokens, over the limit of {max_request_tokens} ({flag('max_request_tokens')})",
-                    field="questions",
-                    tokens=rows * width,
-                    limit=max_request_tokens,
-                    fix=f"send fewer questions or options or a shorter state per request, or start the server "
-                    f"with a larger {flag('max_request_tokens')}",
-                ),
-            )
-        return prepared
-
     @app.post(
-        "/v1/systemone",
+        PATH,
         response_model=DecisionResponse,
         responses=ERROR_RESPONSES,
         openapi_extra={
@@ -370,95 +264,22 @@ def create_app(
             }
         },
     )
-    async def systemone(request: Request) -> JSONResponse:
-        # The body is read and validated by hand: size limit, UTF-8, duplicate keys and the protocol's own
-        # classes (the OpenAPI schema above is the same DecisionRequest class).
-        if state.batcher is None:
-            detail = (
-                f"the model failed to load: {state.error}" if state.error else "the model is still loading"
-            )
-            raise Rejected(
-                503,
-                ErrorBody(detail=detail, fix="retry when GET /healthz answers 200"),
-                headers={"Retry-After": "5"},
-            )
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + request_timeout_s
-        batcher = state.batcher
-        try:
-            body = await asyncio.wait_for(read_body(request, max_body_bytes), request_timeout_s)
-        except TimeoutError:
-            raise over_deadline(408, "its body did not arrive", request_timeout_s) from None
-        except ClientGone:
-            return _dropped(state, "disconnected")
-        try:
-            batcher.admit()  # before any parsing: an overloaded server refuses at the cost of a counter check
-        except QueueFull:
-            state.metrics.shed["queue_full"] += 1
-            retry = _retry_after(state, batcher.pending)
-            raise Rejected(
-                503,
-                ErrorBody(
-                    detail=f"the queue is full ({max_queue} requests waiting)",
-                    limit=max_queue,
-                    fix=f"retry after {retry} s, or send fewer requests at once",
-                ),
-                headers={"Retry-After": str(retry)},
-            ) from None
-        gone = asyncio.ensure_future(_disconnected(request))
-        queued = False
-        try:
-            try:
-                if len(body) <= INLINE_PREPARE_BYTES:  # a small request: no hop to the preparing thread and back
-                    prepared = prepare(body)
-                else:
-                    prepared = await _first(batcher.prepare(prepare, body), gone, deadline)
-                answer = batcher.submit(prepared)
-                queued = True
-                answered = await _first(answer, gone, deadline)
-            except TimeoutError:
-                state.metrics.dropped["deadline"] += 1
-                raise over_deadline(504, "it was dropped", request_timeout_s) from None
-            except ClientGone:
-                return _dropped(state, "disconnected")
-            finally:
-                if not queued:
-                    batcher.release()
-        except QueueTimeout as e:
-            retry = _retry_after(state, batcher.pending)
-            raise Rejected(
-                503,
-                ErrorBody(
-                    detail=f"the server is overloaded: the request {e} before its forward pass, over the queue "
-                    f"deadline of {max_queue_ms:g} ms ({flag('max_queue_ms')})",
-                    limit=math.ceil(max_queue_ms),
-                    fix=f"retry after {retry} s, or send fewer requests at once",
-                ),
-                headers={"Retry-After": str(retry)},
-            ) from None
-        except RequestError as e:  # the prompt is over the context, or another per-request problem
-            raise from_request_error(422, e) from None
-        except Rejected:
-            raise
-        except Exception as e:
-            raise Rejected(
-                500, ErrorBody(detail=f"the model failed on this batch: {type(e).__name__}: {e}")
-            ) from e
-        finally:
-            gone.cancel()
-        state.metrics.answered += 1
-        return JSONResponse(
-            answered.response.model_dump(mode="json"),
-            headers={
-                BATCH_HEADER: str(answered.batch),
-                QUEUE_MS_HEADER: f"{answered.queue_ms:.3f}",
-            },
-        )
+    def systemone() -> DecisionResponse:  # what the OpenAPI schema says of the route; its ASGI app answers
+        raise AssertionError("served by endpoint.SystemOneEndpoint")
+
+    # FastAPI documents the route (the protocol's own classes, above); SystemOneEndpoint answers it as a plain ASGI
+    # app, without FastAPI's request handling in between (endpoint.py says what that saves).
+    route = next(r for r in app.router.routes if isinstance(r, APIRoute) and r.path == PATH)
+    route.app = SystemOneEndpoint(
+        state, limits=limits, max_body_bytes=max_body_bytes, max_request_tokens=max_request_tokens,
+        request_timeout_s=request_timeout_s, max_queue=max_queue, max_queue_ms=max_queue_ms,
+    )
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             schema = get_openapi(
-                title=app.title, version=app.version, description=app.description, routes=app.routes
+                title=app.title, version=app.version, description=app.description,
+                routes=app.routes,
             )
             request_schema = DecisionRequest.model_json_schema(ref_template="#/components/schemas/{model}")
             components = schema.setdefault("components", {}).setdefault("schemas", {})
@@ -472,6 +293,36 @@ def create_app(
 
 
 # -- running it ---------------------------------------------------------------------------------------------------
+class CoalescedWrites:
+    """A connection's transport whose writes within one step of the event loop leave in one send. uvicorn writes a
+    response's status line and headers, its body and (h11) its end in separate calls; each send on loopback woke
+    the client on its own, and with the cores busy each cost 0.3-0.4 ms (docs/BENCHMARKS.md). Everything else is
+    the transport's own; closing sends what is pending first."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop):
+        self._transport, self._loop = transport, loop
+        self._pending: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not data:
+            return
+        if not self._pending:
+            self._loop.call_soon(self._flush)
+        self._pending.append(data)
+
+    def _flush(self) -> None:
+        if self._pending and not self._transport.is_closing():
+            self._transport.write(b"".join(self._pending))
+        self._pending.clear()
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 def guarded_protocol(header_timeout_s: float) -> type[asyncio.Protocol]:
     """uvicorn's HTTP protocol (httptools or h11, as uvicorn would choose) with a header timeout: a connection
     that has no request in flight `header_timeout_s` after it opened, or after its last response, is closed.
@@ -483,7 +334,7 @@ def guarded_protocol(header_timeout_s: float) -> type[asyncio.Protocol]:
         _header_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
+            super().connection_made(CoalescedWrites(transport, self.loop))  # type: ignore[arg-type]
             self._arm_header_timer()
 
         def on_response_complete(self) -> None:
@@ -516,9 +367,11 @@ def serve(
     *,
     log_level: str = "info",
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
+    access_log: bool = False,
 ) -> int:
     """Run the app under uvicorn until Ctrl-C / SIGTERM (in-flight requests finish). 1 if the model failed to load
-    (why: app.state.qb.error, which `quantbench serve` prints)."""
+    (why: app.state.qb.error, which `quantbench serve` prints). `access_log`: a line per request on stderr (off by
+    default: at hundreds of requests a second it is work on the event loop that answers them)."""
     if not header_timeout_s > 0:
         raise ValueError("header_timeout_s must be > 0")
     config = uvicorn.Config(
@@ -529,6 +382,7 @@ def serve(
         lifespan="on",
         http=guarded_protocol(header_timeout_s),
         timeout_keep_alive=KEEP_ALIVE_TIMEOUT_S,
+        access_log=access_log,
     )
     server = uvicorn.Server(config)
     state: ServerState = app.state.qb

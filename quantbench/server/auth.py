@@ -1,36 +1,61 @@
-"""The API key check: with a key set, every request must carry it (Authorization: Bearer, or X-API-Key)."""
+"""The API key check: with a key set, every request must carry it (Authorization: Bearer, or X-API-Key).
+
+A plain ASGI middleware, not a FastAPI `@app.middleware("http")` one: that kind hands every request and response
+through memory streams on their own task, a cost each request would pay before the key is even read."""
 
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI
 
 from quantbench.server.schema import ErrorBody
 
 API_KEY_ENV = "QUANTBENCH_API_KEY"
 
+UNAUTHORIZED = ErrorBody(
+    detail="missing or wrong API key",
+    field="Authorization",
+    fix="send the header 'Authorization: Bearer <key>' (or 'X-API-Key: <key>')",
+).model_dump_json(exclude_none=True).encode()
+
+
+class ApiKeyMiddleware:
+    """Answers 401 to every HTTP request that does not carry `key` (compared in constant time); `on_reject` counts
+    them."""
+
+    def __init__(self, app: Any, key: str, on_reject: Callable[[], None]):
+        self.app, self.expected, self.on_reject = app, key.encode(), on_reject
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Callable[..., Awaitable[None]]) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        auth, given = b"", b""
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                auth = value
+            elif name == b"x-api-key":
+                given = value
+        if auth[:7].lower() == b"bearer ":
+            given = auth[7:]
+        if hmac.compare_digest(given, self.expected):
+            await self.app(scope, receive, send)
+            return
+        self.on_reject()
+        await send({"type": "http.response.start", "status": 401, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(UNAUTHORIZED)).encode()),
+            (b"www-authenticate", b"Bearer"),
+        ]})
+        await send({"type": "http.response.body", "body": UNAUTHORIZED})
+
 
 def require_api_key(app: FastAPI, key: str) -> None:
-    """Answer 401 to every request that does not carry `key` (compared in constant time)."""
-    expected = key.encode()
+    """Answer 401 to every request that does not carry `key`."""
 
-    @app.middleware("http")
-    async def check_key(request: Request, call_next: Callable[..., Any]) -> Any:
-        auth = request.headers.get("authorization", "")
-        given = auth[7:] if auth[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
-        if not hmac.compare_digest(given.encode(), expected):
-            request.app.state.qb.metrics.rejected[401] += 1
-            return JSONResponse(
-                ErrorBody(
-                    detail="missing or wrong API key",
-                    field="Authorization",
-                    fix="send the header 'Authorization: Bearer <key>' (or 'X-API-Key: <key>')",
-                ).model_dump(exclude_none=True),
-                status_code=401,
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-        return await call_next(request)
+    def count() -> None:
+        app.state.qb.metrics.rejected[401] += 1
+
+    app.add_middleware(ApiKeyMiddleware, key=key, on_reject=count)

@@ -1,20 +1,30 @@
-"""The micro-batcher: requests queue and are answered in groups, one forward pass per group on a single worker
+"""The micro-batcher: requests queue and are answered in groups, one forward pass per group on the model's own
 thread, with the server's metrics and the memory the forward passes leave behind given back to the OS.
 
 Admission comes first (`admit`, before a request is parsed or tokenized): past `max_queue` admitted requests
-(being prepared, queued or answered) a request is refused at once, so overload costs the server a counter check,
-not a tokenization. An admitted request that waits in the queue longer than `max_queue_ms` before its forward pass
-is refused then (QueueTimeout: 503), so an admitted request's wait is bounded. A batch takes every queued request
-(up to `max_batch`) and, while requests already admitted are still being prepared, waits a little for them
-(at most half a mean forward pass): under saturation batches stay full instead of shrinking to what the preparing
-thread happened to finish; with one client there is nothing being prepared, so nothing waits."""
+(being prepared, queued or answered), or when the queue's expected wait (the forward passes ahead of it, at the
+recent forward time) is over `max_queue_ms`, a request is refused at once, so overload costs the server a counter
+check, not a tokenization. An admitted request that still waits in the queue longer than `max_queue_ms` before its
+forward pass is refused then (QueueTimeout: 503), so an admitted request's wait is bounded. A batch takes every
+queued request (up to `max_batch`) and, while requests already admitted are still being prepared, waits a little for
+them (at most half a mean forward pass): under saturation batches stay full instead of shrinking to what the
+preparing thread happened to finish; with one client there is nothing being prepared, so nothing waits.
+
+Two thread hops a request, no more: the event loop puts a prepared request on the model thread's queue (which wakes
+it), and the model thread hands the batch's answers back in one call (`call_soon_threadsafe`). The model thread
+collects its batches itself, so no event-loop task stands between the queue and the forward pass (the asyncio
+queue, task and executor this replaced cost ~0.5 ms a request in wake-ups on a busy 2-core VM: docs/BENCHMARKS.md).
+Every counter is changed on the event loop only; the model thread reads them."""
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
 import logging
+import math
+import queue
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -34,20 +44,24 @@ DEFAULT_MAX_BATCH = 16
 DEFAULT_MAX_WAIT_MS = 0.0
 DEFAULT_MAX_QUEUE = 64
 # An admitted request that has waited this long in the queue is refused (503 with Retry-After) instead of answered
-# late. The queue bound alone already bounds the wait (a full queue is max_queue / max_batch forward passes deep:
-# 4 with the defaults, ~50 ms at the 30B shape on an H200); this deadline is the backstop for slow forward passes
-# (a CPU's take seconds), and `--max-queue-ms` makes it a latency objective.
+# late, and a request whose expected wait is longer is refused at admission. The queue bound alone already bounds
+# the wait (a full queue is max_queue / max_batch forward passes deep: 4 with the defaults, ~0.6 s at the 30B shape
+# on an H200); this deadline is the backstop for slow forward passes (a CPU's take seconds), and `--max-queue-ms`
+# makes it a latency objective.
 DEFAULT_MAX_QUEUE_MS = 10000.0
 # The longest a batch waits for requests already admitted but still being parsed and tokenized (also at most
 # half the mean forward pass): the preparing thread turns a request around in about a millisecond.
 FILL_WAIT_MAX_S = 0.02
+# The weight of the newest forward pass in the recent forward time that admission and Retry-After estimate with.
+FORWARD_EWMA = 0.2
 
 
 @dataclass
 class Answered:
-    response: DecisionResponse
+    body: bytes  # the DecisionResponse's JSON, serialized on the model thread
     batch: int  # requests in the forward pass that answered this one
     queue_ms: float  # from queued to the start of that forward pass
+    forward_ms: float  # that forward pass
 
 
 @dataclass
@@ -81,7 +95,12 @@ class Metrics:
 
 
 class QueueFull(Exception):
-    """`max_queue` requests are admitted already: refused before any work."""
+    """Refused at admission, before any work: `max_queue` requests are admitted already ("queue_full"), or the
+    forward passes ahead of it would take longer than `max_queue_ms` ("expected_wait")."""
+
+    def __init__(self, why: str, expected_ms: float = 0.0):
+        super().__init__(why)
+        self.why, self.expected_ms = why, expected_ms
 
 
 class QueueTimeout(Exception):
@@ -128,14 +147,29 @@ class _Job:
     future: asyncio.Future[Answered]
     queued_at: float
     expiry: asyncio.TimerHandle | None = None  # refuses the request at its queue deadline, unless it has started
-    started: bool = False
+    started: bool = False  # set by the model thread, under the batcher's lock, as its forward pass begins
+    expired: bool = False  # set by the event loop, under the same lock, at its queue deadline
+
+
+_STOP = object()  # put on the queue by `drain`: the model thread ends
+
+
+@dataclass
+class _Done:
+    """What the model thread hands back to the event loop for one batch."""
+
+    jobs: list[_Job]  # taken from the queue (each leaves `pending` now)
+    live: list[_Job]  # those its forward pass answered
+    answers: list[Answered] | None = None
+    error: Exception | None = None
+    forward_ms: float = 0.0
 
 
 class MicroBatcher:
-    """Collects concurrent requests and answers each group in one forward pass on a single worker thread.
+    """Collects concurrent requests and answers each group in one forward pass on the model's own thread.
 
     A group holds at most `max_batch` requests and `max_batch_tokens` padded tokens (sequences x longest), so
-    a batch of large requests costs no more memory than one request at the limit. Requests are parsed and
+    a batch of large requests costs no more memory than one request at the limit. Large requests are parsed and
     tokenized on another thread (`prepare`), never the model's."""
 
     def __init__(
@@ -157,26 +191,38 @@ class MicroBatcher:
         self.pending = 0  # admitted: being prepared, queued or being answered
         self.preparing = 0  # admitted, not yet queued
         self.forwards = 0  # forward passes answered (warm-up ones included: the kernel report reads this)
-        self._queue: asyncio.Queue[_Job] = asyncio.Queue()
+        self.forward_s: float | None = None  # the recent forward time (EWMA), None before the first
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._lock = threading.Lock()  # a job's start (model thread) against its expiry (event loop)
         self._held: _Job | None = None  # taken from the queue but over the token budget of the batch it met
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix="quantbench-model")
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._prep = ThreadPoolExecutor(1, thread_name_prefix="quantbench-prepare")
-        self._task: asyncio.Task[None] | None = None
         self._trim = malloc_trim()
-        self._trimmed_at, self._trimmed_batches = float("-inf"), 0
+        self._trimmed_at, self._batches_since_trim = float("-inf"), 0
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run())
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._work, name="quantbench-model", daemon=True)
+        self._thread.start()
 
     def prepare(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
         """Run `fn(*args)` (parse, validate, tokenize) on the preparing thread."""
         return asyncio.get_running_loop().run_in_executor(self._prep, fn, *args)
 
+    # -- the event loop's side ---------------------------------------------------------------------------------
+    def expected_wait_s(self, pending: int) -> float:
+        """How long a request admitted behind `pending` others waits for its forward pass: the passes that answer
+        them (max_batch a pass) at the recent forward time; 0 before the first pass (its time is not known)."""
+        return math.ceil(pending / self.max_batch) * (self.forward_s or 0.0)
+
     def admit(self) -> None:
         """Take a place for a request about to be prepared, or raise QueueFull at once. Every admitted request
         is then either `submit`ted or `release`d."""
         if self.pending >= self.max_queue:
-            raise QueueFull
+            raise QueueFull("queue_full")
+        if self.max_queue_s and (wait := self.expected_wait_s(self.pending)) > self.max_queue_s:
+            raise QueueFull("expected_wait", wait * 1000.0)
         self.pending += 1
         self.preparing += 1
 
@@ -195,120 +241,125 @@ class MicroBatcher:
         job = _Job(prepared, rows, width, future, time.perf_counter())
         if self.max_queue_s:
             job.expiry = loop.call_later(self.max_queue_s, self._expire, job)
-        self._queue.put_nowait(job)
+        self._queue.put(job)  # wakes the model thread if it waits
         return future
 
     def _expire(self, job: _Job) -> None:
         """At its queue deadline: a request whose forward pass has not begun is refused (it stays in the queue,
         done, and is skipped there)."""
-        if not job.started and not job.future.done():
-            self.metrics.shed["queue_deadline"] += 1
-            job.future.set_exception(QueueTimeout((time.perf_counter() - job.queued_at) * 1000.0))
+        with self._lock:
+            if job.started or job.future.done():
+                return
+            job.expired = True
+        self.metrics.shed["queue_deadline"] += 1
+        job.future.set_exception(QueueTimeout((time.perf_counter() - job.queued_at) * 1000.0))
 
-    async def _next(self, timeout: float | None) -> _Job | None:
-        """The next job whose request is still wanted (None: none within `timeout`)."""
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        while True:
-            if not self._queue.empty():
-                job = self._queue.get_nowait()
-            elif deadline is None:
-                job = await self._queue.get()
-            else:
-                left = deadline - loop.time()
-                if left <= 0:
-                    return None
-                try:
-                    job = await asyncio.wait_for(self._queue.get(), left)
-                except TimeoutError:
-                    return None
-            if job.future.done():  # cancelled by its handler: the client left or the deadline passed
-                self.pending -= 1
+    def _deliver(self, done: _Done) -> None:
+        """On the event loop: a batch's answers (or its error) to its requests, and the counters."""
+        self.pending -= len(done.jobs)
+        for job in done.jobs:
+            if job.expiry is not None:
+                job.expiry.cancel()
+        if done.answers is not None:
+            self.forwards += 1
+            self.metrics.batches += 1
+            self.metrics.batch_sizes[len(done.live)] += 1
+            self.metrics.forward_ms_total += done.forward_ms
+            s = done.forward_ms / 1000.0
+            self.forward_s = s if self.forward_s is None else self.forward_s + FORWARD_EWMA * (s - self.forward_s)
+        for i, job in enumerate(done.live):
+            if job.future.done():  # its client left, or its deadline passed, during the forward pass
                 continue
-            return job
+            if done.error is not None:
+                job.future.set_exception(done.error)
+            else:
+                job.future.set_result(done.answers[i])  # type: ignore[index]
 
-    async def _collect(self) -> list[_Job]:
-        loop = asyncio.get_running_loop()
+    async def drain(self, timeout_s: float) -> None:
+        """Wait for queued and running requests (graceful shutdown), then stop the model and preparing threads."""
+        deadline = time.monotonic() + timeout_s
+        while self.pending and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        self._queue.put(_STOP)
+        if self._thread is not None:
+            self._thread.join()
+        self._prep.shutdown(wait=True, cancel_futures=True)
+
+    # -- the model thread --------------------------------------------------------------------------------------
+    def _work(self) -> None:
+        while True:
+            jobs = self._collect()
+            if jobs is None:
+                return
+            with self._lock:  # from here a job's queue deadline no longer applies: its forward pass begins
+                live = [j for j in jobs if not (j.expired or j.future.done())]
+                for job in live:
+                    job.started = True
+            done = _Done(jobs, live)
+            if live:
+                try:
+                    done.answers, done.forward_ms = self._answer(live)
+                except Exception as e:  # never let one batch stop the thread: fail its requests and go on
+                    log.exception("answering a batch of %d failed", len(live))
+                    done.error = e
+            try:
+                self._loop.call_soon_threadsafe(self._deliver, done)  # type: ignore[union-attr]
+            except RuntimeError:  # the event loop has closed: nobody waits for these answers
+                return
+            self._release_memory()
+
+    def _collect(self) -> list[_Job] | None:
+        """The next batch (blocking until a request comes), or None when `drain` stopped the thread. Requests
+        already dropped (cancelled, expired) are taken too: they leave `pending` with the batch, uncomputed."""
         first, self._held = self._held, None
-        if first is None or first.future.done():
-            if first is not None:
-                self.pending -= 1
-            first = await self._next(None)
+        if first is None:
+            first = self._queue.get()
+        if first is _STOP:
+            return None
         jobs = [first]
-        rows, width = first.rows, first.width
-        start = loop.time()
+        rows, width, live = first.rows, first.width, 0 if first.future.done() else 1
+        start = time.monotonic()
         deadline, fill_until = start + self.max_wait_s, start + self._fill_wait_s()
-        while len(jobs) < self.max_batch:
-            if self.preparing and self._queue.empty():
+        while live < self.max_batch:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
                 # requests admitted and still being prepared: worth a short wait under load (never at one client)
-                deadline = max(deadline, fill_until)
-            job = await self._next(max(0.0, deadline - loop.time()))
-            if job is None:
+                until = max(deadline, fill_until) if self.preparing else deadline
+                left = until - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    job = self._queue.get(timeout=left)
+                except queue.Empty:
+                    break
+            if job is _STOP:
+                self._queue.put(_STOP)  # answered first, then the thread ends
                 break
-            if (rows + job.rows) * max(width, job.width) > self.max_batch_tokens:
+            if job.future.done():  # cancelled by its handler, or expired: taken, not computed
+                jobs.append(job)
+                continue
+            if live and (rows + job.rows) * max(width, job.width) > self.max_batch_tokens:
                 self._held = job  # first in the next batch
                 break
+            if not live:
+                rows, width = job.rows, job.width
+            else:
+                rows, width = rows + job.rows, max(width, job.width)
             jobs.append(job)
-            rows, width = rows + job.rows, max(width, job.width)
+            live += 1
         return jobs
 
     def _fill_wait_s(self) -> float:
-        """How long a batch may wait for requests already admitted: half a mean forward pass, at most
+        """How long a batch may wait for requests already admitted: half the recent forward pass, at most
         FILL_WAIT_MAX_S (0 before the first forward pass, whose time is not known)."""
-        if not self.metrics.batches:
-            return 0.0
-        return min(FILL_WAIT_MAX_S, 0.5 * self.metrics.forward_ms_total / 1000.0 / self.metrics.batches)
+        return min(FILL_WAIT_MAX_S, 0.5 * (self.forward_s or 0.0))
 
-    async def _run(self) -> None:
-        while True:
-            jobs = await self._collect()
-            try:
-                await self._answer_jobs(jobs)
-            except Exception as e:  # never let one batch stop the loop: fail its requests and go on
-                log.exception("answering a batch of %d failed", len(jobs))
-                for job in jobs:
-                    if not job.future.done():
-                        job.future.set_exception(e)
-            finally:
-                self.pending -= len(jobs)
-            await self._release_memory()
-
-    async def _release_memory(self) -> None:
-        if self._trim is None:
-            return
-        idle = self._queue.empty() and self._held is None
-        if not (
-            (idle and time.monotonic() - self._trimmed_at >= TRIM_MIN_INTERVAL_S)
-            or self.metrics.batches - self._trimmed_batches >= TRIM_EVERY_BATCHES
-        ):
-            return
-        t0 = time.perf_counter()
-        await asyncio.get_running_loop().run_in_executor(self._worker, self._trim)
-        self.metrics.memory_trims += 1
-        self.metrics.memory_trim_ms_total += (time.perf_counter() - t0) * 1000.0
-        self._trimmed_at, self._trimmed_batches = time.monotonic(), self.metrics.batches
-
-    async def _answer_jobs(self, jobs: list[_Job]) -> None:
-        live = [j for j in jobs if not j.future.done()]  # a client that went away is not answered
-        for job in live:
-            job.started = True  # past its queue deadline from here on: the forward pass has begun
-            if job.expiry is not None:
-                job.expiry.cancel()
-        if not live:
-            return
+    def _answer(self, live: list[_Job]) -> tuple[list[Answered], float]:
+        """One forward pass for all the prepared requests, and each one's response serialized. What the pass
+        replays (a CUDA graph of its padded shape) is made ready first, outside its time, as `run` does."""
+        prepared = [j.prepared for j in live]
         start = time.perf_counter()
-        results = await asyncio.get_running_loop().run_in_executor(
-            self._worker, self._answer, [j.prepared for j in live]
-        )
-        for job, result in zip(live, results, strict=True):
-            if job.future.done():
-                continue
-            result.queue_ms = (start - job.queued_at) * 1000.0
-            job.future.set_result(result)
-
-    def _answer(self, prepared: list[Any]) -> list[Answered]:
-        """Runs on the worker thread: one forward pass for all the prepared requests. What the pass replays (a CUDA
-        graph of its padded shape) is made ready first, outside its time, as `run` does."""
         warm = getattr(self.engine, "warm", None)
         if warm is not None:
             warm(prepared)
@@ -316,25 +367,33 @@ class MicroBatcher:
         answers = self.engine.forward_many(prepared)
         self.engine.synchronize()
         ms = (time.perf_counter() - t0) * 1000.0
-        self.forwards += 1
-        self.metrics.batches += 1
-        self.metrics.batch_sizes[len(prepared)] += 1
-        self.metrics.forward_ms_total += ms
-        return [
-            Answered(
-                DecisionResponse(model=self.model_id, answers=a, model_ms=ms, tokens=self.engine.tokens(p)),
-                batch=len(prepared),
-                queue_ms=0.0,
-            )
-            for p, a in zip(prepared, answers, strict=True)
-        ]
+        out = []
+        for job, a in zip(live, answers, strict=True):
+            response = DecisionResponse(model=self.model_id, answers=a, model_ms=ms,
+                                        tokens=self.engine.tokens(job.prepared))
+            out.append(Answered(response.model_dump_json().encode(), len(live),
+                                (start - job.queued_at) * 1000.0, ms))
+        return out, ms
 
-    async def drain(self, timeout_s: float) -> None:
-        """Wait for queued and running requests (graceful shutdown), then stop the loop and the workers."""
-        deadline = time.monotonic() + timeout_s
-        while self.pending and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        if self._task:
-            self._task.cancel()
-        self._worker.shutdown(wait=True)
-        self._prep.shutdown(wait=True, cancel_futures=True)
+    def _release_memory(self) -> None:
+        self._batches_since_trim += 1
+        if self._trim is None:
+            return
+        idle = self._queue.empty() and self._held is None
+        if not (
+            (idle and time.monotonic() - self._trimmed_at >= TRIM_MIN_INTERVAL_S)
+            or self._batches_since_trim >= TRIM_EVERY_BATCHES
+        ):
+            return
+        t0 = time.perf_counter()
+        self._trim()
+        ms = (time.perf_counter() - t0) * 1000.0
+        self._trimmed_at, self._batches_since_trim = time.monotonic(), 0
+        try:
+            self._loop.call_soon_threadsafe(self._count_trim, ms)  # type: ignore[union-attr]
+        except RuntimeError:  # the event loop has closed
+            pass
+
+    def _count_trim(self, ms: float) -> None:
+        self.metrics.memory_trims += 1
+        self.metrics.memory_trim_ms_total += ms

@@ -66,6 +66,7 @@ def cli_serve(
     max_queue: int = DEFAULT_MAX_QUEUE,
     max_queue_ms: float = DEFAULT_MAX_QUEUE_MS,
     warm: bool = True,
+    access_log: bool = False,
 ) -> int:
     """`quantbench serve`: load `model` through `backend` (as `run`'s child does: the same RunSpec, its backend's
     own options such as cuda_graph and fused_ops, `shape` for the synthetic real-shape model) and serve it, or
@@ -152,7 +153,7 @@ def cli_serve(
         machine=machine,
         media_limits=media_limits,
     )
-    code = serve(app, host, port, header_timeout_s=header_timeout_s)
+    code = serve(app, host, port, header_timeout_s=header_timeout_s, access_log=access_log)
     if code:  # serve() stopped the server because the model failed to load; the app's state says why
         print(f"quantbench serve: the model failed to load: {app.state.qb.error}", file=sys.stderr)
     return code

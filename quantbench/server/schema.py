@@ -8,9 +8,7 @@ import json
 import math
 from typing import Any
 
-from fastapi import Request
 from pydantic import BaseModel
-from starlette.requests import ClientDisconnect
 
 from quantbench.errors import ContextLengthError, RequestError
 from quantbench.limits import DEFAULT_MAX_OPTIONS, Limits, flag
@@ -102,32 +100,6 @@ ERROR_RESPONSES = {
         (504, "No answer within the request deadline (the request was dropped)."),
     ]
 }
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refused as soon as it passes `limit` bytes (declared or streamed)."""
-    too_big = Rejected(
-        413,
-        ErrorBody(
-            detail=f"request body is over the limit of {limit} bytes ({flag('max_body_bytes')})",
-            field="request",
-            limit=limit,
-            fix=f"send a smaller state, or start the server with a larger {flag('max_body_bytes')}",
-        ),
-    )
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise too_big
-    chunks, size = [], 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise too_big
-            chunks.append(chunk)
-    except ClientDisconnect:
-        raise ClientGone from None
-    return b"".join(chunks)
 
 
 def decode_request(
