@@ -222,8 +222,10 @@ def test_threads_left_behind_are_none():
 
 # -- admission by expected wait, Server-Timing, one send a response -------------------------------------------------
 def test_a_request_whose_expected_wait_is_over_max_queue_ms_gets_503_at_admission_and_is_never_tokenized(tiny_engine):
-    slow = SlowEngine(tiny_engine, forward_s=0.4)
-    client = started(create_app(lambda: loaded_with(slow), max_batch=1, max_queue=64, max_queue_ms=600))
+    # The forward time the server learns is the sleep plus the tiny model's own forward (up to ~0.4 s on a loaded
+    # CPU): with 1.0 s + that, one pass ahead stays under 1,500 ms and two passes ahead are always over it.
+    slow = SlowEngine(tiny_engine, forward_s=1.0)
+    client = started(create_app(lambda: loaded_with(slow), max_batch=1, max_queue=64, max_queue_ms=1500))
     try:
         assert client.post("/v1/systemone", json=request_for(0)).status_code == 200  # the forward time is known
         with ThreadPoolExecutor(6) as pool:
@@ -234,7 +236,7 @@ def test_a_request_whose_expected_wait_is_over_max_queue_ms_gets_503_at_admissio
     finally:
         client.__exit__(None, None, None)
     refused = [r for r in rs if r.status_code == 503]
-    # one forward pass of 0.4 s each: a request with two or more ahead of it would wait over 600 ms
+    # one forward pass of >= 1 s each: a request with two or more ahead of it would wait over 1,500 ms
     assert 2 <= len(rs) - len(refused) <= 3 and refused, [r.status_code for r in rs]
     assert all("--max-queue-ms" in r.json()["detail"] and int(r.headers["retry-after"]) >= 1 for r in refused)
     assert metrics["shed"].get("expected_wait") == len(refused) and "queue_deadline" not in metrics["shed"]
