@@ -8,8 +8,8 @@ frozen (the text families keep the text fixture's answers exactly); only the vis
 scratch, on media records, on the loss of the gold label among the question's option labels (what a decision
 scores): gradients flow back through the frozen decoder into the towers, which learn to feed it what it needs to
 pick the gold label. The vision tower trains at its own, lower learning rate: at the audio tower's it swings to
-answering one label with confidence whatever the picture (measured: 2 of 3 runs stuck at chance). Each batch's
-media inputs are joined as the engine joins them.
+answering one label with confidence whatever the picture (measured: 2 of 3 short runs at chance on every
+vision family). Each batch's media inputs are joined as the engine joins them.
 """
 
 from __future__ import annotations
