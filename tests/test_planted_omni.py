@@ -1,6 +1,6 @@
 """Issue #25 part 5 on the trained omni default model: its correct INT4 variant, and a copy of that INT4 whose vision
 tower alone is perturbed (`quantbench plant --from INT4 --tower vision`). Stored runs of BF16 (the reference), its
-noise floor (float32), INT4 and the planted INT4 go through `compare` and `report` over image and text decisions:
+noise floor (float32), INT4 and the planted INT4 go through `compare` over image and text decisions:
 INT4 reads indistinguishable from BF16 on text, the planted copy worse on image decisions and indistinguishable on
 text (its text answers are INT4's, bit for bit). The runs batch 16 records a forward pass to keep the test short
 (191 s for all four on the 2-core VM at load 1.5-2.7): the report's which-quant table shows batch-1 runs only, so
@@ -9,7 +9,7 @@ report prints (parity.compare).
 
 The omni default model and its INT4 variant come from the cache (built once, as `quantbench demo --family omni`
 builds them). The suite is this test's own: the text generator's eval split and the omni generator's image eval
-split (image_colour and image_side), N_TEXT and N_IMAGE records of one question each. An exact copy reads
+split (image_colour and image_side, one question a record), N_TEXT and N_IMAGE records. An exact copy reads
 indistinguishable on a modality only when its excess disagreement's upper bound (about 3.84 / (n + 3.84) at 0 of n)
 is under the 2-point margin, which takes n >= 189 (tests/test_planted.py)."""
 
