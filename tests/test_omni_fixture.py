@@ -18,7 +18,7 @@ MEDIA = set(G.MEDIA_FAMILIES)
 CHANCE = {"image_colour": 1 / 4, "image_side": 1 / 2, "audio_pitch": 1 / 2, "audio_count": 1 / 2, "video_motion": 1 / 2}
 # sha256 of the suite's bytes: the data URIs are encoded by quantbench itself (stored-block PNG, PCM WAV), so the
 # file is the same on every machine; a change to the generator must change this on purpose
-SUITE_SHA256 = "04c63a549c7cccc6090ce710aaef0292674f0424ef09013ce826a03386afdba0"
+SUITE_SHA256 = "dde3b943fdc2934d3c43237e60ce07a707d49e23120d90fee5835bbc1291cc79"
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +110,7 @@ def test_media_decodes_within_the_default_limits(suite_records):
             seen.add(r.benchmark)
             (part,) = decode_media(r.request.state, Limits())
             if isinstance(part, DecodedImage):
-                assert part.image.size == (G.IMAGE_SIZE, G.IMAGE_SIZE)
+                assert part.image.size == (G.IMAGE_WIDTH, G.IMAGE_HEIGHT)
             elif isinstance(part, DecodedAudio):
                 assert part.seconds == 1.0 and part.sampling_rate == G.AUDIO_RATE
             else:
@@ -180,20 +180,20 @@ def test_a_short_build_is_deterministic_and_loads(tmp_path):
     assert media.modalities == {"image", "audio", "video"}
 
 
-# What the cached full build learns (docs/BENCHMARKS.md): the text families and both audio families; image_colour
-# reaches 50% (chance 25%), image_side and video_motion stay at chance: not asserted.
-LEARNED_MEDIA = {"audio_pitch", "audio_count"}
+# What the cached full build learns (docs/BENCHMARKS.md): the text families and every media family, each at
+# least 30 points above chance.
+LEARNED_MEDIA = MEDIA
 
 
 @pytest.mark.slow
-def test_the_cached_model_answers_text_and_the_learned_media_families_above_chance():
-    """The full build (581 s at load 4-9, about 2-3 min idle, when not cached: CI builds it once) on the suite,
+def test_the_cached_model_answers_text_and_every_media_family_well_above_chance():
+    """The full build (119 s on the 2-core VM at load 1.6-2 when not cached: CI builds it once) on the suite,
     loaded from disk and scored by the engine a run uses."""
     path = OF.omni_default_model_dir(progress=False)
     accuracy = OF.evaluate_omni(path, G.omni_suite_records())
     assert set(accuracy) == MEDIA | set(FAMILIES)
     for family in LEARNED_MEDIA:
-        assert accuracy[family] >= CHANCE[family] + 0.25, (family, accuracy[family])
+        assert accuracy[family] >= CHANCE[family] + 0.30, (family, accuracy[family])
     for family in FAMILIES:  # boolean or 3-8 options: chance at most 1/2
         assert accuracy[family] >= 0.75, (family, accuracy[family])
     info = OF.read_info(path)

@@ -3,11 +3,11 @@
 Five media families, each answerable only from its medium (the question text is the same for every record of a
 family, and gold answers are balanced):
 
-    image_colour  a 64 x 64 picture of two squares of different colours and sizes: which colour is the larger one
-    image_side    a 64 x 64 picture of one shape: is it on the left or on the right
+    image_colour  a 32 x 64 picture of two squares of different colours and sizes: which colour is the larger one
+    image_side    a 32 x 64 picture of one square wholly in its left or right half: which side it is on
     audio_pitch   one second of a tone: high (1.4-2.4 kHz) or low (180-350 Hz)
     audio_count   one second holding one beep or two
-    video_motion  four 64 x 64 frames at 2 fps of a square moving left or right
+    video_motion  four 32 x 64 frames at 2 fps of a square crossing the picture edge to edge, left or right
 
 Every picture, clip and frame is drawn from a seeded `random.Random` and encoded by quantbench itself: a PNG of
 stored (uncompressed) deflate blocks and a 16-bit PCM WAV, so the bytes never depend on the zlib or libsndfile a
@@ -36,7 +36,10 @@ from quantbench.protocol.suitegen import Draft, request_text
 
 OMNIGEN_VERSION = 1
 OMNI_SUITE_ID = "quantbench-omni-v1"
-IMAGE_SIZE = 64
+# Pictures and frames are 32 wide and 64 tall: the tower's patches are 16 px and it merges 2 x 2 of them into one
+# token, so each token holds a left and a right patch (which side is then a feature of one token, what a tower
+# learns fast, not of the tokens' order, what the decoder would have to read) and a picture is two tokens.
+IMAGE_WIDTH, IMAGE_HEIGHT = 32, 64
 AUDIO_RATE = 16_000
 VIDEO_FRAMES, VIDEO_FPS = 4, 2.0
 # The suite: the text generator's eval split and the media families' eval split, records per family.
@@ -93,12 +96,12 @@ def audio_part(samples: list[int]) -> dict[str, Any]:
 # -- drawing ------------------------------------------------------------------------------------------------------
 def _canvas(rng: random.Random) -> list[bytearray]:
     grey = rng.randint(0, 40)  # a dark background of varying shade
-    return [bytearray([grey] * (3 * IMAGE_SIZE)) for _ in range(IMAGE_SIZE)]
+    return [bytearray([grey] * (3 * IMAGE_WIDTH)) for _ in range(IMAGE_HEIGHT)]
 
 
 def _square(pixels: list[bytearray], x: int, y: int, size: int, rgb: tuple[int, int, int]) -> None:
-    for row in range(max(0, y), min(IMAGE_SIZE, y + size)):
-        for col in range(max(0, x), min(IMAGE_SIZE, x + size)):
+    for row in range(max(0, y), min(IMAGE_HEIGHT, y + size)):
+        for col in range(max(0, x), min(IMAGE_WIDTH, x + size)):
             pixels[row][3 * col : 3 * col + 3] = bytes(rgb)
 
 
@@ -124,22 +127,23 @@ def _tone(rng: random.Random, spans: list[tuple[float, float]], freq: float, amp
 def image_colour(rng: random.Random, gold: str) -> Draft:
     pixels = _canvas(rng)
     other = rng.choice([c for c in COLOURS if c != gold])
-    big, small = rng.randint(26, 34), rng.randint(8, 13)
+    big, small = rng.randint(15, 19), rng.randint(4, 7)
     # the two squares side by side (which side the big one is on is random), never overlapping
     big_left = rng.random() < 0.5
-    bx = rng.randint(0, 4) if big_left else rng.randint(IMAGE_SIZE - big - 4, IMAGE_SIZE - big)
-    sx = rng.randint(IMAGE_SIZE - small - 8, IMAGE_SIZE - small) if big_left else rng.randint(0, 8)
-    _square(pixels, bx, rng.randint(0, IMAGE_SIZE - big), big, _jitter(rng, COLOURS[gold]))
-    _square(pixels, sx, rng.randint(0, IMAGE_SIZE - small), small, _jitter(rng, COLOURS[other]))
+    bx = rng.randint(0, 2) if big_left else rng.randint(IMAGE_WIDTH - big - 2, IMAGE_WIDTH - big)
+    sx = rng.randint(IMAGE_WIDTH - small - 4, IMAGE_WIDTH - small) if big_left else rng.randint(0, 4)
+    _square(pixels, bx, rng.randint(0, IMAGE_HEIGHT - big), big, _jitter(rng, COLOURS[gold]))
+    _square(pixels, sx, rng.randint(0, IMAGE_HEIGHT - small), small, _jitter(rng, COLOURS[other]))
     question = _choice({c: f"The larger shape is {c}" for c in COLOURS})
     return {"picture": image_part(pixels)}, {"larger_colour": question}, {"larger_colour": gold}
 
 
 def image_side(rng: random.Random, gold: str) -> Draft:
     pixels = _canvas(rng)
-    size = rng.randint(12, 22)
-    x = rng.randint(0, IMAGE_SIZE // 2 - size - 2) if gold == "left" else rng.randint(IMAGE_SIZE // 2 + 2, IMAGE_SIZE - size)
-    _square(pixels, x, rng.randint(0, IMAGE_SIZE - size), size, _jitter(rng, rng.choice(list(COLOURS.values()))))
+    size = rng.randint(8, 14)
+    half = IMAGE_WIDTH // 2  # the shape lies wholly in its half: in the left or the right column of patches
+    x = rng.randint(0, half - size) if gold == "left" else rng.randint(half, IMAGE_WIDTH - size)
+    _square(pixels, x, rng.randint(0, IMAGE_HEIGHT - size), size, _jitter(rng, rng.choice(list(COLOURS.values()))))
     question = _choice({"left": "The shape is on the left side", "right": "The shape is on the right side"})
     return {"picture": image_part(pixels)}, {"side": question}, {"side": gold}
 
@@ -167,16 +171,16 @@ def audio_count(rng: random.Random, gold: str) -> Draft:
 
 
 def video_motion(rng: random.Random, gold: str) -> Draft:
-    size = rng.randint(12, 18)
-    step = rng.randint(9, 13) * (1 if gold == "right" else -1)
-    x = rng.randint(0, 6) if gold == "right" else rng.randint(IMAGE_SIZE - size - 6, IMAGE_SIZE - size)
-    y = rng.randint(0, IMAGE_SIZE - size)
+    size = rng.randint(8, 12)
+    travel = IMAGE_WIDTH - size  # across the whole picture, edge to edge, in three equal steps
+    y = rng.randint(0, IMAGE_HEIGHT - size)
     rgb = _jitter(rng, rng.choice(list(COLOURS.values())))
     grey = rng.randint(0, 40)
     frames = []
     for i in range(VIDEO_FRAMES):
-        pixels = [bytearray([grey] * (3 * IMAGE_SIZE)) for _ in range(IMAGE_SIZE)]
-        _square(pixels, x + i * step, y, size, rgb)
+        pixels = [bytearray([grey] * (3 * IMAGE_WIDTH)) for _ in range(IMAGE_HEIGHT)]
+        step = round(i * travel / (VIDEO_FRAMES - 1))
+        _square(pixels, step if gold == "right" else travel - step, y, size, rgb)
         frames.append(_uri("image/png", png_bytes(pixels)))
     question = _choice({"left": "The square moves to the left", "right": "The square moves to the right"})
     return {"clip": {"type": "video", "frames": frames, "fps": VIDEO_FPS}}, {"direction": question}, {"direction": gold}
