@@ -243,7 +243,10 @@ class OmniEngine(TransformersEngine):
         text = render_prompt(self.tokenizer, request, name, state_text="".join(t for t, _ in segments))
         self._mark("prompt")
         videos = [p for p in parts if isinstance(p, DecodedVideo)]
-        arrays = [self._memo.setdefault(("frames", id(p)), _video_array(p)) for p in videos]
+        for p in videos:  # stacked once a request (setdefault would stack on every question, then drop it)
+            if ("frames", id(p)) not in self._memo:
+                self._memo["frames", id(p)] = _video_array(p)
+        arrays = [self._memo["frames", id(p)] for p in videos]
         out = self.media(
             text,
             images=[p.image for p in parts if isinstance(p, DecodedImage)],
