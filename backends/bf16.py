@@ -4,7 +4,10 @@ selectable — a second, equally valid kernel (eager vs grouped_mm) is what give
 `--experts-impl quantbench` runs the same BF16 expert weights (not copied) through quantbench's grouped-MoE engine
 instead of transformers' experts forward: the same `torch._grouped_mm`, with the routed pairs grouped by two small
 kernels instead of transformers' sort, gathers and copies, which took over half the GPU time of a forward of 32
-decisions of 512 tokens on the H200 (docs/BENCHMARKS.md)."""
+decisions of 512 tokens on the H200 (docs/BENCHMARKS.md). The default, `auto`, is that engine on a GPU (16.8 ms
+against transformers' grouped_mm 24.0 ms per 512-token decision at the 30B shape on the H200, 2026-12-02) and
+transformers' grouped_mm on a CPU (the answers every stored CPU reference was made with); the noise floor keeps a
+second kernel of transformers' (cli/run.py `noise_floor_kernel`)."""
 
 from __future__ import annotations
 
@@ -15,6 +18,14 @@ from quantbench.run.record import VariantInfo
 from quantbench.run.spec import EngineOptions, RunSpec, opt
 
 QUANTBENCH_IMPL = "quantbench"
+AUTO = "auto"
+
+
+def resolve_experts_impl(name: str, device: str | None) -> str:
+    """`auto`: quantbench's engine on a CUDA device, transformers' grouped_mm elsewhere; any other name as given."""
+    if name != AUTO:
+        return name
+    return QUANTBENCH_IMPL if str(device or "").startswith("cuda") else "grouped_mm"
 
 
 def set_experts_implementation(model, name: str) -> str:
@@ -42,19 +53,21 @@ def set_experts_implementation(model, name: str) -> str:
 
 
 class Bf16Options(EngineOptions):
-    experts_impl: str = opt("grouped_mm", "BF16 experts kernel: grouped_mm | eager | batched_mm (transformers') | "
-                            "quantbench (quantbench's grouped-MoE engine, same weights)", after="--dtype", label="-{}")
+    experts_impl: str = opt(AUTO, "BF16 experts kernel: auto (quantbench on a GPU, grouped_mm on a CPU) | grouped_mm | "
+                            "eager | batched_mm (transformers') | quantbench (quantbench's grouped-MoE engine, same "
+                            "weights)", after="--dtype", label="-{}")
 
 
 class Bf16Backend:
     name = "bf16"
     default_model = EMBEDDED_MODEL
-    summary = "BF16 transformers checkpoint (the reference); experts kernel grouped_mm, eager or quantbench's engine"
+    summary = ("BF16 transformers checkpoint (the reference); experts kernel quantbench's engine on a GPU, grouped_mm on "
+               "a CPU, or eager")
     Options = Bf16Options
 
     def availability(self, machine) -> Availability:
         where = machine.gpu_name if machine.has_gpu else "CPU"
-        return Availability(True, None, f"runs on {where}; experts grouped_mm | eager | quantbench")
+        return Availability(True, None, f"runs on {where}; experts auto | grouped_mm | eager | quantbench")
 
     def load(self, spec: RunSpec, machine) -> LoadedVariant:
         # torch and the model code are imported here, not with the module: `quantbench run` reads every backend's
@@ -86,8 +99,9 @@ class Bf16Backend:
             ident.pop("source_model_hash", None)
             extra, note = unread_note(path)
             disk = dir_bytes(path)
-        impl = set_experts_implementation(model, spec.options.experts_impl)
-        ours = spec.options.experts_impl == QUANTBENCH_IMPL  # quantbench's engine runs the experts, not transformers
+        asked = resolve_experts_impl(spec.options.experts_impl, str(next(model.parameters()).device))
+        impl = set_experts_implementation(model, asked)
+        ours = asked == QUANTBENCH_IMPL  # quantbench's engine runs the experts, not transformers
         engine = decision_engine(model, tokenizer, spec, None if spec.shape else model_dir(spec))
         if impl == "eager":
             engine.decoder.disable("experts=eager loops over the hit experts with a host sync (nonzero): not capturable")

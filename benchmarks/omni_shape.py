@@ -263,6 +263,7 @@ def run_variant(name: str, args: argparse.Namespace, machine: Any, clock: Clock,
 
     from quantbench.models.checkpoint import tensor_bytes
     from quantbench.run.backend import get_backend
+    from quantbench.run.kernel import kernel_ran, planned_kernel
     from quantbench.run.spec import RunSpec
 
     backend, options = VARIANTS[name]
@@ -277,6 +278,7 @@ def run_variant(name: str, args: argparse.Namespace, machine: Any, clock: Clock,
     loaded = get_backend(backend).load(spec, machine)
     load_s = time.perf_counter() - t0
     engine = loaded.engine
+    planned = planned_kernel(loaded)
     weights = (torch.cuda.memory_allocated() - before) if cuda else None
     figures: dict[str, Any] = {"load_s": load_s, "thinker_tensor_bytes": tensor_bytes(loaded.model),
                                "thinker_weights_bytes": weights, "kernel_path": loaded.info.kernel_path, "kinds": {}}
@@ -307,6 +309,11 @@ def run_variant(name: str, args: argparse.Namespace, machine: Any, clock: Clock,
         figures["peak_allocated_bytes"] = torch.cuda.max_memory_allocated() - before
     report = engine.report()
     figures["ran"] = {"media": report.media, "text_graphs": report.graphs}
+    # what the forwards ran (as `run` records it), not the label the backend planned at load (which named the
+    # Triton kernel where the Gluon one ran: 2026-12-03's rows)
+    kernel, _ = kernel_ran(loaded, planned, args.device)
+    figures["kernel_path"] = str(kernel)
+    say(f"{name}: kernels ran: {figures['kernel_path']}")
     say(f"{name}: what ran: towers {report.media.get('towers')}, tower graphs {report.media.get('tower_graphs')}"
         + (f" ({'; '.join(report.media['tower_notes'])})" if report.media.get("tower_notes") else "")
         + (f", media decoder graphs {report.media['decoder_graphs']}" if "decoder_graphs" in report.media else ""))
@@ -344,7 +351,7 @@ def store_variant(db: Path, name: str, figures: dict, towers: dict, whole: int, 
                             "tiny_media": args.tiny_media, "command": " ".join(sys.argv)},
              "load_note": "random weights at the real shape (benchmarks/omni_shape.py): speed and memory only"}
     measured = Measured(device=args.device, variant=info, load_s=figures["load_s"],
-                        model_tensor_bytes=figures["thinker_tensor_bytes"], kernel_path=info.kernel_path,
+                        model_tensor_bytes=figures["thinker_tensor_bytes"], kernel_path=figures["kernel_path"],
                         suite=SuiteFacts(suite_id="omni-shape-bench", suite_hash="omni-shape-bench:v1",
                                          n_records=len(kinds), n_questions=len(kinds)), extra=extra)
     identity = RunIdentity(run_id=str(uuid7()), status="ok", created_at=now, finished_at=now, backend=VARIANTS[name][0],

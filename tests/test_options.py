@@ -63,8 +63,10 @@ def test_name_and_notes_do_not_change_the_config_hash(tmp_path):
 
 # (3) every stored row keeps its hash: the demo's variants hash as they did before the options moved ---------------
 DEMO_HASHES = {  # computed on main before the move (machine: no GPU, host "pinhost")
-    "bf16 (reference)": "c17bd97cb85af2b4",
-    "bf16 noise floor (second kernel)": "1ebff36a53b60a02",
+    # the two BF16 variants hash anew since bf16's experts kernel defaults to `auto` (2026-12-03: quantbench's
+    # engine on a GPU); before, c17bd97cb85af2b4 and 1ebff36a53b60a02. The other four are unchanged.
+    "bf16 (reference)": "7c6a2ba83d0c3e0d",
+    "bf16 noise floor (second kernel)": "e06ac2ce7b701822",
     "int4": "faa6c59ef0e2cb70",
     "nvfp4 packed": "143d67574437a53c",
     "nvfp4 unpacked": "d14bb9260c62768c",
@@ -174,3 +176,12 @@ def test_run_passes_a_declared_flag_to_the_backend(tmp_path, monkeypatch):
     assert [(s.backend, s.options.nvfp4_mode, s.options.cuda_graph, s.options.nvfp4_activations) for s in seen] == [
         ("nvfp4", "unpacked", "off", "on")]
     assert json.loads(json.dumps(seen[0].to_dict()))["nvfp4_mode"] == "unpacked"
+
+
+def test_bf16_experts_auto_is_quantbenchs_engine_on_a_gpu_and_transformers_grouped_mm_on_a_cpu():
+    from backends.bf16 import Bf16Options, resolve_experts_impl
+
+    assert Bf16Options().experts_impl == "auto"
+    assert resolve_experts_impl("auto", "cuda:0") == "quantbench"
+    assert resolve_experts_impl("auto", "cpu") == "grouped_mm"
+    assert resolve_experts_impl("eager", "cuda:0") == "eager"  # an explicit kernel is never replaced

@@ -116,7 +116,8 @@ class OmniEngine(TransformersEngine):
         # the decoder of a media decision, from CUDA graphs on a GPU (the text decoder's are self.decoder's)
         self.media_graphs = GraphedMediaDecoder(
             model.get_decoder(), len(model.config.vision_config.deepstack_visual_indexes), max_width=self.max_tokens,
-            mode=kwargs.get("cuda_graph", "auto")) if self.device.type == "cuda" else None
+            mode=kwargs.get("cuda_graph", "auto"), head=model.get_output_embeddings()) \
+            if self.device.type == "cuda" else None
         self._decoded: dict[int, Any] = {}  # id(part) -> its decoded media, while one request is prepared
         self._memo: dict = {}  # the processor's tensors per list of parts, while one request is prepared
         self.modalities = media.modalities if media is not None else frozenset()

@@ -93,7 +93,8 @@ class TransformersEngine(EngineBase):
         self.fused_ops = install_fused_ops(model.get_decoder(), fused_ops if self.device.type == "cuda" else "off")
         reset_paths(model)  # the install probes' forwards are not the run's: what a run ran is read after it
         self.decoder = GraphedDecoder(model.get_decoder(), pad_id=self.pad_id, max_width=self.max_tokens,
-                                      mode=cuda_graph if self.device.type == "cuda" else "off")
+                                      mode=cuda_graph if self.device.type == "cuda" else "off",
+                                      head=model.get_output_embeddings())
 
     @classmethod
     def for_spec(cls, model: Any, tokenizer: Any, spec: Any) -> TransformersEngine:
