@@ -132,3 +132,30 @@ def test_graphs_are_captured_under_inference_mode_as_the_forward_runs(engine, mo
                                                                  torch.is_grad_enabled())))
     engine.warm([engine.prepare(parse_request(REQUEST))])
     assert seen == [(True, False)]
+
+
+def test_the_direct_rust_tokenizer_gives_the_wrappers_ids_and_steps_aside_when_they_differ():
+    """_encode calls the Rust tokenizer behind a fast one directly (no wrapper, no offsets); its first calls are
+    checked against transformers' call, and a tokenizer whose Python side changes the text loses the direct path."""
+    from quantbench.engine.scoring import TransformersEngine
+    from quantbench.models.fixture import build_tokenizer
+    from tests.tiny import tiny_model
+
+    tok = build_tokenizer()
+    engine = TransformersEngine(tiny_model(), tok)
+    texts = ["State:\nkey: value 123 — naïve café\n" * 20, " left", "<|endoftext|> x", "a  \n\n b\t7.5"]
+    assert engine._rust is not None
+    for text in texts:
+        for special in (False, True):
+            assert engine._encode(text, special) == tok(text, add_special_tokens=special)["input_ids"]
+    assert engine._rust is not None  # every check agreed
+
+    class Lowering(type(tok)):
+        def __call__(self, text, **kw):  # a tokenizer class that changes the text in Python
+            return super().__call__(text.lower(), **kw)
+
+    lowering = Lowering.__new__(Lowering)
+    lowering.__dict__.update(tok.__dict__)
+    engine = TransformersEngine(tiny_model(), lowering)
+    assert engine._encode("LEFT and RIGHT " * 20, False) == lowering("LEFT and RIGHT " * 20)["input_ids"]
+    assert engine._rust is None  # the direct path stepped aside at the first difference
