@@ -114,6 +114,16 @@ def loop_length(sass: str) -> int:
     return best
 
 
+def gluon_constexprs(tiles: dict, scaled: bool = True) -> dict:
+    """A Gluon kernel's constexprs for a WGMMA_TILES entry, as its launch passes them (int4_wgmma.launch): the
+    tile plan's defaults filled in, host-side keys (SPLIT: how many launches) left out; with SPLIT the kernel
+    compiled is the launch of the largest tiles (ONLY 2)."""
+    out = {"SMALL_M": 0, "MID_M": 0, "ONLY": -1, **({"SCALED": 0} if scaled else {}), **tiles}
+    if out.pop("SPLIT", None) and out["SMALL_M"]:
+        out["ONLY"] = 2
+    return out
+
+
 def kernels(tokens: int):
     """(format, projection, launch options, kernel, pointer types, constexprs, integer arguments that are
     multiples of 16) for each kernel the engine runs."""
@@ -125,7 +135,7 @@ def kernels(tokens: int):
                dict(x_ptr="*bf16", qw_ptr="*i32", s_ptr="*fp16", z_ptr="*u8", y_ptr="*bf16", **common),
                dict(K=k, G=128, **FEATURES[proj], E=E, E_P2=E), ())
         # the Gluon kernel with the tile an sm_90 GPU gets (pick_config with such a device)
-        cfg = dict(int4_kernels.WGMMA_TILES[rows_bucket(rows, E)], num_warps=4, num_stages=1)
+        cfg = dict(gluon_constexprs(int4_kernels.WGMMA_TILES[rows_bucket(rows, E)]), num_warps=4, num_stages=1)
         yield ("int4 wgmma", proj, cfg, int4_wgmma._kernel(),
                dict(x_ptr="*bf16", qw_ptr="*i32", s_ptr="*fp16", z_ptr="*u8", y_ptr="*bf16", **common),
                dict(K=k, **FEATURES[proj], E=E, E_P2=E), ("N_OUT", "HALF"))
@@ -145,7 +155,8 @@ def kernels(tokens: int):
                dict(x_ptr="*bf16", p_ptr="*u8", bs_ptr="*fp8e4nv", gs_ptr="*fp32", y_ptr="*bf16", **common),
                dict(K=k, DOT_F32=False, **FEATURES[proj], E=E, E_P2=E), ())
         # the Gluon NVFP4 kernel with the tile an sm_90 GPU gets (its packed words read as int32)
-        cfg = dict(nvfp4.WGMMA_TILES[rows_bucket(rows, E)], num_warps=4, num_stages=1)
+        cfg = dict(gluon_constexprs(nvfp4.WGMMA_TILES[rows_bucket(rows, E)], scaled=False), num_warps=4,
+                   num_stages=1)
         yield ("nvfp4 wgmma", proj, cfg, nvfp4_wgmma._kernel(),
                dict(x_ptr="*bf16", pw_ptr="*i32", bs_ptr="*fp8e4nv", gs_ptr="*fp32", y_ptr="*bf16", **common),
                dict(K=k, **FEATURES[proj], E=E, E_P2=E), ("N_OUT", "HALF"))

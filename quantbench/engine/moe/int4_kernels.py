@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from quantbench.engine import pdl
-from quantbench.engine.moe import int4_wgmma
+from quantbench.engine.moe import gluon_common, int4_wgmma
 from quantbench.engine.triton_common import rows_bucket, tl, triton
 
 if triton is not None:  # the M-tile helpers every grouped kernel shares (Triton resolves them in these globals)
@@ -82,7 +82,7 @@ def pick_config(rows: int, experts: int, n: int, k: int, group_size: int, swiglu
     kernel's tile (int4_wgmma; faster than this file's Triton kernel in every bucket measured)."""
     bucket = rows_bucket(rows, experts)
     if device is not None and int4_wgmma.available(device, group_size, k):
-        return dict(WGMMA_TILES[bucket], KERNEL="gluon")
+        return dict(gluon_common.tiles_for("int4", bucket, WGMMA_TILES), KERNEL="gluon")
     tuned = TUNED.get((n, k, swiglu, bucket))
     if tuned:
         return dict(tuned)
