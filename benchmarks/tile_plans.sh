@@ -26,7 +26,7 @@ if [[ -n $orig ]]; then
     >> "$out/calls.log" 2>&1 && ref=(--ref /tmp/tile_ref.json)
 fi
 log "plans"
-timeout $(($(left) - 130)) python3 "$here/tile_plans.py" --out "$out" "${ref[@]}" > "$out/plans.log" 2>&1
+timeout $(($(left) - 130)) python3 "$here/tile_plans.py" --out "$out" --warm 8 "${ref[@]}" > "$out/plans.log" 2>&1
 tail -n 30 "$out/plans.log"
 if (($(left) > 100)); then
   log "ncu: the default INT4 kernels, one layer of the decision"
