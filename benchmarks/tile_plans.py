@@ -1,6 +1,6 @@
 """The Gluon INT4 and NVFP4 grouped kernels' tile plans, on the routing of the real-shape model itself, against
-the current default: which plan the engine should take (WGMMA_TILES in quantbench.engine.moe.int4_kernels and
-.nvfp4), measured in one device call.
+one tile size for every expert (the default before 2026-12-03): which plan the engine should take (WGMMA_TILES in
+quantbench.engine.moe.int4_kernels and .nvfp4), measured in one device call.
 
     python3 benchmarks/tile_plans.py --out DIR [--layers 8] [--formats int4,nvfp4] [--ref FILE]
     python3 benchmarks/tile_plans.py --save-ref FILE          # the committed code (PYTHONPATH), digests only
@@ -9,7 +9,7 @@ the current default: which plan the engine should take (WGMMA_TILES in quantbenc
 Why the model's routing: the random-weight model sends most of a layer's 4,096 routed rows to about 13 experts
 (250 to 480 rows each) and leaves about 30 experts with 1 to 16 rows and the rest with none (CPU check of 4
 layers, docs/BENCHMARKS.md), far from the uniform ~32 rows per expert that kernel_sweep.py times. A plan (see
-PLANS) is a tile configuration merged over the bucket's default: SMALL_M / MID_M give experts with at most that
+PLANS) replaces the mid and large buckets' tiles: SMALL_M / MID_M give experts with at most that
 many rows one tile of that many tokens (gluon_common.tile_map), SPLIT launches each tile size on its own,
 SCALED multiplies the group's scale into the int4 weights (one rounding per weight, no per-block partial sum).
 
@@ -17,19 +17,20 @@ What it does, on one GPU:
 1. builds the real-shape model (--layers, random weights, quantbench's fused ops, the INT4 engine), runs one
    512-token decision and a batch of 8, and records each MoE layer's inputs (tokens, experts, routing weights);
 2. per format and plan, runs both projections over those inputs and over uniform routing, with outputs poisoned
-   with NaN: every row written, and bit-identical to the default plan (SCALED: relative error against the
-   default and against a float64 reference of the int4 weights); with --ref, the default plan's outputs and the
-   recorded inputs against the digests the committed code wrote (--save-ref): the same bits as before the change;
+   with NaN: every row written, and bit-identical to the first plan (SCALED: relative error against it and
+   against a float64 reference of the int4 weights); with --ref, the first plan's outputs and the recorded inputs
+   against the digests the code before the change wrote (--save-ref, its default plan): the same bits as before;
 3. times each plan's projections over all recorded layers in a CUDA graph (do_bench_cudagraph, µs per layer);
 4. times the whole --layers model's decision forward in a CUDA graph per plan (batch 1 and 8), last-token
-   logits against the default's;
+   logits against the first plan's;
 5. writes DIR/tile_plans.json (every figure) and DIR/best.json (the fastest plan per format at batch 1 in the
-   model, as QUANTBENCH_WGMMA_TILES takes it), and prints a table with ratios to the default.
+   model, as QUANTBENCH_WGMMA_TILES takes it), and prints a table with ratios to the first plan.
 
 ncu: `ncu --clock-control none --profile-from-start off --section SpeedOfLight --section WarpStateStats --section
 Occupancy --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis python3 benchmarks/tile_plans.py
---profile base --formats int4 --layers 4` profiles gate_up and down of one layer of the batch-1 decision (layer 3,
-whose routing is the model's usual skew) with plan `base` (benchmarks/tile_plans.sh runs all of it).
+--profile one-size --formats int4 --layers 4` profiles gate_up and down of one layer of the batch-1 decision
+(layer 3, whose routing is the model's usual skew) with that plan; a name that is no plan profiles the current
+default (benchmarks/tile_plans.sh runs all of it).
 """
 
 from __future__ import annotations
@@ -55,26 +56,35 @@ from quantbench.engine.moe.int4_kernels import int4_grouped_mm  # noqa: E402
 E, TOP_K, TOKENS = 128, 8, 512
 DEVICE = "cuda"  # a CPU dry run of this script's plumbing sets "cpu" (and fakes the kernels)
 TILES = {"int4": int4_kernels.WGMMA_TILES, "nvfp4": nvfp4.WGMMA_TILES}
-# merged over the mid and large buckets' default (64 x 128); "base" is the default itself
+ONE_SIZE = {"BLOCK_M": 64, "BLOCK_N": 128, "SMALL_M": 0, "MID_M": 0, "SPLIT": 0}
+# each plan replaces the mid and large buckets' tiles; the first, "one-size", is the default before 2026-12-03,
+# the reference of every ratio and bit-identity check
 PLANS = {
     "int4": {
-        "base": {},
-        "mixed16/32": {"SMALL_M": 16, "MID_M": 32},
-        "split16/32": {"SMALL_M": 16, "MID_M": 32, "SPLIT": 1},
-        "scaled-a1": {"SCALED": 2, "AHEAD": 1},
-        "scaled-a1+mixed16/32": {"SCALED": 2, "AHEAD": 1, "SMALL_M": 16, "MID_M": 32},
-        "tile32": {"BLOCK_M": 32},
+        "one-size": {**ONE_SIZE, "AHEAD": 2, "SCALED": 0},
+        "mixed16/32": {**ONE_SIZE, "AHEAD": 2, "SCALED": 0, "SMALL_M": 16, "MID_M": 32},
+        "split16/32": {**ONE_SIZE, "AHEAD": 2, "SCALED": 0, "SMALL_M": 16, "MID_M": 32, "SPLIT": 1},
+        "scaled-a1": {**ONE_SIZE, "AHEAD": 1, "SCALED": 2},
+        "scaled-a1+mixed16/32": {**ONE_SIZE, "AHEAD": 1, "SCALED": 2, "SMALL_M": 16, "MID_M": 32},
+        "tile32": {**ONE_SIZE, "BLOCK_M": 32, "AHEAD": 2, "SCALED": 0},
     },
     "nvfp4": {
-        "base": {},
-        "mixed16/32": {"SMALL_M": 16, "MID_M": 32},
-        "split16/32": {"SMALL_M": 16, "MID_M": 32, "SPLIT": 1},
+        "one-size": {**ONE_SIZE, "AHEAD": 1},
+        "mixed16/32": {**ONE_SIZE, "AHEAD": 1, "SMALL_M": 16, "MID_M": 32},
+        "split16/32": {**ONE_SIZE, "AHEAD": 1, "SMALL_M": 16, "MID_M": 32, "SPLIT": 1},
     },
 }
+BASE = "one-size"
 
 
 def digest(t: torch.Tensor) -> str:
     return hashlib.sha256(t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()[:16]
+
+
+def digests(results: list, case_list: list) -> list[list[str]]:
+    """Digests of (h, y) per case, h in pair order: above 16,384 routed pairs the grouping places an expert's rows in
+    the order its atomics run (align.py), so h's sorted order may differ between processes, its rows not."""
+    return [[digest(h[g.pair_row.long()]), digest(y)] for (h, y), (*_, g) in zip(results, case_list, strict=True)]
 
 
 def config_of(fmt: str, plan: dict, rows: int) -> dict:
@@ -153,8 +163,8 @@ def cases(inputs: dict, weights: list) -> list[tuple]:
 
 
 def run_plan(fmt: str, plan: dict, case_list: list, poison: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(h, y) of every case under `plan`: gate_up's output h, then down's y from the default plan's h (so that a
-    plan's down is checked on the same input as the default's)."""
+    """(h, y) of every case under `plan`: gate_up's output h, then down's y from the first plan's h (so that a
+    plan's down is checked on the same input as the first's)."""
     results = []
     for name, _i, (gu, dn), x, g in case_list:
         rows = g.row_token.shape[0]
@@ -172,10 +182,10 @@ _H: dict = {}
 
 
 def case_h(fmt, name, i, gu, x, g):
-    """The default plan's gate_up output of a case: down's input for every plan."""
+    """The reference plan's gate_up output of a case: down's input for every plan."""
     key = (fmt, name, i)
     if key not in _H:
-        _H[key] = project(fmt, gu, x, g, "gate_up", config_of(fmt, {}, g.row_token.shape[0]))
+        _H[key] = project(fmt, gu, x, g, "gate_up", config_of(fmt, PLANS[fmt][BASE], g.row_token.shape[0]))
     return _H[key]
 
 
@@ -243,19 +253,19 @@ def model_ms(model, ids) -> tuple[float, torch.Tensor]:
 
 # -- the whole call ---------------------------------------------------------------------------------------------
 def save_ref(path: Path, layers: int, formats: list[str]) -> None:
-    """Digests of the recorded inputs and of the default plan's outputs, from the code on PYTHONPATH."""
-    digests: dict = {}
+    """Digests of the recorded inputs and of the one-size plan's outputs, from the code on PYTHONPATH."""
+    out: dict = {}
     for fmt in formats:
         model = build(fmt, layers)
         inputs = {f"model{t}": record_inputs(model, ids) for t, ids in model_ids()}
         if fmt == formats[0]:
-            digests["inputs"] = {k: [digest(x) for x, _, _ in v] for k, v in inputs.items()}
+            out["inputs"] = {k: [digest(x) for x, _, _ in v] for k, v in inputs.items()}
         inputs["uniform512"] = [uniform_inputs(inputs["model512"][0][0], TOKENS)]
-        res = run_plan(fmt, {}, cases(inputs, experts_of(model)), poison=False)
-        digests[fmt] = [[digest(h), digest(y)] for h, y in res]
+        case_list = cases(inputs, experts_of(model))
+        out[fmt] = digests(run_plan(fmt, PLANS[fmt][BASE], case_list, poison=False), case_list)
         del model
         torch.cuda.empty_cache()
-    path.write_text(json.dumps(digests, indent=1))
+    path.write_text(json.dumps(out, indent=1))
     print(f"wrote {path}")
 
 
@@ -340,7 +350,7 @@ def profile(formats: list[str], layers: int, plan_name: str) -> None:
         x, index, rw = record_inputs(model, model_ids()[0][1])[min(3, layers - 1)]
         g = group_by_expert(index, rw, E)
         gu, dn = experts_of(model)[min(3, layers - 1)]
-        plan = PLANS[fmt].get(plan_name, {})
+        plan = PLANS[fmt].get(plan_name, {})  # not a plan's name: the current default
         cfg = config_of(fmt, plan, g.row_token.shape[0])
         h = project(fmt, gu, x, g, "gate_up", cfg)  # compiled before the profiled range
         project(fmt, dn, h, g, "down", cfg)
@@ -373,14 +383,14 @@ def run_all(args, formats: list[str]) -> None:
             r["rows_per_expert"][name] = [torch.bincount(idx.flatten(), minlength=E).tolist() for _, idx, _ in layer]
         inputs["uniform512"] = [uniform_inputs(inputs["model512"][0][0], TOKENS)]
         case_list = cases(inputs, experts_of(model))
-        base = run_plan(fmt, {}, case_list, poison=True)
+        base = run_plan(fmt, PLANS[fmt][BASE], case_list, poison=True)
         if ref is not None:
-            r["base_as_before"] = [[digest(h), digest(y)] for h, y in base] == ref[fmt]
-        names = [n for n in PLANS[fmt] if not args.plans or n in args.plans.split(",") or n == "base"]
+            r["base_as_before"] = digests(base, case_list) == ref[fmt]
+        names = [n for n in PLANS[fmt] if not args.plans or n in args.plans.split(",") or n == BASE]
         for name in names:
             plan = PLANS[fmt][name]
             try:
-                got = base if name == "base" else run_plan(fmt, plan, case_list, poison=True)
+                got = base if name == BASE else run_plan(fmt, plan, case_list, poison=True)
                 r["checks"][name] = check(fmt, plan, base, got, case_list)
                 r["kernel_us"][name] = {f"{routing} {which}": time_plan(fmt, plan, case_list, routing, which)
                                         for routing in ("model512", "model4096", "uniform512")
@@ -424,7 +434,7 @@ def run_all(args, formats: list[str]) -> None:
 
 
 def valid(checks: dict) -> bool:
-    """A plan the engine could take: it ran, wrote every row, and computed the default's bits (SCALED: within
+    """A plan the engine could take: it ran, wrote every row, and computed the first plan's bits (SCALED: within
     1e-2 of them, its own arithmetic)."""
     if "error" in checks or checks["unwritten_rows"]:
         return False
@@ -432,7 +442,7 @@ def valid(checks: dict) -> bool:
 
 
 def check(fmt: str, plan: dict, base: list, got: list, case_list: list) -> dict:
-    """Every row written (no NaN left), and the same bits as the default plan; SCALED: relative errors."""
+    """Every row written (no NaN left), and the same bits as the first plan; SCALED: relative errors."""
     unwritten = sum(int(t.isnan().any(dim=-1).sum()) for pair in got for t in pair)
     same = all(torch.equal(a, b) for pa, pb in zip(base, got, strict=True) for a, b in zip(pa, pb, strict=True))
     out = {"unwritten_rows": unwritten, "bit_identical": same}

@@ -32,7 +32,7 @@ if (($(left) > 100)); then
   log "ncu: the default INT4 kernels, one layer of the decision"
   timeout 80 ncu --clock-control none --profile-from-start off --section SpeedOfLight --section WarpStateStats \
     --section Occupancy --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
-    python3 "$here/tile_plans.py" --profile base --formats int4 --layers 4 > "$out/ncu.txt" 2>&1
+    python3 "$here/tile_plans.py" --profile one-size --formats int4 --layers 4 > "$out/ncu.txt" 2>&1
   grep -E "int4_wgmma_kernel|Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occ|Issue Slots Busy|Warp Cycles Per Issued" "$out/ncu.txt" | head -n 30
 fi
 if [[ -f $out/best.json ]] && (($(left) > 60)); then

@@ -225,9 +225,12 @@ class Nvfp4Linear(nn.Module):
 # -- the fused Triton kernel ------------------------------------------------------------------------------------------
 # The Gluon kernel's tiles (nvfp4_wgmma: BLOCK_N weight rows, gate and up stacked for SwiGLU, x BLOCK_M tokens,
 # one warpgroup, AHEAD blocks of 128 columns copied ahead) per rows-per-expert bucket, as int4_kernels.WGMMA_TILES.
+# mid: a 16- / 32-token tile for experts with at most 16 / 32 rows (gluon_common.tile_map; bit-identical), on the
+# model's routing 2.634 against 2.671 ms for 8 layers and 110.5 / 67.9 against 117.0 / 70.5 us per layer
+# (benchmarks/tile_plans.py, H200, 2026-12-03); at batch 8 no faster (12.87 against 12.82 ms), so large keeps one size.
 WGMMA_TILES: dict[str, dict[str, Any]] = {
     "small": dict(BLOCK_M=16, BLOCK_N=128, AHEAD=1),
-    "mid": dict(BLOCK_M=64, BLOCK_N=128, AHEAD=1),
+    "mid": dict(BLOCK_M=64, BLOCK_N=128, AHEAD=1, SMALL_M=16, MID_M=32),
     "large": dict(BLOCK_M=64, BLOCK_N=128, AHEAD=1),
 }
 
