@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from quantbench.engine.moe import fp8, int4_kernels, int4_wgmma, nvfp4, nvfp4_wgmma  # noqa: E402
+from quantbench.engine.moe import fp8, gluon_common, int4_kernels, int4_wgmma, nvfp4, nvfp4_wgmma  # noqa: E402
 from quantbench.engine.triton_common import rows_bucket  # noqa: E402
 
 E, H, INTER, TOP_K = 128, 2048, 768, 8
@@ -135,7 +135,8 @@ def kernels(tokens: int):
                dict(x_ptr="*bf16", qw_ptr="*i32", s_ptr="*fp16", z_ptr="*u8", y_ptr="*bf16", **common),
                dict(K=k, G=128, **FEATURES[proj], E=E, E_P2=E), ())
         # the Gluon kernel with the tile an sm_90 GPU gets (pick_config with such a device)
-        cfg = dict(gluon_constexprs(int4_kernels.WGMMA_TILES[rows_bucket(rows, E)]), num_warps=4, num_stages=1)
+        tiles = int4_kernels.WGMMA_TILES[gluon_common.plan_bucket(rows_bucket(rows, E), k)]
+        cfg = dict(gluon_constexprs(tiles), num_warps=4, num_stages=1)
         yield ("int4 wgmma", proj, cfg, int4_wgmma._kernel(),
                dict(x_ptr="*bf16", qw_ptr="*i32", s_ptr="*fp16", z_ptr="*u8", y_ptr="*bf16", **common),
                dict(K=k, **FEATURES[proj], E=E, E_P2=E), ("N_OUT", "HALF"))
@@ -155,8 +156,8 @@ def kernels(tokens: int):
                dict(x_ptr="*bf16", p_ptr="*u8", bs_ptr="*fp8e4nv", gs_ptr="*fp32", y_ptr="*bf16", **common),
                dict(K=k, DOT_F32=False, **FEATURES[proj], E=E, E_P2=E), ())
         # the Gluon NVFP4 kernel with the tile an sm_90 GPU gets (its packed words read as int32)
-        cfg = dict(gluon_constexprs(nvfp4.WGMMA_TILES[rows_bucket(rows, E)], scaled=False), num_warps=4,
-                   num_stages=1)
+        tiles = nvfp4.WGMMA_TILES[gluon_common.plan_bucket(rows_bucket(rows, E), k)]
+        cfg = dict(gluon_constexprs(tiles, scaled=False), num_warps=4, num_stages=1)
         yield ("nvfp4 wgmma", proj, cfg, nvfp4_wgmma._kernel(),
                dict(x_ptr="*bf16", pw_ptr="*i32", bs_ptr="*fp8e4nv", gs_ptr="*fp32", y_ptr="*bf16", **common),
                dict(K=k, **FEATURES[proj], E=E, E_P2=E), ("N_OUT", "HALF"))

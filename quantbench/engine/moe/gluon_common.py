@@ -1,8 +1,10 @@
 """Gluon helpers the Hopper grouped kernels share (int4_wgmma, nvfp4_wgmma): which expert and rows an M tile
-covers, the weight rows of a program (gate and up stacked for SwiGLU), the tokens' row pointers, a block's
-copies into shared memory, the engine's fused steps after the K loop, bfloat16 rounding that no compiler pass folds away. A Gluon kernel cannot call a Triton
-function, so some are triton_common's Triton helpers again, with layouts; `helpers()` returns them for a kernel
-module's globals (Gluon resolves a callee's name there)."""
+covers (one tile size, or a size per expert by its rows: tile_map), the weight rows of a program (gate and up
+stacked for SwiGLU), the tokens' row pointers, a block's copies into shared memory, the engine's fused steps after
+the K loop, bfloat16 rounding that no compiler pass folds away. A Gluon kernel cannot call a Triton function, so
+some are triton_common's Triton helpers again, with layouts; `helpers()` returns them for a kernel module's globals
+(Gluon resolves a callee's name there). On the host: the grids (m_tiles), the launches of a plan (kinds), which
+tiles a projection takes (plan_bucket, tiles_for) and the name a run records for them (kernel_name)."""
 
 from __future__ import annotations
 
@@ -25,6 +27,18 @@ def sm90(capability: tuple[int, int]) -> bool:
     except ImportError:
         return False
     return True
+
+
+# Below this K (inputs of a projection) the mid and large buckets keep one tile size ("short-k" in a format's
+# WGMMA_TILES): the plans were measured faster at the Qwen3-30B-A3B shape (K 2048 and 768), and INT4's was slower
+# on the embedded fixture (K 256, two blocks: with one block copied ahead the second is never in flight early):
+# 0.79 against 0.68 ms p50 a decision on the H200, 2026-12-03 (docs/BENCHMARKS.md).
+PLAN_MIN_K = 768
+
+
+def plan_bucket(bucket: str, k: int) -> str:
+    """The WGMMA_TILES entry a projection with K inputs takes in rows bucket `bucket` (rows_bucket)."""
+    return "short-k" if bucket != "small" and k < PLAN_MIN_K else bucket
 
 
 def tiles_for(fmt: str, bucket: str, defaults: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -73,10 +73,12 @@ def dequantize_instead(kernel: str, n: int, k: int, rows: int, experts: int) -> 
 # weight, as dequantize() rounds; no partial sum per block, 166 registers instead of 234) so that with AHEAD 1
 # three programs fit on an SM instead of two: 2.181 ms with both (-7.9%), 11.085 against 11.565 ms at batch 8, and
 # the 48-layer decision through `quantbench run` 11.0 against 11.8 ms on one machine.
+# short-k: mid and large below gluon_common.PLAN_MIN_K inputs keep the tiles before (the fixture, K 256).
 WGMMA_TILES: dict[str, dict[str, Any]] = {
     "small": dict(BLOCK_M=16, BLOCK_N=128, AHEAD=2),
     "mid": dict(BLOCK_M=64, BLOCK_N=128, AHEAD=1, SCALED=2, SMALL_M=16, MID_M=32),
     "large": dict(BLOCK_M=64, BLOCK_N=128, AHEAD=1, SCALED=2, SMALL_M=16, MID_M=32),
+    "short-k": dict(BLOCK_M=64, BLOCK_N=128, AHEAD=2),
 }
 
 
@@ -88,7 +90,7 @@ def pick_config(rows: int, experts: int, n: int, k: int, group_size: int, swiglu
     kernel's tile (int4_wgmma; faster than this file's Triton kernel in every bucket measured)."""
     bucket = rows_bucket(rows, experts)
     if device is not None and int4_wgmma.available(device, group_size, k):
-        return dict(gluon_common.tiles_for("int4", bucket, WGMMA_TILES), KERNEL="gluon")
+        return dict(gluon_common.tiles_for("int4", gluon_common.plan_bucket(bucket, k), WGMMA_TILES), KERNEL="gluon")
     tuned = TUNED.get((n, k, swiglu, bucket))
     if tuned:
         return dict(tuned)

@@ -28,6 +28,20 @@ words' rows are XOR-swizzled so that those reads are free of bank conflicts. Bef
 the words went from global memory straight into registers one block ahead: 255 registers and a spill at the
 64 × 128 tile, and one block of latency cover; staged, 234 registers, no spill, and 1.25x faster (docs/
 BENCHMARKS.md).
+
+Two options of the tile (gluon_common.tile_map; WGMMA_TILES in int4_kernels says which the engine takes):
+- SMALL_M / MID_M: an expert with at most that many rows gets one tile of that many tokens instead of BLOCK_M, in
+  the same launch (a branch per program; the kernel is compiled for every size, its registers the largest's). The
+  random-weight 30B model sends most rows to ~13 experts and 1 to 16 rows to ~20 to 50 others, whose 64-token
+  tiles were three quarters padding. Same arithmetic per row: bit-identical outputs. SPLIT (a launch per size)
+  was slower on the H200.
+- SCALED: the weights are (q − z) · s in the MMA's dtype, rounded once (fp16: the scale as stored, so exactly the
+  weight dequantize() writes; bf16: the fp16 scale rounded to bf16 first, then the product: at most about one
+  bf16 step from dequantize()'s), and the MMAs run on across blocks into one accumulator: no float32 partial sum
+  and no wait for every MMA of a block (166 registers instead of 234 at 64 x 128), so with AHEAD 1 three programs
+  fit on an SM instead of two. Relative error against a float64 reference of the int4 weights 3.4e-3 (gate_up,
+  bf16) against 1.66e-3 exact; the fixture's answers against the exact kernel: 436 of 436 the same, mean TV 0.0001
+  (H200, docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations

@@ -228,10 +228,12 @@ class Nvfp4Linear(nn.Module):
 # mid: a 16- / 32-token tile for experts with at most 16 / 32 rows (gluon_common.tile_map; bit-identical), on the
 # model's routing 2.634 against 2.671 ms for 8 layers and 110.5 / 67.9 against 117.0 / 70.5 us per layer
 # (benchmarks/tile_plans.py, H200, 2026-12-03); at batch 8 no faster (12.87 against 12.82 ms), so large keeps one size.
+# short-k: mid and large below gluon_common.PLAN_MIN_K inputs (the fixture, K 256) keep one tile size, as INT4.
 WGMMA_TILES: dict[str, dict[str, Any]] = {
     "small": dict(BLOCK_M=16, BLOCK_N=128, AHEAD=1),
     "mid": dict(BLOCK_M=64, BLOCK_N=128, AHEAD=1, SMALL_M=16, MID_M=32),
     "large": dict(BLOCK_M=64, BLOCK_N=128, AHEAD=1),
+    "short-k": dict(BLOCK_M=64, BLOCK_N=128, AHEAD=1),
 }
 
 
@@ -246,7 +248,8 @@ def pick_config(rows: int, experts: int, n: int, k: int, device: torch.device | 
     routing weights + scatter 158.8 / 159.5 us, no better.)"""
     bucket = rows_bucket(rows, experts)
     if device is not None and nvfp4_wgmma.available(device, k):
-        return dict(gluon_common.tiles_for("nvfp4", bucket, WGMMA_TILES), KERNEL="gluon")
+        return dict(gluon_common.tiles_for("nvfp4", gluon_common.plan_bucket(bucket, k), WGMMA_TILES),
+                    KERNEL="gluon")
     block_k = 128 if k % 128 == 0 else 64 if k % 64 == 0 else 32 if k % 32 == 0 else 16
     if (n, k) == (1536, 2048) and bucket != "large":  # gate_up, gather + SwiGLU: 300.6 against 354.2 us
         return {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 2, "SWAP_AB": True}
