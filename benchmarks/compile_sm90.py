@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from quantbench.engine.moe import fp8, int4_kernels, int4_wgmma, nvfp4, nvfp4_wgmma  # noqa: E402
+from quantbench.engine.moe import fp8, gluon_common, int4_kernels, int4_wgmma, nvfp4, nvfp4_wgmma  # noqa: E402
 from quantbench.engine.triton_common import rows_bucket  # noqa: E402
 
 E, H, INTER, TOP_K = 128, 2048, 768, 8
@@ -114,6 +114,16 @@ def loop_length(sass: str) -> int:
     return best
 
 
+def gluon_constexprs(tiles: dict, scaled: bool = True) -> dict:
+    """A Gluon kernel's constexprs for a WGMMA_TILES entry, as its launch passes them (int4_wgmma.launch): the
+    tile plan's defaults filled in, host-side keys (SPLIT: how many launches) left out; with SPLIT the kernel
+    compiled is the launch of the largest tiles (ONLY 2)."""
+    out = {"SMALL_M": 0, "MID_M": 0, "ONLY": -1, **({"SCALED": 0} if scaled else {}), **tiles}
+    if out.pop("SPLIT", None) and out["SMALL_M"]:
+        out["ONLY"] = 2
+    return out
+
+
 def kernels(tokens: int):
     """(format, projection, launch options, kernel, pointer types, constexprs, integer arguments that are
     multiples of 16) for each kernel the engine runs."""
@@ -125,7 +135,8 @@ def kernels(tokens: int):
                dict(x_ptr="*bf16", qw_ptr="*i32", s_ptr="*fp16", z_ptr="*u8", y_ptr="*bf16", **common),
                dict(K=k, G=128, **FEATURES[proj], E=E, E_P2=E), ())
         # the Gluon kernel with the tile an sm_90 GPU gets (pick_config with such a device)
-        cfg = dict(int4_kernels.WGMMA_TILES[rows_bucket(rows, E)], num_warps=4, num_stages=1)
+        tiles = int4_kernels.WGMMA_TILES[gluon_common.plan_bucket(rows_bucket(rows, E), k)]
+        cfg = dict(gluon_constexprs(tiles), num_warps=4, num_stages=1)
         yield ("int4 wgmma", proj, cfg, int4_wgmma._kernel(),
                dict(x_ptr="*bf16", qw_ptr="*i32", s_ptr="*fp16", z_ptr="*u8", y_ptr="*bf16", **common),
                dict(K=k, **FEATURES[proj], E=E, E_P2=E), ("N_OUT", "HALF"))
@@ -145,7 +156,8 @@ def kernels(tokens: int):
                dict(x_ptr="*bf16", p_ptr="*u8", bs_ptr="*fp8e4nv", gs_ptr="*fp32", y_ptr="*bf16", **common),
                dict(K=k, DOT_F32=False, **FEATURES[proj], E=E, E_P2=E), ())
         # the Gluon NVFP4 kernel with the tile an sm_90 GPU gets (its packed words read as int32)
-        cfg = dict(nvfp4.WGMMA_TILES[rows_bucket(rows, E)], num_warps=4, num_stages=1)
+        tiles = nvfp4.WGMMA_TILES[gluon_common.plan_bucket(rows_bucket(rows, E), k)]
+        cfg = dict(gluon_constexprs(tiles, scaled=False), num_warps=4, num_stages=1)
         yield ("nvfp4 wgmma", proj, cfg, nvfp4_wgmma._kernel(),
                dict(x_ptr="*bf16", pw_ptr="*i32", bs_ptr="*fp8e4nv", gs_ptr="*fp32", y_ptr="*bf16", **common),
                dict(K=k, **FEATURES[proj], E=E, E_P2=E), ("N_OUT", "HALF"))

@@ -26,7 +26,7 @@ def _bits(v: float, fp16: bool) -> int:
 
 
 def run_ptx(asm: str, regs: dict[str, int]) -> dict[str, int]:
-    """Interpret the snippets' instructions: mov, shr, prmt, lop3 (0xEA: (a & b) | c), sub.rn.{bf16,f16}x2."""
+    """Interpret the snippets' instructions: mov, shr, prmt, lop3 (0xEA: (a & b) | c), sub / mul.rn.{bf16,f16}x2."""
     body = asm.strip().removeprefix("{").removesuffix("}")
     regs = dict(regs)
 
@@ -50,10 +50,13 @@ def run_ptx(asm: str, regs: dict[str, int]) -> dict[str, int]:
         elif op == "lop3.b32":
             assert int(args[4], 0) == 0xEA, ins
             regs[args[0]] = (val(args[1]) & val(args[2])) | val(args[3])
-        elif op in ("sub.rn.bf16x2", "sub.rn.f16x2"):
-            fp16 = op == "sub.rn.f16x2"
+        elif op in ("sub.rn.bf16x2", "sub.rn.f16x2", "mul.rn.bf16x2", "mul.rn.f16x2"):
+            fp16 = op.endswith("f16x2") and not op.endswith("bf16x2")
             a, b = val(args[1]), val(args[2])
-            halves = [_bits(_half((a >> s) & 0xFFFF, fp16) - _half((b >> s) & 0xFFFF, fp16), fp16) for s in (0, 16)]
+            # each half's exact result (a double holds it), rounded once to the half's type, as the hardware does
+            math = (lambda u, v: u - v) if op.startswith("sub") else (lambda u, v: u * v)
+            halves = [_bits(math(_half((a >> s) & 0xFFFF, fp16), _half((b >> s) & 0xFFFF, fp16)), fp16)
+                      for s in (0, 16)]
             regs[args[0]] = halves[0] | halves[1] << 16
         else:
             raise AssertionError(f"instruction the interpreter does not know: {ins}")
@@ -77,6 +80,37 @@ def test_unpacking_gives_exact_codes_minus_zero_for_each_slice(fp16):
                 lo, hi = _half(out & 0xFFFF, fp16), _half(out >> 16, fp16)
                 rows = 16 * j + r, 16 * j + r + 1
                 assert (lo, hi) == tuple(float(q[k, col] - z[col]) for k in rows), (col, r, j)
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_scaled_unpacking_gives_each_weight_rounded_once(fp16):
+    """SCALED: (q − z) · s for every slice, rounded once to the MMA's type; the scale is the stored fp16 one
+    (fp16: the very weight dequantize() writes) or that scale rounded to bf16 first (the kernel loads it so)."""
+    torch.manual_seed(1)
+    q = torch.randint(0, 16, (128, 4))
+    z = torch.randint(0, 16, (4,))
+    scales = torch.randn(4, dtype=torch.float16) * 0.01  # AutoRound's scales can be negative
+    words = int4.pack_k(q.unsqueeze(0), 128)[0]
+    dtype = torch.float16 if fp16 else torch.bfloat16
+    bias = 1024 if fp16 else 128
+    for col in range(4):
+        zz = _bits(float(bias + int(z[col])), fp16)
+        s = scales[col].to(dtype)
+        ss = int(s.view(torch.int16).item()) & 0xFFFF
+        for r in range(0, 16, 2):
+            w0, w1 = (int(words[r + i, col]) & MASK for i in (0, 1))
+            ab = run_ptx(int4_wgmma.WORD_HALVES_ASM, {"$2": w0, "$3": w1})
+            for j in range(8):
+                regs = {"$1": ab["$0"], "$2": ab["$1"], "$3": zz | zz << 16, "$4": ss | ss << 16}
+                out = run_ptx(int4_wgmma.scaled_asm(j, fp16), regs)["$0"]
+                for half, k in ((out & 0xFFFF, 16 * j + r), (out >> 16, 16 * j + r + 1)):
+                    want = torch.tensor(float(q[k, col] - z[col]) * float(s), dtype=torch.float64).to(dtype)
+                    assert _half(half, fp16) == float(want), (col, r, j)
+    # fp16: exactly what dequantize() writes for an fp16 model
+    w = int4.Int4Experts(int4.pack_k(q.unsqueeze(0), 128), scales.view(1, 1, 4), z.to(torch.uint8).view(1, 1, 4),
+                         128, sym=False, k_block=128)
+    dq = w.dequantize(torch.float16, use_triton=False)[0].transpose(0, 1)  # [K, N]
+    assert torch.equal(dq, ((q - z).double() * scales.double()).to(torch.float16))
 
 
 def test_pair_asm_uses_the_right_half_and_shift():

@@ -1,13 +1,19 @@
 """Gluon helpers the Hopper grouped kernels share (int4_wgmma, nvfp4_wgmma): which expert and rows an M tile
-covers, the weight rows of a program (gate and up stacked for SwiGLU), the tokens' row pointers, a block's
-copies into shared memory, the engine's fused steps after the K loop, bfloat16 rounding that no compiler pass folds away. A Gluon kernel cannot call a Triton
-function, so some are triton_common's Triton helpers again, with layouts; `helpers()` returns them for a kernel
-module's globals (Gluon resolves a callee's name there)."""
+covers (one tile size, or a size per expert by its rows: tile_map), the weight rows of a program (gate and up
+stacked for SwiGLU), the tokens' row pointers, a block's copies into shared memory, the engine's fused steps after
+the K loop, bfloat16 rounding that no compiler pass folds away. A Gluon kernel cannot call a Triton function, so
+some are triton_common's Triton helpers again, with layouts; `helpers()` returns them for a kernel module's globals
+(Gluon resolves a callee's name there). On the host: the grids (m_tiles), the launches of a plan (kinds), which
+tiles a projection takes (plan_bucket, tiles_for) and the name a run records for them (kernel_name)."""
 
 from __future__ import annotations
 
 import functools
+import json
+import os
 from typing import Any
+
+TILES_ENV = "QUANTBENCH_WGMMA_TILES"  # a benchmark's override of the tiles: {"int4": {"mid": {...}}, "nvfp4": ...}
 
 
 @functools.cache
@@ -21,6 +27,84 @@ def sm90(capability: tuple[int, int]) -> bool:
     except ImportError:
         return False
     return True
+
+
+# Below this K (inputs of a projection) the mid and large buckets keep one tile size ("short-k" in a format's
+# WGMMA_TILES): the plans were measured faster at the Qwen3-30B-A3B shape (K 2048 and 768), and INT4's was slower
+# on the embedded fixture (K 256, two blocks: with one block copied ahead the second is never in flight early):
+# 0.79 against 0.68 ms p50 a decision on the H200, 2026-12-03 (docs/BENCHMARKS.md).
+PLAN_MIN_K = 768
+
+
+def plan_bucket(bucket: str, k: int) -> str:
+    """The WGMMA_TILES entry a projection with K inputs takes in rows bucket `bucket` (rows_bucket)."""
+    return "short-k" if bucket != "small" and k < PLAN_MIN_K else bucket
+
+
+def tiles_for(fmt: str, bucket: str, defaults: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """defaults[bucket] (a format's WGMMA_TILES), with QUANTBENCH_WGMMA_TILES's entry for (fmt, bucket) merged
+    over it: how benchmarks/tile_plans.py runs `quantbench run` with a candidate plan before it is the default."""
+    return {**defaults[bucket], **_override(os.environ.get(TILES_ENV, "")).get(fmt, {}).get(bucket, {})}
+
+
+@functools.cache
+def _override(text: str) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{TILES_ENV}: not JSON ({exc}); expected {{\"int4\": {{\"mid\": {{\"SMALL_M\": 16}}}}}}") from exc
+    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+        raise ValueError(f"{TILES_ENV}: expected an object of formats, each an object of buckets, got {text!r}")
+    return value
+
+
+def kernel_name(base: str, config: dict[str, Any]) -> str:
+    """The name a run records for a Gluon kernel with `config`: the base name, then what its plan changes
+    (-scaled: other arithmetic; -mixed / -split: a tile size per expert, in one launch / a launch per size)."""
+    name = base + ("-scaled" if config.get("SCALED") else "")
+    if config.get("SMALL_M"):
+        name += "-split" if config.get("SPLIT") else "-mixed"
+    return name
+
+
+def tile_map(counts: list[int], config: dict[str, Any], kind: int = -1) -> list[tuple[int, int, int, int]]:
+    """The M tiles the kernels' expert_tile / expert_tile_sized give for rows per expert `counts`, in program order:
+    (expert, first row, end of the expert's rows, kind of tile). With SMALL_M (a tile size per expert by its
+    rows): an expert with at most SMALL_M rows gets one tile of kind 0 (SMALL_M tokens), one with at most MID_M one
+    of kind 1 (MID_M tokens), any other ceil(rows / BLOCK_M) tiles of kind 2; `kind` >= 0 keeps that kind's tiles
+    alone (a launch per kind, SPLIT). The host's statement of what the Gluon helpers compute (tests hold m_tiles
+    and the engine's plans to it)."""
+    small, mid, block = config.get("SMALL_M", 0), config.get("MID_M", 0), config["BLOCK_M"]
+    light = max(small, mid)
+    tiles, start = [], 0
+    for e, rows in enumerate(counts):
+        k = 2 if not small or rows > light else 0 if rows <= small else 1
+        n = 0 if rows == 0 else 1 if k < 2 else -(-rows // block)
+        if kind < 0 or k == kind:
+            tiles += [(e, start + t * block, start + rows, k) for t in range(n)]
+        start += rows
+    return tiles
+
+
+def m_tiles(rows: int, experts: int, config: dict[str, Any], kind: int) -> int:
+    """Grid rows (M tiles) enough for any split of `rows` sorted rows over `experts` experts, for a launch of
+    `kind` (-1: every kind; tile_map): each expert wastes at most one partial tile, and a one-tile kind (0, 1)
+    has at most one tile per expert that has a row."""
+    if kind in (0, 1):
+        return min(experts, rows)
+    # kind 2 alone: only experts with more rows than a one-tile kind takes have a partial tile
+    light = max(config.get("SMALL_M", 0), config.get("MID_M", 0)) if kind == 2 else 0
+    return -(-rows // config["BLOCK_M"]) + min(experts, rows // (light + 1))
+
+
+def kinds(config: dict[str, Any]) -> list[int]:
+    """The launches of a configuration: [-1] (one launch; its programs take every kind of tile) unless SPLIT asks
+    for a launch per kind of tile (0: SMALL_M rows, 1: MID_M rows, 2: BLOCK_M rows)."""
+    if not config.get("SMALL_M") or not config.get("SPLIT"):
+        return [-1]
+    return [0] + ([1] if config.get("MID_M") else []) + [2]
 
 
 @functools.cache
@@ -55,6 +139,32 @@ def helpers() -> dict[str, Any]:
         row_start = gl.sum(gl.where(sel, starts, 0), 0) + (pid_m - first_tile) * BLOCK_M
         row_end = gl.sum(gl.where(sel, ends, 0), 0)
         return e, row_start, row_end
+
+    @gluon.jit
+    def expert_tile_sized(offs_ptr, pid_m, E: gl.constexpr, E_P2: gl.constexpr, BLOCK_M: gl.constexpr,
+                          SMALL_M: gl.constexpr, MID_M: gl.constexpr, ONLY: gl.constexpr, num_warps: gl.constexpr):
+        """expert_tile with a tile size per expert: an expert with at most SMALL_M rows gets one tile of kind 0,
+        one with at most MID_M rows one of kind 1 (MID_M 0: no such kind), the rest BLOCK_M-row tiles of kind 2.
+        ONLY >= 0: the tiles of that kind alone (a launch per kind). (expert, first row, end of its rows, kind);
+        e == E past the last tile."""
+        layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+        eidx = gl.arange(0, E_P2, layout=layout)
+        emask = eidx < E
+        ends = gl.load(offs_ptr + eidx, mask=emask, other=0)
+        starts = gl.load(offs_ptr + eidx - 1, mask=emask & (eidx > 0), other=0)
+        rows = ends - starts
+        LIGHT: gl.constexpr = MID_M if MID_M > SMALL_M else SMALL_M  # the most rows a one-tile kind takes
+        kind = gl.where(rows <= SMALL_M, 0, gl.where(rows <= LIGHT, 1, 2))
+        tiles = gl.where(emask & (rows > 0), gl.where(kind < 2, 1, (rows + BLOCK_M - 1) // BLOCK_M), 0)
+        if ONLY >= 0:
+            tiles = gl.where(kind == ONLY, tiles, 0)
+        tile_end = gl.associative_scan(tiles, 0, _add)
+        e = gl.sum((tile_end <= pid_m).to(gl.int32), 0)
+        sel = eidx == e
+        first_tile = gl.sum(gl.where(sel, tile_end - tiles, 0), 0)
+        row_start = gl.sum(gl.where(sel, starts, 0), 0) + (pid_m - first_tile) * BLOCK_M
+        row_end = gl.sum(gl.where(sel, ends, 0), 0)
+        return e, row_start, row_end, gl.sum(gl.where(sel, kind, 0), 0)
 
     @gluon.jit
     def weight_columns(pid_n, BLOCK_N: gl.constexpr, OUT_N: gl.constexpr, HALF, SWIGLU: gl.constexpr,
@@ -141,5 +251,5 @@ def helpers() -> dict[str, Any]:
         y_ptrs = y_ptr + y_rows[None, :] * stride_ym + ocols[:, None]
         gl.store(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=ormask[None, :] & (ocols < N_OUT)[:, None])
 
-    return dict(expert_tile=expert_tile, weight_columns=weight_columns, token_pointers=token_pointers,
-                copy_block=copy_block, store_outputs=store_outputs)
+    return dict(expert_tile=expert_tile, expert_tile_sized=expert_tile_sized, weight_columns=weight_columns,
+                token_pointers=token_pointers, copy_block=copy_block, store_outputs=store_outputs)

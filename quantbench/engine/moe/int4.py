@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from quantbench.engine.moe import int4_wgmma
+from quantbench.engine.moe import gluon_common, int4_wgmma
 from quantbench.engine.moe.align import triton_available
 from quantbench.engine.moe.engine import DenseExperts, ExpertsBase, stored_nbytes
 from quantbench.engine.moe.int4_kernels import (
@@ -172,7 +172,8 @@ class Int4Experts(ExpertsBase):
         if kernel == "auto" and dequantize_instead(config.get("KERNEL", "triton"), self.out_features, self.in_features,
                                                    rows, self.num_experts):
             return None  # compute-bound: one dequantized copy + a CUTLASS grouped GEMM wins (DEQUANT_FROM_ROWS)
-        self.ran_kernel = int4_wgmma.KERNEL if config.get("KERNEL") == "gluon" else FUSED_KERNEL  # recorded per run
+        gluon = config.get("KERNEL") == "gluon"
+        self.ran_kernel = gluon_common.kernel_name(int4_wgmma.KERNEL, config) if gluon else FUSED_KERNEL  # per run
         return int4_grouped_mm(x_sorted, self.qweight, self.scales, self.zeros, offsets, self.group_size, config,
                                row_index=row_index, swiglu=act == "swiglu", row_scale=row_scale, row_dest=row_dest)
 

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from quantbench.engine import pdl
-from quantbench.engine.moe import int4_wgmma
+from quantbench.engine.moe import gluon_common, int4_wgmma
 from quantbench.engine.triton_common import rows_bucket, tl, triton
 
 if triton is not None:  # the M-tile helpers every grouped kernel shares (Triton resolves them in these globals)
@@ -63,14 +63,22 @@ def dequantize_instead(kernel: str, n: int, k: int, rows: int, experts: int) -> 
 # Qwen3-30B-A3B shape (.dev sweeps recorded in docs/BENCHMARKS.md, 2026-11-30, fifth session):
 # - small (128 tokens): 16 x 128, gate_up 76.6 / down 47.6 us (16 x 64: 84.9 / 51.8; Triton: 155.9 / 110.5);
 #   the model's 128-token decision 8.1 ms;
-# - mid (512 tokens): on uniform random routing 32 x 128 is fastest alone (129.5 / 70.1 us; 64 x 128: 126.8 /
-#   79.8), but inside the model, whose routing sends most tokens to a few experts, 64 x 128 wins (8 layers:
-#   2.478 ms against 2.490; the 48-layer decision 13.6 ms against 14.4);
-# - large (batch 8 and 32): 64 x 128, as measured with the kernel before staging (session 6).
+# - mid (512 tokens) and large (batch 8 and 32): 64 x 128, on the random-weight model's routing (most of a layer's
+#   rows on ~13 experts with 250 to 510 rows, ~20 to 50 experts with 1 to 16); 32 x 128 is faster alone on
+#   uniform routing but not in the model (2026-11-30; again 2026-12-03: 2.411 against 2.367 ms for 8 layers).
+# Since 2026-12-03 (benchmarks/tile_plans.py on the model's own routing, 8 layers, one H200; docs/BENCHMARKS.md):
+# SMALL_M / MID_M give an expert with at most 16 / 32 rows one 16- / 32-token tile instead of a 64-token one,
+# in the same launch (gluon_common.tile_map; bit-identical: 2.296 against 2.367 ms for 8 layers at batch 1; a
+# launch per tile size was slower, 2.562); SCALED multiplies the group's scale into the weights (one rounding per
+# weight, as dequantize() rounds; no partial sum per block, 166 registers instead of 234) so that with AHEAD 1
+# three programs fit on an SM instead of two: 2.181 ms with both (-7.9%), 11.085 against 11.565 ms at batch 8, and
+# the 48-layer decision through `quantbench run` 11.0 against 11.8 ms on one machine.
+# short-k: mid and large below gluon_common.PLAN_MIN_K inputs keep the tiles before (the fixture, K 256).
 WGMMA_TILES: dict[str, dict[str, Any]] = {
     "small": dict(BLOCK_M=16, BLOCK_N=128, AHEAD=2),
-    "mid": dict(BLOCK_M=64, BLOCK_N=128, AHEAD=2),
-    "large": dict(BLOCK_M=64, BLOCK_N=128, AHEAD=2),
+    "mid": dict(BLOCK_M=64, BLOCK_N=128, AHEAD=1, SCALED=2, SMALL_M=16, MID_M=32),
+    "large": dict(BLOCK_M=64, BLOCK_N=128, AHEAD=1, SCALED=2, SMALL_M=16, MID_M=32),
+    "short-k": dict(BLOCK_M=64, BLOCK_N=128, AHEAD=2),
 }
 
 
@@ -82,7 +90,7 @@ def pick_config(rows: int, experts: int, n: int, k: int, group_size: int, swiglu
     kernel's tile (int4_wgmma; faster than this file's Triton kernel in every bucket measured)."""
     bucket = rows_bucket(rows, experts)
     if device is not None and int4_wgmma.available(device, group_size, k):
-        return dict(WGMMA_TILES[bucket], KERNEL="gluon")
+        return dict(gluon_common.tiles_for("int4", gluon_common.plan_bucket(bucket, k), WGMMA_TILES), KERNEL="gluon")
     tuned = TUNED.get((n, k, swiglu, bucket))
     if tuned:
         return dict(tuned)

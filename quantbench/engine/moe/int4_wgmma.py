@@ -28,6 +28,20 @@ words' rows are XOR-swizzled so that those reads are free of bank conflicts. Bef
 the words went from global memory straight into registers one block ahead: 255 registers and a spill at the
 64 × 128 tile, and one block of latency cover; staged, 234 registers, no spill, and 1.25x faster (docs/
 BENCHMARKS.md).
+
+Two options of the tile (gluon_common.tile_map; WGMMA_TILES in int4_kernels says which the engine takes):
+- SMALL_M / MID_M: an expert with at most that many rows gets one tile of that many tokens instead of BLOCK_M, in
+  the same launch (a branch per program; the kernel is compiled for every size, its registers the largest's). The
+  random-weight 30B model sends most rows to ~13 experts and 1 to 16 rows to ~20 to 50 others, whose 64-token
+  tiles were three quarters padding. Same arithmetic per row: bit-identical outputs. SPLIT (a launch per size)
+  was slower on the H200.
+- SCALED: the weights are (q − z) · s in the MMA's dtype, rounded once (fp16: the scale as stored, so exactly the
+  weight dequantize() writes; bf16: the fp16 scale rounded to bf16 first, then the product: at most about one
+  bf16 step from dequantize()'s), and the MMAs run on across blocks into one accumulator: no float32 partial sum
+  and no wait for every MMA of a block (166 registers instead of 234 at 64 x 128), so with AHEAD 1 three programs
+  fit on an SM instead of two. Relative error against a float64 reference of the int4 weights 3.4e-3 (gate_up,
+  bf16) against 1.66e-3 exact; the fixture's answers against the exact kernel: 436 of 436 the same, mean TV 0.0001
+  (H200, docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -58,6 +72,16 @@ def available(device: torch.device, group_size: int, k: int) -> bool:
 WORD_HALVES_ASM = "prmt.b32 $0, $2, $3, 0x5410; prmt.b32 $1, $2, $3, 0x7632;"
 
 
+def scaled_asm(j: int, fp16: bool) -> str:
+    """pair_asm's slice j times the group's scale ($4: the pair's scale, twice), rounded once: (q − z) · s.
+    (Self-contained: a constexpr function may not call another plain function.)"""
+    src, shift = ("$1", "$2")[j // 4], 4 * (j % 4)
+    magic, op = ("0x64006400", "f16x2") if fp16 else ("0x43004300", "bf16x2")
+    move = f"shr.b32 t, {src}, {shift}; " if shift else f"mov.b32 t, {src}; "
+    return ("{ .reg .b32 t; " + move + f"lop3.b32 t, t, 0x000F000F, {magic}, 0xEA; sub.rn.{op} t, t, $3; "
+            f"mul.rn.{op} $0, t, $4; }}")
+
+
 def pair_asm(j: int, fp16: bool) -> str:
     """PTX for slice j of a k pair: nibble j of words r and r+1 (from word_halves' a for j < 4, b after) into the
     two 16-bit halves, OR-ed with the exponent of 128 (bf16) / 1024 (fp16), minus (128 + z) / (1024 + z)."""
@@ -81,6 +105,7 @@ def _kernel() -> Any:
     from triton.runtime.jit import constexpr_function
 
     pair_asm_c = constexpr_function(pair_asm)  # called at compile time, with constexpr arguments
+    scaled_asm_c = constexpr_function(scaled_asm)
     word_halves_asm = gl.constexpr(WORD_HALVES_ASM)
     # Gluon resolves names (annotations, callees, builtins) through the module's globals, not this closure.
     pdl_open = pdl.gluon_open()  # the first statement of each kernel here (quantbench.engine.pdl)
@@ -90,8 +115,10 @@ def _kernel() -> Any:
 
     shared = gluon_common.helpers()
     expert_tile, weight_columns = shared["expert_tile"], shared["weight_columns"]
+    expert_tile_sized = shared["expert_tile_sized"]
     token_pointers, copy_block, store_outputs = shared["token_pointers"], shared["copy_block"], shared["store_outputs"]
-    globals().update(expert_tile=expert_tile, weight_columns=weight_columns, token_pointers=token_pointers,
+    globals().update(expert_tile=expert_tile, expert_tile_sized=expert_tile_sized, weight_columns=weight_columns,
+                     token_pointers=token_pointers, scaled_asm_c=scaled_asm_c,
                      copy_block=copy_block, store_outputs=store_outputs)
 
     @gluon.jit
@@ -114,19 +141,33 @@ def _kernel() -> Any:
     globals().update(word_halves=word_halves, slice_codes=slice_codes)
 
     @gluon.jit
-    def int4_wgmma_kernel(
-        x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, offs_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr,
-        N_OUT, HALF,
-        stride_xm, stride_qe, stride_qk, stride_se, stride_sg, stride_ym,
-        K: gl.constexpr, E: gl.constexpr, E_P2: gl.constexpr,
-        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, AHEAD: gl.constexpr,
+    def slice_scaled(ab, zz, ss, j: gl.constexpr, dtype: gl.constexpr):
+        """SCALED: slice_codes times the group's scale in the MMA's dtype, (q − z) · s rounded once (fp16: the
+        scale as stored, so the weight dequantize() writes; bf16: the scale rounded to bf16 first)."""
+        if dtype == gl.float16:
+            return gl.inline_asm_elementwise(scaled_asm_c(j, True), "=r,r,r,r,r", [ab, zz, ss], dtype=gl.float16,
+                                             is_pure=True, pack=2)
+        else:
+            return gl.inline_asm_elementwise(scaled_asm_c(j, False), "=r,r,r,r,r", [ab, zz, ss],
+                                             dtype=gl.bfloat16, is_pure=True, pack=2)
+
+    globals().update(slice_scaled=slice_scaled)
+
+    @gluon.jit
+    def int4_tile(
+        x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr, N_OUT, HALF,
+        stride_xm, stride_qe, stride_qk, stride_se, stride_sg, stride_ym, e, row_start, row_end, pid_n,
+        K: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, AHEAD: gl.constexpr,
         GATHER: gl.constexpr, SWIGLU: gl.constexpr, ROW_SCALE: gl.constexpr, SCATTER: gl.constexpr,
-        PDL: gl.constexpr, num_warps: gl.constexpr,
+        SCALED: gl.constexpr, num_warps: gl.constexpr,
     ):
+        """One program's tile: BLOCK_N weight rows of expert e times its rows row_start .. (at most BLOCK_M)."""
         KB: gl.constexpr = 128  # rows per packed block, and per quantization group (available())
         SUB: gl.constexpr = 16
         # AHEAD blocks in flight while one is computed; a stage is rewritten one block after its MMAs retired
-        STAGES: gl.constexpr = AHEAD + 1
+        # (SCALED 1: two, as the MMAs run on across blocks and block i-1's last may still read its stage;
+        # SCALED 2: one, after waiting for that MMA at the block's start)
+        STAGES: gl.constexpr = AHEAD + 2 if SCALED == 1 else AHEAD + 1
         GROUPS: gl.constexpr = K // KB
         GROUPS_P2: gl.constexpr = 1 << (GROUPS - 1).bit_length()
         # SWIGLU: the MMA's BLOCK_N rows are OUT_N gate columns then the same OUT_N up columns (one accumulator:
@@ -147,12 +188,6 @@ def _kernel() -> Any:
         g_layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, num_warps], [1, 0])
         g_shared: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
         g_row: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
-
-        pdl_open(PDL)  # launched early (quantbench.engine.pdl): wait for the kernel before, first
-        pid_n = gl.program_id(0)
-        e, row_start, row_end = expert_tile(offs_ptr, gl.program_id(1), E, E_P2, BLOCK_M, num_warps)
-        if e >= E:  # a spare M tile past the last expert's rows
-            return
         e64 = e.to(gl.int64)
 
         # the tokens: row pointers (gathered when GATHER) for cp.async, zero-filled past the tile's rows
@@ -175,15 +210,20 @@ def _kernel() -> Any:
         g = gl.arange(0, GROUPS_P2, layout=gl.SliceLayout(1, g_layout))
         g_off = e64 * stride_se + g[:, None] * stride_sg + (gc + g_up)[None, :]
         g_mask = (g < GROUPS)[:, None] & (gc < N_OUT)[None, :]
-        s_all = gl.load(s_ptr + g_off, mask=g_mask, other=0.0).to(gl.float32)
         z_all = (gl.load(z_ptr + g_off, mask=g_mask, other=0).to(gl.float32) + ZERO_BIAS).to(dtype)
-        s_smem = gl.allocate_shared_memory(gl.float32, [GROUPS_P2, BLOCK_N], g_shared, s_all)._reinterpret(
-            gl.float32, [GROUPS_P2, BLOCK_N], g_row)
         z_smem = gl.allocate_shared_memory(dtype, [GROUPS_P2, BLOCK_N], g_shared, z_all)._reinterpret(
             dtype, [GROUPS_P2, BLOCK_N], g_row)
+        if SCALED > 0:  # the scales in the MMA's dtype, multiplied into the weights
+            s_all = gl.load(s_ptr + g_off, mask=g_mask, other=0.0).to(dtype)
+            s_smem = gl.allocate_shared_memory(dtype, [GROUPS_P2, BLOCK_N], g_shared, s_all)._reinterpret(
+                dtype, [GROUPS_P2, BLOCK_N], g_row)
+        else:  # in float32, multiplied into each block's partial sum
+            s_all = gl.load(s_ptr + g_off, mask=g_mask, other=0.0).to(gl.float32)
+            s_smem = gl.allocate_shared_memory(gl.float32, [GROUPS_P2, BLOCK_N], g_shared, s_all)._reinterpret(
+                gl.float32, [GROUPS_P2, BLOCK_N], g_row)
 
         # per K block (one group): the MMAs add up (q − z)·x, exact 16-bit weights, into `part`; then
-        # acc += s · part, the group's scale in float32
+        # acc += s · part, the group's scale in float32 (SCALED: the MMAs add (q − z)·s·x into acc directly)
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
         part = acc
         for d in gl.static_range(AHEAD):
@@ -198,24 +238,95 @@ def _kernel() -> Any:
             # words' loads (they read what other threads' copies wrote); one more here would be a third.
             cp.wait_group(AHEAD - 1)
             fence_async_shared()
+            if SCALED == 2:  # block i-1's last MMA, before its stage is rewritten
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             copy_block(x_lo, x_hi, w_smem, (i + AHEAD) % STAGES, x_ptrs, rmask_x, w_ptrs, stride_qk, wmask,
                        (i + AHEAD) * KB, K)
             ab = word_halves(w_smem.index(stage).permute((1, 0)).load(a_layout))
             zz = z_smem.index(i).load(gl.SliceLayout(1, a_layout))
-            for j in gl.static_range(8):
-                x_half = x_lo if j < 4 else x_hi
-                xs = x_half.index(stage).slice((j % 4) * SUB, SUB, dim=1).permute((1, 0))
-                w = slice_codes(ab, zz[:, None], j, dtype)
-                part = warpgroup_mma(w, xs, part, use_acc=j > 0, is_async=True)
-                # wait for the slice before only: its MMA is retired, its registers free; this one runs on
-                part, _ = warpgroup_mma_wait(num_outstanding=1, deps=(part, w_prev))
-                w_prev = w
-            part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
-            acc = acc + part * s_smem.index(i).load(gl.SliceLayout(1, mma))[:, None]
+            if SCALED > 0:
+                ss = s_smem.index(i).load(gl.SliceLayout(1, a_layout))
+                for j in gl.static_range(8):
+                    x_half = x_lo if j < 4 else x_hi
+                    xs = x_half.index(stage).slice((j % 4) * SUB, SUB, dim=1).permute((1, 0))
+                    w = slice_scaled(ab, zz[:, None], ss[:, None], j, dtype)
+                    acc = warpgroup_mma(w, xs, acc, is_async=True)
+                    acc, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, w_prev))
+                    w_prev = w
+            else:
+                for j in gl.static_range(8):
+                    x_half = x_lo if j < 4 else x_hi
+                    xs = x_half.index(stage).slice((j % 4) * SUB, SUB, dim=1).permute((1, 0))
+                    w = slice_codes(ab, zz[:, None], j, dtype)
+                    part = warpgroup_mma(w, xs, part, use_acc=j > 0, is_async=True)
+                    # wait for the slice before only: its MMA is retired, its registers free; this one runs on
+                    part, _ = warpgroup_mma_wait(num_outstanding=1, deps=(part, w_prev))
+                    w_prev = w
+                part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
+                acc = acc + part * s_smem.index(i).load(gl.SliceLayout(1, mma))[:, None]
+        if SCALED > 0:
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         cp.wait_group(0)
 
         store_outputs(acc, y_ptr, rowscale_ptr, rowdest_ptr, row_start, row_end, pid_n, N_OUT, stride_ym, BLOCK_M,
                       BLOCK_N, SWIGLU, ROW_SCALE, SCATTER, False, num_warps)
+
+    globals().update(int4_tile=int4_tile)
+
+    @gluon.jit
+    def int4_wgmma_kernel(
+        x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, offs_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr,
+        N_OUT, HALF,
+        stride_xm, stride_qe, stride_qk, stride_se, stride_sg, stride_ym,
+        K: gl.constexpr, E: gl.constexpr, E_P2: gl.constexpr,
+        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, AHEAD: gl.constexpr,
+        SMALL_M: gl.constexpr, MID_M: gl.constexpr, ONLY: gl.constexpr, SCALED: gl.constexpr,
+        GATHER: gl.constexpr, SWIGLU: gl.constexpr, ROW_SCALE: gl.constexpr, SCATTER: gl.constexpr,
+        PDL: gl.constexpr, num_warps: gl.constexpr,
+    ):
+        pdl_open(PDL)  # launched early (quantbench.engine.pdl): wait for the kernel before, first
+        pid_n = gl.program_id(0)
+        if SMALL_M == 0:  # one tile size for every expert
+            e, row_start, row_end = expert_tile(offs_ptr, gl.program_id(1), E, E_P2, BLOCK_M, num_warps)
+            if e >= E:  # a spare M tile past the last expert's rows
+                return
+            int4_tile(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr, N_OUT, HALF,
+                      stride_xm, stride_qe, stride_qk, stride_se, stride_sg, stride_ym, e, row_start, row_end, pid_n,
+                      K, BLOCK_M, BLOCK_N, AHEAD, GATHER, SWIGLU, ROW_SCALE, SCATTER, SCALED, num_warps)
+        else:  # a tile size per expert by its rows (gluon_common.tile_map); ONLY >= 0: this launch's kind alone
+            e, row_start, row_end, kind = expert_tile_sized(offs_ptr, gl.program_id(1), E, E_P2, BLOCK_M,
+                                                            SMALL_M, MID_M, ONLY, num_warps)
+            if e >= E:
+                return
+            if ONLY == 0:
+                int4_tile(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr, N_OUT, HALF,
+                          stride_xm, stride_qe, stride_qk, stride_se, stride_sg, stride_ym, e, row_start, row_end,
+                          pid_n, K, SMALL_M, BLOCK_N, AHEAD, GATHER, SWIGLU, ROW_SCALE, SCATTER, SCALED, num_warps)
+            elif ONLY == 1:
+                int4_tile(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr, N_OUT, HALF,
+                          stride_xm, stride_qe, stride_qk, stride_se, stride_sg, stride_ym, e, row_start, row_end,
+                          pid_n, K, MID_M, BLOCK_N, AHEAD, GATHER, SWIGLU, ROW_SCALE, SCATTER, SCALED, num_warps)
+            elif ONLY == 2:
+                int4_tile(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr, N_OUT, HALF,
+                          stride_xm, stride_qe, stride_qk, stride_se, stride_sg, stride_ym, e, row_start, row_end,
+                          pid_n, K, BLOCK_M, BLOCK_N, AHEAD, GATHER, SWIGLU, ROW_SCALE, SCATTER, SCALED, num_warps)
+            else:  # every kind in this launch, by a branch per program
+                if kind == 0:
+                    int4_tile(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr, N_OUT,
+                              HALF, stride_xm, stride_qe, stride_qk, stride_se, stride_sg, stride_ym, e, row_start,
+                              row_end, pid_n, K, SMALL_M, BLOCK_N, AHEAD, GATHER, SWIGLU, ROW_SCALE, SCATTER, SCALED,
+                              num_warps)
+                elif kind == 2:
+                    int4_tile(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr, N_OUT,
+                              HALF, stride_xm, stride_qe, stride_qk, stride_se, stride_sg, stride_ym, e, row_start,
+                              row_end, pid_n, K, BLOCK_M, BLOCK_N, AHEAD, GATHER, SWIGLU, ROW_SCALE, SCATTER, SCALED,
+                              num_warps)
+                else:
+                    if MID_M > 0:
+                        int4_tile(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr, N_OUT,
+                                  HALF, stride_xm, stride_qe, stride_qk, stride_se, stride_sg, stride_ym, e,
+                                  row_start, row_end, pid_n, K, MID_M, BLOCK_N, AHEAD, GATHER, SWIGLU, ROW_SCALE,
+                                  SCATTER, SCALED, num_warps)
 
     return int4_wgmma_kernel
 
@@ -224,20 +335,26 @@ def launch(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, y: Tensor,
            config: dict[str, Any], *, row_index: Tensor | None, swiglu: bool, row_scale: Tensor | None,
            row_dest: Tensor | None) -> Any:
     """Run the kernel over y's rows (int4_kernels.int4_grouped_mm checks the arguments, available() included, and calls
-    this)."""
+    this). config: BLOCK_M tokens x BLOCK_N weight rows, AHEAD; optional SMALL_M / MID_M (a tile size per expert:
+    gluon_common.tile_map), SPLIT (a launch per kind of tile), SCALED (the scale multiplied into the weights)."""
     e, _, n = qweight.shape
     s_rows = y.shape[0]
     n_out = n // 2 if swiglu else n
-    block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
-    grid = (triton.cdiv(n_out, block_n // 2 if swiglu else block_n), triton.cdiv(s_rows, block_m) + e)
-    return _kernel()[grid](
-        x, qweight, scales, zeros, y, offsets,
-        offsets if row_index is None else row_index, offsets if row_scale is None else row_scale,
-        offsets if row_dest is None else row_dest, n_out, n // 2,
-        x.stride(0), qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1), y.stride(0),
-        K=x.shape[1], E=e, E_P2=triton.next_power_of_2(e), BLOCK_M=block_m, BLOCK_N=block_n,
-        AHEAD=config["AHEAD"],
-        GATHER=row_index is not None, SWIGLU=swiglu, ROW_SCALE=row_scale is not None, SCATTER=row_dest is not None,
-        num_warps=config.get("num_warps", 4),  # one warpgroup: a 128-row tile is two MMAs per slice
-        **pdl.launch_args(x.device),
-    )
+    block_n = config["BLOCK_N"]
+    compiled = None
+    for kind in gluon_common.kinds(config):
+        grid = (triton.cdiv(n_out, block_n // 2 if swiglu else block_n), gluon_common.m_tiles(s_rows, e, config, kind))
+        compiled = _kernel()[grid](
+            x, qweight, scales, zeros, y, offsets,
+            offsets if row_index is None else row_index, offsets if row_scale is None else row_scale,
+            offsets if row_dest is None else row_dest, n_out, n // 2,
+            x.stride(0), qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1), y.stride(0),
+            K=x.shape[1], E=e, E_P2=triton.next_power_of_2(e), BLOCK_M=config["BLOCK_M"], BLOCK_N=block_n,
+            AHEAD=config["AHEAD"], SMALL_M=config.get("SMALL_M", 0), MID_M=config.get("MID_M", 0), ONLY=kind,
+            SCALED=int(config.get("SCALED", 0)),
+            GATHER=row_index is not None, SWIGLU=swiglu, ROW_SCALE=row_scale is not None,
+            SCATTER=row_dest is not None,
+            num_warps=config.get("num_warps", 4),  # one warpgroup: a 128-row tile is two MMAs per slice
+            **pdl.launch_args(x.device),
+        )
+    return compiled

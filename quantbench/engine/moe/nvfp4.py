@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from quantbench.engine import pdl
-from quantbench.engine.moe import nvfp4_wgmma
+from quantbench.engine.moe import gluon_common, nvfp4_wgmma
 from quantbench.engine.moe.engine import DenseExperts, ExpertsBase, stored_nbytes
 from quantbench.engine.moe.nvfp4_numbers import BLOCK, dequantize, fake_quantize_activations, quantize
 from quantbench.engine.triton_common import (
@@ -146,7 +146,7 @@ class Nvfp4Experts(ExpertsBase):
         gluon = config.get("KERNEL") == "gluon"
         if gluon != (self.layout == "wgmma"):
             self._relayout("wgmma" if gluon else "modelopt")
-        self.ran_kernel = nvfp4_wgmma.KERNEL if gluon else FUSED_KERNEL  # recorded per run
+        self.ran_kernel = gluon_common.kernel_name(nvfp4_wgmma.KERNEL, config) if gluon else FUSED_KERNEL  # per run
         return nvfp4_grouped_mm(x_sorted, self.packed, self.block_scale, self.global_scale, offsets, config,
                                 row_index=row_index, swiglu=act == "swiglu", row_scale=row_scale, row_dest=row_dest,
                                 layout=self.layout)
@@ -225,10 +225,15 @@ class Nvfp4Linear(nn.Module):
 # -- the fused Triton kernel ------------------------------------------------------------------------------------------
 # The Gluon kernel's tiles (nvfp4_wgmma: BLOCK_N weight rows, gate and up stacked for SwiGLU, x BLOCK_M tokens,
 # one warpgroup, AHEAD blocks of 128 columns copied ahead) per rows-per-expert bucket, as int4_kernels.WGMMA_TILES.
+# mid: a 16- / 32-token tile for experts with at most 16 / 32 rows (gluon_common.tile_map; bit-identical), on the
+# model's routing 2.634 against 2.671 ms for 8 layers and 110.5 / 67.9 against 117.0 / 70.5 us per layer
+# (benchmarks/tile_plans.py, H200, 2026-12-03); at batch 8 no faster (12.87 against 12.82 ms), so large keeps one size.
+# short-k: mid and large below gluon_common.PLAN_MIN_K inputs (the fixture, K 256) keep one tile size, as INT4.
 WGMMA_TILES: dict[str, dict[str, Any]] = {
     "small": dict(BLOCK_M=16, BLOCK_N=128, AHEAD=1),
-    "mid": dict(BLOCK_M=64, BLOCK_N=128, AHEAD=1),
+    "mid": dict(BLOCK_M=64, BLOCK_N=128, AHEAD=1, SMALL_M=16, MID_M=32),
     "large": dict(BLOCK_M=64, BLOCK_N=128, AHEAD=1),
+    "short-k": dict(BLOCK_M=64, BLOCK_N=128, AHEAD=1),
 }
 
 
@@ -243,7 +248,8 @@ def pick_config(rows: int, experts: int, n: int, k: int, device: torch.device | 
     routing weights + scatter 158.8 / 159.5 us, no better.)"""
     bucket = rows_bucket(rows, experts)
     if device is not None and nvfp4_wgmma.available(device, k):
-        return dict(WGMMA_TILES[bucket], KERNEL="gluon")
+        return dict(gluon_common.tiles_for("nvfp4", gluon_common.plan_bucket(bucket, k), WGMMA_TILES),
+                    KERNEL="gluon")
     block_k = 128 if k % 128 == 0 else 64 if k % 64 == 0 else 32 if k % 32 == 0 else 16
     if (n, k) == (1536, 2048) and bucket != "large":  # gate_up, gather + SwiGLU: 300.6 against 354.2 us
         return {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 2, "SWAP_AB": True}
@@ -395,13 +401,13 @@ if triton is not None:
 def nvfp4_grouped_mm(x: Tensor, packed: Tensor, block_scale: Tensor, global_scale: Tensor, offsets: Tensor,
                      config: dict[str, Any] | None = None, *, row_index: Tensor | None = None, swiglu: bool = False,
                      row_scale: Tensor | None = None, row_dest: Tensor | None = None,
-                     layout: str = "modelopt") -> Tensor:
+                     layout: str = "modelopt", out: Tensor | None = None) -> Tensor:
     """y[r] = x[r] @ W[e(r)].T for rows sorted by expert (offsets: cumulative row counts, int32), W packed NVFP4.
     row_index / swiglu / row_scale / row_dest: the engine's fused steps, as `int4_grouped_mm` takes them. A
     config with KERNEL="gluon" (pick_config's on an sm_90 GPU) runs nvfp4_wgmma's kernel, any other this file's.
     layout: the codes' order, "modelopt" (as stored) or "wgmma" (nvfp4_wgmma.repack's, what the Gluon kernel
     reads; ModelOpt's codes are repacked per call for it, a cost for benchmarks only: Nvfp4Experts keeps them
-    repacked)."""
+    repacked). out: the result's tensor ([S, N] or [S, N/2], x's dtype), Gluon kernel only."""
     e, n, _ = packed.shape
     k = x.shape[1]
     if layout not in ("modelopt", "wgmma"):
@@ -413,7 +419,7 @@ def nvfp4_grouped_mm(x: Tensor, packed: Tensor, block_scale: Tensor, global_scal
         packed = nvfp4_wgmma.repack(packed) if layout == "modelopt" else packed
         x = x.contiguous()
         s_rows = x.shape[0] if row_index is None else row_index.shape[0]
-        y = torch.empty(s_rows, n // 2 if swiglu else n, dtype=x.dtype, device=x.device)
+        y = torch.empty(s_rows, n // 2 if swiglu else n, dtype=x.dtype, device=x.device) if out is None else out
         if s_rows:
             nvfp4_wgmma.launch(x, packed, block_scale, global_scale, y, offsets, config, row_index=row_index,
                                swiglu=swiglu, row_scale=row_scale, row_dest=row_dest)

@@ -184,12 +184,13 @@ def _kernel() -> Any:
     scale_mul_c, out_mul_c = constexpr_function(scale_multiplier), constexpr_function(out_multiplier)
     shared = gluon_common.helpers()
     expert_tile, weight_columns = shared["expert_tile"], shared["weight_columns"]
+    expert_tile_sized = shared["expert_tile_sized"]
     token_pointers, copy_block, store_outputs = shared["token_pointers"], shared["copy_block"], shared["store_outputs"]
     # Gluon resolves names (annotations, callees, builtins) through the module's globals, not this closure
     pdl_open = pdl.gluon_open()  # the first statement of each kernel here (quantbench.engine.pdl)
     globals().update(gl=gl, cp=cp, fence_async_shared=fence_async_shared, warpgroup_mma=warpgroup_mma,
                      warpgroup_mma_wait=warpgroup_mma_wait, decode_asm_c=decode_asm_c,
-                     expert_tile=expert_tile, weight_columns=weight_columns,
+                     expert_tile=expert_tile, expert_tile_sized=expert_tile_sized, weight_columns=weight_columns,
                      token_pointers=token_pointers, copy_block=copy_block, store_outputs=store_outputs,
                      scale_mul_c=scale_mul_c, out_mul_c=out_mul_c, pdl_open=pdl_open)
 
@@ -206,15 +207,14 @@ def _kernel() -> Any:
     globals().update(slice_weights=slice_weights)
 
     @gluon.jit
-    def nvfp4_wgmma_kernel(
-        x_ptr, pw_ptr, bs_ptr, gs_ptr, y_ptr, offs_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr,
-        N_OUT, HALF,
-        stride_xm, stride_pe, stride_pn, stride_be, stride_bn, stride_ge, stride_ym,
-        K: gl.constexpr, E: gl.constexpr, E_P2: gl.constexpr,
-        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, AHEAD: gl.constexpr,
+    def nvfp4_tile(
+        x_ptr, pw_ptr, bs_ptr, gs_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr, N_OUT, HALF,
+        stride_xm, stride_pe, stride_pn, stride_be, stride_bn, stride_ge, stride_ym, e, row_start, row_end, pid_n,
+        K: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, AHEAD: gl.constexpr,
         GATHER: gl.constexpr, SWIGLU: gl.constexpr, ROW_SCALE: gl.constexpr, SCATTER: gl.constexpr,
-        PDL: gl.constexpr, num_warps: gl.constexpr,
+        num_warps: gl.constexpr,
     ):
+        """One program's tile: BLOCK_N weight rows of expert e times its rows row_start .. (at most BLOCK_M)."""
         SUB: gl.constexpr = 16
         STAGES: gl.constexpr = AHEAD + 2  # block i rewrites block i-2's stage (block i-1's last MMA may still run)
         K16: gl.constexpr = K // 16  # block scales per row
@@ -237,11 +237,6 @@ def _kernel() -> Any:
         t_shared: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
         t_row: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
 
-        pdl_open(PDL)  # launched early (quantbench.engine.pdl): wait for the kernel before, first
-        pid_n = gl.program_id(0)
-        e, row_start, row_end = expert_tile(offs_ptr, gl.program_id(1), E, E_P2, BLOCK_M, num_warps)
-        if e >= E:  # a spare M tile past the last expert's rows
-            return
         e64 = e.to(gl.int64)
 
         # the tokens: row pointers (gathered when GATHER) for cp.async, zero-filled past the tile's rows
@@ -306,6 +301,66 @@ def _kernel() -> Any:
         store_outputs(acc, y_ptr, rowscale_ptr, rowdest_ptr, row_start, row_end, pid_n, N_OUT, stride_ym, BLOCK_M,
                       BLOCK_N, SWIGLU, ROW_SCALE, SCATTER, dtype == gl.bfloat16, num_warps)
 
+    globals().update(nvfp4_tile=nvfp4_tile)
+
+    @gluon.jit
+    def nvfp4_wgmma_kernel(
+        x_ptr, pw_ptr, bs_ptr, gs_ptr, y_ptr, offs_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr,
+        N_OUT, HALF,
+        stride_xm, stride_pe, stride_pn, stride_be, stride_bn, stride_ge, stride_ym,
+        K: gl.constexpr, E: gl.constexpr, E_P2: gl.constexpr,
+        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, AHEAD: gl.constexpr,
+        SMALL_M: gl.constexpr, MID_M: gl.constexpr, ONLY: gl.constexpr,
+        GATHER: gl.constexpr, SWIGLU: gl.constexpr, ROW_SCALE: gl.constexpr, SCATTER: gl.constexpr,
+        PDL: gl.constexpr, num_warps: gl.constexpr,
+    ):
+        pdl_open(PDL)  # launched early (quantbench.engine.pdl): wait for the kernel before, first
+        pid_n = gl.program_id(0)
+        if SMALL_M == 0:  # one tile size for every expert
+            e, row_start, row_end = expert_tile(offs_ptr, gl.program_id(1), E, E_P2, BLOCK_M, num_warps)
+            if e >= E:  # a spare M tile past the last expert's rows
+                return
+            nvfp4_tile(x_ptr, pw_ptr, bs_ptr, gs_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr, N_OUT, HALF,
+                       stride_xm, stride_pe, stride_pn, stride_be, stride_bn, stride_ge, stride_ym, e, row_start,
+                       row_end, pid_n, K, BLOCK_M, BLOCK_N, AHEAD, GATHER, SWIGLU, ROW_SCALE, SCATTER, num_warps)
+        else:  # a tile size per expert by its rows (gluon_common.kinds); ONLY >= 0: that kind alone
+            e, row_start, row_end, kind = expert_tile_sized(offs_ptr, gl.program_id(1), E, E_P2, BLOCK_M,
+                                                            SMALL_M, MID_M, ONLY, num_warps)
+            if e >= E:
+                return
+            if ONLY == 0:
+                nvfp4_tile(x_ptr, pw_ptr, bs_ptr, gs_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr, N_OUT,
+                           HALF, stride_xm, stride_pe, stride_pn, stride_be, stride_bn, stride_ge, stride_ym, e,
+                           row_start, row_end, pid_n, K, SMALL_M, BLOCK_N, AHEAD, GATHER, SWIGLU, ROW_SCALE,
+                           SCATTER, num_warps)
+            elif ONLY == 1:
+                nvfp4_tile(x_ptr, pw_ptr, bs_ptr, gs_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr, N_OUT,
+                           HALF, stride_xm, stride_pe, stride_pn, stride_be, stride_bn, stride_ge, stride_ym, e,
+                           row_start, row_end, pid_n, K, MID_M, BLOCK_N, AHEAD, GATHER, SWIGLU, ROW_SCALE,
+                           SCATTER, num_warps)
+            elif ONLY == 2:
+                nvfp4_tile(x_ptr, pw_ptr, bs_ptr, gs_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr, N_OUT,
+                           HALF, stride_xm, stride_pe, stride_pn, stride_be, stride_bn, stride_ge, stride_ym, e,
+                           row_start, row_end, pid_n, K, BLOCK_M, BLOCK_N, AHEAD, GATHER, SWIGLU, ROW_SCALE,
+                           SCATTER, num_warps)
+            else:  # every kind in this launch, by a branch per program
+                if kind == 0:
+                    nvfp4_tile(x_ptr, pw_ptr, bs_ptr, gs_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr, N_OUT,
+                               HALF, stride_xm, stride_pe, stride_pn, stride_be, stride_bn, stride_ge, stride_ym, e,
+                               row_start, row_end, pid_n, K, SMALL_M, BLOCK_N, AHEAD, GATHER, SWIGLU, ROW_SCALE,
+                               SCATTER, num_warps)
+                elif kind == 2:
+                    nvfp4_tile(x_ptr, pw_ptr, bs_ptr, gs_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr, N_OUT,
+                               HALF, stride_xm, stride_pe, stride_pn, stride_be, stride_bn, stride_ge, stride_ym, e,
+                               row_start, row_end, pid_n, K, BLOCK_M, BLOCK_N, AHEAD, GATHER, SWIGLU, ROW_SCALE,
+                               SCATTER, num_warps)
+                else:
+                    if MID_M > 0:
+                        nvfp4_tile(x_ptr, pw_ptr, bs_ptr, gs_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr,
+                                   N_OUT, HALF, stride_xm, stride_pe, stride_pn, stride_be, stride_bn, stride_ge,
+                                   stride_ym, e, row_start, row_end, pid_n, K, MID_M, BLOCK_N, AHEAD, GATHER, SWIGLU,
+                                   ROW_SCALE, SCATTER, num_warps)
+
     return nvfp4_wgmma_kernel
 
 
@@ -313,19 +368,23 @@ def launch(x: Tensor, packed: Tensor, block_scale: Tensor, global_scale: Tensor,
            config: dict[str, Any], *, row_index: Tensor | None, swiglu: bool, row_scale: Tensor | None,
            row_dest: Tensor | None) -> Any:
     """Run the kernel over y's rows; `packed` in repack's layout (nvfp4.nvfp4_grouped_mm checks the arguments
-    and calls this)."""
+    and calls this). config as int4_wgmma.launch's (SMALL_M / MID_M / SPLIT: a tile size per expert), no SCALED."""
     e, n, _ = packed.shape
     words = packed.view(torch.int32)  # [E, N, K/8]: 8 codes per word
     n_out = n // 2 if swiglu else n
-    block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
-    grid = (triton.cdiv(n_out, block_n // 2 if swiglu else block_n), triton.cdiv(y.shape[0], block_m) + e)
-    return _kernel()[grid](
-        x, words, block_scale, global_scale, y, offsets,
-        offsets if row_index is None else row_index, offsets if row_scale is None else row_scale,
-        offsets if row_dest is None else row_dest, n_out, n // 2,
-        x.stride(0), words.stride(0), words.stride(1), block_scale.stride(0), block_scale.stride(1),
-        global_scale.stride(0), y.stride(0),
-        K=x.shape[1], E=e, E_P2=triton.next_power_of_2(e), BLOCK_M=block_m, BLOCK_N=block_n, AHEAD=config["AHEAD"],
-        GATHER=row_index is not None, SWIGLU=swiglu, ROW_SCALE=row_scale is not None, SCATTER=row_dest is not None,
-        num_warps=config.get("num_warps", 4), **pdl.launch_args(x.device),
-    )
+    block_n = config["BLOCK_N"]
+    compiled = None
+    for kind in gluon_common.kinds(config):
+        grid = (triton.cdiv(n_out, block_n // 2 if swiglu else block_n), gluon_common.m_tiles(y.shape[0], e, config, kind))
+        compiled = _kernel()[grid](
+            x, words, block_scale, global_scale, y, offsets,
+            offsets if row_index is None else row_index, offsets if row_scale is None else row_scale,
+            offsets if row_dest is None else row_dest, n_out, n // 2,
+            x.stride(0), words.stride(0), words.stride(1), block_scale.stride(0), block_scale.stride(1),
+            global_scale.stride(0), y.stride(0),
+            K=x.shape[1], E=e, E_P2=triton.next_power_of_2(e), BLOCK_M=config["BLOCK_M"], BLOCK_N=block_n,
+            AHEAD=config["AHEAD"], SMALL_M=config.get("SMALL_M", 0), MID_M=config.get("MID_M", 0), ONLY=kind,
+            GATHER=row_index is not None, SWIGLU=swiglu, ROW_SCALE=row_scale is not None,
+            SCATTER=row_dest is not None, num_warps=config.get("num_warps", 4), **pdl.launch_args(x.device),
+        )
+    return compiled
