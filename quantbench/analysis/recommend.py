@@ -23,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from quantbench.analysis import efficiency, parity
+from quantbench.analysis import efficiency, parity, provenance
 from quantbench.analysis import stats as an
 from quantbench.analysis.parity import Comparison, FloorStats
 from quantbench.analysis.stats import ParityError
@@ -209,8 +209,9 @@ def _groups(runs: list[dict[str, Any]]) -> tuple[dict[tuple, list[dict[str, Any]
 
 def stored_runs(store: Store) -> list[dict[str, Any]]:
     """Every run, oldest first, with its latency summary, batch size and decisions_per_s
-    (quantbench.store.queries.runs_with_latency), as records."""
-    return parity.records(queries.runs_with_latency(store))
+    (quantbench.store.queries.runs_with_latency) and where it came from (quantbench.analysis.provenance), as
+    records."""
+    return provenance.attach(store, parity.records(queries.runs_with_latency(store)))
 
 
 def _pair_with_bases(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:

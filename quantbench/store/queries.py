@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import duckdb
 import pandas as pd
 
 from quantbench.store import Store
@@ -49,7 +50,7 @@ RUNS_WITH_LATENCY = (
     "WITH b AS (SELECT run_id, max(batch) AS batch FROM latencies GROUP BY run_id), "
     "t AS (SELECT l.run_id, count(*) / (sum(l.model_ms / l.batch) / 1000) AS decisions_per_s "
     "      FROM latencies l JOIN b ON l.run_id = b.run_id AND l.batch = b.batch GROUP BY l.run_id) "
-    "SELECT r.*, l.p50_ms, l.p90_ms, l.mean_ms, l.n_timed, b.batch, t.decisions_per_s FROM runs r "
+    "SELECT r.*, l.p50_ms, l.p90_ms, l.p99_ms, l.mean_ms, l.n_timed, b.batch, t.decisions_per_s FROM runs r "
     "LEFT JOIN run_latency l USING (run_id) LEFT JOIN b USING (run_id) LEFT JOIN t USING (run_id) "
 )
 
@@ -130,3 +131,39 @@ def latencies(store: Store, run_ids: Iterable[str]) -> pd.DataFrame:
     return store.read(
         "SELECT CAST(run_id AS VARCHAR) AS run_id, seq, phase, model_ms, prep_ms, tokens, batch FROM latencies "
         "WHERE list_contains(?, CAST(run_id AS VARCHAR)) ORDER BY run_id, seq", [list(run_ids)])
+
+
+# -- where runs came from (quantbench.store.home, quantbench.store.bundle) -------------------------------------
+RUN_SOURCE_COLS = ("run_id, store, store_kind, bundle_id, bundle, bundle_host, bundle_published_at, pulled_from, "
+                   "pulled_at")
+
+
+def run_sources(store: Store) -> pd.DataFrame:
+    """Per run read from several stores, or brought by a pulled bundle: the store it is read from and its bundle
+    (`run_source`). A store from before schema 8 has no bundles: an empty frame."""
+    try:
+        return store.read(f"SELECT {RUN_SOURCE_COLS} FROM run_source")
+    except duckdb.CatalogException:
+        return pd.DataFrame(columns=[c.strip() for c in RUN_SOURCE_COLS.split(",")])
+
+
+def run_summaries_with_sources(store: Store) -> pd.DataFrame:
+    """Every run's `run_summary` row with its source columns (run_source) and its p99, oldest first."""
+    try:
+        return store.read("SELECT s.*, src.* EXCLUDE (run_id) FROM run_summary s LEFT JOIN run_source src "
+                          "USING (run_id) ORDER BY s.created_at")
+    except duckdb.CatalogException:
+        return store.read("SELECT * FROM run_summary ORDER BY created_at")
+
+
+def bundles(store: Store) -> pd.DataFrame:
+    """The bundles pulled into the store (schema 8), oldest first, with how many runs each carried and added."""
+    try:
+        return store.read(
+            "SELECT b.bundle_id, b.name, b.publisher_host, b.published_at, b.quantbench_version, b.quantbench_git_rev, "
+            "b.pulled_from, b.pulled_at, b.digest, count(i.item_id) FILTER (WHERE i.kind = 'run') AS runs, "
+            "count(i.item_id) FILTER (WHERE i.kind = 'run' AND i.added) AS runs_added, "
+            "count(i.item_id) FILTER (WHERE i.kind = 'load_run') AS load_runs "
+            "FROM bundles b LEFT JOIN bundle_items i USING (bundle_id) GROUP BY ALL ORDER BY b.pulled_at")
+    except duckdb.CatalogException:
+        return pd.DataFrame()
