@@ -27,7 +27,7 @@ def source_text(run: dict[str, Any]) -> str:
     if bundle:
         by = run.get("bundle_host")
         day = _day(run.get("bundle_published_at"))
-        detail = ", ".join(x for x in (f"published by {by}" if by else None, f"on {day}" if day else None) if x)
+        detail = " ".join(x for x in (f"published by {by}" if by else None, f"on {day}" if day else None) if x)
         return f"bundle {bundle}" + (f" ({detail})" if detail else "")
     return str(run.get("store") or "this store")
 

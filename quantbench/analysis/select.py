@@ -122,3 +122,74 @@ def select_run(store: Store, selector: str, run_filter: RunFilter = RunFilter(),
             f"{newest.get('model_id')} on {parity.gpu_label(newest)}, {pd.Timestamp(newest['created_at']):%Y-%m-%d %H:%M}"
             f" (the newest{where}" + (f", of {others + 1} matching" if others else "") + ")")
     return str(newest["run_id"]), note
+
+
+# -- what `quantbench publish` puts in a bundle ---------------------------------------------------------------
+@dataclass(frozen=True)
+class BundleChoice:
+    """The runs and load runs a bundle will hold, and the filters that chose them (kept in its manifest)."""
+
+    run_ids: list[str]
+    load_ids: list[str]
+    selection: dict[str, Any]
+    gpus: list[str]  # what the runs ran on, for the bundle's default name
+
+
+def sweep_name(sweep: str) -> str:
+    """`--sweep`: a sweep's name, or its .toml file (its `name`, else the file's stem, as the sweep names runs)."""
+    from pathlib import Path
+
+    path = Path(sweep)
+    if path.suffix == ".toml" and path.is_file():
+        import tomllib
+
+        try:
+            return str(tomllib.loads(path.read_text()).get("name") or path.stem)
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"--sweep {sweep}: not a TOML file ({e})") from None
+    return sweep
+
+
+def bundle_choice(store: Store, run_filter: RunFilter, *, suite: str | None = None, sweep: str | None = None,
+                  since: str | None = None, with_failed: bool = False, load_runs: bool = True) -> BundleChoice:
+    """The runs of `store` that pass the filters (successful ones unless `with_failed`; `suite` a suite id or the
+    start of its hash; `sweep` the runs a sweep of that name made), and the load runs of the same models, GPUs and
+    suites (none with `sweep`, or without `load_runs`)."""
+    from quantbench.analysis.recommend import since_filter
+    from quantbench.store import load as load_store
+
+    after = since_filter(since)
+    name = sweep_name(sweep) if sweep else None
+    chosen = []
+    for run in parity.records(queries.runs_with_latency(store)):
+        if not run_filter.matches(run) or (run.get("status") != "ok" and not with_failed):
+            continue
+        if suite and suite != run.get("suite_id") and not str(run.get("suite_hash") or "").startswith(suite):
+            continue
+        if after is not None and (run.get("created_at") is None or pd.Timestamp(run["created_at"]) < after):
+            continue
+        if name and not str(parity.spec_of(run).get("notes") or "").startswith(f"sweep {name}:"):
+            continue
+        chosen.append(run)
+    loads: list[dict[str, Any]] = []
+    if load_runs and not name and load_store.has_load_tables(store):
+        gpus = {str(r.get("gpu_name")) for r in parity.records(queries.runs_with_latency(store))
+                if r.get("gpu_name") and (not run_filter.gpu or matches_gpu(r, run_filter.gpu))}
+        for lr in parity.records(load_store.load_runs(store)):
+            server_gpu = str(lr.get("server_gpu") or "")
+            if run_filter.gpu and server_gpu not in gpus and run_filter.gpu.lower() not in server_gpu.lower():
+                continue
+            if run_filter.model and run_filter.model.lower() not in str(lr.get("server_model") or "").lower():
+                continue
+            if run_filter.variant and run_filter.variant.lower() != str(lr.get("server_variant") or "").lower():
+                continue
+            if suite and suite != lr.get("requests_from") and not str(lr.get("suite_hash") or "").startswith(suite):
+                continue
+            if after is not None and pd.Timestamp(lr["created_at"]) < after:
+                continue
+            loads.append(lr)
+    selection = {k: v for k, v in (("model", run_filter.model), ("gpu", run_filter.gpu), ("variant", run_filter.variant),
+                                   ("suite", suite), ("sweep", name), ("since", since)) if v}
+    selection["with_failed"] = with_failed
+    gpus_of = sorted({parity.gpu_label(r) for r in chosen})
+    return BundleChoice([str(r["run_id"]) for r in chosen], [str(lr["load_id"]) for lr in loads], selection, gpus_of)
