@@ -82,13 +82,14 @@ def summaries(store: Store, run_filter: RunFilter) -> pd.DataFrame:
     return out
 
 
-def select_run(store: Store, selector: str, run_filter: RunFilter = RunFilter(), prefer_here: bool = True,
+def select_run(store: Store, selector: str, run_filter: RunFilter | None = None, prefer_here: bool = True,
                trained_only: bool = True) -> tuple[str, str]:
     """The run `selector` names: a run id (or a unique prefix), else a variant or backend (`int4`, `nvfp4`), the
     newest successful run of it that passes `run_filter` (noise-floor runs only when the selector says
     `noise-floor`), of trained weights when there are any (`trained_only`: a synthetic run has no quality to
     compare). Without a --gpu in the filter, this machine's runs come first when it has any. Returns
     (run id, one line saying which run was chosen and why)."""
+    run_filter = run_filter or RunFilter()
     key = selector.strip().lower()
     if RUN_ID.match(key):
         found = queries.runs_by_id_prefix(store, key)

@@ -50,13 +50,13 @@ class Limits:
 
 
 @contextmanager
-def staged(source: str, limits: Limits = Limits()) -> Iterator[Path]:
+def staged(source: str, limits: Limits | None = None) -> Iterator[Path]:
     """The bundle's files copied into a private temporary folder (removed afterwards); yields that folder."""
     tmp = Path(tempfile.mkdtemp(prefix="quantbench-pull-"))
     try:
         folder = tmp / "bundle"
         folder.mkdir()
-        budget = _Budget(limits, source)
+        budget = _Budget(limits or Limits(), source)
         if urlsplit(source).scheme in ("http", "https"):
             _from_url(source, folder, tmp, budget)
         elif urlsplit(source).scheme not in ("", "file") and not Path(source).exists():

@@ -28,7 +28,16 @@ import duckdb
 import pandas as pd
 
 from quantbench.store import SCHEMA_VERSION, Store
-from quantbench.store.bundle import FILES, FORMAT, FORMAT_VERSION, LOAD_FILES, MANIFEST, RUN_FILES, BundleError, sha256_file
+from quantbench.store.bundle import (
+    FILES,
+    FORMAT,
+    FORMAT_VERSION,
+    LOAD_FILES,
+    MANIFEST,
+    RUN_FILES,
+    BundleError,
+    sha256_file,
+)
 from quantbench.store.fetch import Limits, staged
 from quantbench.store.schema import MIGRATIONS
 
@@ -75,9 +84,9 @@ class PullSummary:
         return self.load_runs_in_bundle - self.load_runs_added
 
 
-def pull(store: Store, source: str, limits: Limits = Limits(), expect_sha256: str | None = None) -> PullSummary:
+def pull(store: Store, source: str, limits: Limits | None = None, expect_sha256: str | None = None) -> PullSummary:
     """Fetch, verify and merge one bundle into `store` (see the module's docstring)."""
-    with staged(source, limits) as folder:
+    with staged(source, limits or Limits()) as folder:
         verified = verify(folder, source, expect_sha256)
         return merge(store, folder, verified, source)
 
