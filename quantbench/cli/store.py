@@ -223,3 +223,51 @@ def _print_merged_load_runs(summary) -> None:
         for n, variant, gpu, kernel, host in s.load_added:
             out.print(f"  {n} × {variant or 'a server'} on {gpu or 'an unnamed device'}"
                       + (f" ({kernel})" if kernel else "") + f", measured from {host}", markup=False, soft_wrap=True)
+
+
+def recommend(
+    gpu: Annotated[str | None, typer.Option(help="A GPU family (hopper, cpu …), part of a GPU name, or all. Default: "
+                                                 "this machine's GPU (or CPU) when the store has runs of it, else all")] = None,
+    max_latency_ms: Annotated[float | None, typer.Option(help="Latency target per decision (ms) at --concurrency clients")] = None,
+    concurrency: Annotated[int, typer.Option(help="Clients in flight the latency target holds at (from load runs where they exist, else batch-1 figures)")] = 1,
+    percentile: Annotated[int, typer.Option(help="The latency percentile the target is for: 50, 90 or 99")] = 50,
+    max_vram_gib: Annotated[float | None, typer.Option(help="Peak VRAM budget (GiB); peak host RSS on a CPU")] = None,
+    max_energy_j: Annotated[float | None, typer.Option(help="Energy budget per decision (J), GPU runs")] = None,
+    margin: Annotated[float, typer.Option(help="Quality margin per modality: agreement a variant may lose beyond the noise floor's (0.02 = 2 points)")] = 0.02,
+    min_agreement: Annotated[float, typer.Option(help="Minimum agreement with BF16 (0.95 or 95)")] = 0.95,
+    objective: Annotated[str, typer.Option(help="Among the variants that qualify: memory (smallest weights) | latency | energy")] = "memory",
+    model: Annotated[str | None, typer.Option(help="Only this model id (or part of it)")] = None,
+    since: Annotated[str | None, typer.Option(help="Only runs made at or after this date / ISO time (UTC)")] = None,
+    synthetic: Annotated[bool, typer.Option("--synthetic", help="List the tables of synthetic (random) weights too (speed and memory only: never a pick)")] = False,
+    fmt: Annotated[str, typer.Option("--format", help="text | json")] = "text",
+    db: DbOpt = None,
+    shared: SharedOpt = None,
+) -> None:
+    """One pick per GPU under your constraints (latency at a concurrency, VRAM, energy, quality per modality), with
+    the evidence for it, or which constraint no variant meets. Exits 1 when nothing qualifies anywhere."""
+    from quantbench.analysis.constraints import Constraints, answer  # lazy: a fast --help
+    from quantbench.report.constraints_text import answers_text
+
+    try:
+        if fmt not in ("text", "json"):
+            raise ConfigError(f"--format {fmt!r}: use text or json")
+        if 1.0 < min_agreement <= 100.0:
+            min_agreement /= 100.0  # --min-agreement 95 means 95%
+        c = Constraints(max_latency_ms=max_latency_ms, concurrency=concurrency, percentile=percentile,
+                        max_vram_gib=max_vram_gib, max_energy_j=max_energy_j, margin=margin,
+                        min_agreement=min_agreement, objective=objective)
+        store = _reading(db, shared)
+        gpu, host = _default_gpu(store, gpu, "recommend")
+        answers = answer(store, c, gpu=gpu, host=host, model=model, since=since)
+        if not answers:
+            raise ConfigError(f"no runs match in {store.describe()}" + (f" for --gpu {gpu}" if gpu else "")
+                              + "; `quantbench runs` lists what the store holds")
+    except QuantbenchError as e:
+        _fail(e)
+    if fmt == "json":
+        print(json.dumps({"constraints": c.describe(), "answers": [a.as_dict() for a in answers]}, indent=2,
+                         default=str))
+    else:
+        print(answers_text(answers, synthetic), end="")
+    if not any(a.pick for a in answers):
+        raise typer.Exit(1)

@@ -167,3 +167,17 @@ def bundles(store: Store) -> pd.DataFrame:
             "FROM bundles b LEFT JOIN bundle_items i USING (bundle_id) GROUP BY ALL ORDER BY b.pulled_at")
     except duckdb.CatalogException:
         return pd.DataFrame()
+
+
+def closed_loop_steps(store: Store) -> pd.DataFrame:
+    """Every closed-loop load step (a concurrency) with its load run's server and suite, newest load run first:
+    the latency of a variant at N clients, where `quantbench load` measured it. A store from before schema 6: empty."""
+    try:
+        return store.read(
+            "SELECT CAST(s.load_id AS VARCHAR) AS load_id, s.step, s.concurrency, s.ok, s.sent, s.decisions_per_s, "
+            "s.p50_ms, s.p90_ms, s.p99_ms, s.errors, r.server_model, r.server_variant, r.server_kernel_path, "
+            "r.server_gpu, r.suite_hash, r.requests_from, r.created_at, r.host FROM load_steps s "
+            "JOIN load_runs r USING (load_id) WHERE r.mode = 'closed' AND s.concurrency IS NOT NULL "
+            "ORDER BY r.created_at DESC, s.step")
+    except duckdb.CatalogException:
+        return pd.DataFrame()
