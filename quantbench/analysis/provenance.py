@@ -42,10 +42,13 @@ def origin_text(run: dict[str, Any]) -> str:
 def attach(store: Store, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Give every run dict its source columns (SOURCE_COLUMNS) and `source`, the text of source_text."""
     by_id = {str(r["run_id"]): r for r in records(queries.run_sources(store))}
+    own = store.sources[0]  # a store read alone: its runs are "your store" or "this store"
     for run in runs:
         found = by_id.get(str(run["run_id"]), {})
         for col in SOURCE_COLUMNS:
             run[col] = found.get(col)
+        run["store"] = run["store"] or own.label
+        run["store_kind"] = run["store_kind"] or own.kind
         run["source"] = source_text(run)
     return runs
 
