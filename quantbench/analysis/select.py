@@ -114,7 +114,7 @@ def select_run(store: Store, selector: str, run_filter: RunFilter | None = None,
     if not runs:
         raise ParityError(
             f"no {'successful ' if wanted.status == 'ok' else ''}run matches {selector!r}"
-            + (f" with {run_filter.describe()}" if run_filter.describe() != "no filter" else "")
+            + (f" ({run_filter.describe()})" if run_filter.describe() != "no filter" else "")
             + f" in {store.describe()}; give a run id, or a variant or backend that `quantbench runs` lists "
               "(int4, fp8, nvfp4-packed ...), and --gpu / --model to narrow it")
     newest = max(runs, key=lambda r: str(r.get("created_at")))

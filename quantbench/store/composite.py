@@ -109,7 +109,7 @@ def _as_current(con: duckdb.DuckDBPyConnection, catalog: str, table: str) -> str
 
 def _run_source(sources: list[Source], held: list[tuple[str, set[str]]]) -> str:
     """`run_source` over several stores: the store each run is read from (its kind and label) and, when that store
-    pulled it in a bundle, the bundle (VIEWS' own `run_source` knows bundles only)."""
+    pulled it in a bundle, the bundle (schema.RUN_SOURCE says the same of one store)."""
     parts = []
     for i, ((name, tables), source) in enumerate(zip(held, sources, strict=True)):
         if "runs" not in tables:

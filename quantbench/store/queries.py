@@ -14,6 +14,7 @@ import duckdb
 import pandas as pd
 
 from quantbench.store import Store
+from quantbench.store.schema import RUN_SOURCE
 
 ANSWER_COLS = "record_id, question, benchmark, modality, options, probs, top, gold"
 
@@ -138,19 +139,25 @@ RUN_SOURCE_COLS = ("run_id, store, store_kind, bundle_id, bundle, bundle_host, b
                    "pulled_at")
 
 
+def _run_source(store: Store) -> str:
+    """The relation of run sources: the composite's `run_source` view over several stores, else the bundles this
+    store pulled (schema.RUN_SOURCE)."""
+    return "run_source" if store.beside else f"({RUN_SOURCE})"
+
+
 def run_sources(store: Store) -> pd.DataFrame:
-    """Per run read from several stores, or brought by a pulled bundle: the store it is read from and its bundle
-    (`run_source`). A store from before schema 8 has no bundles: an empty frame."""
+    """Per run read from several stores, or brought by a pulled bundle: the store it is read from and its bundle.
+    A store from before schema 8 has no bundles: an empty frame."""
     try:
-        return store.read(f"SELECT {RUN_SOURCE_COLS} FROM run_source")
+        return store.read(f"SELECT {RUN_SOURCE_COLS} FROM {_run_source(store)}")
     except duckdb.CatalogException:
         return pd.DataFrame(columns=[c.strip() for c in RUN_SOURCE_COLS.split(",")])
 
 
 def run_summaries_with_sources(store: Store) -> pd.DataFrame:
-    """Every run's `run_summary` row with its source columns (run_source) and its p99, oldest first."""
+    """Every run's `run_summary` row with its source columns and its p99, oldest first."""
     try:
-        return store.read("SELECT s.*, src.* EXCLUDE (run_id) FROM run_summary s LEFT JOIN run_source src "
+        return store.read(f"SELECT s.*, src.* EXCLUDE (run_id) FROM run_summary s LEFT JOIN {_run_source(store)} src "
                           "USING (run_id) ORDER BY s.created_at")
     except duckdb.CatalogException:
         return store.read("SELECT * FROM run_summary ORDER BY created_at")

@@ -232,12 +232,16 @@ SELECT r.run_id, r.created_at, r.status, r.failure, r.backend, r.variant, r.role
 FROM runs r
 LEFT JOIN run_accuracy a USING (run_id)
 LEFT JOIN run_latency l USING (run_id);
+"""
 
-CREATE OR REPLACE VIEW run_source AS
+# Where each run of one store came from: the bundle that added it (schema 8). Not one of VIEWS, which an older
+# store's own quantbench made without the bundle tables; quantbench.store.composite defines `run_source` over
+# several stores, with the store each run is read from.
+RUN_SOURCE = """
 SELECT i.item_id AS run_id, NULL::VARCHAR AS store, NULL::VARCHAR AS store_kind, b.bundle_id, b.name AS bundle,
        b.publisher_host AS bundle_host, b.published_at AS bundle_published_at, b.pulled_from, b.pulled_at
 FROM bundle_items i JOIN bundles b USING (bundle_id)
-WHERE i.kind = 'run' AND i.added;
+WHERE i.kind = 'run' AND i.added
 """
 
 SCHEMA_VERSION = len(MIGRATIONS)
