@@ -130,6 +130,11 @@ def test_compare_takes_a_variant_the_newest_on_this_machine_first(lab, monkeypat
     here = CliRunner().invoke(app, ["compare", "int4", "--format", "json", *db])
     assert json.loads(here.stdout)["candidate"]["gpu_name"] == "NVIDIA H200"
     assert "(the newest on this machine, NVIDIA H200 (hopper))" in here.stderr
+    named = CliRunner().invoke(app, ["compare", "int4", "--gpu", "cpu", "--reference", "bf16", "--noise-floor",
+                                     "noise-floor", "--format", "json", *db])
+    data = json.loads(named.stdout)
+    assert data["reference"]["role"] == "reference" and data["noise_floor"]["run"]["role"] == "noise_floor"
+    assert data["noise_floor"]["run"]["host"] == "ci-runner"
     nothing = CliRunner().invoke(app, ["compare", "int8", *db], env={"COLUMNS": "400"})
     assert nothing.exit_code == 2 and "no successful run matches 'int8'" in nothing.output
 

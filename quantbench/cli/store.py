@@ -79,7 +79,7 @@ def compare(
                                                "(int4, nvfp4-unpacked): its newest successful run, on this machine "
                                                "when it has one (--gpu / --model narrow it)")],
     reference: Annotated[str | None, typer.Option(help="Reference run or variant (default: BF16 of the same model, suite, GPU)")] = None,
-    noise_floor: Annotated[str | None, typer.Option(help="Noise-floor run (default: the reference's)")] = None,
+    noise_floor: Annotated[str | None, typer.Option(help="Noise-floor run, or `noise-floor`: the newest one (default: the reference's)")] = None,
     gpu: Annotated[str | None, typer.Option(help="Choose the runs named by variant on this GPU (cpu, a family, part of its name)")] = None,
     model: Annotated[str | None, typer.Option(help="Choose the runs named by variant of this model (or part of its id)")] = None,
     fmt: Annotated[str, typer.Option("--format", help="table | json")] = "table",
@@ -104,9 +104,11 @@ def compare(
         store = _reading(db, shared)
         chosen = RunFilter(model=model, gpu=gpu)
         run_id, note = select_run(store, run_id, chosen)
-        if reference:
-            reference, ref_note = select_run(store, reference, chosen)
-            note = "; ".join(n for n in (note, ref_note) if n)
+        for flag, given in (("reference", reference), ("noise_floor", noise_floor)):
+            if given:  # a run id, or a variant (`--reference bf16`, `--noise-floor noise-floor`): its newest run
+                picked, picked_note = select_run(store, given, chosen)
+                reference, noise_floor = (picked, noise_floor) if flag == "reference" else (reference, picked)
+                note = "; ".join(n for n in (note, picked_note) if n)
         if note:
             err.print(note, markup=False, soft_wrap=True, highlight=False)
         comp = compare_runs(store, run_id, reference, noise_floor, margins=Margins(margin_agreement, margin_tv))
