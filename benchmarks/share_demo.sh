@@ -60,13 +60,15 @@ qb pull "$base/cpu-cut.tar.gz" --db "$third" || echo "(exit $?)"
 
 step quantbench sources --db third.duckdb
 qb sources --db "$third"
-step quantbench runs --db third.duckdb --model 9af210da --status ok --last 0 --format csv "| cut -d, -f5,6,15,16,... (variant, where, host, from)"
+step quantbench runs --db third.duckdb --model 9af210da --status ok --last 0 --format csv "  # variant | GPU | host | day | from"
 qb runs --db "$third" --model 9af210da --status ok --last 0 --format csv \
   | python3 -c 'import csv,sys; r=list(csv.DictReader(sys.stdin)); [print(x["variant"], x["gpu_name"] or "cpu", x["host"], x["created_at"][:10], x["source"], sep=" | ") for x in r[-12:]]'
 step quantbench report --db third.duckdb --gpu all --model 9af210da "| grep '^###\|Recommended\|Sources'"
 qb report --db "$third" --gpu all --model 9af210da | grep -E '^###|^\*\*Recommended|Sources:|^\| \*\*Pick' | cut -c1-400
 step quantbench recommend --db third.duckdb --gpu all --max-latency-ms 20 --max-vram-gib 2
 qb recommend --db "$third" --gpu all --max-latency-ms 20 --max-vram-gib 2 | cut -c1-600 || echo "(exit $?)"
+step quantbench recommend --db third.duckdb --gpu all --max-latency-ms 200 --max-vram-gib 2
+qb recommend --db "$third" --gpu all --max-latency-ms 200 --max-vram-gib 2 | cut -c1-600 || echo "(exit $?)"
 step quantbench recommend --db third.duckdb --gpu all --max-latency-ms 0.3 --concurrency 8 --max-vram-gib 1
 qb recommend --db "$third" --gpu all --max-latency-ms 0.3 --concurrency 8 --max-vram-gib 1 | cut -c1-600 || echo "(exit $?)"
 
