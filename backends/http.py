@@ -314,6 +314,10 @@ class HttpBackend:
             True, None, "sends the suite to --endpoint (a SystemOne server); needs no GPU here"
         )
 
+    def check(self, spec: RunSpec, machine: Any) -> None:
+        """In the parent, before a child starts: --endpoint is given and is an http(s) URL."""
+        normalize_endpoint(spec.options.endpoint)
+
     def load(self, spec: RunSpec, machine: Any) -> LoadedVariant:
         endpoint = normalize_endpoint(spec.options.endpoint)
         api_key = spec.options.api_key or os.environ.get(API_KEY_ENV) or None

@@ -5,7 +5,7 @@
 # kept under 2 s, which must store NULL with its reason. Prints the stored energy columns and the report with cost.
 #
 #   bash benchmarks/energy_check.sh OUT_DIR          # LAYERS=48 PHASE_S=12 PRICE=3.5 by default
-#   quantbench merge OUT_DIR/energy.duckdb          # on the machine that keeps results.duckdb
+#   quantbench merge OUT_DIR/energy.duckdb --db results.duckdb   # into the shipped results (no --db: your store)
 #
 # One GPU, no network, about 4 minutes at 48 layers on an H200. Needs quantbench importable (PYTHONPATH=$PWD).
 set -u

@@ -4,7 +4,8 @@
 # GPU, no network, everything through quantbench's own CLI.
 #
 #   bash benchmarks/h200.sh OUT_DIR [fixture|shape|throughput|throughput-more|lengths|all|autoround-start|autoround]
-#   quantbench merge OUT_DIR/h200.duckdb && quantbench report --gpu hopper
+#   quantbench merge OUT_DIR/h200.duckdb --db results.duckdb && quantbench report --db results.duckdb --gpu hopper
+#   (the shipped results; without --db, your own store under $QUANTBENCH_HOME)
 #
 # Parts (each fits one 10-minute device call): fixture = the fixture's variants; shape = every backend at the
 # 30B shape, one ~512-token decision at a time; throughput = 8 and 32 decisions of 512 tokens per forward pass

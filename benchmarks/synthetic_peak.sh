@@ -6,7 +6,7 @@
 # against the same shape quantized to a checkpoint on disk and loaded with --model: the two peaks should be close.
 #
 #   bash benchmarks/synthetic_peak.sh OUT_DIR     # LAYERS=48 LAYERS_DISK=4 by default
-#   quantbench merge OUT_DIR/peak.duckdb          # on the machine that keeps results.duckdb
+#   quantbench merge OUT_DIR/peak.duckdb --db results.duckdb   # into the shipped results (no --db: your store)
 #
 # One GPU, no network. Needs quantbench importable (PYTHONPATH=$PWD).
 set -u

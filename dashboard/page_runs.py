@@ -15,10 +15,12 @@ here = (runs["gpu_id"] == sel.gpu) & ((runs["model_id"] == sel.model) if sel.mod
 shown = runs[here] if only_here else runs
 shown = shown.sort_values("created_at", ascending=False)
 n_failed = int((shown["status"] != "ok").sum())
-st.caption(f"{len(shown)} runs, {n_failed} failed. Newest first. Every row carries what it ran on and with.")
+st.caption(f"{len(shown)} runs, {n_failed} failed. Newest first. Every row carries what it ran on and with, and "
+           "where it came from (Source: your store, a pulled bundle, the results shipped with quantbench).")
 
 cols = {
-    "created_at": "When", "status": "Status", "failure": "Failure", "gpu_label": "GPU / host", "model_id": "Model",
+    "created_at": "When", "status": "Status", "failure": "Failure", "gpu_label": "GPU / host", "source": "Source",
+    "model_id": "Model",
     "weights": "Weights", "backend": "Backend", "variant": "Variant", "role": "Role", "kernel_path": "Kernel path",
     "weight_format": "Format", "native": "Native", "p50_ms": "p50 (ms)", "n_timed": "Timed", "load_s": "Load (s)",
     "gpu_cc": "CC", "driver_version": "Driver", "cuda_version": "CUDA", "torch_version": "torch",
@@ -35,6 +37,8 @@ st.dataframe(table, hide_index=True, width="stretch", height="content" if len(ta
     "p50_ms": st.column_config.NumberColumn("p50 (ms)", format="%.1f"),
     "load_s": st.column_config.NumberColumn("Load (s)", format="%.2f"),
     "error": st.column_config.TextColumn("Error", width=260, help="first line; the whole message is below"),
+    "source": st.column_config.TextColumn("Source", width=260, help="the store the run is read from; for a pulled "
+                                          "run, its bundle, who published it and when (the Sources page lists them)"),
 }, column_order=["created_at", "status", "failure", "error", *[c for c in cols if c not in ("created_at", "status",
                                                                                           "failure")]])
 if (shown["weights"] == "synthetic").any():

@@ -7,6 +7,7 @@ import streamlit as st
 from pandas.io.formats.style import Styler
 
 from dashboard.figures import point_labels
+from quantbench.analysis.provenance import origin_text
 from quantbench.report import GpuMatrix, GpuReport, cells, flat_rows
 
 AGREEMENT = "Agreement"  # the numeric column behind the progress bar
@@ -16,6 +17,7 @@ ENERGY = "Energy per decision"  # report.cells' columns: J/decision beside laten
 COST = "Cost per 1M decisions"
 HIGHLIGHT = "background-color: rgba(255, 196, 0, 0.3)"
 FAILED = "color: #9a9a9a"
+SOURCE = "Source"
 
 
 def report_frame(rep: GpuReport, history: bool = False) -> pd.DataFrame:
@@ -31,6 +33,7 @@ def report_frame(rep: GpuReport, history: bool = False) -> pd.DataFrame:
             if k == AGREE_TEXT:
                 out[AGREEMENT] = raw["agreement"]
             out[k] = v
+        out[SOURCE] = origin_text(row.run)  # where the row came from: its bundle, host and date
         rows.append(out)
     df = pd.DataFrame(rows)
     df[AGREEMENT] = pd.to_numeric(df[AGREEMENT], errors="coerce")
@@ -87,6 +90,9 @@ def column_config(rep: GpuReport) -> dict:
         "Kernel": cc.TextColumn("Kernel", width=420, help="the kernel path the run used (History shows every "
                                 "generation's newest run)"),
         "Native here?": cc.TextColumn("Native here?", width=92),
+        SOURCE: cc.TextColumn(SOURCE, width=330, help="where the row came from: your store, a pulled bundle (who "
+                              "published it and when) or the results shipped with quantbench; the host and day it "
+                              "was measured"),
         "Size on disk": cc.TextColumn("Disk", width="small", help="GB (10⁹ bytes)"),
         "Format": cc.TextColumn("Format", width="small"),
         **{k: cc.TextColumn(k, width=w, help=f"GiB of {mem}") for k, w in (
@@ -97,7 +103,8 @@ def column_config(rep: GpuReport) -> dict:
 # What decides first (quality, speed, memory, the verdict), then the details a wide screen also shows.
 ORDER = ["Variant", DIFFERS, AGREEMENT, AGREE_TEXT, "Verdict", "Latency p50 / p90 (per decision)", ENERGY, COST,
          "VRAM (weights)",
-         "Weights (host memory)", "Peak VRAM", "Peak host RSS", "Native here?", "Best for", "Kernel", "Δ accuracy vs BF16", "TV",
+         "Weights (host memory)", "Peak VRAM", "Peak host RSS", "Native here?", "Best for", SOURCE, "Kernel",
+         "Δ accuracy vs BF16", "TV",
          "Size on disk", "Format"]
 
 

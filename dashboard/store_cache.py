@@ -7,6 +7,7 @@ its write-ahead log) changes whenever a writer commits, so a new run shows up on
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,17 +15,48 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from quantbench.analysis import decision_media, parity
+from dashboard import url_state
+from quantbench.analysis import decision_media, parity, provenance
+from quantbench.analysis.constraints import Answer, Constraints, answer
+from quantbench.analysis.select import this_machine
 from quantbench.errors import QuantbenchError
 from quantbench.report import GpuReport, Rules, build_report, since_filter
-from quantbench.store import SCHEMA_VERSION, Store, default_db, queries
+from quantbench.store import SCHEMA_VERSION, Store, default_db, home, queries
 from quantbench.store import load as load_store
+from quantbench.store.home import Source
 
 Stamp = tuple[int, int, int, int]
 
 
+SHARED_KEY = "shared"  # the sidebar switch (and URL parameter): read the shared results beside the store
+
+
 def db_path() -> Path:
     return Path(default_db()).expanduser().resolve()
+
+
+def sources(shared: bool | None = None) -> list[Source]:
+    """What the dashboard reads: $QUANTBENCH_DB alone (the shared results beside it when switched on), else your
+    store with the shared results beside it (your store alone when switched off); quantbench.store.home."""
+    if shared is None:
+        shared = st.session_state.get(SHARED_KEY)
+    first, beside = home.reading(None, shared)
+    return [Source(first.path.expanduser().resolve(), first.kind), *beside]
+
+
+def key_of(found: list[Source]) -> str:
+    """The cache key of a set of stores: a plain path for one store named by $QUANTBENCH_DB, else JSON."""
+    if len(found) == 1 and found[0].kind == home.GIVEN:
+        return str(found[0].path)
+    return json.dumps([[str(s.path), s.kind] for s in found])
+
+
+def store(db: str) -> Store:
+    """The Store a cache key names (one store, or several read as one)."""
+    if not db.startswith("["):
+        return Store(db)
+    (first, kind), *beside = json.loads(db)
+    return Store(first, beside=[Source(Path(p), k) for p, k in beside], kind=kind)
 
 
 def stamp(path: Path) -> Stamp:
@@ -39,9 +71,9 @@ def stamp(path: Path) -> Stamp:
 
 
 def current() -> tuple[str, Stamp]:
-    """The store's path and its stamp now: the key of every cached read in this script run."""
-    path = db_path()
-    return str(path), stamp(path)
+    """The stores' key and their stamp now: the key of every cached read in this script run."""
+    found = sources()
+    return key_of(found), tuple(x for s in found for x in stamp(s.path))
 
 
 @dataclass(frozen=True)
@@ -62,13 +94,15 @@ class Status:
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def status(db: str, mtime: Stamp) -> Status:
-    path = Path(db)
     make = "run `quantbench demo` to make one, or point QUANTBENCH_DB at a results store"
+    if db.startswith("["):
+        return _status_of_several(store(db), make)
+    path = Path(db)
     if not path.exists():
         return Status(False, message=f"No results store at `{path}`: {make}.")
-    store = Store(path)
+    one = Store(path)
     try:
-        version = store.schema_version()
+        version = one.schema_version()
     except QuantbenchError as e:
         return Status(False, message=f"Cannot read `{path}` as a quantbench results store: {e}")
     if version > SCHEMA_VERSION:
@@ -78,13 +112,13 @@ def status(db: str, mtime: Stamp) -> Status:
     if version == 0:
         return Status(False, message=f"`{path}` is a DuckDB file without quantbench's tables: {make}.")
     if version < SCHEMA_VERSION:
-        n = queries.run_count(store)
+        n = queries.run_count(one)
         return Status(False, n_runs=n, version=version, message=(
             f"`{path}` has schema version {version} ({n} runs); this dashboard reads version {SCHEMA_VERSION}. "
             "The dashboard only reads, so it does not upgrade stores: the next `quantbench run` into this store "
             f"upgrades it in place, keeping every run, or run `quantbench migrate --db {path}`."))
-    n, ok = queries.run_counts(store)
-    n_load = len(load_store.load_runs(store)) if load_store.has_load_tables(store) else 0
+    n, ok = queries.run_counts(one)
+    n_load = len(load_store.load_runs(one)) if load_store.has_load_tables(one) else 0
     if n == 0 and n_load:
         return Status(False, version=version, n_load_runs=n_load, message=(
             f"The store `{path}` holds {n_load} load run{'s' * (n_load != 1)} (`quantbench load`: throughput and "
@@ -95,11 +129,35 @@ def status(db: str, mtime: Stamp) -> Status:
     return Status(True, n_runs=n, n_ok=ok, version=version, n_load_runs=n_load)
 
 
+def _status_of_several(several: Store, make: str) -> Status:
+    """Your store with the shared results beside it: usable when any of them holds a run (each is read as its
+    schema allows; a newer one is refused by name)."""
+    if not several.exists():
+        return Status(False, message=f"No results yet: your store `{several.path}` is not made and no shared "
+                                     f"results are installed: {make}.")
+    try:
+        n, ok = queries.run_counts(several)
+        n_load = len(load_store.load_runs(several))
+    except QuantbenchError as e:
+        return Status(False, message=f"Cannot read {several.describe()}: {e}")
+    if n == 0 and n_load:
+        return Status(False, version=SCHEMA_VERSION, n_load_runs=n_load, message=(
+            f"{several.describe()} holds {n_load} load run{'s' * (n_load != 1)} and no benchmark runs: the Serving "
+            f"under load page shows them. For the which-quant table, {make}."))
+    if n == 0:
+        return Status(False, version=SCHEMA_VERSION, message=f"{several.describe()} has no runs yet: {make}.")
+    return Status(True, n_runs=n, n_ok=ok, version=SCHEMA_VERSION, n_load_runs=n_load)
+
+
 @st.cache_data(show_spinner=False, max_entries=16)
 def runs(db: str, mtime: Stamp) -> pd.DataFrame:
-    """Every run with its latency summary, oldest first, plus the machine it is grouped under."""
-    df = queries.runs_with_percentiles(Store(db))
-    records = parity.records(df)
+    """Every run with its latency summary, oldest first, plus the machine it is grouped under and where it came
+    from (quantbench.analysis.provenance: your store, a pulled bundle, the shipped results)."""
+    df = queries.runs_with_percentiles(store(db))
+    records = provenance.attach(store(db), parity.records(df))
+    df["source"] = [r["source"] for r in records]
+    df["bundle"] = [r.get("bundle") for r in records]
+    df["store"] = [r["store"] for r in records]
     df["gpu_id"] = [machine_id(r) for r in records]
     df["gpu_label"] = [parity.gpu_label(r) for r in records]
     df["family"] = [str(r.get("gpu_family") or ("cpu" if parity.is_cpu(r) else "unknown")) for r in records]
@@ -118,7 +176,7 @@ def reports(db: str, mtime: Stamp, min_agreement: float, vram_budget_gib: float 
     """`quantbench report`'s tables for every GPU and model: the same function, the same rules (`history`:
     `--all`, every kernel generation; `price_per_gpu_hour`: `--price-per-gpu-hour`)."""
     rules = Rules(min_agreement=min_agreement, vram_budget_gib=vram_budget_gib, objective=objective)
-    return build_report(Store(db), rules=rules, since=since, history=history, price_per_gpu_hour=price_per_gpu_hour)
+    return build_report(store(db), rules=rules, since=since, history=history, price_per_gpu_hour=price_per_gpu_hour)
 
 
 def reports_for(db: str, mtime: Stamp, rules: Rules, since: str | None = None,
@@ -135,23 +193,30 @@ def runs_since(runs: pd.DataFrame, since: str | None) -> pd.DataFrame:
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def latencies(db: str, mtime: Stamp, run_ids: tuple[str, ...]) -> pd.DataFrame:
-    return queries.latencies(Store(db), run_ids)
+    return queries.latencies(store(db), run_ids)
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def answers(db: str, mtime: Stamp, run_id: str) -> pd.DataFrame:
-    return parity.load_answers(Store(db), run_id)
+    return parity.load_answers(store(db), run_id)
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def load_runs(db: str, mtime: Stamp) -> pd.DataFrame:
     """Every stored load run (`quantbench load`), newest first."""
-    return load_store.load_runs(Store(db))
+    return load_store.load_runs(store(db))
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def load_steps(db: str, mtime: Stamp, load_ids: tuple[str, ...]) -> pd.DataFrame:
-    return load_store.load_steps(Store(db), list(load_ids))
+    return load_store.load_steps(store(db), list(load_ids))
+
+
+@st.cache_resource(show_spinner=False)
+def this_machine_id() -> str:
+    """This machine as the GPU selector names machines: its GPU's name, or cpu:HOST (NVML, read once)."""
+    gpu, host, _ = this_machine()
+    return f"cpu:{host}" if gpu == "cpu" else gpu
 
 
 def report_key(rep: GpuReport) -> str:
@@ -161,6 +226,44 @@ def report_key(rep: GpuReport) -> str:
 
 def env_db_note() -> str:
     return "from QUANTBENCH_DB" if os.environ.get("QUANTBENCH_DB") else "default; set QUANTBENCH_DB to change"
+
+
+def sources_caption(db: str) -> str:
+    """The sidebar's line on what is read: one store, or your store and the shared results beside it."""
+    if not db.startswith("["):
+        return f"Store `{db}` ({env_db_note()})"
+    found = store(db).sources
+    return "Reading " + " + ".join(f"{s.label} `{s.path}`" for s in found if s.path.exists()) if any(
+        s.path.exists() for s in found) else f"Your store `{found[0].path}` (not made yet)"
+
+
+def shared_switch() -> None:
+    """The sidebar switch that reads the shared results (pulled bundles, the results shipped with quantbench)
+    beside the store, kept in the link as shared=1 / shared=0."""
+    named = home.named_db() is not None
+    url_state.start(SHARED_KEY, not named, lambda raw: raw.lower() in ("1", "true", "yes"))
+    st.toggle("Shared results too", key=SHARED_KEY,
+              help="on: your store with the bundles you pulled (`quantbench pull`) and the results shipped with "
+                   "quantbench beside it; off: your store alone")
+    url_state.publish(SHARED_KEY, to_url=lambda v: "1" if v else "0", default=not named)
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def bundles(db: str, mtime: Stamp) -> pd.DataFrame:
+    """The bundles pulled into each store read, with the store's label."""
+    frames = []
+    for source in store(db).sources:
+        if source.path.exists():
+            found = queries.bundles(Store(source.path))
+            if not found.empty:
+                frames.append(found.assign(store=source.label, store_path=str(source.path)))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+@st.cache_data(show_spinner="Checking every variant against your constraints…", max_entries=16)
+def constraint_answers(db: str, mtime: Stamp, c: Constraints, since: str | None = None) -> list[Answer]:
+    """`quantbench recommend`'s answers for every GPU: the same function, the same constraints."""
+    return answer(store(db), c, since=since)
 
 
 def _file_stamps(paths: tuple[str, ...]) -> tuple[Stamp, ...]:

@@ -1,4 +1,5 @@
-"""quantbench dashboard: `streamlit run dashboard` (the store: env QUANTBENCH_DB, else results.duckdb)."""
+"""quantbench dashboard: `streamlit run dashboard` (the store: env QUANTBENCH_DB, else your own store with the shared
+results beside it; quantbench.store.home)."""
 
 import sys
 from pathlib import Path
@@ -14,6 +15,8 @@ from dashboard import store_cache, url_state  # noqa: E402
 
 st.set_page_config(page_title="quantbench", page_icon=":material/balance:", layout="wide")
 
+with st.sidebar:
+    store_cache.shared_switch()  # before the store is read: it says which stores that is
 db, mtime = store_cache.current()
 status = store_cache.status(db, mtime)
 # A store of only `quantbench load` runs opens on the load page: it is the one page with something to show.
@@ -23,12 +26,14 @@ page = st.navigation([
     st.Page("page_report.py", title="Which quant should I use?", icon=":material/star:", default=not load_first),
     st.Page("page_latency.py", title="Latency", icon=":material/timer:", url_path="latency"),
     st.Page("page_parity.py", title="Parity detail", icon=":material/compare_arrows:", url_path="parity"),
+    st.Page("page_constraints.py", title="Constraints", icon=":material/tune:", url_path="constraints"),
     st.Page("page_load.py", title=LOAD_TITLE, icon=":material/speed:", url_path="load", default=load_first),
     st.Page("page_runs.py", title="Runs", icon=":material/list:", url_path="runs"),
+    st.Page("page_sources.py", title="Sources", icon=":material/hub:", url_path="sources"),
 ])
 
 with st.sidebar:
-    st.caption(f"Store `{db}` ({store_cache.env_db_note()})")
+    st.caption(store_cache.sources_caption(db))
 if status.only_load_runs:
     with st.sidebar:
         st.caption(f"{status.n_load_runs} load run{'s' * (status.n_load_runs != 1)}, no benchmark runs")
@@ -40,6 +45,9 @@ if status.only_load_runs:
         st.page_link("page_load.py", label=LOAD_TITLE, icon=":material/speed:")
     st.stop()
 if not status.usable:
+    if page.url_path == "sources":  # what is read, and why it cannot be used, is that page's subject
+        page.run()
+        st.stop()
     st.title(page.title)
     st.info(status.message, icon="ℹ️")
     st.stop()
@@ -47,10 +55,11 @@ if not status.usable:
 runs = store_cache.runs(db, mtime)
 with st.sidebar:
     since = url_state.since_input(runs)
-    st.session_state["_selection"] = url_state.sidebar(store_cache.runs_since(runs, since), since)
+    st.session_state["_selection"] = url_state.sidebar(store_cache.runs_since(runs, since), since,
+                                                        this_machine=store_cache.this_machine_id())
     st.caption(f"{status.n_runs} runs, {status.n_ok} successful; newest {runs['created_at'].max():%Y-%m-%d %H:%M}")
 sel = url_state.selection()
-if sel.model is None and page.url_path not in ("runs", "load"):
+if sel.model is None and page.url_path not in ("runs", "load", "sources", "constraints"):
     # Every run on this machine died before loading a model (no model id): there is nothing to compare, only
     # failures to show. The Runs page lists them with their whole error.
     st.title(page.title)

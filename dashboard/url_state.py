@@ -71,12 +71,15 @@ def _pick(want: str | None, options: list[str], labels: dict[str, str]) -> str |
 
 
 def bound_select(label: str, key: str, options: list[str], labels: dict[str, str] | None = None,
-                 help: str | None = None, default: Any = ALWAYS) -> str:
+                 help: str | None = None, default: Any = ALWAYS, preferred: str | None = None) -> str:
+    """A select box bound to the URL; with nothing chosen yet (session, link), `preferred` if offered, else the
+    first option."""
     labels = labels or {}
     if key not in st.session_state:
         chosen = _memo().get(key)
         st.session_state[key] = chosen if chosen in options else (
-            _pick(st.query_params.get(key), options, labels) or options[0])
+            _pick(st.query_params.get(key), options, labels)
+            or (preferred if preferred in options else options[0]))
     elif st.session_state[key] not in options:  # a wider filter changed: this one's old value is gone
         st.session_state[key] = options[0]
     st.selectbox(label, options, key=key, format_func=lambda o: labels.get(o, o), help=help)
@@ -107,8 +110,9 @@ def since_input(runs: pd.DataFrame) -> str | None:
 FAMILY_ORDER = ["blackwell", "hopper", "ada", "ampere", "cpu"]
 
 
-def sidebar(runs: pd.DataFrame, since: str | None = None) -> Selection:
-    """Family, GPU and model selectors, from the stored runs (already cut to `since`).
+def sidebar(runs: pd.DataFrame, since: str | None = None, this_machine: str | None = None) -> Selection:
+    """Family, GPU and model selectors, from the stored runs (already cut to `since`). With nothing chosen (no link,
+    no earlier choice) they open on `this_machine`, its GPU (or cpu:HOST), when it has runs.
 
     A run that failed before loading a model (a missing checkpoint, a timeout, a killed child) has no model id: its
     machine is still offered, so its failures can be seen, but it adds no model to choose."""
@@ -118,12 +122,15 @@ def sidebar(runs: pd.DataFrame, since: str | None = None) -> Selection:
     # A shared link may name only the GPU: start its family from it.
     if "family" not in st.session_state and "family" not in _memo() and "family" not in st.query_params:
         gpu = _pick(st.query_params.get("gpu"), sorted(gpu_labels), gpu_labels)
+        if gpu is None and "gpu" not in st.query_params and this_machine in gpu_labels:
+            gpu = this_machine  # your own runs first
         if gpu is not None:
             st.session_state["family"] = machines.loc[machines["gpu_id"] == gpu, "family"].iloc[0]
     family = bound_select("GPU family", "family", families, {f: "CPU" if f == "cpu" else f.capitalize() for f in families})
     here = machines[machines["family"] == family]
     gpus = sorted(here["gpu_id"].unique())
-    gpu = bound_select("GPU", "gpu", gpus, gpu_labels, help="the exact GPU (or CPU host) the runs were made on")
+    gpu = bound_select("GPU", "gpu", gpus, gpu_labels, help="the exact GPU (or CPU host) the runs were made on",
+                       preferred=this_machine)
     # The model a person just ran comes first, trained weights before synthetic ones (those answer "which quant"
     # only for speed and memory); runs come oldest first.
     on_gpu = runs[(runs["family"].astype(str) == family) & (runs["gpu_id"].astype(str) == gpu)].iloc[::-1]

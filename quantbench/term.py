@@ -126,3 +126,59 @@ def logs_kept(logger_name: str, into: list[str]) -> Iterator[None]:
         yield
     finally:
         logger.removeFilter(keep)
+
+
+# -- how long a long step will take, from this machine's own speed ------------------------------------------------
+BUSY_SHARE = 0.75  # a 1-minute load average at or above this share of the cores: other work is running
+
+
+def load_note() -> str | None:
+    """"this machine is busy: load average 6.2 on 2 cores …" when other work competes for the CPU, else None."""
+    try:
+        load1 = os.getloadavg()[0]
+    except OSError:  # not on this platform
+        return None
+    cores = os.cpu_count() or 1
+    if load1 < BUSY_SHARE * cores:
+        return None
+    return (f"this machine is busy: load average {load1:.1f} on {cores} core{'s' * (cores != 1)}, so other work "
+            "competes with this step and it takes longer than on idle cores")
+
+
+def fmt_duration(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, s = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes} min {s:02d} s"
+    hours, m = divmod(minutes, 60)
+    return f"{hours} h {m:02d} min"
+
+
+class Pace:
+    """Says once, early, how long a step of `total` units will take on this machine: from the time its first
+    units took (after at least `after_s` seconds and `after_n` units), not from a figure measured elsewhere, and
+    whether the machine is busy. `update(done)` after each unit; `say` prints one line."""
+
+    def __init__(self, what: str, total: int, unit: str = "step", say: Any = None, after_s: float = 10.0,
+                 after_n: int = 3) -> None:
+        self.what, self.total, self.unit = what, total, unit
+        self.say = say or (lambda line: print(line, file=_terminal or sys.stderr, flush=True))
+        self.after_s, self.after_n = after_s, after_n
+        self.started = time.monotonic()
+        self.said = False
+
+    def update(self, done: int) -> None:
+        if self.said or done < self.after_n or done >= self.total:
+            return
+        elapsed = time.monotonic() - self.started
+        if elapsed < self.after_s:
+            return
+        self.said = True
+        per = elapsed / done
+        left = per * (self.total - done)
+        busy = load_note()
+        self.say(f"{self.what}: {per:.2f} s a {self.unit} over the first {done} of {self.total} on this machine: "
+                 f"about {fmt_duration(left)} left, {fmt_duration(elapsed + left)} in all"
+                 + (f" ({busy})" if busy else ""))

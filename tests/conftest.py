@@ -1,6 +1,13 @@
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
+
+# A test never reads or writes the user's own store or the shipped results by default (quantbench.store.home):
+# a home of its own for the whole session, and no shipped store unless a test names one.
+os.environ["QUANTBENCH_HOME"] = tempfile.mkdtemp(prefix="quantbench-test-home-")
+os.environ["QUANTBENCH_SHIPPED"] = ""
 
 
 @pytest.fixture(scope="session")

@@ -38,8 +38,9 @@ def test_an_int4_variant_prints_its_steps_and_logs_the_library_beside_it(tiny_so
     assert "\x1b[" not in said and not re.search(r"\b(INFO|WARNING)\b", said), said
     assert ".tmp-" not in said and "auto-round-lib" not in said and "Loading weights" not in said, said
     ours = [line for line in said.splitlines() if not line.startswith("AutoRound: ")]  # the bar's own lines
-    assert ours[0] == (f"int4: quantizing {tiny_source} with auto-round 0.16.1 (optimized RTN, 8 samples of 64 "
-                       f"tokens); the libraries' own log: {log}")
+    busy = r"; this machine is busy: load average [\d.]+ on \d+ cores?, so other work competes with this step .*$"
+    assert re.sub(busy, "", ours[0]) == (f"int4: quantizing {tiny_source} with auto-round 0.16.1 (optimized RTN, 8 "
+                                         f"samples of 64 tokens); the libraries' own log: {log}")  # (a busy VM says so)
     assert re.fullmatch(r"int4: \d+ non-expert tensors \([\d,]+ bytes\) byte-identical to the source", ours[1]), ours
     assert re.fullmatch(r"int4: quantized in \d+\.\d s", ours[2]) and len(ours) == 3, ours
     text = log.read_text()

@@ -23,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from quantbench.analysis import efficiency, parity
+from quantbench.analysis import efficiency, parity, provenance
 from quantbench.analysis import stats as an
 from quantbench.analysis.parity import Comparison, FloorStats
 from quantbench.analysis.stats import ParityError
@@ -209,8 +209,9 @@ def _groups(runs: list[dict[str, Any]]) -> tuple[dict[tuple, list[dict[str, Any]
 
 def stored_runs(store: Store) -> list[dict[str, Any]]:
     """Every run, oldest first, with its latency summary, batch size and decisions_per_s
-    (quantbench.store.queries.runs_with_latency), as records."""
-    return parity.records(queries.runs_with_latency(store))
+    (quantbench.store.queries.runs_with_latency) and where it came from (quantbench.analysis.provenance), as
+    records."""
+    return provenance.attach(store, parity.records(queries.runs_with_latency(store)))
 
 
 def _pair_with_bases(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -426,6 +427,26 @@ def _fill_quality(row: Row, reference, floor, answers_of, seed, margins: an.Marg
             row.quality = f"not comparable ({str(e).split(':')[0]})"  # the cause; `quantbench compare` says more
 
 
+def quality_exclusions(r: Row, rules: Rules) -> list[str]:
+    """Why a successful row fails the quality rule (empty: it passes): agreement with BF16 under the minimum, or
+    `worse` than the noise floor beyond the margin overall or on any one modality's questions. The reference
+    passes; a row without parity figures cannot."""
+    if r.is_reference:
+        return []
+    c = r.comparison
+    if c is None:
+        return [r.quality or "no parity figures"]
+    out = []
+    if c.agreement.rate < rules.min_agreement:
+        out.append(f"agreement {c.agreement.rate:.1%} < {rules.min_agreement:.1%}")
+    worse_on = [m.modality for m in c.flagged()] if c.per_modality else []
+    if rules.use_noise_floor and (c.verdict.label == an.WORSE or worse_on):
+        # each modality is judged: a tower broken on pictures must not hide among text questions
+        out.append("worse than the noise floor by more than the margin"
+                   + (f" on {', '.join(worse_on)} decisions" if worse_on else ""))
+    return out
+
+
 def _recommend(report: GpuReport, rules: Rules, synthetic: bool) -> None:
     ok = [r for r in report.rows if r.ok]
     fastest = min((r for r in ok if r.p50 is not None), key=lambda r: r.p50, default=None)
@@ -436,18 +457,7 @@ def _recommend(report: GpuReport, rules: Rules, synthetic: bool) -> None:
             continue
         if synthetic:
             continue
-        if not r.is_reference:
-            c = r.comparison
-            if c is None:
-                r.excluded.append(r.quality or "no parity figures")
-            else:
-                if c.agreement.rate < rules.min_agreement:
-                    r.excluded.append(f"agreement {c.agreement.rate:.1%} < {rules.min_agreement:.1%}")
-                worse_on = [m.modality for m in c.flagged()] if c.per_modality else []
-                if rules.use_noise_floor and (c.verdict.label == an.WORSE or worse_on):
-                    # each modality is judged: a tower broken on pictures must not hide among text questions
-                    r.excluded.append("worse than the noise floor by more than the margin"
-                                      + (f" on {', '.join(worse_on)} decisions" if worse_on else ""))
+        r.excluded += quality_exclusions(r, rules)
         if rules.vram_budget_gib is not None:
             if r.peak_bytes is None:
                 r.excluded.append("peak memory unknown")

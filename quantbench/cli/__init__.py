@@ -10,7 +10,7 @@ import sys
 
 import typer
 
-from quantbench.cli import load, models, plant, run, serve, store
+from quantbench.cli import load, models, plant, run, serve, share, store
 
 app = typer.Typer(
     help="Which quant of a mixture-of-experts model should I use on this GPU? Measured, reproducibly.",
@@ -27,8 +27,12 @@ app.command()(models.quantize)
 app.command()(plant.plant)
 app.command()(store.compare)
 app.command()(store.report)
+app.command()(store.recommend)
 app.command()(store.export)
 app.command()(store.merge)
+app.command()(share.publish)
+app.command()(share.pull)
+app.command()(share.sources)
 app.command(cls=serve.ServeCommand)(serve.serve)
 app.command()(load.load)
 app.command()(load.load_runs)

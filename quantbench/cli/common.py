@@ -13,13 +13,32 @@ from quantbench.term import console
 out = console()
 err = console(stderr=True)
 
-DbOpt = Annotated[Path, typer.Option("--db", help="Results store (DuckDB). Default: $QUANTBENCH_DB or ./results.duckdb")]
+DbOpt = Annotated[Path, typer.Option("--db", help="Results store (DuckDB). Default: $QUANTBENCH_DB, else your own "
+                                                 "store $QUANTBENCH_HOME/results.duckdb (~/.local/share/quantbench)")]
+SharedOpt = Annotated[bool | None, typer.Option(
+    "--shared/--mine", help="--shared: read the shared results (pulled bundles, the results shipped with quantbench) "
+    "beside --db; --mine: your store alone. Default: your store with the shared results beside it, or --db alone")]
 
 
 def _db(db: Path | None) -> Path:
-    from quantbench.store import default_db  # lazy: a fast --help
+    """The store written to: --db, $QUANTBENCH_DB, or your own store (its folder made on first use)."""
+    from quantbench.store import home  # lazy: a fast --help
 
-    return Path(db) if db else Path(default_db())
+    if db:
+        return Path(db)
+    path = home.own_db()
+    if home.named_db() is None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _reading(db: Path | None, shared: bool | None = None):
+    """The store a reader reads: --db (or $QUANTBENCH_DB) alone, or your store with the shared results beside it
+    (quantbench.store.home.reading); --shared / --mine change that."""
+    from quantbench.store import Store, home  # lazy: a fast --help
+
+    first, beside = home.reading(db, shared)
+    return Store(first.path, beside=beside, kind=first.kind)
 
 
 def _fail(e: Exception) -> None:

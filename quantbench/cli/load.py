@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from quantbench.cli.common import DbOpt, _db, _fail, err, out
+from quantbench.cli.common import DbOpt, SharedOpt, _db, _fail, _reading, err, out
 from quantbench.errors import ConfigError, QuantbenchError
 
 
@@ -76,21 +76,21 @@ def load_runs(
     last: Annotated[int, typer.Option(help="Show the newest N load runs")] = 10,
     fmt: Annotated[str, typer.Option("--format", help="table | markdown (for a README or a model card)")] = "table",
     db: DbOpt = None,
+    shared: SharedOpt = None,
 ) -> None:
     """Stored load runs (`quantbench load`), newest first: each one's steps and saturation point."""
     from quantbench.analysis.load import saturation  # lazy: a fast --help
     from quantbench.load.table import load_run_markdown, run_title, saturation_line, steps_table
-    from quantbench.store import Store
     from quantbench.store.load import has_load_tables, load_steps, step_records
     from quantbench.store.load import load_runs as stored_load_runs
 
     try:
         if fmt not in ("table", "markdown"):
             raise ConfigError(f"--format {fmt!r}: use table or markdown")
-        store = Store(_db(db))
+        store = _reading(db, shared)
         runs = stored_load_runs(store) if has_load_tables(store) else None
         if runs is None or runs.empty:
-            raise ConfigError(f"no load runs in {store.path}; make one with `quantbench load --endpoint URL`"
+            raise ConfigError(f"no load runs in {store.describe()}; make one with `quantbench load --endpoint URL`"
                               + ("" if runs is not None else " (an older store: `quantbench migrate` adds the tables)"))
         if ids:
             chosen = []

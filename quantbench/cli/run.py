@@ -194,29 +194,35 @@ def run(
             from quantbench.models.lineage import resolve_given_base  # lazy: a fast --help
 
             base_model = resolve_given_base(base_model)
+        settings = dict(backend=backend, gpu=gpu, device=device, dtype=dtype, base_model=base_model,
+                        concurrency=concurrency, shape=shape, layers=layers, role=role,
+                        trust_remote_code=trust_remote_code, max_options=max_options, max_tokens=max_tokens,
+                        truncate=truncate, method=method, warmup=warmup,
+                        latency_min_decisions=latency_min_decisions, latency_min_seconds=latency_min_seconds,
+                        limit=limit, timeout_s=timeout, **options,
+                        media_limits=media_limits(max_media_parts=max_media_parts, max_media_bytes=max_media_bytes,
+                                                  max_image_pixels=max_image_pixels,
+                                                  max_audio_seconds=max_audio_seconds,
+                                                  max_video_frames=max_video_frames,
+                                                  max_video_seconds=max_video_seconds))
+        from quantbench.run.backend import get_backend  # lazy: a fast --help
+        from quantbench.run.checks import check_spec
+        from quantbench.run.machine import detect
+        from quantbench.run.runner import preflight
+        from quantbench.store import Store
+
+        # Refused now, in a second, not after the child's imports, the suite or minutes of preparing the omni model:
+        # an option this machine or the backend cannot take (--device, --gpu, --endpoint …), a store that can't take
+        # the run, a --model or --suite that can't be read.
+        check_spec(_spec(model=model, suite=suite, **settings), detect(), get_backend(backend))
+        Store(_db(db)).check_writable()
         if family != "text" or suite is not None:
             from quantbench.run.resolve import family_defaults  # lazy: a fast --help
 
             # the omni model and its variants are prepared here, by the parent, as resolve() prepares the text one
             model, suite = family_defaults(backend, family, model, suite, shape)
-        spec = _spec(backend=backend, model=model, suite=suite, gpu=gpu, device=device, dtype=dtype, base_model=base_model,
-                     concurrency=concurrency, shape=shape, layers=layers, role=role,
-                     trust_remote_code=trust_remote_code, max_options=max_options, max_tokens=max_tokens,
-                     truncate=truncate, method=method, warmup=warmup,
-                     latency_min_decisions=latency_min_decisions, latency_min_seconds=latency_min_seconds, limit=limit,
-                     timeout_s=timeout, **options,
-                     media_limits=media_limits(max_media_parts=max_media_parts, max_media_bytes=max_media_bytes,
-                                               max_image_pixels=max_image_pixels, max_audio_seconds=max_audio_seconds,
-                                               max_video_frames=max_video_frames, max_video_seconds=max_video_seconds))
-        from quantbench.run.backend import get_backend  # lazy: a fast --help
-        from quantbench.run.runner import preflight
-        from quantbench.store import Store
-
-        # Refused now, in a second, not after the child's imports or the suite: a store that can't take the run,
-        # a --model or --suite that can't be read.
-        Store(_db(db)).check_writable()
+        spec = _spec(model=model, suite=suite, **settings)
         preflight(spec)
-        get_backend(backend)  # an unknown backend is an error before anything is spawned
         run_id, status = _execute_and_store(spec, _db(db))
 
         from quantbench.report.tables import runs_table  # pandas: not before the checks above refuse
@@ -269,6 +275,10 @@ def demo(
 
     path = _db(db)
     try:
+        demo_backends = list(dict.fromkeys(kw["backend"] for _, kw in DEMO_VARIANTS))
+        unknown = [b for b in only or [] if b not in demo_backends]
+        if unknown:
+            raise ConfigError(f"--only {', '.join(unknown)}: not a backend of the demo; use {', '.join(demo_backends)}")
         Store(path).check_writable()  # before minutes of building and running
         err.print(f"[bold]embedded default model ({family}):[/] {default_model_dir(family)}")
         installed = set(backend_names())

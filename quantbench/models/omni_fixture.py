@@ -123,9 +123,12 @@ def _build_into(target: Path, *, rebuild: bool, progress: bool, seed: int = 0,
         if (target / FIXTURE_INFO_FILE).is_file() and not rebuild:
             return None
         if progress:
+            from quantbench.term import load_note
+
+            busy = load_note()
             print(f"building the omni default model {target.name} into {target} ({steps or TRAIN['steps']} "
-                  "training steps: about 2 minutes on 2 idle cores; nothing is downloaded)", file=sys.stderr,
-                  flush=True)
+                  "training steps; an estimate for this machine from its first steps follows; nothing is "
+                  "downloaded)" + (f"; {busy}" if busy else ""), file=sys.stderr, flush=True)
         return fixture.build_in_place(target, lambda tmp: build_omni_fixture(tmp, seed=seed, steps=steps,
                                                                                progress=progress))
 

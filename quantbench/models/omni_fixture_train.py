@@ -80,7 +80,7 @@ def train(model: Any, examples: list[Example], pad_id: int, train: dict[str, Any
 
     from quantbench.engine.omni import _join
     from quantbench.models.fixture import _batches
-    from quantbench.term import LineProgress
+    from quantbench.term import LineProgress, Pace
 
     vision, audio = [], []
     for name, p in model.named_parameters():  # the towers train; the decoder and head keep the text fixture's
@@ -103,10 +103,11 @@ def train(model: Any, examples: list[Example], pad_id: int, train: dict[str, Any
     bar = LineProgress(TextColumn("training omni fixture"), BarColumn(), MofNCompleteColumn(),
                        TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), console=Console(stderr=True),
                        disable=not progress, transient=False)
+    pace = Pace("training the omni model", steps) if progress else None
     model.train()
     with bar:
         task = bar.add_task("train", total=steps, loss="-")
-        for _ in range(steps):
+        for step in range(steps):
             batch = next(batches)
             ids, mask, positions, labels, gold = _batch(batch, pad_id)
             media = _join([ex.media for ex in batch], torch.device("cpu"), torch.float32)
@@ -121,5 +122,7 @@ def train(model: Any, examples: list[Example], pad_id: int, train: dict[str, Any
             sched.step()
             loss_value = loss.item()
             bar.update(task, advance=1, loss=f"{loss_value:.3f}")
+            if pace is not None:
+                pace.update(step + 1)
     model.eval()
     return loss_value

@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from quantbench.analysis import efficiency, parity
+from quantbench.analysis import efficiency, parity, provenance
 from quantbench.analysis import stats as an
 from quantbench.analysis.recommend import (
     SYNTHETIC_NOTE,
@@ -170,6 +170,7 @@ def _markdown_one(report: GpuReport) -> str:
         notes += verdict_notes(report)
     elif ref is not None and not any(r.quality == SYNTHETIC_NOTE for r in report.rows):
         notes.append("No noise-floor run: make one with `quantbench run --noise-floor` to judge how close is close.")
+    notes += [n for n in (provenance.table_note([r.run for r in report.rows]),) if n]
     notes += efficiency.energy_note(report.price_per_gpu_hour, report.cpu)
     if report.cpu:
         notes.append("CPU runs have no VRAM: Weights (host memory) is the bytes of every tensor the loaded model "
@@ -371,6 +372,7 @@ def flat_rows(reports: list[GpuReport]) -> pd.DataFrame:
                 "reference_run_id": str(rep.reference["run_id"]) if rep.reference else None,
                 "own_model_id": run.get("own_model_id"), "paired_by": run.get("paired_by"),
                 "recommended": row.recommended, "best_for": row.best_for,
+                "source": run.get("source"), "created_at": str(run.get("created_at")),
             })
     df = pd.DataFrame(out)
     for col in ("disk_bytes", "weights_memory_bytes", "peak_memory_bytes", "n_timed", "n_questions",
@@ -453,7 +455,7 @@ def report_for_this_machine(store: Store, machine_gpu_name_or_family: str, host:
     return render(reports, "markdown", rules)
 
 
-def report_text(db: str | None = None, fmt: str = "markdown", gpu: str | None = None, model: str | None = None,
+def report_text(db: str | Store | None = None, fmt: str = "markdown", gpu: str | None = None, model: str | None = None,
                 vram_budget_gib: float | None = None, min_agreement: float | None = None,
                 host: str | None = None, since: str | None = None, history: bool = False,
                 margin_agreement: float = an.MARGIN_AGREEMENT, margin_tv: float = an.MARGIN_TV,
@@ -467,13 +469,13 @@ def report_text(db: str | None = None, fmt: str = "markdown", gpu: str | None = 
                   **({"min_agreement": min_agreement} if min_agreement is not None else {}))
     if fmt not in FORMATS:
         raise ConfigError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
-    store = Store(db)
+    store = db if isinstance(db, Store) else Store(db)  # a Store: several read as one (quantbench.store.home)
     reports = build_report(store, gpu=gpu, model=model, rules=rules, host=host, since=since, history=history,
                            price_per_gpu_hour=price_per_gpu_hour)
     if not reports and not reports.failed:
         have = sorted({f"{parity.gpu_label(r)}: {r.get('model_id')}" for r in stored_runs(store)})
         asked = " ".join(f"--{k} {v}" for k, v in (("gpu", gpu), ("model", model), ("host", host), ("since", since))
                          if v)
-        raise ConfigError(f"no runs match {asked or 'the filters'} in {store.path}; the store has: "
+        raise ConfigError(f"no runs match {asked or 'the filters'} in {store.describe()}; the store has: "
                           + ("; ".join(have) or "no runs (run `quantbench demo`)"))
     return render(reports, fmt, rules)

@@ -41,7 +41,8 @@ NUMERIC = ("decisions", "accuracy", "p50 ms", "p90 ms", "weights", "load s")
 def runs_table(df: pd.DataFrame, title: str) -> Table:
     """One self-describing row per run (llama-bench style): what ran, where, and what it measured."""
     t = Table(title=title, title_justify="left")
-    for col in ("run", "status", "model", "variant", "kernel", "where", *NUMERIC):
+    sourced = "source" in df.columns  # read from several stores, or pulled: say where each row came from
+    for col in ("run", "status", "model", "variant", "kernel", "where", *NUMERIC, *(("from",) if sourced else ())):
         t.add_column(col, justify="right" if col in NUMERIC else "left")
     if (df["weights"] == "synthetic").any():  # their answers are chance: the accuracy column must not read as quality
         t.caption = "* random (synthetic) weights: speed and memory only; their accuracy is chance, not quality"
@@ -61,7 +62,7 @@ def runs_table(df: pd.DataFrame, title: str) -> Table:
             accuracy += " (random weights*)"
         t.add_row(str(r["run_id"])[:13], status, r["model_id"] or "—", variant, r["kernel_path"] or "—",
                   r["gpu_name"] or "cpu", "—" if r["n_records"] is None else str(int(r["n_records"])), accuracy,
-                  _ms(r["p50_ms"]), _ms(r["p90_ms"]), weights, _ms(r["load_s"]))
+                  _ms(r["p50_ms"]), _ms(r["p90_ms"]), weights, _ms(r["load_s"]), *((r["source"],) if sourced else ()))
     return t
 
 

@@ -56,6 +56,10 @@ class Backend(Protocol):
 
     def load(self, spec: RunSpec, machine: Any) -> LoadedVariant: ...
 
+    # Optional: `check(self, spec, machine) -> None`, run in the parent before any child starts (quantbench.run.checks):
+    # refuse, in well under a second and without heavy imports, a setting this backend cannot take (ConfigError
+    # naming the flag). The http backend checks its --endpoint there.
+
 
 def backend_names() -> list[str]:
     return sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))

@@ -12,7 +12,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,12 +22,14 @@ from pydantic import BaseModel
 
 from quantbench.errors import QuantbenchError
 from quantbench.run.record import AnswerRow, LatencyRow, RunRecord, RunResult
+from quantbench.store import composite
+from quantbench.store.home import GIVEN, Source
 from quantbench.store.schema import MIGRATIONS, SCHEMA_VERSION, VIEWS
 
 if TYPE_CHECKING:  # pandas is imported where rows are read or inserted: `run` refuses a bad --db without it
     import pandas as pd
 
-DEFAULT_DB = "results.duckdb"
+DEFAULT_DB = "results.duckdb"  # the file name of your store, under $QUANTBENCH_HOME (quantbench.store.home)
 LOCK_RETRY_S = 60.0
 # Free disk asked for before a run: a new store holding one run of the built-in suite (436 answers) is 2.1 MB,
 # as DuckDB allocates 256 KiB blocks per table, plus its write-ahead log; 16 MiB leaves room for its checkpoints.
@@ -39,7 +41,10 @@ DATA_ERRORS = (duckdb.ConstraintException, duckdb.ConversionException, duckdb.Bi
 
 
 def default_db() -> str:
-    return os.environ.get("QUANTBENCH_DB", DEFAULT_DB)
+    """Your store: $QUANTBENCH_DB, else $QUANTBENCH_HOME/results.duckdb (quantbench.store.home)."""
+    from quantbench.store.home import own_db
+
+    return str(own_db())
 
 
 class StoreError(QuantbenchError):
@@ -73,21 +78,45 @@ def _is_lock_error(e: Exception) -> bool:
 
 
 class Store:
-    def __init__(self, path: str | os.PathLike[str] | None = None):
+    """One results store (a DuckDB file) that quantbench writes; with `beside`, other stores read with it as one
+    (quantbench.store.composite: your store, then pulled bundles and the shipped results). Writes go to `path`
+    only."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, beside: Sequence[Source] = (), kind: str = GIVEN):
         self.path = Path(path or default_db())
+        self.kind = kind  # what `path` is to the reader: yours | given (quantbench.store.home)
+        self.beside = tuple(beside)
+
+    @property
+    def sources(self) -> list[Source]:
+        """Every store a read reads, in the order a run held by two of them is taken."""
+        return [Source(self.path, self.kind), *self.beside]
+
+    def exists(self) -> bool:
+        """Whether any store this one reads exists yet."""
+        return any(s.path.exists() for s in self.sources)
+
+    def describe(self) -> str:
+        """Where reads come from, for a person: "results.duckdb" or "your store X + shipped with quantbench Y"."""
+        if not self.beside:
+            return str(self.path)
+        return " + ".join(f"{s.label} {s.path}" for s in self.sources if s.path.exists()) or str(self.path)
 
     # -- connections -----------------------------------------------------------------------------------------
     @contextmanager
     def connect(self, *, write: bool) -> Iterator[duckdb.DuckDBPyConnection]:
         """A short-lived connection; a writer waits (up to LOCK_RETRY_S) while another process holds the file."""
-        if not write and not self.path.exists():
+        beside = self.beside and not write
+        if not write and not (self.exists() if beside else self.path.exists()):
             raise StoreError(f"no results store at {self.path}; run `quantbench demo` or `quantbench run` first")
         deadline = time.monotonic() + LOCK_RETRY_S
         delay = 0.05
         while True:
             try:
-                con = duckdb.connect(str(self.path), read_only=not write)
+                con = composite.connect(self.sources) if beside else duckdb.connect(str(self.path), read_only=not write)
                 break
+            except composite.SourceVersionError as e:
+                raise StoreError(str(e)) from None
             except duckdb.Error as e:
                 if not _is_lock_error(e) or time.monotonic() > deadline:
                     raise StoreUnavailableError(f"cannot open {self.path}: {e}") from e
@@ -139,9 +168,10 @@ class Store:
             con.close()
 
     def schema_version(self) -> int:
+        """The schema version of `path` (the stores beside it are checked when read)."""
         if not self.path.exists():
             return 0
-        with self.connect(write=False) as con:
+        with Store(self.path).connect(write=False) as con:
             return self.version_of(con)
 
     # -- writing ---------------------------------------------------------------------------------------------

@@ -10,9 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import duckdb
 import pandas as pd
 
 from quantbench.store import Store
+from quantbench.store.schema import RUN_SOURCE
 
 ANSWER_COLS = "record_id, question, benchmark, modality, options, probs, top, gold"
 
@@ -49,7 +51,7 @@ RUNS_WITH_LATENCY = (
     "WITH b AS (SELECT run_id, max(batch) AS batch FROM latencies GROUP BY run_id), "
     "t AS (SELECT l.run_id, count(*) / (sum(l.model_ms / l.batch) / 1000) AS decisions_per_s "
     "      FROM latencies l JOIN b ON l.run_id = b.run_id AND l.batch = b.batch GROUP BY l.run_id) "
-    "SELECT r.*, l.p50_ms, l.p90_ms, l.mean_ms, l.n_timed, b.batch, t.decisions_per_s FROM runs r "
+    "SELECT r.*, l.p50_ms, l.p90_ms, l.p99_ms, l.mean_ms, l.n_timed, b.batch, t.decisions_per_s FROM runs r "
     "LEFT JOIN run_latency l USING (run_id) LEFT JOIN b USING (run_id) LEFT JOIN t USING (run_id) "
 )
 
@@ -130,3 +132,59 @@ def latencies(store: Store, run_ids: Iterable[str]) -> pd.DataFrame:
     return store.read(
         "SELECT CAST(run_id AS VARCHAR) AS run_id, seq, phase, model_ms, prep_ms, tokens, batch FROM latencies "
         "WHERE list_contains(?, CAST(run_id AS VARCHAR)) ORDER BY run_id, seq", [list(run_ids)])
+
+
+# -- where runs came from (quantbench.store.home, quantbench.store.bundle) -------------------------------------
+RUN_SOURCE_COLS = ("run_id, store, store_kind, bundle_id, bundle, bundle_host, bundle_published_at, pulled_from, "
+                   "pulled_at")
+
+
+def _run_source(store: Store) -> str:
+    """The relation of run sources: the composite's `run_source` view over several stores, else the bundles this
+    store pulled (schema.RUN_SOURCE)."""
+    return "run_source" if store.beside else f"({RUN_SOURCE})"
+
+
+def run_sources(store: Store) -> pd.DataFrame:
+    """Per run read from several stores, or brought by a pulled bundle: the store it is read from and its bundle.
+    A store from before schema 8 has no bundles: an empty frame."""
+    try:
+        return store.read(f"SELECT {RUN_SOURCE_COLS} FROM {_run_source(store)}")
+    except duckdb.CatalogException:
+        return pd.DataFrame(columns=[c.strip() for c in RUN_SOURCE_COLS.split(",")])
+
+
+def run_summaries_with_sources(store: Store) -> pd.DataFrame:
+    """Every run's `run_summary` row with its source columns and its p99, oldest first."""
+    try:
+        return store.read(f"SELECT s.*, src.* EXCLUDE (run_id) FROM run_summary s LEFT JOIN {_run_source(store)} src "
+                          "USING (run_id) ORDER BY s.created_at")
+    except duckdb.CatalogException:
+        return store.read("SELECT * FROM run_summary ORDER BY created_at")
+
+
+def bundles(store: Store) -> pd.DataFrame:
+    """The bundles pulled into the store (schema 8), oldest first, with how many runs each carried and added."""
+    try:
+        return store.read(
+            "SELECT b.bundle_id, b.name, b.publisher_host, b.published_at, b.quantbench_version, b.quantbench_git_rev, "
+            "b.pulled_from, b.pulled_at, b.digest, count(i.item_id) FILTER (WHERE i.kind = 'run') AS runs, "
+            "count(i.item_id) FILTER (WHERE i.kind = 'run' AND i.added) AS runs_added, "
+            "count(i.item_id) FILTER (WHERE i.kind = 'load_run') AS load_runs "
+            "FROM bundles b LEFT JOIN bundle_items i USING (bundle_id) GROUP BY ALL ORDER BY b.pulled_at")
+    except duckdb.CatalogException:
+        return pd.DataFrame()
+
+
+def closed_loop_steps(store: Store) -> pd.DataFrame:
+    """Every closed-loop load step (a concurrency) with its load run's server and suite, newest load run first:
+    the latency of a variant at N clients, where `quantbench load` measured it. A store from before schema 6: empty."""
+    try:
+        return store.read(
+            "SELECT CAST(s.load_id AS VARCHAR) AS load_id, s.step, s.concurrency, s.ok, s.sent, s.decisions_per_s, "
+            "s.p50_ms, s.p90_ms, s.p99_ms, s.errors, r.server_model, r.server_variant, r.server_kernel_path, "
+            "r.server_gpu, r.suite_hash, r.requests_from, r.created_at, r.host FROM load_steps s "
+            "JOIN load_runs r USING (load_id) WHERE r.mode = 'closed' AND s.concurrency IS NOT NULL "
+            "ORDER BY r.created_at DESC, s.step")
+    except duckdb.CatalogException:
+        return pd.DataFrame()

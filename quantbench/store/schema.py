@@ -176,6 +176,31 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE answers ADD COLUMN modality VARCHAR DEFAULT 'text';
     """,
+    # 8: result bundles pulled into this store (`quantbench pull`, quantbench.store.bundle): one row per bundle with
+    # its manifest as pulled, and one per run or load run it carries, so every row can say where it came from.
+    # `added` is false for a run the store already held (measured here, or brought by an earlier bundle): a run's
+    # source is the bundle that added it.
+    """
+    CREATE TABLE bundles (
+        bundle_id VARCHAR PRIMARY KEY,        -- the manifest's bundle_id
+        digest VARCHAR NOT NULL,              -- sha256 of manifest.json as pulled (it names every file's sha256)
+        name VARCHAR,
+        published_at TIMESTAMPTZ,
+        publisher_host VARCHAR,
+        quantbench_version VARCHAR,
+        quantbench_git_rev VARCHAR,
+        pulled_from VARCHAR NOT NULL,         -- the folder, archive or URL as given to `quantbench pull`
+        pulled_at TIMESTAMPTZ NOT NULL,
+        manifest JSON NOT NULL
+    );
+    CREATE TABLE bundle_items (
+        bundle_id VARCHAR NOT NULL,
+        kind VARCHAR NOT NULL,                -- run | load_run
+        item_id UUID NOT NULL,                -- run_id or load_id
+        added BOOLEAN NOT NULL,               -- this pull inserted it (false: the store had it already)
+        PRIMARY KEY (bundle_id, kind, item_id)
+    );
+    """,
 ]
 
 # Views are recreated on every open (they hold no data), so they can change without a migration.
@@ -207,6 +232,16 @@ SELECT r.run_id, r.created_at, r.status, r.failure, r.backend, r.variant, r.role
 FROM runs r
 LEFT JOIN run_accuracy a USING (run_id)
 LEFT JOIN run_latency l USING (run_id);
+"""
+
+# Where each run of one store came from: the bundle that added it (schema 8). Not one of VIEWS, which an older
+# store's own quantbench made without the bundle tables; quantbench.store.composite defines `run_source` over
+# several stores, with the store each run is read from.
+RUN_SOURCE = """
+SELECT i.item_id AS run_id, NULL::VARCHAR AS store, NULL::VARCHAR AS store_kind, b.bundle_id, b.name AS bundle,
+       b.publisher_host AS bundle_host, b.published_at AS bundle_published_at, b.pulled_from, b.pulled_at
+FROM bundle_items i JOIN bundles b USING (bundle_id)
+WHERE i.kind = 'run' AND i.added
 """
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -40,7 +40,7 @@ from quantbench.errors import ConfigError, QuantbenchError
 from quantbench.models import hub, scorer
 from quantbench.models.calibration import CalibrationFile, calibration_texts, file_samples, load_calibration
 from quantbench.models.checkpoint import PROVENANCE_FILE, fingerprint, model_identity, read_config
-from quantbench.term import libraries_to, stderr_console
+from quantbench.term import libraries_to, load_note, stderr_console
 
 SCHEMES = ("int4", "nvfp4", "fp8")
 LIBRARIES = ("torch", "transformers", "auto-round", "nvidia-modelopt", "quantbench")
@@ -160,8 +160,9 @@ def quantize(
     if cal is not None and not omni:
         cal.refuse_media(frozenset())  # a text-only model: before anything loads
     what = f"{nsamples} samples of {seqlen} tokens" + (f" from {cal.path}" if cal is not None else "")
+    busy = load_note()
     say.print(f"{scheme}: quantizing {source or shape} with {library} {library_versions().get(library) or ''} "
-              f"({method}, {what}); the libraries' own log: {log}", highlight=False)
+              f"({method}, {what}); the libraries' own log: {log}" + (f"; {busy}" if busy else ""), highlight=False)
     started = time.perf_counter()
     calibrated: dict[str, Any] = {}  # a calibration file's provenance, for a text model (an omni child reports its own)
     try:

@@ -26,14 +26,21 @@ class _RichBar:
     """Stands in for the tqdm bar AutoRound's block loop drives: the same calls, drawn by rich on stderr."""
 
     def __init__(self, iterable: Any = None, total: int | None = None, **_: Any):
-        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         from quantbench.term import LineProgress, stderr_console
 
         total = total if total is not None else (len(iterable) if iterable is not None else None)
         self._iterable = iterable
         self._progress = LineProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                      TimeElapsedColumn(), console=stderr_console(), transient=False)
+                                      TimeElapsedColumn(), TextColumn("left at this pace"), TimeRemainingColumn(),
+                                      console=stderr_console(), transient=False)
         self._task = self._progress.add_task("AutoRound: quantizing layers", total=total)
         self._progress.start()
 

@@ -124,12 +124,19 @@ def load_for_calibration(source: str | Path, device: str) -> torch.nn.Module:
 
 
 def _progress(total: int, enabled: bool):
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from quantbench.term import LineProgress, stderr_console
 
     return LineProgress(TextColumn("ModelOpt: calibrating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=stderr_console(), disable=not enabled, transient=False)
+                        TextColumn("left at this pace"), TimeRemainingColumn(), console=stderr_console(),
+                        disable=not enabled, transient=False)
 
 
 def quantize_modelopt(
