@@ -17,6 +17,8 @@ from quantbench.cli.media_flags import (
     MaxImagePixels,
     MaxMediaBytes,
     MaxMediaParts,
+    MaxPartDecodedBytes,
+    MaxRequestDecodedBytes,
     MaxVideoFrames,
     MaxVideoSeconds,
     media_limits,
@@ -180,6 +182,8 @@ def run(
     max_audio_seconds: MaxAudioSeconds = limits.DEFAULT_MAX_AUDIO_SECONDS,
     max_video_frames: MaxVideoFrames = limits.DEFAULT_MAX_VIDEO_FRAMES,
     max_video_seconds: MaxVideoSeconds = limits.DEFAULT_MAX_VIDEO_SECONDS,
+    max_part_decoded_bytes: MaxPartDecodedBytes = limits.DEFAULT_MAX_PART_DECODED_BYTES,
+    max_request_decoded_bytes: MaxRequestDecodedBytes = limits.DEFAULT_MAX_REQUEST_DECODED_BYTES,
 ) -> None:
     """Run one variant on the suite in a fresh process and store every answer, latency and memory figure."""
     if noise_floor:
@@ -207,7 +211,9 @@ def run(
                      timeout_s=timeout, **options,
                      media_limits=media_limits(max_media_parts=max_media_parts, max_media_bytes=max_media_bytes,
                                                max_image_pixels=max_image_pixels, max_audio_seconds=max_audio_seconds,
-                                               max_video_frames=max_video_frames, max_video_seconds=max_video_seconds))
+                                               max_video_frames=max_video_frames, max_video_seconds=max_video_seconds,
+                                               max_part_decoded_bytes=max_part_decoded_bytes,
+                                               max_request_decoded_bytes=max_request_decoded_bytes))
         from quantbench.run.backend import get_backend  # lazy: a fast --help
         from quantbench.run.runner import preflight
         from quantbench.store import Store
