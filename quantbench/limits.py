@@ -12,8 +12,12 @@ from dataclasses import dataclass, fields
 from quantbench.errors import ConfigError
 
 # Options of one choice question. Past 26 there are no single-letter labels: the options are numbered and
-# scored by continuation (quantbench.protocol.prompt.option_labels), one sequence per option.
-DEFAULT_MAX_OPTIONS = 64
+# scored by continuation (quantbench.protocol.prompt.option_labels), one sequence per option, each holding the
+# whole prompt. The two defaults fit together: 32 options of a prompt up to 1,024 tokens are 32,768 padded tokens,
+# DEFAULT_MAX_REQUEST_TOKENS (with 64 options the same prompt was 65,536: no 64-option question with its options
+# listed could pass, so the limit could not be reached). 32 still asks a 30-tool router.
+DEFAULT_MAX_OPTIONS = 32
+OPTION_ROW_TOKENS = 1024  # the prompt length the defaults are sized for (tests/test_hostile_requests.py holds them)
 # Questions of one request: each is its own sequence in the forward pass.
 DEFAULT_MAX_QUESTIONS = 64
 # Options over all questions of one request (a boolean question has two): bounds the sequences of a request.

@@ -188,7 +188,7 @@ BAD_INPUTS = [
      "unknown question type"),
     ("empty_criteria", _req(questions={"q": {"type": "choice", "criteria": {}}}), 422, "criteria is empty"),
     ("huge_criteria", _req(questions={"q": {"type": "choice", "criteria": {f"o{i}": "x" for i in range(300)}}}),
-     422, "over the limit of 64 (--max-options)"),
+     422, "over the limit of 32 (--max-options)"),
     ("no_questions", _req(questions={}), 422, "questions is empty"),
     ("missing_state", json.dumps({"questions": {"q": {"type": "boolean"}}}).encode(), 422, "state"),
     ("unknown_field", _req(temperature=0.7), 422, "temperature"),

@@ -34,14 +34,24 @@ def _spec(**kw):
 
 
 def _execute_and_store(spec, db: Path) -> tuple[str, str]:
-    from quantbench.run.runner import execute, stop_on_signals, stop_requested  # lazy: a fast --help
+    from quantbench.run.runner import (  # lazy: fast --help
+        execute,
+        finishing_write,
+        stop_on_signals,
+        stop_requested,
+    )
     from quantbench.store import Store
 
     with stop_on_signals():  # SIGTERM / SIGHUP / Ctrl-C: the child is killed, the run stored as interrupted
         result = execute(spec)
-        run_id = Store(db).write_run(result)
+        with finishing_write():  # a stop signal now lets the write finish (a second one interrupts it)
+            run_id = Store(db).write_run(result)
     if signum := stop_requested():
-        err.print(f"[red]stopped by {signal.Signals(signum).name}:[/] run {run_id} stored in {db} as failed: interrupted",
+        run = result.run
+        how = ("as failed: interrupted" if run.failure == "interrupted" else
+               f"whole ({run.status}{': ' + run.failure if run.failure else ''}): the signal came as it was being "
+               "written, after the run had finished")
+        err.print(f"[red]stopped by {signal.Signals(signum).name}:[/] run {run_id} stored in {db} {how}",
                   soft_wrap=True)
         raise typer.Exit(128 + signum)
     return run_id, result.run.status
