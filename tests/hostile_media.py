@@ -15,7 +15,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
-
 def sdp(port: int) -> bytes:
     """An SDP description asking its reader to receive H.264 over RTP on UDP `port` (FFmpeg's probing opened
     it, bound the port on 0.0.0.0 and waited 10 s for packets)."""
