@@ -54,7 +54,7 @@ def writer(db: Path, n: int, gate: Path | None, cache: Path) -> subprocess.Popen
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def test_a_writer_failing_on_a_full_disk_never_deletes_the_store_another_writer_committed(tmp_path, small_disk):
+def test_a_writer_failing_on_a_full_disk_never_deletes_the_store_another_writer_committed(tmp_path, small_disk):  # noqa: F811
     """Two runs write to a new --db on a nearly full disk: A commits; B, which began before the store existed,
     fails with ENOSPC. A's run stays; B's is kept whole in a side file elsewhere, and B says where."""
     disk, cache = small_disk(8), tmp_path / "cache"
