@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -92,16 +93,28 @@ def _identity(loaded: LoadedVariant, machine: Any, state: ServerState) -> dict[s
 
 
 # What /healthz leaves out unless the server has an API key (and so the caller gave it): where the model lies on
-# the server's disk, and the machine (its name, OS, memory, CPU). A client needs what is served and its limits.
-PRIVATE_INFO = ("model_path", "extra")
+# the server's disk (model_path, and any path among its facts), and the machine (its name, OS, memory, CPU). A
+# client needs what is served (the model, its hashes, the kernel path, a checkpoint scorer's class and digests)
+# and its limits.
+PATH_SHOWN_AS = "(a path on the server)"
+
+
+def _without_paths(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_paths(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without_paths(v) for v in value]
+    if isinstance(value, str) and (value.startswith(("/", "~")) or re.match(r"[A-Za-z]:[\\/]", value)):
+        return PATH_SHOWN_AS
+    return value
 
 
 def public_health(body: dict[str, Any]) -> dict[str, Any]:
     """/healthz as a caller without a key sees it: what a client needs (status, the model, variant, kernel path,
-    device and GPU, batching, limits, counts), without the machine and the model's paths."""
+    device and GPU, batching, limits, counts), without the machine, the model's path or any other path."""
     out = {k: v for k, v in body.items() if k != "machine"}
     if isinstance(out.get("info"), dict):
-        out["info"] = {k: v for k, v in out["info"].items() if k not in PRIVATE_INFO}
+        out["info"] = _without_paths({k: v for k, v in out["info"].items() if k != "model_path"})
     return out
 
 
