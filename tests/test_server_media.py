@@ -138,6 +138,8 @@ def test_serve_takes_the_media_limits_as_flags_and_refuses_a_bad_one():
     from quantbench.cli import app
 
     for flag in ("--max-media-parts", "--max-media-bytes", "--max-image-pixels", "--max-audio-seconds",
-                 "--max-video-frames", "--max-video-seconds"):
-        out = CliRunner().invoke(app, ["serve", flag, "0"])
-        assert out.exit_code == 2 and f"{flag} 0: use 1 or more" in out.output, (flag, out.output)
+                 "--max-video-frames", "--max-video-seconds", "--max-part-decoded-bytes",
+                 "--max-request-decoded-bytes"):
+        for command in ("serve", "run"):
+            out = CliRunner().invoke(app, [command, flag, "0"])
+            assert out.exit_code == 2 and f"{flag} 0: use 1 or more" in out.output, (command, flag, out.output)

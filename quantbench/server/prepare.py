@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 from collections import Counter
 from collections.abc import Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
@@ -96,6 +97,7 @@ class PreparePool:
         self.threads = {"light": light, "heavy": heavy}
         self.counts = PoolCounts()
         self._lock = threading.Lock()  # the counts, from the pool's threads
+        self._jobs: weakref.WeakSet[Job] = weakref.WeakSet()  # jobs not yet settled: cancelled at shutdown
 
     def submit(self, fn: Callable[..., Any], *args: Any, heavy: bool = False, deadline: float | None = None,
                token: CancelToken | None = None) -> Job:
@@ -104,6 +106,8 @@ class PreparePool:
         loop = asyncio.get_running_loop()
         # asyncio's loop.time() is time.monotonic(), the clock a CancelToken's deadline is on
         job = Job(self, token or CancelToken(deadline), loop.create_future())
+        self._jobs.add(job)
+        job.future.add_done_callback(lambda _: self._jobs.discard(job))
         self._queue(job, Then(fn, *args, heavy=heavy), loop)
         return job
 
@@ -143,7 +147,10 @@ class PreparePool:
             pass
 
     async def shutdown(self) -> None:
-        """Stop taking jobs; cancel those waiting; wait for the running steps (each stops at its next check)."""
+        """Stop taking jobs; cancel every job not yet done; wait for the running steps (each stops at its next
+        check)."""
+        for job in list(self._jobs):
+            job.cancel("the server is stopping")
         loop = asyncio.get_running_loop()
         for executor in self._lanes.values():
             await loop.run_in_executor(None, lambda ex=executor: ex.shutdown(wait=True, cancel_futures=True))
