@@ -17,7 +17,7 @@ import pytest
 
 from quantbench.run.record import RunResult, uuid7
 from quantbench.store import Store, StoreError, keep_unsaved
-from tests.test_store import ANSWER, _cli_run, small_disk  # noqa: F401 - small_disk is a fixture
+from tests.test_store import ANSWER, small_disk  # noqa: F401 - small_disk is a fixture
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -145,13 +145,22 @@ def test_a_run_nothing_can_hold_says_it_is_lost_and_why(read_only, monkeypatch):
         Store(only / "r.duckdb").write_run(result())
 
 
-# `quantbench run` whose store write is slow (and announces itself, inside its transaction), so that a signal can
-# be sent during it.
+# What `quantbench run` does once its run has finished (quantbench.cli.run._execute_and_store: the stop signals
+# handled, the final write), with the run itself already done (execute returns a finished run at once) and the
+# store write slowed inside its transaction (announcing itself), so that a signal can be sent during it.
 SLOW_WRITE = """
-import os, sys, time
+import datetime as dt, os, sys, time
 from pathlib import Path
+import typer
+import quantbench.run.runner as runner
 import quantbench.store as store
+from quantbench.cli.run import _execute_and_store
+from quantbench.run.record import RunResult, uuid7
 
+def finished(spec):
+    return RunResult(run={"run_id": str(uuid7()), "status": "ok", "created_at": dt.datetime.now(dt.UTC),
+                          "backend": "bf16"})
+runner.execute = finished
 real = store.Store._insert
 def slow(con, table, rows, record=None):
     if table == "runs":  # inside the run's transaction
@@ -159,22 +168,19 @@ def slow(con, table, rows, record=None):
         time.sleep(1.5)
     return real(con, table, rows, record)
 store.Store._insert = staticmethod(slow)
-from quantbench.cli import app
-sys.argv = ["quantbench", *sys.argv[1:]]
-app()
+try:
+    _execute_and_store(None, Path(sys.argv[1]))
+except typer.Exit as e:
+    sys.exit(e.exit_code)
 """
 
 
 @pytest.mark.parametrize("signals", [1, 2])
 def test_a_stop_signal_during_the_final_write_says_what_happened(tmp_path, signals):
-    suite, db, writing = tmp_path / "one.jsonl", tmp_path / "r.duckdb", tmp_path / "writing"
-    suite.write_text('{"id": "r0", "benchmark": "mini", "request": {"state": {"observation": "wall"}, '
-                     '"questions": {"q": {"type": "boolean"}}}}\n')
+    db, writing = tmp_path / "r.duckdb", tmp_path / "writing"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "QB_TEST_WRITING": str(writing),
            "QUANTBENCH_CACHE": str(tmp_path / "cache")}
-    proc = subprocess.Popen([sys.executable, "-c", SLOW_WRITE, "run", "--backend", "tests.tiny:TinyBackend",
-                             "--suite", str(suite), "--gpu", "cpu", "--warmup", "0", "--latency-min-decisions", "1",
-                             "--latency-min-seconds", "0", "--db", str(db)], cwd=ROOT, env=env,
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_WRITE, str(db)], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not writing.exists():
