@@ -210,3 +210,16 @@ def test_a_frame_rate_out_of_bounds_is_refused_naming_fps(fps, words):
         parse_request({"state": {"clip": {"type": "video", "frames": [frame, frame], "fps": fps}},
                        "questions": QUESTIONS})
     assert info.value.field == "state.clip.fps" and words in info.value.problem, str(info.value)
+
+
+def test_whatever_else_a_decoder_raises_on_its_bytes_is_a_request_error_naming_them(monkeypatch):
+    """Pillow's plugins raise EOFError or IndexError on some corrupt files, outside the errors each decoder call
+    names: the part's bytes do not decode (a 4xx naming them), never an exception out of the request."""
+    from PIL import ImageFile
+
+    def broken(self):
+        raise EOFError("a plugin read past the end")
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", broken)
+    err = refused({"type": "image", "data": uri("image/png", image_bytes("PNG"))})
+    assert err.field == "state.clip.data" and "(a plugin read past the end)" in err.problem

@@ -33,6 +33,8 @@ import binascii
 import io
 import math
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,7 +54,7 @@ from quantbench.protocol import (
     media_parts,
     media_too_large,
 )
-from quantbench.protocol.cancel import check_cancelled
+from quantbench.protocol.cancel import Cancelled, check_cancelled
 
 if TYPE_CHECKING:
     from PIL.Image import Image
@@ -175,27 +177,44 @@ def probe_media(state: dict[str, Any], limits: Limits, *, base: Path | None = No
 def probe_part(field: str, part: dict[str, Any], limits: Limits, *, base: Path | None = None) -> MediaHeader:
     """One part's header, checked against every per-part limit (its decoded size included); nothing decoded."""
     check_media_part(field, part, limits)
-    if "frames" in part:
-        return _frames_header(field, part["frames"], float(part["fps"]), limits)[0]
-    raw, source, declared = _part_bytes(field, part, limits, base)
-    return _header(field, part["type"], source, raw, declared, limits)[0]
+    with _decoder_errors_named(field, part):
+        if "frames" in part:
+            return _frames_header(field, part["frames"], float(part["fps"]), limits)[0]
+        raw, source, declared = _part_bytes(field, part, limits, base)
+        return _header(field, part["type"], source, raw, declared, limits)[0]
 
 
 def decode_part(field: str, part: dict[str, Any], limits: Limits, *, base: Path | None = None) -> Decoded:
     """One part (its JSON and header checked again here, so this is safe on a part that never went through
     parse_request or probe_part)."""
     check_media_part(field, part, limits)
-    if "frames" in part:
-        header, uris = _frames_header(field, part["frames"], float(part["fps"]), limits)
-        return DecodedVideo(field, _decode_frames(header, uris), header.fps)
-    raw, source, declared = _part_bytes(field, part, limits, base)
-    header, opened = _header(field, part["type"], source, raw, declared, limits)
-    check_cancelled()
-    if header.kind == "image":
-        return DecodedImage(field, _decode_image(source, opened))
-    if header.kind == "audio":
-        return DecodedAudio(field, _decode_audio(header, raw), header.seconds)
-    return DecodedVideo(field, _decode_mp4(header, raw), header.fps)
+    with _decoder_errors_named(field, part):
+        if "frames" in part:
+            header, uris = _frames_header(field, part["frames"], float(part["fps"]), limits)
+            return DecodedVideo(field, _decode_frames(header, uris), header.fps)
+        raw, source, declared = _part_bytes(field, part, limits, base)
+        header, opened = _header(field, part["type"], source, raw, declared, limits)
+        check_cancelled()
+        if header.kind == "image":
+            return DecodedImage(field, _decode_image(source, opened))
+        if header.kind == "audio":
+            return DecodedAudio(field, _decode_audio(header, raw), header.seconds)
+        return DecodedVideo(field, _decode_mp4(header, raw), header.fps)
+
+
+@contextmanager
+def _decoder_errors_named(field: str, part: dict[str, Any]) -> Iterator[None]:
+    """Whatever else a third-party decoder raises on hostile bytes (an EOFError from a Pillow plugin, a
+    PermissionError from a nested open refused mid-stream, an IndexError in a corrupt header) is the part's bytes
+    not decoding: a RequestError naming the part's bytes, never a crash of the request. Each decoder's known
+    errors are named where they are raised; this is the boundary behind them."""
+    try:
+        yield
+    except (RequestError, Cancelled):
+        raise
+    except Exception as e:  # noqa: BLE001 - see the docstring: the decoders' unknown failures on hostile bytes
+        source = f"{field}.{next((k for k in ('data', 'path', 'frames') if k in part), 'data')}"
+        raise _not_decodable(source, part["type"], e) from None
 
 
 def _header(field: str, kind: str, source: str, raw: bytes, declared: str | None,
