@@ -12,8 +12,12 @@ from dataclasses import dataclass, fields
 from quantbench.errors import ConfigError
 
 # Options of one choice question. Past 26 there are no single-letter labels: the options are numbered and
-# scored by continuation (quantbench.protocol.prompt.option_labels), one sequence per option.
-DEFAULT_MAX_OPTIONS = 64
+# scored by continuation (quantbench.protocol.prompt.option_labels), one sequence per option, each holding the
+# whole prompt. The two defaults fit together: 32 options of a prompt up to 1,024 tokens are 32,768 padded tokens,
+# DEFAULT_MAX_REQUEST_TOKENS (with 64 options the same prompt was 65,536: no 64-option question with its options
+# listed could pass, so the limit could not be reached). 32 still asks a 30-tool router.
+DEFAULT_MAX_OPTIONS = 32
+OPTION_ROW_TOKENS = 1024  # the prompt length the defaults are sized for (tests/test_hostile_requests.py holds them)
 # Questions of one request: each is its own sequence in the forward pass.
 DEFAULT_MAX_QUESTIONS = 64
 # Options over all questions of one request (a boolean question has two): bounds the sequences of a request.
@@ -32,11 +36,18 @@ DEFAULT_MAX_IMAGE_PIXELS = 4096 * 4096  # per image or video frame, read from it
 DEFAULT_MAX_AUDIO_SECONDS = 600  # per audio part, read from its header
 DEFAULT_MAX_VIDEO_FRAMES = 256  # per video part, after sampling to its fps
 DEFAULT_MAX_VIDEO_SECONDS = 600  # per video part, read from its stream header
+# Decoded bytes, the memory a part takes once decoded (pixels x frames x 3 for pictures and video, samples x
+# channels x 4 for audio, as float32), computed from the headers before anything is decoded and counted again
+# while decoding. Each limit above is per dimension: a 59 KB mp4 of 256 black 4096^2 frames is inside all of them
+# and decodes to 12.9 GB; these bound the product. 256 MiB holds a 4096^2 picture five times over, 256 frames of
+# 640 x 480, or ten minutes of 48 kHz stereo.
+DEFAULT_MAX_PART_DECODED_BYTES = 256 << 20
+DEFAULT_MAX_REQUEST_DECODED_BYTES = 512 << 20  # over all the parts of one request
 
 
 # The media limits' names, in the order the CLI shows their flags.
 MEDIA_LIMITS = ("max_media_parts", "max_media_bytes", "max_image_pixels", "max_audio_seconds", "max_video_frames",
-                "max_video_seconds")
+                "max_video_seconds", "max_part_decoded_bytes", "max_request_decoded_bytes")
 
 
 @dataclass(frozen=True)
@@ -52,6 +63,8 @@ class Limits:
     max_audio_seconds: int = DEFAULT_MAX_AUDIO_SECONDS
     max_video_frames: int = DEFAULT_MAX_VIDEO_FRAMES
     max_video_seconds: int = DEFAULT_MAX_VIDEO_SECONDS
+    max_part_decoded_bytes: int = DEFAULT_MAX_PART_DECODED_BYTES
+    max_request_decoded_bytes: int = DEFAULT_MAX_REQUEST_DECODED_BYTES
 
     def __post_init__(self) -> None:
         for f in fields(self):

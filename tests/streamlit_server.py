@@ -37,15 +37,16 @@ def free_port() -> int:
 
 
 @contextmanager
-def dashboard(db: Path, log: Path, *extra: str) -> Iterator[tuple[str, subprocess.Popen]]:
+def dashboard(db: Path, log: Path, *extra: str, cwd: Path = ROOT) -> Iterator[tuple[str, subprocess.Popen]]:
     """(its URL, its process) once it answers /_stcore/health, over the store `db`; `extra` are streamlit's own
-    arguments (none: it listens where .streamlit/config.toml says). Stopped, and killed if it must, on exit."""
+    arguments (none: it listens where dashboard/.streamlit/config.toml says); `cwd`: where `streamlit run` is
+    started (the checkout's dashboard/ is named by its full path). Stopped, and killed if it must, on exit."""
     port = free_port()
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", "dashboard", "--server.headless", "true", "--server.port",
-             str(port), "--browser.gatherUsageStats", "false", *extra],
-            cwd=ROOT, env={**os.environ, "QUANTBENCH_DB": str(db)}, stdout=out, stderr=subprocess.STDOUT)
+            [sys.executable, "-m", "streamlit", "run", str(ROOT / "dashboard"), "--server.headless", "true",
+             "--server.port", str(port), "--browser.gatherUsageStats", "false", *extra],
+            cwd=cwd, env={**os.environ, "QUANTBENCH_DB": str(db)}, stdout=out, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + 60

@@ -1,4 +1,5 @@
-"""`streamlit run dashboard` from a checkout listens on this machine only (.streamlit/config.toml), unless told."""
+"""`streamlit run dashboard` listens on this machine only, wherever it is started (dashboard/.streamlit/config.toml,
+which Streamlit reads beside the app's script), unless told otherwise on the command line."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from tests.streamlit_server import dashboard
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def listening(extra: list[str], tmp_path: Path) -> set[str]:
-    """The addresses a dashboard started with `extra` arguments listens on, once it answers."""
-    with dashboard(tmp_path / "none.duckdb", tmp_path / "streamlit.log", *extra) as (url, proc):
+def listening(extra: list[str], tmp_path: Path, cwd: Path = ROOT) -> set[str]:
+    """The addresses a dashboard started with `extra` arguments from `cwd` listens on, once it answers."""
+    with dashboard(tmp_path / "none.duckdb", tmp_path / "streamlit.log", *extra, cwd=cwd) as (url, proc):
         port = int(url.rsplit(":", 1)[1])
         return {c.laddr.ip for c in psutil.Process(proc.pid).net_connections(kind="inet")
                 if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
@@ -21,6 +22,14 @@ def listening(extra: list[str], tmp_path: Path) -> set[str]:
 
 def test_the_dashboard_binds_to_localhost_by_default(tmp_path):
     assert listening([], tmp_path) == {"127.0.0.1"}
+
+
+def test_the_dashboard_binds_to_localhost_when_started_outside_the_checkout(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / ".streamlit").mkdir(parents=True)  # a working folder that asks for every interface
+    (elsewhere / ".streamlit" / "config.toml").write_text('[server]\naddress = "0.0.0.0"\n')
+    assert listening([], tmp_path, cwd=elsewhere) == {"127.0.0.1"}
+    assert listening([], tmp_path, cwd=tmp_path) == {"127.0.0.1"}  # and one with no config of its own
 
 
 def test_the_dashboard_binds_to_every_interface_when_told(tmp_path):

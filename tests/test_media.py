@@ -99,8 +99,7 @@ def test_parts_are_known_by_shape_under_any_key_and_in_lists():
         "state": {
             "observation": "a wall",
             "left_eye": {"type": "image", "data": png},
-            "views": ["front:", {"type": "image", "data": png}, {"type": "audio", "data": "not a part: 2 sources",
-                                                               "extra": 1}],
+            "views": ["front:", {"type": "image", "data": png}, {"kind": "audio", "note": "not a part: no type"}],
             "image": "a plain string under a media-sounding key is text",
             "weapon": {"type": "sword", "damage": 3},  # no source: an ordinary value
         },
@@ -173,7 +172,10 @@ def test_decode_media_walks_the_state_in_order():
 def test_undecodable_bytes_name_the_field():
     err = refused({"type": "image", "data": uri("image/png", b"garbage" * 10)})
     assert err.field == "state.camera.data" and "BytesIO" not in err.problem
-    assert err.problem.startswith("the bytes are not an image quantbench decodes (cannot identify image file")
+    assert err.problem == ("the bytes are not an image quantbench decodes (they do not start with the signature of "
+                           "JPEG or PNG or WEBP)")
+    err = refused({"type": "image", "data": uri("image/png", b"\x89PNG\r\n\x1a\n" + b"garbage" * 10)})
+    assert err.problem == "the bytes are not an image quantbench decodes (Truncated File Read)"
     err = refused({"type": "audio", "data": uri("audio/wav", b"garbage" * 10)})
     assert err.field == "state.camera.data" and err.problem.startswith("the bytes are not an audio quantbench decodes")
     err = refused({"type": "video", "data": uri("video/mp4", b"garbage" * 10)})

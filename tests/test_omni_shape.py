@@ -109,20 +109,29 @@ def test_each_media_part_is_decoded_once_per_process(monkeypatch):
     assert len(calls) == 2
 
 
-def test_the_server_decodes_a_part_in_its_gate_and_the_engine_finds_it(monkeypatch):
+def test_the_server_decodes_a_part_once_for_its_engine_and_its_gate_even_over_the_cache_bound(monkeypatch):
+    """The server prepares a request in one request scope (quantbench.server.endpoint): the engine decodes each
+    part there and the gate finds it, even a part the shared cache would not keep (issue #33: a part over the
+    cache's bound was decoded twice, by the gate and by the engine)."""
     import json
 
-    from quantbench.server.schema import decode_request
+    from quantbench.server.schema import decode_gate, decode_request
 
     calls = []
     real = media_cache.decode_part
     monkeypatch.setattr(media_cache, "decode_part", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
     media_cache.SHARED.clear()
+    monkeypatch.setattr(media_cache.SHARED, "max_bytes", 0)  # the cache keeps nothing: only the scope holds it
     engine = tiny_engine()
     body = json.dumps({"state": {"camera": {"type": "image", "data": uri("image/png", png(8))}},
                        "questions": {"ok": {"type": "boolean"}}}).encode()
     request = decode_request(body, limits=engine.limits, modalities=engine.modalities)
-    engine.forward(engine.prepare(request))
+    assert calls == []  # parsing and checking decode nothing
+    with media_cache.request_scope() as held:
+        prepared = engine.prepare(request)
+        decode_gate(request, engine.limits)
+        assert len(held) == 1
+    engine.forward(prepared)
     assert calls == ["state.camera"]
 
 

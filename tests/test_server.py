@@ -31,6 +31,8 @@ from quantbench.run.record import VariantInfo
 from quantbench.server import DEMO_REQUEST, cli_serve, create_app, demo
 from tests.tiny import save_tiny, tiny_model, tiny_tokenizer
 
+LOCAL = "http://127.0.0.1"  # the server answers its loopback names only (guard.py); TestClient's default is testserver
+
 ROOT = Path(__file__).resolve().parents[1]
 WAIT_S = 60.0  # every wait below is bounded by this
 
@@ -102,7 +104,7 @@ def started():
     clients = []
 
     def start(app, headers=None) -> TestClient:
-        client = TestClient(app, headers=headers or {})
+        client = TestClient(app, headers=headers or {}, base_url=LOCAL)
         client.__enter__()
         clients.append(client)
         wait_until(lambda: client.get("/healthz").status_code == 200, "the model to load")
@@ -120,7 +122,7 @@ def test_healthz_is_503_loading_until_the_model_loads_then_200_with_its_identity
         assert release.wait(WAIT_S)
         return tiny
 
-    with TestClient(create_app(slow_loader)) as client:
+    with TestClient(create_app(slow_loader), base_url=LOCAL) as client:
         r = client.get("/healthz")
         assert r.status_code == 503 and r.json()["status"] == "loading"
         r = client.post("/v1/systemone", content=CARD_BODY, headers=JSON_HEADERS)
@@ -138,7 +140,7 @@ def test_a_loader_that_fails_is_reported_by_healthz_and_requests(tiny):
     def broken():
         raise LoadError("model.safetensors: missing key model.layers.0.mlp.gate.weight")
 
-    with TestClient(create_app(broken)) as client:
+    with TestClient(create_app(broken), base_url=LOCAL) as client:
         wait_until(lambda: client.get("/healthz").json()["status"] == "failed", "the failure to show")
         r = client.get("/healthz")
         assert r.status_code == 503 and "missing key model.layers.0.mlp.gate.weight" in r.json()["error"]
@@ -186,7 +188,7 @@ BAD_INPUTS = [
      "unknown question type"),
     ("empty_criteria", _req(questions={"q": {"type": "choice", "criteria": {}}}), 422, "criteria is empty"),
     ("huge_criteria", _req(questions={"q": {"type": "choice", "criteria": {f"o{i}": "x" for i in range(300)}}}),
-     422, "over the limit of 64 (--max-options)"),
+     422, "over the limit of 32 (--max-options)"),
     ("no_questions", _req(questions={}), 422, "questions is empty"),
     ("missing_state", json.dumps({"questions": {"q": {"type": "boolean"}}}).encode(), 422, "state"),
     ("unknown_field", _req(temperature=0.7), 422, "temperature"),
@@ -321,7 +323,7 @@ def test_cli_serve_demo_loads_through_the_backend_and_prints_the_answer(model_di
 # -- property-based: nothing a client sends makes it answer 5xx ----------------------------------------------------
 @pytest.fixture(scope="module")
 def fuzz_client(tiny) -> Iterator[TestClient]:
-    with TestClient(create_app(lambda: tiny)) as client:
+    with TestClient(create_app(lambda: tiny), base_url=LOCAL) as client:
         wait_until(lambda: client.get("/healthz").status_code == 200, "the model to load")
         yield client
 
@@ -378,6 +380,7 @@ from quantbench.run.backend import get_backend
 from quantbench.run.spec import RunSpec
 from quantbench.run.machine import detect
 from quantbench.server import create_app, serve
+
 
 model, port, key, load_delay, forward_delay, max_queue = sys.argv[1:7]
 machine = detect()

@@ -23,6 +23,8 @@ import pytest
 
 from tests.tiny import save_tiny
 
+LOCAL = "http://127.0.0.1"  # the server answers its loopback names only (guard.py); TestClient's default is testserver
+
 ROOT = Path(__file__).resolve().parents[1]
 WAIT_S = 90.0
 JSON_HEADERS = {"Content-Type": "application/json"}
@@ -165,6 +167,7 @@ from quantbench.run.spec import RunSpec
 from quantbench.run.machine import detect
 from quantbench.server import create_app, serve
 
+
 model, port, forward_delay, settings = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), json.loads(sys.argv[4])
 header_timeout_s = settings.pop("header_timeout_s", 10.0)
 
@@ -266,7 +269,8 @@ def test_stalled_connections_are_closed_after_the_header_timeout(slow_server):
     half_headers = socket.create_connection(("127.0.0.1", server.port))
     half_headers.sendall(b"POST /v1/systemone HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n")
     half_body = socket.create_connection(("127.0.0.1", server.port))
-    half_body.sendall(b"POST /v1/systemone HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{\"state\":")
+    half_body.sendall(b"POST /v1/systemone HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 100\r\n\r\n{\"state\":")
     t0 = time.monotonic()
     try:
         assert _closed_within(silent, 5.0) == b"", "a connection that sent nothing stayed open"
@@ -309,7 +313,7 @@ def test_a_batch_holds_at_most_max_request_tokens_padded_tokens():
     loaded = LoadedVariant(engine, info, None)
     bodies = [{"state": {"observation": f"The player sees wall number {i}."},
                "questions": {"q": {"type": "boolean"}}} for i in range(5)]  # 1 sequence of < 60 tokens each
-    with TestClient(create_app(lambda: loaded, max_batch=8, max_request_tokens=110)) as client:
+    with TestClient(create_app(lambda: loaded, max_batch=8, max_request_tokens=110), base_url=LOCAL) as client:
         wait_until(lambda: client.get("/healthz").status_code == 200, "the model to load")
         with ThreadPoolExecutor(5) as pool:
             futures = [pool.submit(client.post, "/v1/systemone", json=b) for b in bodies]
@@ -334,7 +338,7 @@ def test_memory_freed_by_forward_passes_is_given_back_when_the_queue_empties():
     info = VariantInfo(variant="bf16", weight_format="float32", kernel_path="test", compute_dtype="float32",
                        model_id="tiny-test", weights="synthetic")
     loaded = LoadedVariant(TransformersEngine(tiny_model(), tiny_tokenizer()), info, None)
-    with TestClient(create_app(lambda: loaded)) as client:
+    with TestClient(create_app(lambda: loaded), base_url=LOCAL) as client:
         wait_until(lambda: client.get("/healthz").status_code == 200, "the model to load")
         assert client.post("/v1/systemone", json=CARD).status_code == 200
         wait_until(lambda: client.get("/metrics").json()["memory_trims"] == 1, "the idle worker to trim")
@@ -361,7 +365,7 @@ def test_with_truncation_a_4_mb_state_is_cut_before_it_is_tokenized_and_answers_
     huge = {"state": {"hp": 3, "observation": "wall " * 800_000}, "questions": questions}
     long = {"state": {"hp": 3, "observation": "wall " * 4_000}, "questions": {"q": {"type": "boolean"}}}
     whole = engine.forward(engine.prepare(parse_request(long)))["q"]  # the engine cutting the whole state
-    with TestClient(create_app(lambda: loaded, allow_truncation=True)) as client:
+    with TestClient(create_app(lambda: loaded, allow_truncation=True), base_url=LOCAL) as client:
         wait_until(lambda: client.get("/healthz").status_code == 200, "the model to load")
         t0 = time.perf_counter()
         r = client.post("/v1/systemone", json=huge)

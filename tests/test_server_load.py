@@ -24,6 +24,8 @@ from quantbench.server.app import warm_sizes
 from tests.test_server import request_for, wait_until
 from tests.tiny import tiny_model, tiny_tokenizer
 
+LOCAL = "http://127.0.0.1"  # the server answers its loopback names only (guard.py); TestClient's default is testserver
+
 WAIT_S = 60.0
 
 
@@ -65,7 +67,7 @@ def loaded_with(engine) -> LoadedVariant:
 
 
 def started(app) -> TestClient:
-    client = TestClient(app)
+    client = TestClient(app, base_url=LOCAL)
     client.__enter__()
     wait_until(lambda: client.get("/healthz").status_code == 200, "the model to load")
     return client

@@ -20,6 +20,8 @@ from quantbench.run.record import VariantInfo
 from quantbench.server import create_app
 from tests.tiny import tiny_model, tiny_tokenizer
 
+LOCAL = "http://127.0.0.1"  # the server answers its loopback names only (guard.py); TestClient's default is testserver
+
 JSON_HEADERS = {"Content-Type": "application/json"}
 QUESTIONS = {"q": {"type": "boolean"}}
 CARD = {"state": {"observation": "The player is facing a wall."}, "questions": QUESTIONS}
@@ -55,7 +57,7 @@ def tiny() -> LoadedVariant:
 
 
 def client_for(loaded: LoadedVariant, **kw) -> TestClient:
-    client = TestClient(create_app(lambda: loaded, **kw))
+    client = TestClient(create_app(lambda: loaded, **kw), base_url=LOCAL)
     client.__enter__()
     deadline = time.monotonic() + WAIT_S
     while client.get("/healthz").status_code != 200:
@@ -136,6 +138,8 @@ def test_serve_takes_the_media_limits_as_flags_and_refuses_a_bad_one():
     from quantbench.cli import app
 
     for flag in ("--max-media-parts", "--max-media-bytes", "--max-image-pixels", "--max-audio-seconds",
-                 "--max-video-frames", "--max-video-seconds"):
-        out = CliRunner().invoke(app, ["serve", flag, "0"])
-        assert out.exit_code == 2 and f"{flag} 0: use 1 or more" in out.output, (flag, out.output)
+                 "--max-video-frames", "--max-video-seconds", "--max-part-decoded-bytes",
+                 "--max-request-decoded-bytes"):
+        for command in ("serve", "run"):
+            out = CliRunner().invoke(app, [command, flag, "0"])
+            assert out.exit_code == 2 and f"{flag} 0: use 1 or more" in out.output, (command, flag, out.output)

@@ -167,8 +167,9 @@ def test_a_run_the_full_disk_cannot_take_is_kept_whole_for_merge(tmp_path, small
     kept = list((cache / "unsaved").glob("quantbench-unsaved-*.parquet"))
     assert len(kept) == 1  # its own folder is full: kept in the cache
     message = " ".join(done.stderr.split())
-    assert f"the run is kept whole in {kept[0]}: once the store can be written, `quantbench merge {kept[0]} " \
-           f"--db {db}` adds it" in message and "No space left on device" in message
+    assert f"the run is kept whole in {kept[0]} (not in {disk}: " in message  # where it went, and where not
+    assert f"once the store can be written, `quantbench merge {kept[0]} --db {db}` adds it" in message
+    assert "No space left on device" in message
     (disk / "filler").unlink()
     from quantbench.store.transfer import merge
 

@@ -14,6 +14,8 @@ MaxImagePixels = Annotated[int, typer.Option(help="Most pixels of an image or vi
 MaxAudioSeconds = Annotated[int, typer.Option(help="Longest audio part, in seconds, read from its header (413 past it)")]
 MaxVideoFrames = Annotated[int, typer.Option(help="Most frames of a video part (413 past it)")]
 MaxVideoSeconds = Annotated[int, typer.Option(help="Longest video part, in seconds, read from its stream header (413 past it)")]
+MaxPartDecodedBytes = Annotated[int, typer.Option(help="Most bytes one media part decodes to (pixels x frames x 3, samples x channels x 4), from its header before decoding (413 past it)")]
+MaxRequestDecodedBytes = Annotated[int, typer.Option(help="Most bytes all the media parts of one request decode to, from their headers before decoding (413 past it)")]
 DEFAULTS = {name: getattr(limits, "DEFAULT_" + name.upper()) for name in limits.MEDIA_LIMITS}
 
 

@@ -17,6 +17,8 @@ from quantbench.cli.media_flags import (
     MaxImagePixels,
     MaxMediaBytes,
     MaxMediaParts,
+    MaxPartDecodedBytes,
+    MaxRequestDecodedBytes,
     MaxVideoFrames,
     MaxVideoSeconds,
     media_limits,
@@ -32,14 +34,24 @@ def _spec(**kw):
 
 
 def _execute_and_store(spec, db: Path) -> tuple[str, str]:
-    from quantbench.run.runner import execute, stop_on_signals, stop_requested  # lazy: a fast --help
+    from quantbench.run.runner import (  # lazy: fast --help
+        execute,
+        finishing_write,
+        stop_on_signals,
+        stop_requested,
+    )
     from quantbench.store import Store
 
     with stop_on_signals():  # SIGTERM / SIGHUP / Ctrl-C: the child is killed, the run stored as interrupted
         result = execute(spec)
-        run_id = Store(db).write_run(result)
+        with finishing_write():  # a stop signal now lets the write finish (a second one interrupts it)
+            run_id = Store(db).write_run(result)
     if signum := stop_requested():
-        err.print(f"[red]stopped by {signal.Signals(signum).name}:[/] run {run_id} stored in {db} as failed: interrupted",
+        run = result.run
+        how = ("as failed: interrupted" if run.failure == "interrupted" else
+               f"whole ({run.status}{': ' + run.failure if run.failure else ''}): the signal came as it was being "
+               "written, after the run had finished")
+        err.print(f"[red]stopped by {signal.Signals(signum).name}:[/] run {run_id} stored in {db} {how}",
                   soft_wrap=True)
         raise typer.Exit(128 + signum)
     return run_id, result.run.status
@@ -180,6 +192,8 @@ def run(
     max_audio_seconds: MaxAudioSeconds = limits.DEFAULT_MAX_AUDIO_SECONDS,
     max_video_frames: MaxVideoFrames = limits.DEFAULT_MAX_VIDEO_FRAMES,
     max_video_seconds: MaxVideoSeconds = limits.DEFAULT_MAX_VIDEO_SECONDS,
+    max_part_decoded_bytes: MaxPartDecodedBytes = limits.DEFAULT_MAX_PART_DECODED_BYTES,
+    max_request_decoded_bytes: MaxRequestDecodedBytes = limits.DEFAULT_MAX_REQUEST_DECODED_BYTES,
 ) -> None:
     """Run one variant on the suite in a fresh process and store every answer, latency and memory figure."""
     if noise_floor:
@@ -204,7 +218,9 @@ def run(
                                                   max_image_pixels=max_image_pixels,
                                                   max_audio_seconds=max_audio_seconds,
                                                   max_video_frames=max_video_frames,
-                                                  max_video_seconds=max_video_seconds))
+                                                  max_video_seconds=max_video_seconds,
+                                                  max_part_decoded_bytes=max_part_decoded_bytes,
+                                                  max_request_decoded_bytes=max_request_decoded_bytes))
         from quantbench.run.backend import get_backend  # lazy: a fast --help
         from quantbench.run.checks import check_spec
         from quantbench.run.machine import detect

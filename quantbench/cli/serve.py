@@ -13,6 +13,8 @@ from quantbench.cli.media_flags import (
     MaxImagePixels,
     MaxMediaBytes,
     MaxMediaParts,
+    MaxPartDecodedBytes,
+    MaxRequestDecodedBytes,
     MaxVideoFrames,
     MaxVideoSeconds,
 )
@@ -45,6 +47,7 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to bind (loopback unless told otherwise)")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port")] = 8000,
     api_key: Annotated[str | None, typer.Option(envvar="QUANTBENCH_API_KEY", help="Require this key on every request")] = None,
+    allowed_host: Annotated[list[str] | None, typer.Option(help="A Host name the server answers besides the loopback names and --host (repeatable; '*': any). Requests addressed to any other name get 400: a web page cannot reach the server by DNS rebinding")] = None,
     demo: Annotated[bool, typer.Option(help="Answer one built-in decision, print it, exit")] = False,
     allow_truncation: Annotated[bool, typer.Option(help="Cut over-long states instead of answering 413")] = False,
     shape: Annotated[str | None, typer.Option(help="Synthetic real-shape model, e.g. qwen3-30b-a3b (random weights, as `run --shape`)")] = None,
@@ -71,6 +74,8 @@ def serve(
     max_audio_seconds: MaxAudioSeconds = limits.DEFAULT_MAX_AUDIO_SECONDS,
     max_video_frames: MaxVideoFrames = limits.DEFAULT_MAX_VIDEO_FRAMES,
     max_video_seconds: MaxVideoSeconds = limits.DEFAULT_MAX_VIDEO_SECONDS,
+    max_part_decoded_bytes: MaxPartDecodedBytes = limits.DEFAULT_MAX_PART_DECODED_BYTES,
+    max_request_decoded_bytes: MaxRequestDecodedBytes = limits.DEFAULT_MAX_REQUEST_DECODED_BYTES,
 ) -> None:
     """Serve the SystemOne decision API (POST /v1/systemone, GET /healthz) over HTTP."""
     from quantbench.server import cli_serve  # lazy: a fast --help
@@ -84,10 +89,13 @@ def serve(
                                    max_options=max_options, max_total_options=max_total_options,
                                    max_request_tokens=max_request_tokens, request_timeout_s=request_timeout,
                                    header_timeout_s=header_timeout, access_log=access_log,
+                                   allowed_hosts=allowed_host or [],
                                    media_limits={"max_media_parts": max_media_parts, "max_media_bytes": max_media_bytes,
                                                  "max_image_pixels": max_image_pixels,
                                                  "max_audio_seconds": max_audio_seconds,
                                                  "max_video_frames": max_video_frames,
-                                                 "max_video_seconds": max_video_seconds}) or 0)
+                                                 "max_video_seconds": max_video_seconds,
+                                                 "max_part_decoded_bytes": max_part_decoded_bytes,
+                                                 "max_request_decoded_bytes": max_request_decoded_bytes}) or 0)
     except QuantbenchError as e:
         _fail(e)

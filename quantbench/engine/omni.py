@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from quantbench.engine.base import EngineReport
+from quantbench.engine.media_context import check_media_headers
 from quantbench.engine.omni_graph import GraphedMediaDecoder
 from quantbench.engine.scoring import Prepared, TransformersEngine
 from quantbench.engine.towers import Towers
@@ -180,7 +181,8 @@ class OmniEngine(TransformersEngine):
             return prepared
         refuse_unread_media(request, self.modalities)
         self._mark("checks")
-        decoded = decode_media_once(request.state, self.limits, base=self.media_base)
+        decoded = decode_media_once(request.state, self.limits, base=self.media_base,
+                                    check=lambda headers: check_media_headers(self, request, headers))
         self._decoded = {id(part): item for (_, part), item in zip(request.media_parts(), decoded, strict=True)}
         self._mark("decode")
         try:
@@ -543,9 +545,7 @@ def _audio_tokens(feature_mask: Tensor, n_window: int) -> Tensor:
 
 
 def _video_array(video: DecodedVideo) -> Any:
-    import numpy as np
-
-    return np.stack(video.frames)  # [frames, height, width, 3] uint8
+    return np.asarray(video.frames)  # [frames, height, width, 3] uint8: decoded as one array, not copied again
 
 
 def _join(rows: list[dict], device: torch.device, dtype: torch.dtype, host_meta: bool = False) -> dict[str, Tensor]:

@@ -147,6 +147,28 @@ class MediaProcessor:
         out["input_ids"] = torch.tensor([self._expand(ids, out)])
         return out
 
+    def header_tokens(self, kind: str, *, width: int = 0, height: int = 0, frames: int = 1, samples: int = 0) -> int:
+        """The tokens a part of these dimensions becomes, counted as the processor counts them but from a header
+        alone (nothing decoded): an image by the image processor's own `get_number_of_image_patches` (what vLLM
+        places placeholders with), a video the same per frame at the video size times its temporal patches, audio
+        (`samples` at 16 kHz) by the audio encoder's output length for its feature frames. ValueError when the
+        processor cannot take the dimensions (an aspect ratio over 200)."""
+        ip = self.processor.image_processor
+        m2 = ip.merge_size ** 2
+        if kind == "image":
+            return ip.get_number_of_image_patches(height, width, {}) // m2
+        if kind == "video":
+            size = self.video_size or {}
+            bounds = {"min_pixels": size["shortest_edge"], "max_pixels": size["longest_edge"]} if size else {}
+            temporal = self.processor.video_processor.temporal_patch_size
+            return -(-frames // temporal) * ip.get_number_of_image_patches(height, width, bounds) // m2
+        import torch
+        from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as omni
+
+        hop = self.processor.feature_extractor.hop_length
+        feature_frames = torch.tensor([-(-samples // hop)])
+        return int(omni._get_feat_extract_output_lengths(feature_frames, self.n_window)[0])
+
     def _images(self, images: list[Any]) -> dict[str, Any]:
         if self.pixels is not None:
             return self.pixels.images(images)

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import deque
 from typing import Any, Literal
 
 from pydantic import (
@@ -54,6 +55,7 @@ from pydantic import (
 
 from quantbench.errors import RequestError
 from quantbench.limits import DEFAULT_MAX_OPTIONS, Limits, flag
+from quantbench.protocol.option_keys import comparable, invisible_character
 
 __all__ = ["DEFAULT_MAX_OPTIONS", "Limits"]  # re-exported: the protocol's limits live in quantbench.limits
 BOOLEAN_OPTIONS = ("yes", "no")
@@ -67,6 +69,9 @@ MEDIA_MIMES: dict[str, dict[str, str]] = {
 MEDIA_NOUNS = {"image": "an image", "audio": "an audio", "video": "a video"}  # for messages: "not an image format"
 MEDIA_SOURCES = ("data", "path", "frames")
 MEDIA_PART_KEYS = frozenset({"type", *MEDIA_SOURCES, "fps"})
+# The fastest frame rate a video may say it has (a `frames` list's fps, an mp4's stream): the model reads seconds
+# per frame pair from it, and 1e308 frames a second is no video. Slow-motion cameras record at up to 1,000.
+MAX_FPS = 1000.0
 DATA_URI = re.compile(r"data:([A-Za-z0-9.+-]+/[A-Za-z0-9.+-]+);base64,")
 
 
@@ -103,9 +108,13 @@ class Question(BaseModel):
         for key in self.criteria:
             if not key.strip():
                 raise ValueError("criteria has an empty option key; give every option a non-empty key")
-            norm = key.strip().casefold()
+            if (char := invisible_character(key)) is not None:
+                raise ValueError(f"criteria key {key!r} holds the invisible character {char}; remove it (an invisible "
+                                 "or bidi character makes a key read as another)")
+            norm = comparable(key)  # NFKC, look-alike letters, case: as a person reads the key
             if norm in seen:
-                raise ValueError(f"criteria keys {seen[norm]!r} and {key!r} are duplicates (keys must differ)")
+                raise ValueError(f"criteria keys {seen[norm]!r} and {key!r} read as the same option (compared after "
+                                 "Unicode NFKC normalization, case folding and look-alike letters); keys must differ")
             seen[norm] = key
         return self
 
@@ -303,8 +312,16 @@ def check_media_part(field: str, part: dict[str, Any], limits: Limits) -> None:
                 f"send fewer frames (sample them at a lower fps), or raise {flag('max_video_frames')}",
                 limit=limits.max_video_frames, flag=flag("max_video_frames"), status=413,
             )
-        if isinstance(fps, bool) or not isinstance(fps, int | float) or not 0 < fps < float("inf"):
-            raise RequestError(f"{field}.fps", f"must be a number of frames per second above 0, got {fps!r}", "")
+        if isinstance(fps, bool) or not isinstance(fps, int | float) or not 0 < fps <= MAX_FPS:
+            raise RequestError(f"{field}.fps", f"must be a number of frames per second above 0 and at most {MAX_FPS}, "
+                               f"got {fps!r}", "give the rate the frames were sampled at")
+        if len(frames) / fps > limits.max_video_seconds:
+            raise LimitError(
+                f"{field}.fps", f"{len(frames)} frames at {fps:g} per second last {len(frames) / fps:.4g} seconds, over "
+                f"the limit of {limits.max_video_seconds} ({flag('max_video_seconds')})",
+                f"give the frames' real rate, send fewer, or raise {flag('max_video_seconds')}",
+                limit=limits.max_video_seconds, flag=flag("max_video_seconds"), status=413,
+            )
         for i, frame in enumerate(frames):
             _, payload = data_uri_format(f"{field}.frames[{i}]", "image", frame)
             if encoded_size(payload) > limits.max_media_bytes:
@@ -331,10 +348,51 @@ def _bare_media_uri(state: Any) -> None:
                 )
 
 
+def _media_typed(value: Any) -> bool:
+    """An object whose `type` names a media type (in any case, with spaces around it): a media part, or wrong."""
+    kind = value.get("type") if isinstance(value, dict) else None
+    return isinstance(kind, str) and kind.strip().casefold() in MEDIA_MIMES
+
+
+def _misplaced_media(state: Any) -> None:
+    """RequestError naming the first object that says it is media (`"type": "image"` ...) but is not a media part
+    where parts are read: one with a key a part does not have (`url`), one with no bytes, or one nested deeper than
+    a state value or an item of a list value. Read as an ordinary value it would reach the model as its JSON text
+    (a URL the client meant to be fetched, a part with a typo): refused instead, so a client learns at once."""
+    if not isinstance(state, dict):
+        return
+    todo = deque((f"state.{key}", value, "value") for key, value in state.items())
+    while todo:
+        field, value, where = todo.popleft()
+        if isinstance(value, list):
+            inner = "item" if where == "value" else "deep"
+            todo.extend((f"{field}[{i}]", item, inner) for i, item in enumerate(value) if isinstance(item, dict | list))
+        elif not isinstance(value, dict):
+            continue
+        elif not _media_typed(value):
+            todo.extend((f"{field}.{key}", item, "deep") for key, item in value.items() if isinstance(item, dict | list))
+        elif where == "deep":
+            raise RequestError(
+                field, f"is a {value['type'].strip()} part nested inside another value, where it would be read as "
+                "text", "put a media part directly under a state key, or in a list under one",
+            )
+        elif (stray := next((key for key in value if key not in MEDIA_PART_KEYS), None)) is not None:
+            raise RequestError(
+                f"{field}.{stray}", "is not a field of a media part (a part has type and one of data, frames; fps "
+                "with frames)", 'send the bytes inline as "data": "data:<mime>;base64,..." (quantbench never fetches '
+                "URLs), or give the object another type if it is not media",
+            )
+        elif not any(key in value for key in MEDIA_SOURCES):
+            raise RequestError(field, f"a {value['type'].strip()} part has no bytes",
+                               'add "data": "data:<mime>;base64,..." (a video may give "frames" and "fps" instead)')
+
+
 def check_media(state: Any, limits: Limits) -> None:
-    """The media parts of a parsed state: their count, then each part's JSON (check_media_part). A media data URI
-    given as a plain string is refused too."""
+    """The media parts of a parsed state: every object that says it is media is a part where parts are read
+    (_misplaced_media), their count, then each part's JSON (check_media_part). A media data URI given as a plain
+    string is refused too."""
     _bare_media_uri(state)
+    _misplaced_media(state)
     parts = media_parts(state)
     if len(parts) > limits.max_media_parts:
         raise LimitError(
@@ -417,9 +475,22 @@ def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _no_constant(name: str) -> Any:
+    raise RequestError("request", f"holds {name}, which is not JSON (JSON numbers are finite)",
+                       "send a finite number, or null")
+
+
 def loads_strict(text: str | bytes) -> Any:
-    """json.loads that refuses duplicate keys (plain json keeps the last one silently)."""
-    return json.loads(text, object_pairs_hook=_reject_duplicate_keys)
+    """json.loads that refuses duplicate keys (plain json keeps the last one silently), NaN and Infinity (Python's
+    json reads them; JSON has no such numbers) and integers over Python's 4,300 digits (a ValueError otherwise),
+    each as a RequestError naming the request."""
+    try:
+        return json.loads(text, object_pairs_hook=_reject_duplicate_keys, parse_constant=_no_constant)
+    except (json.JSONDecodeError, RequestError):
+        raise
+    except ValueError as e:  # "Exceeds the limit (4300 digits) for integer string conversion"
+        raise RequestError("request", f"holds a number too long to read ({e})",
+                           "send numbers of at most 4,300 digits") from None
 
 
 def _field_path(loc: tuple[Any, ...]) -> str:

@@ -158,6 +158,7 @@ class _StopState:
         self.signum: int | None = None
         self.installed = False
         self.live = 0  # children running under execute() now
+        self.writing = 0  # runs being written to the store now (finishing_write)
         self.lock = threading.Lock()
 
 
@@ -175,9 +176,25 @@ def stopping() -> bool:
 
 
 def _on_stop_signal(signum: int, frame: Any) -> None:
+    first = _stop.signum is None
     _stop.signum = _stop.signum or signum
-    if _stop.live == 0:  # no run to wind up: stop now, as the signal's default would
+    # No run to wind up: stop now, as the signal's default would; unless a finished run is being written, which
+    # the first signal lets finish (under a second) and a second one interrupts.
+    if _stop.live == 0 and (_stop.writing == 0 or not first):
         raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def finishing_write() -> Iterator[None]:
+    """While inside (a run's rows going into the store), a stop signal does not interrupt the write: it is
+    recorded (stop_requested) and the write finishes; a second signal interrupts it, and the store keeps the run
+    in a side file, saying which signal stopped it. A SIGTERM that arrived during the final write used to cut it
+    and report only "(143)"."""
+    _stop.writing += 1
+    try:
+        yield
+    finally:
+        _stop.writing -= 1
 
 
 @contextlib.contextmanager

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -46,6 +47,8 @@ from quantbench.server.batcher import (
     MicroBatcher,
 )
 from quantbench.server.endpoint import PATH, ServerState, SystemOneEndpoint
+from quantbench.server.guard import LOOPBACK_HOSTS, HostGuard
+from quantbench.server.prepare import DEFAULT_HEAVY_THREADS, DEFAULT_LIGHT_THREADS, PreparePool
 from quantbench.server.schema import DEMO_REQUEST, ERROR_RESPONSES
 
 log = logging.getLogger("quantbench.server")
@@ -87,6 +90,32 @@ def _identity(loaded: LoadedVariant, machine: Any, state: ServerState) -> dict[s
         if is_dataclass(machine) and not isinstance(machine, type)
         else None,
     }
+
+
+# What /healthz leaves out unless the server has an API key (and so the caller gave it): where the model lies on
+# the server's disk (model_path, and any path among its facts), and the machine (its name, OS, memory, CPU). A
+# client needs what is served (the model, its hashes, the kernel path, a checkpoint scorer's class and digests)
+# and its limits.
+PATH_SHOWN_AS = "(a path on the server)"
+
+
+def _without_paths(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_paths(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without_paths(v) for v in value]
+    if isinstance(value, str) and (value.startswith(("/", "~")) or re.match(r"[A-Za-z]:[\\/]", value)):
+        return PATH_SHOWN_AS
+    return value
+
+
+def public_health(body: dict[str, Any]) -> dict[str, Any]:
+    """/healthz as a caller without a key sees it: what a client needs (status, the model, variant, kernel path,
+    device and GPU, batching, limits, counts), without the machine, the model's path or any other path."""
+    out = {k: v for k, v in body.items() if k != "machine"}
+    if isinstance(out.get("info"), dict):
+        out["info"] = _without_paths({k: v for k, v in out["info"].items() if k != "model_path"})
+    return out
 
 
 def warm_sizes(max_batch: int, cuda: bool) -> list[int]:
@@ -138,10 +167,15 @@ def create_app(
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
     machine: Any = None,
     media_limits: dict[str, int] | None = None,
+    allowed_hosts: frozenset[str] | None = LOOPBACK_HOSTS,
+    prepare_threads: int = DEFAULT_LIGHT_THREADS,
+    heavy_prepare_threads: int = DEFAULT_HEAVY_THREADS,
 ) -> FastAPI:
     """The SystemOne app. `loader` runs in a background thread when the app starts (the port is open meanwhile).
     With `warm`, the loaded model answers the demo request (on a GPU at each power-of-two batch up to `max_batch`)
-    before /healthz says ok (first-call costs, CUDA graph captures and the kernel report come before any client)."""
+    before /healthz says ok (first-call costs, CUDA graph captures and the kernel report come before any client).
+    `allowed_hosts`: the Host names it answers (guard.py; None: any). Requests are prepared on a PreparePool of
+    `prepare_threads` light and `heavy_prepare_threads` heavy threads (prepare.py)."""
     if max_batch < 1 or max_queue < 1 or max_wait_ms < 0 or max_body_bytes < 1 or max_queue_ms < 0:
         raise ValueError("max_batch, max_queue and max_body_bytes must be >= 1, max_wait_ms and max_queue_ms >= 0")
     if max_request_tokens < 1 or not request_timeout_s > 0:
@@ -162,6 +196,7 @@ def create_app(
             max_batch_tokens=max_request_tokens, max_queue_ms=max_queue_ms,
         )
         state.batcher.forwards = warmed
+        state.pool = PreparePool(prepare_threads, heavy_prepare_threads)
         state.batcher.start()
         log.info("model %s (%s) loaded in %.1f s", loaded.info.model_id, loaded.info.variant, state.load_s)
 
@@ -202,6 +237,8 @@ def create_app(
         # uvicorn has stopped accepting and waited for open requests; finish what is still queued.
         if state.batcher:
             await state.batcher.drain(DRAIN_TIMEOUT_S)
+        if state.pool:
+            await state.pool.shutdown()
 
     app = FastAPI(
         title="quantbench SystemOne server",
@@ -212,6 +249,8 @@ def create_app(
     app.state.qb = state
     if api_key:
         require_api_key(app, api_key)
+    if allowed_hosts is not None:  # added last, so it runs first: no other layer sees a foreign Host
+        app.add_middleware(HostGuard, allowed=allowed_hosts, on_reject=lambda: state.metrics.rejected.update([400]))
 
     @app.get("/healthz", responses={503: {"description": "The model is still loading, or failed to load."}})
     async def healthz() -> JSONResponse:
@@ -246,12 +285,14 @@ def create_app(
             },
             "metrics": state.metrics.to_dict(),
         }
-        return JSONResponse(body)
+        return JSONResponse(body if api_key else public_health(body))
 
     @app.get("/metrics")
     async def metrics() -> JSONResponse:
         queued = state.batcher.pending if state.batcher else 0
-        return JSONResponse({**state.metrics.to_dict(), "pending": queued, "max_queue": max_queue})
+        prepare = state.pool.counts.to_dict() if state.pool else None
+        return JSONResponse({**state.metrics.to_dict(), "pending": queued, "max_queue": max_queue,
+                             "prepare": prepare})
 
     @app.post(
         PATH,

@@ -28,7 +28,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -170,7 +169,7 @@ class MicroBatcher:
 
     A group holds at most `max_batch` requests and `max_batch_tokens` padded tokens (sequences x longest), so
     a batch of large requests costs no more memory than one request at the limit. Large requests are parsed and
-    tokenized on another thread (`prepare`), never the model's."""
+    tokenized on the preparation pool's threads (quantbench.server.prepare), never the model's."""
 
     def __init__(
         self,
@@ -197,7 +196,6 @@ class MicroBatcher:
         self._held: _Job | None = None  # taken from the queue but over the token budget of the batch it met
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._prep = ThreadPoolExecutor(1, thread_name_prefix="quantbench-prepare")
         self._trim = malloc_trim()
         self._trimmed_at, self._batches_since_trim = float("-inf"), 0
 
@@ -205,10 +203,6 @@ class MicroBatcher:
         self._loop = asyncio.get_running_loop()
         self._thread = threading.Thread(target=self._work, name="quantbench-model", daemon=True)
         self._thread.start()
-
-    def prepare(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
-        """Run `fn(*args)` (parse, validate, tokenize) on the preparing thread."""
-        return asyncio.get_running_loop().run_in_executor(self._prep, fn, *args)
 
     # -- the event loop's side ---------------------------------------------------------------------------------
     def expected_wait_s(self, pending: int) -> float:
@@ -276,14 +270,13 @@ class MicroBatcher:
                 job.future.set_result(done.answers[i])  # type: ignore[index]
 
     async def drain(self, timeout_s: float) -> None:
-        """Wait for queued and running requests (graceful shutdown), then stop the model and preparing threads."""
+        """Wait for queued and running requests (graceful shutdown), then stop the model thread."""
         deadline = time.monotonic() + timeout_s
         while self.pending and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         self._queue.put(_STOP)
         if self._thread is not None:
             self._thread.join()
-        self._prep.shutdown(wait=True, cancel_futures=True)
 
     # -- the model thread --------------------------------------------------------------------------------------
     def _work(self) -> None:

@@ -36,6 +36,8 @@ from quantbench.server.batcher import (
     DEFAULT_MAX_QUEUE_MS,
     DEFAULT_MAX_WAIT_MS,
 )
+from quantbench.server.guard import WILDCARD_BINDS
+from quantbench.server.guard import allowed_hosts as allowed_hosts_for
 
 
 def cli_serve(
@@ -67,6 +69,7 @@ def cli_serve(
     max_queue_ms: float = DEFAULT_MAX_QUEUE_MS,
     warm: bool = True,
     access_log: bool = False,
+    allowed_hosts: list[str] | None = None,
 ) -> int:
     """`quantbench serve`: load `model` through `backend` (as `run`'s child does: the same RunSpec, its backend's
     own options such as cuda_graph and fused_ops, `shape` for the synthetic real-shape model) and serve it, or
@@ -134,6 +137,13 @@ def cli_serve(
             f"(set --api-key or {API_KEY_ENV})",
             file=sys.stderr,
         )
+    hosts = allowed_hosts_for(host, allowed_hosts or [])
+    if hosts is None:
+        print("warning: --allowed-host '*': requests addressed to any name are answered, so a web page can reach "
+              "this server by DNS rebinding", file=sys.stderr)
+    elif host in WILDCARD_BINDS and not allowed_hosts:
+        print(f"note: serving on {host or 'every interface'}, the server answers requests addressed to "
+              f"{', '.join(sorted(hosts))} only; add the names clients use with --allowed-host", file=sys.stderr)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
     app = create_app(
         load,
@@ -152,6 +162,7 @@ def cli_serve(
         request_timeout_s=request_timeout_s,
         machine=machine,
         media_limits=media_limits,
+        allowed_hosts=hosts,
     )
     code = serve(app, host, port, header_timeout_s=header_timeout_s, access_log=access_log)
     if code:  # serve() stopped the server because the model failed to load; the app's state says why

@@ -18,9 +18,13 @@ from typing import Any
 
 from quantbench.errors import RequestError
 from quantbench.limits import Limits, flag
+from quantbench.protocol import DecisionRequest
+from quantbench.protocol.cancel import Cancelled
+from quantbench.protocol.media_cache import request_scope
 from quantbench.run.backend import LoadedVariant
 from quantbench.run.record import KernelPath
 from quantbench.server.batcher import Answered, Metrics, MicroBatcher, QueueFull, QueueTimeout, padded_tokens
+from quantbench.server.prepare import Job, PreparePool, Then
 from quantbench.server.schema import (
     BATCH_HEADER,
     QUEUE_MS_HEADER,
@@ -28,17 +32,24 @@ from quantbench.server.schema import (
     ErrorBody,
     Rejected,
     bound_long_state,
+    decode_gate,
     decode_request,
     from_request_error,
+    media_headers,
     over_deadline,
 )
 
 PATH = "/v1/systemone"
 SERVER_TIMING_HEADER = "Server-Timing"
-# A request body up to this size is parsed and tokenized on the event loop (well under a millisecond for a card
-# request: the hop to the preparing thread and back cost more than the work); a larger one on the preparing thread,
-# so that it never holds up the others.
+# A request body up to this size is parsed on the event loop, and tokenized there if it holds no media (well under a
+# millisecond for a card request: the hop to a preparing thread and back cost more than the work); anything with
+# media, and any larger body, is prepared on the preparation pool (quantbench.server.prepare), never on the loop.
 INLINE_PREPARE_BYTES = 4096
+# Work past these goes to the pool's heavy lane, so that it never holds up the light requests behind it: a body
+# this large (parsing and checking megabytes of JSON takes tens to hundreds of milliseconds), or media that decode
+# to this many bytes (a 2048 x 2048 picture is 12 MiB).
+HEAVY_BODY_BYTES = 256 << 10
+HEAVY_DECODED_BYTES = 16 << 20
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -48,6 +59,7 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 class ServerState:
     loaded: LoadedVariant | None = None
     batcher: MicroBatcher | None = None
+    pool: PreparePool | None = None  # prepares requests off the event loop (made with the batcher)
     error: str | None = None
     started: float = field(default_factory=time.monotonic)
     load_s: float | None = None
@@ -114,14 +126,18 @@ async def _disconnected(receive: Receive) -> None:
         pass
 
 
-async def _first(work: asyncio.Future[Any], gone: asyncio.Future[None], deadline: float) -> Any:
+async def _first(work: asyncio.Future[Any] | Job, gone: asyncio.Future[None], deadline: float) -> Any:
     """The result of `work`; if the client goes first (ClientGone) or the deadline passes (TimeoutError), `work`
-    is cancelled: a queued request is then skipped, never computed."""
+    is cancelled: a queued request is then skipped, never computed, and a preparation stops at its next check."""
+    future = work.future if isinstance(work, Job) else work
     timeout = deadline - asyncio.get_running_loop().time()
-    done, _ = await asyncio.wait({work, gone}, timeout=max(0.0, timeout), return_when=asyncio.FIRST_COMPLETED)
-    if work in done:
-        return work.result()
-    work.cancel()
+    done, _ = await asyncio.wait({future, gone}, timeout=max(0.0, timeout), return_when=asyncio.FIRST_COMPLETED)
+    if future in done:
+        return future.result()
+    if isinstance(work, Job):
+        work.cancel("its client disconnected" if gone in done else "its deadline passed")
+    else:
+        work.cancel()
     if gone in done:
         raise ClientGone
     raise TimeoutError
@@ -183,6 +199,12 @@ class SystemOneEndpoint:
 
     async def _answer(self, scope: dict[str, Any], receive: Receive, timing: dict[str, float]) -> Answered:
         state = self.state
+        mime = (header(scope, b"content-type") or b"").split(b";", 1)[0].strip().lower()
+        if mime != b"application/json":  # a web page's form or text/plain fetch needs no CORS preflight: refused
+            raise Rejected(415, ErrorBody(
+                detail=f"Content-Type {mime.decode('latin-1')[:60] or '(none)'} is not application/json",
+                field="Content-Type", fix="send the request as JSON with the header Content-Type: application/json",
+            ), headers={"Connection": "close"})
         batcher = state.batcher
         if batcher is None:
             detail = f"the model failed to load: {state.error}" if state.error else "the model is still loading"
@@ -215,15 +237,20 @@ class SystemOneEndpoint:
         queued = False
         try:
             t = time.perf_counter()
-            if len(body) <= INLINE_PREPARE_BYTES:  # a small request: no hop to the preparing thread and back
-                prepared = self._prepare(body)
+            if len(body) <= INLINE_PREPARE_BYTES:  # a small request: parsed here, no hop to a preparing thread
+                step: Any = self._parse(body)
             else:
-                prepared = await _first(batcher.prepare(self._prepare, body), gone, deadline)
+                step = Then(self._parse, body, heavy=len(body) > HEAVY_BODY_BYTES)
+            if isinstance(step, Then):  # media, or a larger body: prepared on the pool, cancelled with the request
+                job = state.pool.submit(step.fn, *step.args, heavy=step.heavy, deadline=deadline)  # type: ignore[union-attr]
+                prepared = await _first(job, gone, deadline)
+            else:
+                prepared = step
             timing["prepare"] = time.perf_counter() - t
             answer = batcher.submit(prepared)
             queued = True
             return await _first(answer, gone, deadline)
-        except TimeoutError:
+        except (TimeoutError, Cancelled):
             state.metrics.dropped["deadline"] += 1
             raise over_deadline(504, "it was dropped", self.request_timeout_s) from None
         except ClientGone:
@@ -245,14 +272,40 @@ class SystemOneEndpoint:
             if not queued:
                 batcher.release()
 
-    def _prepare(self, body: bytes) -> Any:
-        """Parse and check the body, tokenize it, check its tokens (no model work): on the event loop for a small
-        body, on the preparing thread for a large one."""
+    # -- preparing: steps run on the event loop (a small body's parse) or on the preparation pool -----------------
+    def _parse(self, body: bytes) -> Any:
+        """Parse and check the body (no media decoded). A request without media is tokenized now and returned
+        prepared; one with media goes on to `_media` on the pool (never decoded on the event loop)."""
         engine = self.state.batcher.engine  # type: ignore[union-attr]  # requests reach here only once loaded
         # The engine's `modalities`: the media types its model reads (none: a text-only model).
         decision, cut = bound_long_state(engine, decode_request(body, limits=self.limits,
                                                                 modalities=engine.modalities))
-        prepared = engine.prepare(decision)
+        if decision.media_parts():
+            return Then(self._media, decision, cut)
+        return self._finish(engine.prepare(decision), cut)
+
+    def _media(self, decision: DecisionRequest, cut: bool) -> Any:
+        """Every part's header, checked against the limits and the request's decoded bytes before anything is
+        decoded; media that decode to many bytes go on to the heavy lane."""
+        headers = media_headers(decision, self.limits)
+        then = Then(self._decode_and_prepare, decision, cut,
+                    heavy=sum(h.decoded_bytes for h in headers) > HEAVY_DECODED_BYTES)
+        return then if then.heavy else self._decode_and_prepare(decision, cut)
+
+    def _decode_and_prepare(self, decision: DecisionRequest, cut: bool) -> Any:
+        """Decode and tokenize, in one request scope: an engine that reads media checks the headers against its
+        context and decodes each part once (quantbench.protocol.media_cache), the gate then finds them decoded
+        (or, for an engine that does not decode, decodes them), and they are let go when the request is
+        prepared: the prepared request holds the processor's tensors only."""
+        engine = self.state.batcher.engine  # type: ignore[union-attr]
+        with request_scope():
+            prepared = engine.prepare(decision)
+            decode_gate(decision, self.limits)
+        return self._finish(prepared, cut)
+
+    def _finish(self, prepared: Any, cut: bool) -> Any:
+        """Check a prepared request's tokens (no model work)."""
+        engine = self.state.batcher.engine  # type: ignore[union-attr]
         if cut:
             for reader in getattr(prepared, "readers", []):
                 reader.truncated = True  # the state was cut here, before the engine cut it further

@@ -20,7 +20,8 @@ from quantbench.protocol import (
     loads_strict,
     parse_request,
 )
-from quantbench.protocol.media_cache import decode_once
+from quantbench.protocol.media import MediaHeader, probe_media
+from quantbench.protocol.media_cache import decode_media_once
 from quantbench.protocol.prompt import render_state
 
 # The reference card's curl example: what `--demo` answers.
@@ -91,10 +92,11 @@ def over_deadline(status: int, what: str, timeout_s: float) -> Rejected:
 ERROR_RESPONSES = {
     status: {"model": ErrorBody, "description": text}
     for status, text in [
-        (400, "The body is not UTF-8 JSON."),
+        (400, "The body is not UTF-8 JSON, or the Host header is not a name the server answers to."),
         (401, "Missing or wrong API key."),
         (408, "The body did not arrive within the request deadline."),
-        (413, "The body, its questions, options or tokens are over a limit (the error names it)."),
+        (413, "The body, its questions, options, tokens or media are over a limit (the error names it)."),
+        (415, "The Content-Type is not application/json."),
         (422, "The request is invalid, a question has too many options, or its prompt is over the model's context."),
         (503, "The model is still loading, or the queue is full (see Retry-After)."),
         (504, "No answer within the request deadline (the request was dropped)."),
@@ -129,8 +131,9 @@ def decode_request(
         data = loads_strict(text)
         if isinstance(data, dict):
             check_limits(data, limits)  # counts first: a request over a limit is not walked any further
-        # A \ud800 escape parses into a string no tokenizer can encode: refuse it here, not in the model thread.
-        json.dumps(data, ensure_ascii=False).encode("utf-8")
+        # A \ud800 escape parses into a string no tokenizer can encode, and 1e999 into infinity: refuse them
+        # here, not in the model thread.
+        json.dumps(data, ensure_ascii=False, allow_nan=False).encode("utf-8")
     except json.JSONDecodeError as e:
         raise bad(
             f"is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}", "send one JSON object"
@@ -141,22 +144,24 @@ def decode_request(
         raise bad(
             "contains an unpaired UTF-16 surrogate escape (\\ud800-\\udfff)", "send valid Unicode text"
         ) from None
-    except RequestError as e:  # duplicate keys, a limit
+    except RequestError as e:  # duplicate keys, NaN, a limit
         raise from_request_error(422, e) from None
+    except ValueError:  # json.dumps: a float out of range (1e999 parses as infinity)
+        raise bad("holds a number out of range (such as 1e999, which reads as infinity)",
+                  "send finite numbers") from None
     try:
         request = parse_request(data, limits=limits)
     except RequestError as e:
         raise from_request_error(422, e) from None
-    media_gate(request, limits, modalities)
+    refuse_unservable_media(request, modalities)
     return request
 
 
-def media_gate(request: DecisionRequest, limits: Limits, modalities: frozenset[str]) -> None:
-    """Refuse media the server must not or cannot read, naming the field: a `path` (the server never reads local
-    files; a `data` that is not a data URI was refused by the protocol: it never fetches URLs), a type the model
-    has no input for, and bytes that do not decode or break a limit (413). Decoding runs on the preparing
-    thread, as tokenizing does, through the process's decode cache: the engine then finds each part decoded
-    (quantbench.protocol.media_cache), rather than decoding it a second time."""
+def refuse_unservable_media(request: DecisionRequest, modalities: frozenset[str]) -> None:
+    """Refuse media the server must not or cannot read, naming the field, from the JSON alone: a `path` (the
+    server never reads local files; a `data` that is not a data URI was refused by the protocol: it never fetches
+    URLs) and a type the model has no input for. Nothing is decoded here (decode_gate does that, off the event
+    loop)."""
     parts = request.media_parts()
     for field, part in parts:
         if "path" in part:
@@ -173,11 +178,25 @@ def media_gate(request: DecisionRequest, limits: Limits, modalities: frozenset[s
                 field=field,
                 fix="send a state without it (describe it in words), or use a server whose model has that input",
             ))
-    for field, part in parts:
-        try:
-            decode_once(field, part, limits)
-        except RequestError as e:
-            raise from_request_error(422, e) from None
+
+
+def media_headers(request: DecisionRequest, limits: Limits) -> list[MediaHeader]:
+    """Every media part's header, read without decoding and checked against the per-part limits and the request's
+    decoded bytes (413 naming the field and the flag, 422 for bytes of no format the server reads)."""
+    try:
+        return probe_media(request.state, limits)
+    except RequestError as e:
+        raise from_request_error(422, e) from None
+
+
+def decode_gate(request: DecisionRequest, limits: Limits) -> None:
+    """Decode every media part (or find it decoded, in the request scope or the cache) so that bytes that do not
+    decode are a 4xx before the request is queued; on a preparing thread, inside the request's scope
+    (quantbench.protocol.media_cache.request_scope), where the engine finds what it decoded."""
+    try:
+        decode_media_once(request.state, limits)
+    except RequestError as e:
+        raise from_request_error(422, e) from None
 
 
 # A state this many characters per token of context is tokenized only as far as that: a 4 MB state took 13 s to

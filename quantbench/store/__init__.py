@@ -200,17 +200,19 @@ class Store:
 
         When the store cannot take it (the disk filled up, the file went away, memory ran out, this process was
         told to stop mid-write), the run is kept whole in a side file that `quantbench merge` takes, and the
-        StoreError says where. A row the schema refuses (a bug, not the disk) raises as it is."""
-        existed = self.path.exists()
+        StoreError says where. A row the schema refuses (a bug, not the disk) raises as it is.
+
+        A failing writer never deletes or truncates the store: a new store is built whole in a file of this
+        writer's own beside it and linked into place only once it holds the run (os.link fails if another writer
+        made the store meanwhile: the run then goes into that one). The only file a failure removes is that
+        private one, which no other process knows of and nothing was committed to. Removing the store itself
+        when "this write began it" was wrong: two runs writing a new --db at once both saw no file, one
+        committed, and the other, failing on the full disk, deleted the store with the first one's run."""
         try:
-            return self._write_run(result)
+            return self._write_new(result) if not self.path.exists() else self._write_run(result)
         except (StoreUnavailableError, duckdb.Error, OSError, MemoryError) as e:  # a full disk fails in any statement
             if _is_data_error(e):
                 raise
-            if not existed:  # a store this write began holds nothing, and a half-made file is not a store
-                for leftover in (self.path, self.path.with_name(self.path.name + ".wal")):
-                    with contextlib.suppress(OSError):
-                        leftover.unlink(missing_ok=True)
             raise StoreError(self._unsaved_message(result, e)) from e
         except BaseException as e:
             if isinstance(e, Exception):
@@ -218,22 +220,48 @@ class Store:
             self._unsaved_message(result, e, announce=True)  # KeyboardInterrupt, SystemExit: keep it, then go on
             raise
 
+    def _write_new(self, result: RunResult) -> str:
+        """A new store holding `result`, built in a private file and linked in as `self.path`; into the store
+        another writer made meanwhile, if one did."""
+        private = self.path.with_name(f".{self.path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.new")
+        try:
+            try:
+                run_id = Store(private)._write_run(result, checkpoint=True)
+            except (StoreUnavailableError, duckdb.Error, OSError) as e:  # name the store, not the private file
+                raise StoreUnavailableError(str(e).replace(str(private), f"{self.path} (new)")) from e
+            if private.with_name(private.name + ".wal").exists():  # not all in the file: linking it would lose rows
+                raise StoreUnavailableError(f"cannot write {self.path}: the new store's checkpoint did not finish")
+            try:
+                os.link(private, self.path)  # atomic, and never over an existing file
+            except FileExistsError:
+                return self._write_run(result)  # another writer made the store first: join it
+            except OSError:  # a filesystem without hard links: write the store in place (never removed after)
+                return self._write_run(result)
+            return run_id
+        finally:
+            for own in (private, private.with_name(private.name + ".wal")):
+                with contextlib.suppress(OSError):
+                    own.unlink(missing_ok=True)
+
     def _unsaved_message(self, result: RunResult, error: BaseException, announce: bool = False) -> str:
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        first = _what_happened(error)
         kept, tried = keep_unsaved(result, [self.path.absolute().parent])
+        where = f" ({'; '.join(tried)})" if tried else ""
         if kept is None:
             message = (f"could not write run {result.run_id} to {self.path} ({first}), nor keep it in a side file "
-                       f"({'; '.join(tried)}): the run is lost")
+                       f"anywhere{where}: the run is lost")
         else:
+            skipped = f" (not in {'; '.join(tried)})" if tried else ""
             message = (f"could not write run {result.run_id} to {self.path} ({first}); the run is kept whole in "
-                       f"{kept}: once the store can be written, `quantbench merge {kept} --db {self.path}` adds it")
+                       f"{kept}{skipped}: once the store can be written, `quantbench merge {kept} --db {self.path}` "
+                       "adds it")
         if announce:
             import sys
 
             print(message, file=sys.stderr)
         return message
 
-    def _write_run(self, result: RunResult) -> str:
+    def _write_run(self, result: RunResult, checkpoint: bool = False) -> str:
         run, answers, latencies = _rows(result)
         with self.connect(write=True) as con:
             con.execute("BEGIN")
@@ -246,6 +274,8 @@ class Store:
                 with contextlib.suppress(duckdb.Error):  # an aborted transaction refuses ROLLBACK: keep the cause
                     con.execute("ROLLBACK")
                 raise
+            if checkpoint:
+                con.execute("CHECKPOINT")  # everything into the file itself, before it is linked into place
         return str(run["run_id"])
 
     @staticmethod
@@ -318,11 +348,30 @@ def keep_unsaved(result: RunResult, first: list[Path] | None = None) -> tuple[Pa
             return out, tried
         except (duckdb.Error, OSError, MemoryError) as e:
             tried.append(f"{folder}: {(str(e).strip().splitlines() or [type(e).__name__])[0]}")
-            partial.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # a read-only folder refuses even this: the next folder is tried
+                partial.unlink(missing_ok=True)
         finally:
             if con is not None:
                 con.close()
     return None, tried
+
+
+def _what_happened(error: BaseException) -> str:
+    """The first line of an error, or, for a stop signal or Ctrl-C (which carry only an exit code), what it was:
+    'stopped by SIGTERM while writing', not '143'."""
+    if isinstance(error, KeyboardInterrupt):
+        return "stopped by Ctrl-C (SIGINT) while writing"
+    if isinstance(error, SystemExit):
+        code = error.code if isinstance(error.code, int) else None
+        if code is not None and code > 128:
+            import signal
+
+            try:
+                return f"stopped by {signal.Signals(code - 128).name} while writing"
+            except ValueError:
+                pass
+        return f"the process was exiting ({error.code}) while writing"
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 RECORDS: dict[str, type[BaseModel]] = {"runs": RunRecord, "answers": AnswerRow, "latencies": LatencyRow}
