@@ -28,6 +28,8 @@ DEFAULT_MAX_REQUEST_TOKENS = 32_768
 DEFAULT_MAX_BODY_BYTES = 4 << 20  # 4 MiB
 DEFAULT_REQUEST_TIMEOUT_S = 60.0  # from the request's headers to its answer
 DEFAULT_HEADER_TIMEOUT_S = 10.0  # a connection that sends no complete request headers this long is closed
+# `serve`'s warm-up captures every batch size at these widths too, on a GPU (the reference workload's decisions)
+DEFAULT_WARM_TOKENS = (512,)
 # Media parts (quantbench.protocol.media): each checked before the part is decoded in full, so a small body cannot
 # unpack into gigabytes (a 30,000 x 30,000 PNG is 874 KB; an hour of silence in FLAC about 90 KB).
 DEFAULT_MAX_MEDIA_PARTS = 16  # parts in one request's state (each frame of a `frames` video counts as a frame)

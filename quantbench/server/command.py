@@ -17,6 +17,7 @@ from quantbench.limits import (
     DEFAULT_MAX_REQUEST_TOKENS,
     DEFAULT_MAX_TOTAL_OPTIONS,
     DEFAULT_REQUEST_TIMEOUT_S,
+    DEFAULT_WARM_TOKENS,
     Limits,
 )
 from quantbench.models.scorer import describe as describe_scorer
@@ -68,6 +69,7 @@ def cli_serve(
     max_queue: int = DEFAULT_MAX_QUEUE,
     max_queue_ms: float = DEFAULT_MAX_QUEUE_MS,
     warm: bool = True,
+    warm_tokens: tuple[int, ...] = DEFAULT_WARM_TOKENS,
     access_log: bool = False,
     allowed_hosts: list[str] | None = None,
 ) -> int:
@@ -153,6 +155,7 @@ def cli_serve(
         max_queue=max_queue,
         max_queue_ms=max_queue_ms,
         warm=warm,
+        warm_tokens=tuple(warm_tokens),
         allow_truncation=allow_truncation,
         max_body_bytes=max_body_bytes,
         max_questions=max_questions,
