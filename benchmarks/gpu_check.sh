@@ -6,14 +6,16 @@
 #      engine), INT4, NVFP4 packed, FP8; p50 per decision and J per decision (NVML over a >= 4 s phase);
 #   2. the media decisions of the Qwen3-Omni-30B-A3B thinker (48 layers): INT4 text / image / audio / video and
 #      NVFP4 packed image, end to end (prepare + forward), and whether the media decoder ran from CUDA graphs;
-#   3. `quantbench serve` of INT4 at the 30B shape under `quantbench load`, 1 and 8 clients;
+#   3. `quantbench serve` of INT4 at the 30B shape under `quantbench load`, 1 and 8 clients; then the INT4
+#      Qwen3-Omni thinker served under a load of mixed text and picture decisions (half of them with a 448 x 448
+#      picture: benchmarks/mixed_suite.py), 1 and 8 clients;
 #   4. every figure beside the newest stored row of the same measurement on this GPU (benchmarks/gpu_check.py),
 #      with the ratio, and a loud list of what is more than 5% worse (exit status 1).
 #
 #   bash benchmarks/gpu_check.sh OUT_DIR          # then, where results.duckdb is kept:
 #   quantbench merge OUT_DIR/gpu_check.duckdb     # the rows the figures came from
 #
-# PARTS="text media serve" by default; STORED=results.duckdb (the store to compare with); LAYERS=48 (LAYERS=1
+# PARTS="text media serve mixed" by default; STORED=results.duckdb (the store to compare with); LAYERS=48 (LAYERS=1
 # DEVICE=cpu: a smoke test of this script on a CPU, whose figures compare with nothing). Needs quantbench
 # importable (PYTHONPATH=$PWD) and, on the H200 image, the wheels of ../shared/device (pydantic, duckdb, fastapi ...).
 set -u
@@ -21,7 +23,7 @@ out=${1:?usage: gpu_check.sh OUT_DIR}
 mkdir -p "$out"
 db="$out/gpu_check.duckdb"
 here=$(cd "$(dirname "$0")" && pwd)
-parts=${PARTS:-text media serve}
+parts=${PARTS:-text media serve mixed}
 layers="--layers ${LAYERS:-48}"
 device=${DEVICE:+--device $DEVICE}
 start=$SECONDS
@@ -70,6 +72,26 @@ if [[ " $parts " == *" serve "* ]]; then
     --concurrency 1,8 --requests 600 --seconds 5 --processes 4 --ready-timeout 120 --db "$db" > "$out/load.txt" 2>&1
   echo "   load: rc $?"; grep -E "│|saturation|Error" "$out/load.txt" | head -n 12
   curl -s http://127.0.0.1:$port/metrics > "$out/metrics.json"
+  kill $server; wait $server 2>/dev/null
+fi
+
+if [[ " $parts " == *" mixed "* ]]; then
+  step "serving INT4 of the Qwen3-Omni thinker, mixed text and picture decisions"
+  port=8124
+  python3 "$here/mixed_suite.py" --suite "$out/s$tokens.jsonl" --image-every 2 --out "$out/mixed.jsonl" >/dev/null
+  # shellcheck disable=SC2086
+  python3 -m quantbench serve --backend int4 --shape qwen3-omni-30b-a3b $layers $device --port $port \
+    > "$out/serve-mixed.log" 2>&1 &
+  server=$!
+  for _ in $(seq 120); do
+    curl -s -o /dev/null http://127.0.0.1:$port/healthz && break
+    kill -0 $server 2>/dev/null || break
+    sleep 1
+  done
+  timeout 150 python3 -m quantbench load --endpoint http://127.0.0.1:$port --suite "$out/mixed.jsonl" \
+    --concurrency 1,8 --requests 600 --seconds 5 --processes 4 --ready-timeout 120 --db "$db" > "$out/load-mixed.txt" 2>&1
+  echo "   load: rc $?"; grep -E "│|saturation|Error" "$out/load-mixed.txt" | head -n 12
+  curl -s http://127.0.0.1:$port/healthz > "$out/healthz-mixed.json"
   kill $server; wait $server 2>/dev/null
 fi
 
