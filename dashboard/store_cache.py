@@ -107,8 +107,9 @@ def runs(db: str, mtime: Stamp) -> pd.DataFrame:
 
 
 def machine_id(run: dict) -> str:
-    """The value the GPU selector (and the URL) uses: the GPU's name, or cpu:HOST for a CPU run."""
-    return f"cpu:{run.get('host')}" if parity.is_cpu(run) else str(run.get("gpu_name"))
+    """The value the GPU selector (and the URL) uses: the GPU's name, or cpu:MACHINE for a CPU run (its host name,
+    and the CPU model, logical CPUs and machine id where the run recorded them: parity.gpu_key)."""
+    return f"cpu:{parity.gpu_key(run)[1]}" if parity.is_cpu(run) else str(run.get("gpu_name"))
 
 
 @st.cache_data(show_spinner="Comparing every variant with BF16…", max_entries=16)

@@ -86,7 +86,8 @@ def test_a_phase_shorter_than_the_minimum_stores_null_and_names_the_flag():
     f = meter.stop(decisions=50)
     assert f.energy_j_per_decision is None and f.energy_mean_w is None
     assert "under the 2 s" in meter.note and "--latency-min-seconds" in meter.note
-    assert meter.extra() == {"note": meter.note}
+    assert meter.extra()["note"] == meter.note and "joules" not in meter.extra()
+    assert meter.extra()["window"]["seconds"] == pytest.approx(en.MIN_PHASE_S - 0.5)  # what there was, recorded
 
 
 def test_a_gpu_without_the_counter_stores_null_with_nvmls_reason(monkeypatch):

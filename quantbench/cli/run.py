@@ -31,12 +31,12 @@ def _spec(**kw):
     return RunSpec(**kw)
 
 
-def _execute_and_store(spec, db: Path) -> tuple[str, str]:
+def _execute_and_store(spec, db: Path, repeat: tuple[str, int, int] | None = None) -> tuple[str, str]:
     from quantbench.run.runner import execute, stop_on_signals, stop_requested  # lazy: a fast --help
     from quantbench.store import Store
 
     with stop_on_signals():  # SIGTERM / SIGHUP / Ctrl-C: the child is killed, the run stored as interrupted
-        result = execute(spec)
+        result = execute(spec, repeat=repeat)
         run_id = Store(db).write_run(result)
     if signum := stop_requested():
         err.print(f"[red]stopped by {signal.Signals(signum).name}:[/] run {run_id} stored in {db} as failed: interrupted",
@@ -174,6 +174,7 @@ def run(
     latency_min_seconds: Annotated[float, typer.Option(help="Latency phase: and at least this many seconds")] = 2.0,
     limit: Annotated[int | None, typer.Option(help="Only the first N records of the suite")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds before the run is killed (a `timeout` row)")] = 1800.0,
+    repeat: Annotated[int, typer.Option(help="Run it N times, each in a fresh process on the same questions: the report gives latency p50 and energy per decision as mean ± a 95% t interval over the N, with their CV")] = 1,
     max_media_parts: MaxMediaParts = limits.DEFAULT_MAX_MEDIA_PARTS,
     max_media_bytes: MaxMediaBytes = limits.DEFAULT_MAX_MEDIA_BYTES,
     max_image_pixels: MaxImagePixels = limits.DEFAULT_MAX_IMAGE_PIXELS,
@@ -214,21 +215,43 @@ def run(
 
         # Refused now, in a second, not after the child's imports or the suite: a store that can't take the run,
         # a --model or --suite that can't be read.
+        if repeat < 1:
+            raise ConfigError(f"--repeat {repeat}: give the number of runs, 1 or more (3 gives a t interval)")
         Store(_db(db)).check_writable()
         preflight(spec)
         get_backend(backend)  # an unknown backend is an error before anything is spawned
-        run_id, status = _execute_and_store(spec, _db(db))
+        ids, statuses = [], []
+        repeat_id = _new_repeat_id() if repeat > 1 else None
+        for index in range(1, repeat + 1):
+            if repeat > 1:
+                rule(err, f"[bold]repeat {index} of {repeat}")
+            run_id, status = _execute_and_store(spec, _db(db), (repeat_id, index, repeat) if repeat_id else None)
+            ids.append(run_id)
+            statuses.append(status)
 
         from quantbench.report.tables import runs_table  # pandas: not before the checks above refuse
         from quantbench.store import queries
 
-        out.print(runs_table(queries.run_summary(Store(_db(db)), run_id), f"run stored in {_db(db)}"))
-        if status != "ok":
-            row = queries.run_error(Store(_db(db)), run_id)
-            err.print(f"[red]{row.error.iloc[0].splitlines()[0]}[/]")
+        title = f"run stored in {_db(db)}" if repeat == 1 else f"{repeat} runs stored in {_db(db)}"
+        out.print(runs_table(queries.run_summaries(Store(_db(db)), ids), title))
+        if repeat_id:
+            from quantbench.analysis.repeats import repeat_summary_text
+
+            print(repeat_summary_text(Store(_db(db)), repeat_id))
+        if any(s != "ok" for s in statuses):
+            for run_id, status in zip(ids, statuses, strict=True):
+                if status != "ok":
+                    row = queries.run_error(Store(_db(db)), run_id)
+                    err.print(f"[red]{run_id[:13]}: {row.error.iloc[0].splitlines()[0]}[/]")
             raise typer.Exit(1)
     except QuantbenchError as e:
         _fail(e)
+
+
+def _new_repeat_id() -> str:
+    from quantbench.run.record import uuid7  # lazy: a fast --help
+
+    return str(uuid7())
 
 
 def noise_floor_kernel(gpu: str) -> tuple[str, str]:

@@ -39,9 +39,13 @@ def migrate(db: DbOpt = None) -> None:
         _fail(e)
 
 
+MARGIN_HELP = ("Verdict and TOST: the named margin, fixed before looking: card (2 points of agreement, 0.01 mean TV "
+               "beyond the noise floor), mlperf99 / mlperf99.9 (accuracy at least 99% / 99.9% of BF16's), or numbers "
+               "(agreement=0.02,tv=0.01 or accuracy=0.01)")
 MARGIN_AGREEMENT_HELP = ("Verdict: top-answer agreement a variant may lose beyond the noise floor's and still count "
-                         "as equivalent, a fraction (0.02 = 2 points)")
-MARGIN_TV_HELP = "Verdict: mean total variation a variant may add beyond the noise floor's and still count as equivalent"
+                         "as equivalent, a fraction (0.02 = 2 points); overrides --margin's")
+MARGIN_TV_HELP = ("Verdict: mean total variation a variant may add beyond the noise floor's and still count as "
+                  "equivalent; overrides --margin's")
 PRICE_HELP = ("USD per GPU hour: adds cost per 1M decisions (from the mean model time per decision at batch 1, or "
               "decisions/s where batched)")
 
@@ -51,8 +55,9 @@ def compare(
     reference: Annotated[str | None, typer.Option(help="Reference run (default: BF16 of the same model, suite, GPU)")] = None,
     noise_floor: Annotated[str | None, typer.Option(help="Noise-floor run (default: the reference's)")] = None,
     fmt: Annotated[str, typer.Option("--format", help="table | json")] = "table",
-    margin_agreement: Annotated[float, typer.Option(help=MARGIN_AGREEMENT_HELP)] = 0.02,
-    margin_tv: Annotated[float, typer.Option(help=MARGIN_TV_HELP)] = 0.01,
+    margin: Annotated[str, typer.Option(help=MARGIN_HELP)] = "card",
+    margin_agreement: Annotated[float | None, typer.Option(help=MARGIN_AGREEMENT_HELP)] = None,
+    margin_tv: Annotated[float | None, typer.Option(help=MARGIN_TV_HELP)] = None,
     price_per_gpu_hour: Annotated[float | None, typer.Option(help=PRICE_HELP)] = None,
     db: DbOpt = None,
 ) -> None:
@@ -60,7 +65,7 @@ def compare(
     cost per decision of both runs."""
     from quantbench.analysis import efficiency  # lazy: a fast --help
     from quantbench.analysis.parity import compare as compare_runs
-    from quantbench.analysis.stats import Margins, ParityError
+    from quantbench.analysis.stats import ParityError, margins_from
     from quantbench.report.tables import print_comparison, print_efficiency
     from quantbench.store import Store
 
@@ -69,7 +74,7 @@ def compare(
             raise ParityError(f"--format {fmt!r}: use table or json")
         price = efficiency.check_price(price_per_gpu_hour)
         store = Store(_db(db))
-        comp = compare_runs(store, run_id, reference, noise_floor, margins=Margins(margin_agreement, margin_tv))
+        comp = compare_runs(store, run_id, reference, noise_floor, margins=margins_from(margin, margin_agreement, margin_tv))
         effs = {name: efficiency.of_stored(store, str(run["run_id"]), price)
                 for name, run in (("candidate", comp.candidate), ("reference", comp.reference))}
         if fmt == "json":
@@ -90,8 +95,9 @@ def report(
     min_agreement: Annotated[float | None, typer.Option(help="Rule: minimum agreement with BF16 (0.95 or 95)")] = None,
     since: Annotated[str | None, typer.Option(help="Only runs made at or after this date / ISO time (UTC)")] = None,
     history: Annotated[bool, typer.Option("--all", help="Every kernel generation's newest run and every fixture build, not only the newest of each variant")] = False,
-    margin_agreement: Annotated[float, typer.Option(help=MARGIN_AGREEMENT_HELP)] = 0.02,
-    margin_tv: Annotated[float, typer.Option(help=MARGIN_TV_HELP)] = 0.01,
+    margin: Annotated[str, typer.Option(help=MARGIN_HELP)] = "card",
+    margin_agreement: Annotated[float | None, typer.Option(help=MARGIN_AGREEMENT_HELP)] = None,
+    margin_tv: Annotated[float | None, typer.Option(help=MARGIN_TV_HELP)] = None,
     price_per_gpu_hour: Annotated[float | None, typer.Option(help=PRICE_HELP)] = None,
     db: DbOpt = None,
 ) -> None:
@@ -101,7 +107,7 @@ def report(
     try:
         # Plain print: the report is meant to be pasted (a model card), so no wrapping or markup from rich.
         print(report_text(str(_db(db)), fmt, gpu, model, vram_budget_gib, min_agreement, since=since,
-                          history=history, margin_agreement=margin_agreement, margin_tv=margin_tv,
+                          history=history, margin=margin, margin_agreement=margin_agreement, margin_tv=margin_tv,
                           price_per_gpu_hour=price_per_gpu_hour), end="")
     except QuantbenchError as e:
         _fail(e)

@@ -65,6 +65,23 @@ def run_with_latency(store: Store, run_id: str) -> pd.DataFrame:
     return store.read(RUNS_WITH_LATENCY + "WHERE CAST(r.run_id AS VARCHAR) = ?", [str(run_id)])
 
 
+def repeat_runs(store: Store, repeat_id: str) -> pd.DataFrame:
+    """The runs of one `run --repeat N`, in order, as `runs_with_latency` gives them."""
+    return store.read(RUNS_WITH_LATENCY + "WHERE r.repeat_id = ? ORDER BY r.repeat_index", [repeat_id])
+
+
+def confident_flips(store: Store, reference_run: str, candidate_run: str, min_margin: float) -> pd.DataFrame:
+    """The questions the reference answered with a margin (its stored p(top) − p(second)) of at least
+    `min_margin` and the candidate answered otherwise: record, question, benchmark, modality, gold, both tops and
+    both distributions, most confident first."""
+    return store.read(
+        "SELECT r.record_id, r.question, r.benchmark, r.modality, r.gold, r.top AS top_ref, c.top AS top_cand, "
+        "r.margin AS ref_margin, r.options AS options_ref, r.probs AS probs_ref, c.options AS options_cand, "
+        "c.probs AS probs_cand FROM answers r JOIN answers c USING (record_id, question) "
+        "WHERE r.run_id = ? AND c.run_id = ? AND r.margin >= ? - 1e-9 AND r.top <> c.top "
+        "ORDER BY r.margin DESC, r.record_id, r.question", [reference_run, candidate_run, min_margin])
+
+
 def runs_by_id_prefix(store: Store, prefix: str) -> pd.DataFrame:
     """The runs whose id starts with `prefix` (lower-case), oldest first."""
     return store.read("SELECT * FROM runs WHERE CAST(run_id AS VARCHAR) LIKE ? ORDER BY created_at", [prefix + "%"])
