@@ -144,6 +144,14 @@ def answers(db: str, mtime: Stamp, run_id: str) -> pd.DataFrame:
     return parity.load_answers(Store(db), run_id)
 
 
+@st.cache_data(show_spinner=False, max_entries=32)
+def confident_flips(db: str, mtime: Stamp, reference_run: str, candidate_run: str) -> pd.DataFrame:
+    """The questions BF16 answered confidently that the candidate flipped (from the answers' stored margins)."""
+    from quantbench.analysis.significance import CONFIDENT
+
+    return queries.confident_flips(Store(db), reference_run, candidate_run, CONFIDENT)
+
+
 @st.cache_data(show_spinner=False, max_entries=16)
 def load_runs(db: str, mtime: Stamp) -> pd.DataFrame:
     """Every stored load run (`quantbench load`), newest first."""

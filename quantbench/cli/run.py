@@ -152,8 +152,8 @@ def run(
     ctx: typer.Context,
     backend: Annotated[str, typer.Option(help="bf16 | int4 | nvfp4 | fp8 | http (see `quantbench backends`)")] = "bf16",
     model: Annotated[str | None, typer.Option(help="Checkpoint dir or hub id org/name[@revision]. Default: the embedded fixture (or its variant)")] = None,
-    suite: Annotated[str | None, typer.Option(help="Suite JSONL, or quantbench-omni-v1 (the built-in media suite). Default: the built-in suite of --family")] = None,
-    family: Annotated[str, typer.Option(help="text | omni: the embedded default model (and its variant for --backend) and the built-in suite used where --model / --suite are not given; omni: a trained Qwen3-Omni thinker and quantbench-omni-v1")] = "text",
+    suite: Annotated[str | None, typer.Option(help="Suite JSONL, or quantbench-omni-v2 (the built-in media suite; quantbench-omni-v1: its first 169 records). Default: the built-in suite of --family")] = None,
+    family: Annotated[str, typer.Option(help="text | omni: the embedded default model (and its variant for --backend) and the built-in suite used where --model / --suite are not given; omni: a trained Qwen3-Omni thinker and quantbench-omni-v2")] = "text",
     gpu: Annotated[str, typer.Option(help="auto | cpu | ampere | ada | hopper | blackwell | part of a GPU name")] = "auto",
     db: DbOpt = None,
     device: Annotated[str | None, typer.Option(help="torch device (default cuda:0 when there is a GPU)")] = None,
@@ -281,8 +281,9 @@ def demo(
     limit: Annotated[int | None, typer.Option(help="Only the first N records of the suite")] = None,
     only: Annotated[list[str] | None, typer.Option(help="Run only these backends (repeatable)")] = None,
     family: Annotated[str, typer.Option(help="text: the embedded Qwen3-MoE on the built-in text suite | omni: the "
-                                             "embedded Qwen3-Omni thinker on quantbench-omni-v1 (text, image, "
-                                             "audio and video decisions; the report per modality)")] = "text",
+                                             "embedded Qwen3-Omni thinker on a slice of quantbench-omni-v2 (its "
+                                             "first 169 of 796 records: text, image, audio and video decisions; the "
+                                             "report per modality)")] = "text",
 ) -> None:
     """Build the embedded default model if needed, run every variant on it, store the results, print the table."""
     from quantbench.models.quantize import default_model_dir
@@ -294,6 +295,14 @@ def demo(
     try:
         Store(path).check_writable()  # before minutes of building and running
         err.print(f"[bold]embedded default model ({family}):[/] {default_model_dir(family)}")
+        if family == "omni" and limit is None:
+            from quantbench.protocol import omnisuite
+
+            limit = omnisuite.SLICE
+            err.print(f"[bold]suite:[/] the first {limit} of {omnisuite.DEFAULT}'s 796 records (10 per media family, "
+                      "each variant's CPU emulation takes minutes): too few to decide a media verdict at the "
+                      f"2-point margin (about 189 questions a modality would); `quantbench run --family omni` runs "
+                      "all of them (200 per modality)", soft_wrap=True)
         installed = set(backend_names())
         ids, failed = [], []
         for label, kw in DEMO_VARIANTS:

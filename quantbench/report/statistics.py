@@ -20,7 +20,7 @@ KL_TAIL = "KL p50 / p90 / p99 / max"
 FLIPS = "Flips: near-tie / middle / confident"
 
 
-def _tail(t: hy.Tail) -> str:
+def tail_text(t: hy.Tail) -> str:
     if t.n == 0:
         return "—"
     return f"{t.p50:.4f} / {t.p90:.4f} / {t.p99:.4f} / {t.max:.4f}"
@@ -43,7 +43,7 @@ def cell_text(t: sig.CellTests, modality: str, n: int) -> dict[str, str]:
     return {
         "Modality": modality, "n": str(n),
         MCNEMAR_REF: _mcnemar(t.mcnemar_ref), MCNEMAR_FLOOR: _mcnemar(t.mcnemar_floor),
-        TOST: t.tost_text(), MDD: t.mdd_text(), TV_TAIL: _tail(t.tv), KL_TAIL: _tail(t.kl), FLIPS: _flips(t.flips),
+        TOST: t.tost_text(), MDD: t.mdd_text(), TV_TAIL: tail_text(t.tv), KL_TAIL: tail_text(t.kl), FLIPS: _flips(t.flips),
     }
 
 

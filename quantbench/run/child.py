@@ -23,8 +23,8 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from quantbench.errors import RequestError, classify
-from quantbench.models import lineage
+from quantbench.errors import LoadError, RequestError, classify
+from quantbench.models import experts_claim, lineage
 from quantbench.models.checkpoint import tensor_bytes
 from quantbench.models.plant import planted_info
 from quantbench.protocol import modality_of, refuse_unread_media
@@ -200,6 +200,11 @@ def run(spec: RunSpec, out: dict[str, Any]) -> None:
     measured.suite = SuiteFacts(suite_id=suite.id, suite_hash=suite.hash, n_records=len(records),
                                 n_questions=sum(len(r.request.questions) for r in records))
 
+    try:  # is the variant what it claims? its experts' tensors against the backend (quantbench.models.experts_claim)
+        experts = experts_claim.check_spec(spec.backend, spec.model, spec.shape)
+    except LoadError as e:
+        measured.extra = {"experts": getattr(e, "record", None)}
+        raise
     mem = MemoryTracker(device, machine.nvml_index)
     mem.before_load()
     t0 = time.perf_counter()
@@ -217,6 +222,8 @@ def run(spec: RunSpec, out: dict[str, Any]) -> None:
         info.extra = {**info.extra, "planted": planted}
     measured.variant = info
     extra = {**info.extra, "load_note": info.load_note} if info.load_note else dict(info.extra)
+    if experts is not None:
+        extra["experts"] = experts
     measured.extra = extra
     if loaded.model is not None:
         measured.model_tensor_bytes = tensor_bytes(loaded.model)
