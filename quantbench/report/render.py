@@ -108,7 +108,7 @@ def cells(row: Row, report: GpuReport) -> dict[str, str]:
     lat = "n/a" if row.p50 is None else f"{fmt_ms(row.p50)} / {fmt_ms(float_or_none(run.get('p90_ms')))} ms"
     rep = row.repeats
     if rep is not None and rep.p50_ms is not None:  # `run --repeat N`: p50 as mean ± its 95% t interval
-        lat = (f"{fmt_ms(rep.p50_ms.mean)} ± {rep.p50_ms.half_width:.2g} / "
+        lat = (f"{fmt_ms(rep.p50_ms.mean)} ± {fmt_ms(rep.p50_ms.half_width)} / "
                f"{fmt_ms(float_or_none(run.get('p90_ms')))} ms ({rep.p50_ms.n} runs, CV {100 * rep.p50_ms.cv:.1f}%)")
     if row.busy:
         lat += " ⚠ busy"
@@ -119,7 +119,7 @@ def cells(row: Row, report: GpuReport) -> dict[str, str]:
     eff = row.efficiency or efficiency.of_run(run, report.price_per_gpu_hour)
     energy = efficiency.energy_text(eff)
     if rep is not None and rep.j_per_decision is not None:
-        energy = (f"{rep.j_per_decision.mean:.2f} ± {rep.j_per_decision.half_width:.2g} J ({rep.j_per_decision.n} "
+        energy = (f"{rep.j_per_decision.mean:.2f} ± {rep.j_per_decision.half_width:.2f} J ({rep.j_per_decision.n} "
                   f"runs, CV {100 * rep.j_per_decision.cv:.1f}%)")
     floors = {} if report.cpu else {"Against the floors (latency, energy)": row.floors.text() if row.floors else "—"}
     cost = {"Cost per 1M decisions": efficiency.cost_text(eff)} if report.price_per_gpu_hour is not None else {}

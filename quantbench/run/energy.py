@@ -12,8 +12,10 @@ decisions it still holds them, and its averaging differs between GPU generations
 
 Energy only counts once the GPU's power has settled: during the phase the counter is also read every
 `SAMPLE_S` between decisions (after the synchronize each decision's timing does anyway), the samples are cut into
-segments of at least `SEGMENT_S`, and the window starts at the first segment from which every later segment's
-power stays within `SETTLE_TOL` of the median power of the phase's second half. The energy per decision is that
+segments of at least `SEGMENT_S`, and the window is the longest run of segments to the phase's end whose power
+has no trend: the least-squares line through the segments' powers changes by at most `SETTLE_TOL` of their mean
+across the window (judged on at least `MIN_SEGMENTS` segments, the window at least two; a ramp drifts, the
+counter's update noise does not). The energy per decision is that
 window's joules over its decisions; the warm-up before the phase (`--warmup` decisions) and any unsettled start
 (clocks ramping, the first decisions' caches) are left out. While the settled window is shorter than
 `MIN_PHASE_S`, the child keeps timing decisions, up to `MAX_PHASE_S` of phase; a power that never settles stores
@@ -40,11 +42,12 @@ MIN_PHASE_S = 2.0
 # Idle power: one second of the counter with nothing queued, long enough for 10-50 counter updates.
 IDLE_WINDOW_S = 1.0
 # The settled window: samples at least SAMPLE_S apart, segments of at least SEGMENT_S (10-50 counter updates, so
-# one stale read moves a segment's power by at most ~10%), each later segment within SETTLE_TOL of the second
-# half's median; the phase is extended up to MAX_PHASE_S for a settled window of MIN_PHASE_S.
+# one stale read moves a segment's power by at most ~10%), a trend across the window of at most SETTLE_TOL of its
+# mean power; the phase is extended up to MAX_PHASE_S for a settled window of MIN_PHASE_S.
 SAMPLE_S = 0.1
 SEGMENT_S = 1.0
-SETTLE_TOL = 0.15
+SETTLE_TOL = 0.10
+MIN_SEGMENTS = 3
 MAX_PHASE_S = 30.0
 
 
@@ -58,13 +61,26 @@ class Window:
     decisions: int
     segments_w: tuple[float, ...]  # every segment's power, the settled ones last
     settled_from: int  # index of the first settled segment
-    reference_w: float  # the median power of the phase's second half
+    reference_w: float  # the window's mean segment power
+
+
+def _drift(times: list[float], powers: list[float]) -> float:
+    """How much the least-squares line through (time, power) changes across the segments, over their mean power:
+    a steady ramp drifts, a flat power with counter noise does not."""
+    n = len(powers)
+    mean_t, mean_p = sum(times) / n, sum(powers) / n
+    var = sum((t - mean_t) ** 2 for t in times)
+    if mean_p <= 0 or var <= 0:
+        return float("inf")
+    slope = sum((t - mean_t) * (p - mean_p) for t, p in zip(times, powers, strict=True)) / var
+    return abs(slope) * (times[-1] - times[0]) / mean_p
 
 
 def settled_window(samples: list[tuple[float, int, int]], tol: float = SETTLE_TOL,
                    segment_s: float = SEGMENT_S) -> Window | None:
-    """The settled window of `samples` [(time s, counter mJ, decisions so far)], or None (fewer than two samples,
-    or a last segment that is itself off the second half's median)."""
+    """The settled window of `samples` [(time s, counter mJ, decisions so far)]: the longest run of at least two
+    segments, to the phase's end, whose power's least-squares trend drifts by at most `tol` of its mean across it;
+    None with fewer than MIN_SEGMENTS segments or no such run."""
     if len(samples) < 2:
         return None
     bounds = [0]
@@ -78,19 +94,16 @@ def settled_window(samples: list[tuple[float, int, int]], tol: float = SETTLE_TO
             bounds.append(len(samples) - 1)
     powers = [(samples[b][1] - samples[a][1]) / 1e3 / max(samples[b][0] - samples[a][0], 1e-9)
               for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-    second_half = sorted(powers[len(powers) // 2:])
-    ref = second_half[len(second_half) // 2] if len(second_half) % 2 else (
-        second_half[len(second_half) // 2 - 1] + second_half[len(second_half) // 2]) / 2
-    if ref <= 0:
+    mids = [(samples[a][0] + samples[b][0]) / 2 for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    if len(powers) < MIN_SEGMENTS:
+        return None  # too few segments to tell a settled power from a ramp
+    k = next((k for k in range(len(powers) - 1) if _drift(mids[k:], powers[k:]) <= tol), None)
+    if k is None:
         return None
-    k = len(powers)
-    while k > 0 and abs(powers[k - 1] - ref) <= tol * ref:
-        k -= 1
-    if k == len(powers):
-        return None
+    ref = sum(powers[k:]) / len(powers[k:])
     first, last = samples[bounds[k]], samples[-1]
     return Window(first[0] - samples[0][0], last[0] - first[0], (last[1] - first[1]) / 1e3, last[2] - first[2],
-                  tuple(round(p, 2) for p in powers), k, ref)
+                  tuple(round(p, 2) for p in powers), k, ref)  # ref: the window's mean segment power
 
 
 @dataclass
@@ -213,7 +226,7 @@ class EnergyMeter:
         if w is None:
             self.figures.energy_phase_s, self.figures.energy_decisions = self.phase_s, decisions
             self.note = (f"not measured: the GPU's power did not settle over the {self.phase_s:.2f} s phase (no "
-                         f"stretch of {SEGMENT_S:g} s segments within {SETTLE_TOL:.0%} of the second half's median)")
+                         f"run of {SEGMENT_S:g} s segments to its end whose power drifts by at most {SETTLE_TOL:.0%})")
             return self.figures
         self.figures.energy_phase_s, self.figures.energy_decisions = w.seconds, w.decisions
         if w.seconds < self.min_phase_s:
@@ -237,14 +250,14 @@ class EnergyMeter:
         if self.figures.energy_j_per_decision is not None:
             out["method"] = (f"{COUNTER} read after a synchronize at the start and end of the timed phase "
                              f"(suite + latency repeats) and every {SAMPLE_S:g} s between decisions; energy over the "
-                             f"settled window only (from the first {SEGMENT_S:g} s segment after which every "
-                             f"segment's power stays within {SETTLE_TOL:.0%} of the second half's median); idle over "
+                             f"settled window only (the longest run of {SEGMENT_S:g} s segments to the phase's end "
+                             f"whose power's trend drifts by at most {SETTLE_TOL:.0%}); idle over "
                              f"{self.idle_window_s:g} s before the phase")
             out["joules"] = round(self.figures.energy_j_per_decision * (self.figures.energy_decisions or 0), 3)
         if self.window is not None:
             w = self.window
             out["window"] = {"start_s": round(w.start_s, 3), "seconds": round(w.seconds, 3), "decisions": w.decisions,
-                             "settled_from_segment": w.settled_from, "reference_w": round(w.reference_w, 2),
+                             "settled_from_segment": w.settled_from, "mean_segment_w": round(w.reference_w, 2),
                              "segments_w": list(w.segments_w), "phase_s": round(self.phase_s or 0.0, 3)}
         if self.forward_share is not None:
             out["forward_share"] = round(self.forward_share, 4)  # of the phase's wall time: timed forward passes
