@@ -69,9 +69,9 @@ def test_a_schema_6_store_migrates_and_its_answers_read_text(tmp_path):
                 [rid])
     con.close()
     store = Store(path)
-    assert store.schema_version() == 6 and SCHEMA_VERSION == 7
+    assert store.schema_version() == 6 and SCHEMA_VERSION >= 7
     new = store.write_run(RunResult(_run(), [_answer("r1", "audio")]))
-    assert store.schema_version() == 7
+    assert store.schema_version() == SCHEMA_VERSION
     assert queries.answers(store, rid).modality.tolist() == ["text"]
     assert queries.answers(store, new).modality.tolist() == ["audio"]
 

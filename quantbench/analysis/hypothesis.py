@@ -10,7 +10,9 @@ Conventions, so the numbers can be checked by hand:
   Δ ≥ +m, are rejected at α; its p-value is the larger of the two one-sided p-values, and it rejects exactly when
   the (1 − 2α) interval lies inside the margins. Paired proportions use Tango's (1998) score statistic, the same
   one whose inversion is `stats.paired_difference_ci`; a mean (TV) uses the paired t statistic. A one-sided margin
-  (non-inferiority, MLPerf's "≥ 99% of the reference") tests the harmful side only.
+  tests the harmful side only: the verdict's statistics are all of that kind (the excess over the noise floor,
+  where a variant closer to BF16 than BF16's own second kernel is no fault, and accuracy lost against BF16, as
+  MLPerf's "≥ 99% of the reference").
 - Holm (1979): sort the m p-values, multiply the i-th smallest (from 0) by m − i, carry the running maximum, cap at 1.
 - The smallest detectable difference (MDD): the true difference a two-sided test at α = 0.05 finds with 80% power
   on these n questions — for paired proportions by Connor's (1987) sample-size formula solved for the difference,

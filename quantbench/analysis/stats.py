@@ -461,7 +461,7 @@ def _excess_agreement(both: pd.DataFrame, margin: float) -> Excess:
     if label == INCONCLUSIVE:
         need = _n_needed(n, lambda m: paired_difference_ci(b * m / n, c * m / n, m), margin)
     return Excess("disagreement", n, float(cand_off.mean()), float(floor_off.mean()), diff, lo, hi, margin, label,
-                  need, b, c, hy.tost_paired_proportions("disagreement", b, c, n, margin),
+                  need, b, c, hy.tost_paired_proportions("disagreement", b, c, n, margin, one_sided=True),
                   hy.mdd_paired_proportions(n, c / n))
 
 
@@ -476,7 +476,8 @@ def _excess_tv(both: pd.DataFrame, margin: float, seed: int) -> Excess:
                                        ci.mean + (ci.hi - ci.mean) * math.sqrt(n / m)), margin)
     sd = float(d.std(ddof=1)) if d.size > 1 else math.nan
     return Excess("mean TV", ci.n, float(both["tv_c"].mean()), float(both["tv_f"].mean()), ci.mean, ci.lo, ci.hi,
-                  margin, label, need, tost=hy.tost_mean("mean TV", d, margin), mdd=hy.mdd_mean(sd, ci.n))
+                  margin, label, need, tost=hy.tost_mean("mean TV", d, margin, one_sided=True),
+                  mdd=hy.mdd_mean(sd, ci.n))
 
 
 def _excess_accuracy(paired: pd.DataFrame, relative: float) -> Excess | None:

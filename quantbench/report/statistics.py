@@ -80,7 +80,8 @@ def statistics_notes(margins_text: str | None, n_cells: int) -> list[str]:
         f"(extra = the variant flips and the floor does not, fewer = the reverse). Equivalence is two one-sided "
         f"tests against the margin {margins_text or '(none)'} (`--margin card|mlperf99|mlperf99.9` or "
         "`--margin agreement=…,tv=…,accuracy=…`): equivalent when every statistic of the margin is shown within it "
-        "at α 0.05 (accuracy one-sided). Smallest detectable: the difference a two-sided test at α 0.05 finds with "
+        "at α 0.05. Only the harmful side is tested (the other one-sided test is not applied): a variant closer to "
+        "BF16 than BF16's own second kernel, or more accurate than BF16, is not held against it. Smallest detectable: the difference a two-sided test at α 0.05 finds with "
         "80% power on these questions. TV and KL: per-question percentiles. Flips: questions whose top answer "
         f"differs from BF16's, by BF16's own margin between its top two options (near-tie < {sig.NEAR_TIE:g}, "
         f"confident ≥ {sig.CONFIDENT:g}), as flips / questions.",

@@ -228,9 +228,7 @@ SELECT r.run_id, r.created_at, r.status, r.failure, r.backend, r.variant, r.role
        r.native, r.model_id, r.weights, r.suite_id, r.device, r.gpu_name, r.gpu_family, r.host,
        r.n_records, r.n_questions, a.accuracy, a.n_gold, l.p50_ms, l.p90_ms, l.p99_ms, l.n_timed,
        r.load_s, r.cold_ms, r.mem_weights_bytes, r.mem_peak_allocated_bytes, r.mem_nvml_peak_bytes,
-       r.host_rss_peak_bytes, r.experts_bytes, r.model_tensor_bytes, r.disk_bytes,
-       r.host_rss_peak_source, r.cpu_model, r.cpu_cores, r.machine_id, r.load_avg_1m, r.cpu_steal_share,
-       r.cpu_others_share, r.repeat_id, r.repeat_index, r.repeat_count
+       r.host_rss_peak_bytes, r.experts_bytes, r.model_tensor_bytes, r.disk_bytes
 FROM runs r
 LEFT JOIN run_accuracy a USING (run_id)
 LEFT JOIN run_latency l USING (run_id);
