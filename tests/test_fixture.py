@@ -119,7 +119,8 @@ def test_the_fixture_command_shows_where_and_per_family_accuracy(fixture_model_d
     done = CliRunner().invoke(app, ["fixture", "--out", str(fixture_model_dir)])
     assert done.exit_code == 0, done.output
     shown = done.stdout
-    assert f"fixture {F.fixture_id()} at " in shown and str(fixture_model_dir) in shown.replace("\n", "")
+    assert f"fixture {model_identity(fixture_model_dir)['model_id']} at " in shown
+    assert str(fixture_model_dir) in shown.replace("\n", "")
     for family in load_suite(None).benchmarks:
         assert family in shown
     assert F.find_or_build(out=fixture_model_dir).model_id == F.fixture_id()
