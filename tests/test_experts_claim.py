@@ -67,3 +67,11 @@ def test_an_int4_whose_experts_are_bf16_is_stored_as_a_refused_run_never_as_int4
     md = report.report_text(str(store.path))
     assert "int4 w4a16" not in md  # no row claims the INT4 format
     assert "load_error" in md and "not run as int4: every MoE layer's experts are" in md  # refused, with why
+
+
+def test_the_server_refuses_to_serve_it_as_int4_too(made_elsewhere):
+    from quantbench.server.command import cli_serve
+
+    # --demo loads in this process and answers once: the check comes before the model loads (no auto-round import)
+    with pytest.raises(LoadError, match="not run as int4: only 1 of 2 MoE layers' experts are int4"):
+        cli_serve(str(made_elsewhere["int4-half"]), "int4", demo=True)
