@@ -135,4 +135,9 @@ def test_the_mlperf99_margin_judges_accuracy_against_bf16_one_sided():
     [acc] = v.parts
     assert acc.statistic == "accuracy loss" and (acc.b, acc.c, acc.n) == (10, 5, n)
     assert acc.margin == pytest.approx(0.009) and acc.tost.p_lower is None
-    assert v.label != an.NO_FLOOR  # accuracy margins need no noise floor
+    assert (acc.floor, acc.candidate, acc.diff) == pytest.approx((0.9, 0.895, 0.005))  # BF16's, the variant's, lost
+    # 0.5 points lost ± 0.8 (paired bootstrap): the interval reaches past the 0.9-point margin, so not yet shown
+    assert v.label == an.INCONCLUSIVE and acc.tost.p > 0.05  # accuracy margins need no noise floor
+    losing = _paired(ref, [[0.8, 0.2]] * 870 + [[0.2, 0.8]] * 130)  # 3 points lost of BF16's 90%: beyond 0.9
+    worse = an.parity_verdict(losing, None, margins)
+    assert worse.label == an.WORSE and worse.parts[0].tost.p == 1.0
