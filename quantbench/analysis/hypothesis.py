@@ -90,8 +90,29 @@ def fmt_p(p: float | None) -> str:
 
 
 # -- TOST ------------------------------------------------------------------------------------------------------
-def _norm_cdf(z: float) -> float:
+def norm_cdf(z: float) -> float:
     return 0.5 * math.erfc(-z / math.sqrt(2.0))
+
+
+
+def macro_paired_difference(strata: list[tuple[int, int, int]]) -> tuple[float, float]:
+    """(estimate, standard error) of the unweighted mean over strata of (b − c) / n, each stratum a benchmark's
+    (b: first only, c: second only, n pairs). The estimate is the plain one; each stratum's variance is Agresti &
+    Min's (2005) adjusted Wald one for paired proportions — ½ added to every cell of its 2×2 table (n + 2 pairs) —
+    so a stratum without discordant pairs still carries its sampling uncertainty; the mean's variance is their sum
+    over K²."""
+    k = len(strata)
+    est = sum((b - c) / n for b, c, n in strata) / k
+    var = 0.0
+    for b, c, n in strata:
+        b2, c2, n2 = b + 0.5, c + 0.5, n + 2
+        var += ((b2 + c2) / n2 - ((b2 - c2) / n2) ** 2) / n2
+    return est, math.sqrt(var) / k
+
+
+def mdd_from_se(se: float, alpha: float = ALPHA, power: float = POWER) -> float:
+    """(z_{1−α/2} + z_power) · se: the smallest difference a two-sided test with this standard error detects."""
+    return (_z(1 - alpha / 2) + _z(power)) * se
 
 
 def tango_score(b: float, c: float, n: float, theta: float) -> float:
@@ -126,8 +147,8 @@ def tost_paired_proportions(statistic: str, b: int, c: int, n: int, margin: floa
     if n <= 0:
         return Tost(statistic, math.nan, margin, None if one_sided else math.nan, math.nan, 0)
     m = min(margin, 1 - 1e-12)
-    p_upper = _norm_cdf(tango_score(b, c, n, m))  # small when (b − c) / n lies well below +m
-    p_lower = None if one_sided else 1.0 - _norm_cdf(tango_score(b, c, n, -m))
+    p_upper = norm_cdf(tango_score(b, c, n, m))  # small when (b − c) / n lies well below +m
+    p_lower = None if one_sided else 1.0 - norm_cdf(tango_score(b, c, n, -m))
     return Tost(statistic, (b - c) / n, margin, p_lower, p_upper, int(n))
 
 

@@ -220,7 +220,6 @@ class Verdict:
 class PairedAccuracy:
     by_benchmark: pd.DataFrame  # benchmark, n, acc_ref, acc_cand, delta, lo, hi (fractions, not points)
     mean: MeanCI | None  # unweighted mean of the per-benchmark deltas; None without gold answers
-    replicates: np.ndarray | None = None  # the bootstrap means of `mean` (the accuracy margin's one-sided test)
 
 
 def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
@@ -388,8 +387,7 @@ def paired_accuracy(paired: pd.DataFrame, seed: int = 0, n_boot: int = N_BOOT) -
     by = pd.DataFrame(rows, columns=columns)
     mean_reps = np.vstack(boots).mean(axis=0)
     lo, hi = np.percentile(mean_reps, [2.5, 97.5])
-    return PairedAccuracy(by, MeanCI(n=int(by["n"].sum()), mean=float(by["delta"].mean()), lo=float(lo), hi=float(hi)),
-                          mean_reps)
+    return PairedAccuracy(by, MeanCI(n=int(by["n"].sum()), mean=float(by["delta"].mean()), lo=float(lo), hi=float(hi)))
 
 
 def paired_difference_ci(b: float, c: float, n: float, z: float = Z95) -> tuple[float, float]:
@@ -482,33 +480,35 @@ def _excess_tv(both: pd.DataFrame, margin: float, seed: int) -> Excess:
                   mdd=hy.mdd_mean(sd, ci.n))
 
 
-def _excess_accuracy(paired: pd.DataFrame, relative: float, seed: int = 0) -> Excess | None:
+def _excess_accuracy(paired: pd.DataFrame, relative: float) -> Excess | None:
     """Accuracy lost against BF16 (not against the floor: MLPerf's gate compares with the reference), as the one
     accuracy quantbench reports (ACCURACY_NAME: the mean over benchmarks), on the questions with a gold answer,
-    against `relative` × BF16's; its interval and one-sided test from the stratified paired bootstrap of
-    `paired_accuracy` (p = the share of replicates losing at least the margin). None without gold answers."""
-    acc = paired_accuracy(paired, seed)
-    if acc.mean is None or acc.replicates is None:
+    against `relative` × BF16's. Its standard error is Agresti & Min's adjusted one for paired proportions (½ added
+    to each cell of every benchmark's 2×2 table, so no discordance still leaves an interval), combined over the
+    benchmarks as their mean is; the interval is ±1.96 of it, the one-sided test z = (loss − margin) / se.
+    None without gold answers."""
+    g = paired[paired["gold"].notna()] if "gold" in paired else paired.iloc[:0]
+    if g.empty:
         return None
-    g = paired[paired["gold"].notna()]
-    ref, cand = g["right_ref"].astype(bool), g["right_cand"].astype(bool)
-    b, c = int((ref & ~cand).sum()), int((~ref & cand).sum())  # lost / gained, for McNemar beside it
-    acc_ref, acc_cand = float(acc.by_benchmark["acc_ref"].mean()), float(acc.by_benchmark["acc_cand"].mean())
-    margin = relative * acc_ref
+    strata, acc_ref, acc_cand = [], [], []
+    for _, grp in g.groupby(g["benchmark"].fillna("(none)")):
+        ref, cand = grp["right_ref"].astype(bool), grp["right_cand"].astype(bool)
+        strata.append((int((ref & ~cand).sum()), int((~ref & cand).sum()), len(grp)))
+        acc_ref.append(float(ref.mean()))
+        acc_cand.append(float(cand.mean()))
+    loss, se = hy.macro_paired_difference(strata)
+    b, c, n = (sum(x[i] for x in strata) for i in range(3))  # lost / gained, for McNemar beside it
+    margin = relative * float(np.mean(acc_ref))
     if margin <= 0:  # BF16 answered none right: no accuracy to keep 99% of
         return None
-    loss, losses = -acc.mean.mean, -acc.replicates
-    lo, hi = -acc.mean.hi, -acc.mean.lo
+    lo, hi = loss - Z95 * se, loss + Z95 * se
     label = _classify(lo, hi, margin)
-    n = acc.mean.n
     need = None
     if label == INCONCLUSIVE:
-        need = _n_needed(n, lambda m: (loss - (loss - lo) * math.sqrt(n / m), loss + (hi - loss) * math.sqrt(n / m)),
-                         margin)
-    p_upper = (int((losses >= margin).sum()) + 1) / (losses.size + 1)
-    return Excess("accuracy loss", n, acc_cand, acc_ref, loss, lo, hi, margin, label, need, b, c,
-                  hy.Tost("accuracy loss", loss, margin, None, p_upper, n),
-                  hy.mdd_mean(float(losses.std(ddof=1)) * math.sqrt(n), n))
+        need = _n_needed(n, lambda m: (loss - Z95 * se * math.sqrt(n / m), loss + Z95 * se * math.sqrt(n / m)), margin)
+    tost = hy.Tost("accuracy loss", loss, margin, None, hy.norm_cdf((loss - margin) / se), n)
+    return Excess("accuracy loss", n, float(np.mean(acc_cand)), float(np.mean(acc_ref)), loss, lo, hi, margin, label,
+                  need, b, c, tost, hy.mdd_from_se(se))
 
 
 def _excess_txt(e: Excess) -> str:
@@ -517,7 +517,7 @@ def _excess_txt(e: Excess) -> str:
                 f"disagreement, 95% interval [{100 * e.lo:+.1f}, {100 * e.hi:+.1f}], margin {100 * e.margin:g} points")
     elif e.statistic == "accuracy loss":
         head = (f"{ACCURACY_NAME} {e.candidate:.1%} vs BF16's {e.floor:.1%}: {100 * e.diff:+.2f} points lost, 95% "
-                f"interval [{100 * e.lo:+.2f}, {100 * e.hi:+.2f}] (paired bootstrap), margin {100 * e.margin:.2f} "
+                f"interval [{100 * e.lo:+.2f}, {100 * e.hi:+.2f}] (Agresti–Min), margin {100 * e.margin:.2f} "
                 "points")
     else:
         head = (f"mean TV {e.candidate:.4f} vs the floor's {e.floor:.4f}: {e.diff:+.4f}, 95% interval "
@@ -562,7 +562,7 @@ def parity_verdict(candidate: pd.DataFrame, floor: pd.DataFrame | None, margins:
                 if margins.tv is not None:
                     parts.append(_excess_tv(both, margins.tv, seed))
     if margins.accuracy is not None:
-        acc = _excess_accuracy(candidate, margins.accuracy, seed)
+        acc = _excess_accuracy(candidate, margins.accuracy)
         if acc is not None:
             parts.append(acc)
         elif not margins.uses_floor:
