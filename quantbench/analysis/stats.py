@@ -13,7 +13,8 @@ Conventions, so the numbers can be checked by hand:
 - percentiles interpolate linearly (DuckDB's quantile_cont, numpy's default);
 - bootstrap intervals are percentile intervals over `n_boot` resamples from `numpy.random.default_rng(seed)`.
 - the verdict (`parity_verdict`) compares a candidate's pairing with the reference to the noise floor's on the same
-  questions: the excess and its 95% interval against stated margins (MARGIN_AGREEMENT, MARGIN_TV).
+  questions: the excess and its 95% interval against a named margin fixed beforehand (`Margins`, PRESETS: card's
+  MARGIN_AGREEMENT and MARGIN_TV, MLPerf's accuracy gates); the tests behind it are quantbench.analysis.hypothesis's.
 """
 
 from __future__ import annotations
@@ -539,11 +540,13 @@ def parity_verdict(candidate: pd.DataFrame, floor: pd.DataFrame | None, margins:
     noise-floor run). Questions both answered are paired; pass the rows of any subset (a benchmark, a modality)
     to judge that subset.
 
-    For each statistic — disagreement with the reference's top answer, and mean TV — the excess over the floor on
-    the same questions gets a 95% interval (a two-one-sided-tests equivalence test at 2.5% a side against the
-    margin): wholly beyond the margin → worse; at or below it → indistinguishable when the interval also reaches
-    0, else different, within margin; straddling it → inconclusive, with how many questions would tell. The worst
-    statistic decides."""
+    For each statistic the named margin has — disagreement with the reference's top answer and mean TV, as the
+    excess over the floor on the same questions; accuracy lost against the reference itself (MLPerf's gate, no
+    floor needed) — the difference gets a 95% interval: wholly beyond the margin → worse; at or below it →
+    indistinguishable when the interval also reaches 0, else different, within margin; straddling it →
+    inconclusive, with how many questions would tell. The worst statistic decides. Each part also carries its
+    one-sided test against the margin at α 0.05 (`Excess.tost`; `Verdict.tost_p` the largest) and the smallest
+    difference its questions detect (`Excess.mdd`)."""
     margins = margins or Margins()
     parts: list[Excess] = []
     no_floor = None
