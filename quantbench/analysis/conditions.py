@@ -89,10 +89,14 @@ class Floors:
     energy_fraction: float | None
 
     def text(self) -> str:
-        lat = "n/a" if self.latency_fraction is None else f"{self.latency_fraction:.2f}"
-        energy = "n/a" if self.energy_fraction is None else f"{self.energy_fraction:.2f}"
-        return (f"latency {lat} of floor ({self.latency_floor_ms:.2f} ms); energy {energy} of floor "
-                f"({self.energy_floor_j:.2f} J)")
+        def frac(x: float | None) -> str:
+            return "n/a" if x is None else f"{x:.2f}" if x >= 0.1 else f"{x:.2g}"
+
+        floor_ms = self.latency_floor_ms
+        time = f"{floor_ms:.2f} ms" if floor_ms >= 0.1 else f"{1e3 * floor_ms:.2g} µs"
+        joules = f"{self.energy_floor_j:.2f} J" if self.energy_floor_j >= 0.1 else f"{1e3 * self.energy_floor_j:.2g} mJ"
+        return (f"latency {frac(self.latency_fraction)} of floor ({time}); energy {frac(self.energy_fraction)} of "
+                f"floor ({joules})")
 
 
 def floors(run: dict[str, Any], weights_bytes: int | None, p50_ms: float | None,
@@ -114,7 +118,9 @@ def floors_note(specs: list[GpuSpec]) -> str:
     sheets = "; ".join(sorted({s.source for s in specs}))
     return ("Floors: a decision reads every weight at least once, so its latency is at least the weights in VRAM ÷ "
             "the spec sheet's memory bandwidth, and its energy at least that time at the board's full power; the "
-            f"fractions are floor ÷ measured (1.00 = at the floor). Spec sheets: {sheets}.")
+            "fractions are floor ÷ measured (1.00 = at the floor). It assumes every weight is read once a decision, "
+            "as at 512-token decisions where every expert is hit: above 1.00, the decisions read less (short prompts "
+            f"route to some experts only). Spec sheets: {sheets}.")
 
 
 def own_peak_rss(run: dict[str, Any]) -> int | None:
