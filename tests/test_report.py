@@ -568,3 +568,20 @@ def test_the_cross_gpu_matrix_answers_which_quant_on_which_gpu(cpu_lab):
     assert json.loads(report.render(reps, "json"))["gpu_matrices"][0]["picks"]["CPU (box)"] == "int4"
     assert report.gpu_matrices(report.build_report(lab.store, gpu="cpu")) == []  # one GPU: the table says it all
     assert "### Which quant on which GPU" in report.report_text(db=str(lab.store.path), history=True)
+
+
+def test_a_store_read_without_migrating_shows_the_one_accuracy_too(tmp_path):
+    """A store keeps the view definitions of the quantbench that wrote it (read-only opens never migrate): the
+    older run_accuracy view pooled the gold questions; `runs` computes the mean over benchmarks itself."""
+    import duckdb
+
+    from quantbench.store import queries
+
+    lab = Lab(tmp_path / "r.duckdb", n=8)
+    lab.run(model_id="tiny-moe")
+    con = duckdb.connect(str(lab.store.path))
+    con.execute("CREATE OR REPLACE VIEW run_accuracy AS SELECT run_id, count(*) AS n_answers, count(gold) AS n_gold, "
+                "avg(CASE WHEN gold IS NOT NULL THEN (top = gold)::INTEGER END) AS accuracy FROM answers GROUP BY run_id")
+    con.close()
+    assert lab.store.read("SELECT accuracy FROM run_summary")["accuracy"].tolist() == [7 / 8]  # the old view: pooled
+    assert queries.newest_run_summaries(lab.store, 5)["accuracy"].tolist() == pytest.approx([(2 / 3 + 1 + 1) / 3])
