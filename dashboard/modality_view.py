@@ -11,6 +11,7 @@ import streamlit as st
 
 from dashboard import figures
 from quantbench.analysis import parity
+from quantbench.analysis.significance import CellTests
 from quantbench.analysis.stats import Agreement, Flips, MeanCI, Verdict
 
 ALL = "all"
@@ -26,6 +27,7 @@ class Figures:
     flips: Flips
     verdict: Verdict
     floor_agreement: Agreement | None
+    tests: CellTests | None = None  # McNemar, TOST, MDD, TV / KL tails, flips by BF16's margin
 
 
 def headline(c: parity.Comparison, modality: str) -> Figures:
@@ -33,8 +35,8 @@ def headline(c: parity.Comparison, modality: str) -> Figures:
         m = next((m for m in c.modalities if m.modality == modality), None)
         if m is not None:
             return Figures(f"on the {m.agreement.n} {modality} questions", m.agreement, m.tv_ci, m.flips, m.verdict,
-                           m.floor_agreement)
-    return Figures("", c.agreement, c.tv_ci, c.flips, c.verdict, c.floor.agreement if c.floor else None)
+                           m.floor_agreement, m.tests)
+    return Figures("", c.agreement, c.tv_ci, c.flips, c.verdict, c.floor.agreement if c.floor else None, c.tests)
 
 
 def pct(v) -> str:

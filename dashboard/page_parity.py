@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from dashboard import figures, media_view, modality_view, store_cache, url_state
+from dashboard import figures, media_view, modality_view, store_cache, tests_view, url_state
 from quantbench.analysis.stats import n_needed_text
 from quantbench.report import SYNTHETIC_NOTE
 
@@ -84,8 +84,10 @@ with st.expander("Why this verdict"):
         fa = h.floor_agreement
         st.markdown(f"- Noise floor: BF16 under {c.floor.run.get('kernel_path')} agrees with BF16 on "
                     f"{fa.rate:.1%} ({fa.lo:.1%}–{fa.hi:.1%}){' ' + h.scope if h.scope else ''}.")
+tests_view.section(h.tests, h.scope)
 if c.per_modality:
     modality_view.breakdown(c, modality)
+tests_view.confident_flips(db, mtime, c, None if modality == ALL else modality)
 
 st.subheader("Agreement by the reference's confidence")
 left, right = st.columns([5, 4])

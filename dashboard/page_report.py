@@ -67,6 +67,10 @@ for rep in mine:
         st.success(f"**⭐ Recommended: {rep.recommended.label}** — {why}")
     else:
         st.warning(rep.rule[:1].upper() + rep.rule[1:])
+    busy = [r for r in rep.rows if r.busy]
+    if busy:  # a latency measured while others used the machine is not what this machine gives idle
+        st.warning("Measured on a busy machine: " + "; ".join(f"{r.label}: {r.busy}" for r in busy)
+                   + ". Their latencies are slower than an idle machine's; run them again when it is quiet.", icon="⚠️")
     df = report_table.report_frame(rep, history)
     st.dataframe(report_table.styled(rep, df), hide_index=True, width="stretch", column_config=report_table.column_config(rep),
                  column_order=report_table.column_order(df), key=f"table-{store_cache.report_key(rep)}-{rep.suite_hash}")

@@ -26,7 +26,9 @@ cols = {
     "gpu_cc": "CC", "driver_version": "Driver", "cuda_version": "CUDA", "torch_version": "torch",
     "transformers_version": "transformers", "auto_round_version": "auto-round", "modelopt_version": "modelopt",
     "quantbench_version": "quantbench", "quantbench_git_rev": "git rev", "suite_id": "Suite", "host": "Host",
-    "run_id": "Run id",
+    "cpu_model": "CPU", "cpu_cores": "CPUs", "machine_id": "Machine id", "load_avg_1m": "Load avg (timed)",
+    "cpu_others_share": "Others' CPU (timed)", "cpu_steal_share": "Steal (timed)", "repeat_id": "Repeat group",
+    "repeat_index": "Repeat #", "host_rss_peak_source": "Peak RSS read by", "run_id": "Run id",
 }
 table = shown[[c for c in cols if c in shown.columns]].copy()
 table["error"] = shown["error"].fillna("").str.strip().str.split("\n").str[0]
@@ -36,6 +38,9 @@ st.dataframe(table, hide_index=True, width="stretch", height="content" if len(ta
     "created_at": st.column_config.DatetimeColumn("When", format="YYYY-MM-DD HH:mm"),
     "p50_ms": st.column_config.NumberColumn("p50 (ms)", format="%.1f"),
     "load_s": st.column_config.NumberColumn("Load (s)", format="%.2f"),
+    "cpu_others_share": st.column_config.NumberColumn("Others' CPU (timed)", format="percent",
+                                                      help="CPU time other processes used while the run was timed"),
+    "cpu_steal_share": st.column_config.NumberColumn("Steal (timed)", format="percent"),
     "error": st.column_config.TextColumn("Error", width=260, help="first line; the whole message is below"),
     "source": st.column_config.TextColumn("Source", width=260, help="the store the run is read from; for a pulled "
                                           "run, its bundle, who published it and when (the Sources page lists them)"),

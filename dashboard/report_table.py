@@ -81,7 +81,12 @@ def column_config(rep: GpuReport) -> dict:
         "TV": cc.TextColumn("TV", width="small", help="mean total variation between the per-option distributions"),
         "Δ accuracy vs BF16": cc.TextColumn("Δ accuracy vs BF16", help="paired, on identical questions, 95% "
                                             "bootstrap interval"),
-        "Latency p50 / p90 (per decision)": cc.TextColumn("p50 / p90", width=88, help="per decision"),
+        "Latency p50 / p90 (per decision)": cc.TextColumn("p50 / p90", width=88, help="per decision; ± a 95% t "
+                                                          "interval over the runs of `run --repeat N`; ⚠ busy: "
+                                                          "measured while others used the machine"),
+        "Against the floors (latency, energy)": cc.TextColumn("Against the floors", width=230, help="floor ÷ "
+                                                              "measured: the weights in VRAM ÷ the spec sheet's "
+                                                              "bandwidth, and that time at the board's power"),
         ENERGY: cc.TextColumn("J / decision", width=130, help="GPU energy per decision over the whole timed phase "
                               "(NVML's energy counter), and above the idle power; n/a on a CPU or where not measured"),
         COST: cc.TextColumn("$ / 1M decisions", width=110, help="at the price per GPU hour given: from the mean model "
@@ -102,6 +107,7 @@ def column_config(rep: GpuReport) -> dict:
 
 # What decides first (quality, speed, memory, the verdict), then the details a wide screen also shows.
 ORDER = ["Variant", DIFFERS, AGREEMENT, AGREE_TEXT, "Verdict", "Latency p50 / p90 (per decision)", ENERGY, COST,
+         "Against the floors (latency, energy)",
          "VRAM (weights)",
          "Weights (host memory)", "Peak VRAM", "Peak host RSS", "Native here?", "Best for", SOURCE, "Kernel",
          "Δ accuracy vs BF16", "TV",

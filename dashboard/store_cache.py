@@ -165,8 +165,9 @@ def runs(db: str, mtime: Stamp) -> pd.DataFrame:
 
 
 def machine_id(run: dict) -> str:
-    """The value the GPU selector (and the URL) uses: the GPU's name, or cpu:HOST for a CPU run."""
-    return f"cpu:{run.get('host')}" if parity.is_cpu(run) else str(run.get("gpu_name"))
+    """The value the GPU selector (and the URL) uses: the GPU's name, or cpu:MACHINE for a CPU run (its host name,
+    and the CPU model, logical CPUs and machine id where the run recorded them: parity.gpu_key)."""
+    return f"cpu:{parity.gpu_key(run)[1]}" if parity.is_cpu(run) else str(run.get("gpu_name"))
 
 
 @st.cache_data(show_spinner="Comparing every variant with BF16…", max_entries=16)
@@ -199,6 +200,14 @@ def latencies(db: str, mtime: Stamp, run_ids: tuple[str, ...]) -> pd.DataFrame:
 @st.cache_data(show_spinner=False, max_entries=64)
 def answers(db: str, mtime: Stamp, run_id: str) -> pd.DataFrame:
     return parity.load_answers(store(db), run_id)
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def confident_flips(db: str, mtime: Stamp, reference_run: str, candidate_run: str) -> pd.DataFrame:
+    """The questions BF16 answered confidently that the candidate flipped (from the answers' stored margins)."""
+    from quantbench.analysis.significance import CONFIDENT
+
+    return queries.confident_flips(Store(db), reference_run, candidate_run, CONFIDENT)
 
 
 @st.cache_data(show_spinner=False, max_entries=16)

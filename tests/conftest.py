@@ -18,6 +18,14 @@ def fixture_model_dir() -> Path:
     return default_model_dir(progress=False)
 
 
+@pytest.fixture(scope="session")
+def made_elsewhere(tmp_path_factory) -> dict[str, Path]:
+    """Checkpoints made by transformers, auto-round and ModelOpt themselves (tests/elsewhere.py), once a session."""
+    from tests.elsewhere import make
+
+    return make(tmp_path_factory.mktemp("elsewhere"))
+
+
 @pytest.fixture(scope="module")
 def browser():
     """Debian's chromium through Playwright (never `playwright install`: no browser downloads here)."""

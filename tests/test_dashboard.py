@@ -425,3 +425,25 @@ def test_latency_page_shows_energy_and_power_beside_the_percentiles(store):
     assert table.at["nvfp4-packed", "Energy per decision"] == "n/a"
     assert table.at["nvfp4-packed", "Mean power (W)"] == table.at["nvfp4-packed", "Idle power (W)"] == "n/a"
     assert any("NVML's total-energy counter" in c for c in texts(at.caption))
+
+
+def test_a_run_timed_on_a_busy_machine_is_flagged_and_its_repeats_show_an_interval(own_store):
+    """Issue #35 item 6 and 3 on the report page: a run whose timed phase shared the machine gets a warning naming
+    why, and a `run --repeat 3` group shows p50 ± its t interval, as `quantbench report` prints them."""
+    ref = ds.reference_answers()
+    for i, ms in enumerate((11.0, 12.0, 13.0), 1):
+        own_store.write_run(ds.RunResult(
+            run=ds.run_row(ds.H200, 500 + i, backend="int4", variant="int4", kernel_path="quantbench grouped-moe x",
+                           weight_format="int4-g128", native="native", role="candidate", repeat_id="rep-1",
+                           repeat_index=i, repeat_count=3, cpu_others_share=0.6, load_avg_1m=7.5, cpu_cores=16,
+                           **ds._memory(ds.H200, 16.4, 16.9)),
+            answers=ds.candidate_answers(ref, 7, seed=600 + i), latencies=ds.latencies(ms, seed=600 + i)))
+    at = app(gpu="NVIDIA H200")
+    warnings = " ".join(w.value for w in at.warning)
+    assert "Measured on a busy machine" in warnings and "other processes used 60% of the CPUs" in warnings
+    df = at.dataframe[0].value
+    label = "int4 (quantbench engine)"  # beside the store's own int4 (another kernel)
+    cell = df.loc[df["Variant"] == label, "Latency p50 / p90 (per decision)"].iloc[0]
+    assert "±" in cell and "(3 runs, CV" in cell and cell.endswith("⚠ busy")
+    [rep] = [r for r in build_report(own_store) if r.gpu.startswith("NVIDIA H200") and r.model_id == ds.MODEL]
+    assert cell == cells(next(r for r in rep.rows if r.label == label), rep)["Latency p50 / p90 (per decision)"]

@@ -64,7 +64,7 @@ def comparison(store: Store):
 
 
 def flips_table(at: AppTest):
-    return next(df.value for df in at.dataframe if "top_cand" in df.value.columns)
+    return next(df.value for df in at.dataframe if "top_cand" in df.value.columns and "tv" in df.value.columns)
 
 
 def test_the_modality_filter_offers_the_stored_modalities_and_cuts_the_flips(store):
@@ -183,3 +183,25 @@ def load_suite_bytes_hash(raw: bytes) -> str:
     import hashlib
 
     return hashlib.sha256(raw).hexdigest()  # the suite's media are inline: its hash is its bytes'
+
+
+def test_the_parity_page_shows_the_tests_and_lists_the_confident_flips_with_their_questions(store):
+    """McNemar against BF16 and the floor, the TOST verdict with its margin, and every question BF16 answered
+    confidently that the variant flipped, read from the answers' stored margins (issue #35 items 1 and 2)."""
+    from quantbench.analysis import significance as sig
+
+    at = parity()
+    assert "Tests" in [h.value for h in at.subheader] and "Confident flips" in [h.value for h in at.subheader]
+    labels = [m.label for m in at.metric]
+    assert "McNemar vs BF16 (exact p)" in labels and "McNemar vs noise floor (exact p)" in labels
+    assert "Equivalence (TOST), margin card" in labels
+    captions = " ".join(c.value for c in at.caption)
+    assert "near-tie (< 0.1)" in captions and "TV per question p50 / p90 / p99 / max" in captions
+    flips = next(df.value for df in at.dataframe if "ref_margin" in df.value.columns and "BF16" in df.value.columns)
+    expected = sig.confident_flips(comparison(store).per_question)
+    assert len(flips) == len(expected) > 0 and (flips["ref_margin"] >= sig.CONFIDENT - 1e-9).all()
+    assert set(zip(flips["record_id"], flips["question"], strict=True)) == set(
+        zip(expected["record_id"], expected["question"], strict=True))
+    image = parity(modality="image")  # cut to one modality, as the flipped questions are
+    cut = next(df.value for df in image.dataframe if "ref_margin" in df.value.columns and "BF16" in df.value.columns)
+    assert set(cut["modality"]) == {"image"} and len(cut) < len(flips)

@@ -51,15 +51,17 @@ def test_an_advancing_counter_gives_joules_per_decision_mean_watts_and_idle_powe
     meter = gpu.meter()
     meter.idle()
     meter.start()
-    for _ in range(300):  # 300 decisions of 20 ms: far below the counter's 50 ms resolution one by one
+    for i in range(300):  # 300 decisions of 20 ms: far below the counter's 50 ms resolution one by one
         gpu.work(0.02)
+        meter.mark(i + 1)  # the child samples between decisions, at most every 0.1 s
     f = meter.stop(decisions=300, forward_s=5.4)
     assert f.energy_decisions == 300 and f.energy_phase_s == pytest.approx(6.0)
     # 400 W over 6 s = 2400 J, 8 J per decision, within one counter update (0.05 s x 400 W = 20 J) of the truth
     assert f.energy_j_per_decision == pytest.approx(8.0, abs=20 / 300)
     assert f.energy_mean_w == pytest.approx(400, abs=20 / 6)
     assert f.energy_idle_w == pytest.approx(100, abs=100 * 0.05 / 1.0)
-    assert meter.note is None and gpu.syncs == 4  # a synchronize before every read
+    assert meter.note is None and gpu.syncs == 2 + len(meter.samples)  # a synchronize before every read
+    assert 48 <= len(meter.samples) <= 62  # every 0.1 s or so (the first decision boundary after) of 6 s
     extra = meter.extra()
     assert "nvmlDeviceGetTotalEnergyConsumption" in extra["method"] and extra["joules"] == pytest.approx(2400, abs=20)
     assert extra["forward_share"] == pytest.approx(0.9)  # 5.4 s of the 6 s phase were timed forward passes
@@ -71,6 +73,7 @@ def test_a_counter_that_did_not_advance_stores_null_and_says_so():
     meter.idle()
     meter.start()
     gpu.work(3.0)
+    meter.mark(100)
     f = meter.stop(decisions=100)
     assert f.energy_j_per_decision is None and f.energy_mean_w is None and f.energy_idle_w is None
     assert "did not advance" in meter.note and "123456 -> 123456 mJ" in meter.note
@@ -82,11 +85,12 @@ def test_a_phase_shorter_than_the_minimum_stores_null_and_names_the_flag():
     gpu = FakeGpu()
     meter = gpu.meter()
     meter.start()
-    gpu.work(en.MIN_PHASE_S - 0.5)  # the counter advanced, but too few updates to trust
+    for i in range(50):  # 1.5 s: the counter advanced, but too few updates to trust
+        gpu.work((en.MIN_PHASE_S - 0.5) / 50)
+        meter.mark(i + 1)
     f = meter.stop(decisions=50)
     assert f.energy_j_per_decision is None and f.energy_mean_w is None
-    assert "under the 2 s" in meter.note and "--latency-min-seconds" in meter.note
-    assert meter.extra() == {"note": meter.note}
+    assert "did not settle over the 1.50 s phase" in meter.note and "joules" not in meter.extra()
 
 
 def test_a_gpu_without_the_counter_stores_null_with_nvmls_reason(monkeypatch):
@@ -179,3 +183,49 @@ def test_the_child_brackets_exactly_the_timed_decisions(tmp_path):
     # idle and start after the cold decision and 2 warm-ups; stop after every timed one, with their count
     assert calls == [("idle", 0, 3), ("start", 0, 3), ("stop", n, 3 + n)]
 
+
+
+def test_energy_counts_only_the_window_where_power_has_settled():
+    """Clocks ramp up over the first 2 s (100 → 250 W), then hold 400 W: the whole phase would say less than 7 J a
+    decision, the settled window 8 J (400 W × 20 ms), and the child keeps timing until that window is 2 s long."""
+    gpu = FakeGpu(watts=100, period_s=0.05)
+    meter = gpu.meter()
+    meter.start()
+    decisions, wanted = 0, []
+    for watts in (100, 150, 200, 250):  # 0.5 s each
+        gpu.watts = watts
+        for _ in range(25):
+            gpu.work(0.02)
+            decisions += 1
+            meter.mark(decisions)
+        wanted.append(meter.needs_more())
+    gpu.watts = 400
+    while meter.needs_more():
+        gpu.work(0.02)
+        decisions += 1
+        meter.mark(decisions)
+    assert all(wanted)  # no settled window yet while the clocks ramp
+    f = meter.stop(decisions=decisions)
+    w = meter.window
+    assert w.start_s >= 1.9 and w.seconds >= en.MIN_PHASE_S  # the ramp is left out, and what is left is long enough
+    assert f.energy_j_per_decision == pytest.approx(8.0, rel=0.03)
+    assert f.energy_mean_w == pytest.approx(400, rel=0.03)
+    whole = (gpu.shown - meter.samples[0][1]) / 1e3 / decisions
+    assert whole < 7.0  # what the whole phase would have said
+    assert f.energy_decisions == w.decisions < decisions
+    assert meter.extra()["window"]["settled_from_segment"] >= 2
+
+
+def test_a_power_that_never_settles_stores_null_and_says_so():
+    gpu = FakeGpu(watts=100, period_s=0.05)
+    meter = gpu.meter(max_phase_s=6.0)
+    meter.start()
+    decisions = 0
+    while meter.needs_more():  # power climbing 28% a second: every window drifts by more than 10%
+        gpu.watts *= 1.005
+        gpu.work(0.02)
+        decisions += 1
+        meter.mark(decisions)
+    f = meter.stop(decisions=decisions)
+    assert 5.9 <= meter.phase_s <= 6.2  # the phase stopped at max_phase_s
+    assert f.energy_j_per_decision is None and ("did not settle" in meter.note or "settled for" in meter.note)

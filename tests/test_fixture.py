@@ -7,7 +7,7 @@ import torch
 from quantbench.models import build
 from quantbench.models import fixture as F
 from quantbench.models import synthetic as S
-from quantbench.models.checkpoint import SYNTHETIC_FILE, load_causal_lm, model_identity
+from quantbench.models.checkpoint import SYNTHETIC_FILE, fingerprint, load_causal_lm, model_identity
 from quantbench.protocol.prompt import CHOICE_LABELS
 from quantbench.protocol.suite import load_suite
 
@@ -50,7 +50,8 @@ def test_two_short_builds_give_bit_identical_checkpoints(tmp_path):
     assert model.config.hidden_size == 256 and model.config.num_hidden_layers >= 2
     assert not model.config.tie_word_embeddings
     ident = model_identity(tmp_path / "a")
-    assert ident["model_id"] == F.fixture_id(steps=3) == a.model_id
+    assert ident["model_id"] == f"{F.fixture_id(steps=3)}-w{fingerprint(tmp_path / 'a')[:8]}"
+    assert a.model_id == F.fixture_id(steps=3)
     assert ident["weights"] == "trained"
 
 
@@ -105,7 +106,8 @@ def test_default_model_dir_is_cached_and_names_the_fixture(fixture_model_dir):
     assert F.default_model_dir(progress=False) == fixture_model_dir
     assert (fixture_model_dir / "model.safetensors").stat().st_mtime_ns == before
     assert fixture_model_dir.name == f"fixture-{F.recipe_hash()[:8]}"
-    assert model_identity(fixture_model_dir)["model_id"] == F.fixture_id()
+    # the recipe's id, tagged with the weights' hash: another build of the recipe with other weights is another model
+    assert model_identity(fixture_model_dir)["model_id"] == f"{F.fixture_id()}-w{fingerprint(fixture_model_dir)[:8]}"
     assert not list(fixture_model_dir.glob("*.bin"))
 
 
@@ -117,7 +119,8 @@ def test_the_fixture_command_shows_where_and_per_family_accuracy(fixture_model_d
     done = CliRunner().invoke(app, ["fixture", "--out", str(fixture_model_dir)])
     assert done.exit_code == 0, done.output
     shown = done.stdout
-    assert f"fixture {F.fixture_id()} at " in shown and str(fixture_model_dir) in shown.replace("\n", "")
+    assert f"fixture {model_identity(fixture_model_dir)['model_id']} at " in shown
+    assert str(fixture_model_dir) in shown.replace("\n", "")
     for family in load_suite(None).benchmarks:
         assert family in shown
     assert F.find_or_build(out=fixture_model_dir).model_id == F.fixture_id()

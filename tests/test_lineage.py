@@ -3,8 +3,6 @@ on checkpoints made by auto-round and ModelOpt directly, with no quantbench prov
 pairing a variant with its base by that evidence."""
 
 import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -21,46 +19,6 @@ from quantbench.store import Store
 from tests.test_report import Lab
 
 ROOT = Path(__file__).resolve().parent.parent
-
-# Both models are loaded before auto_round is imported (once imported, it patches transformers' MoE blocks).
-MAKE = textwrap.dedent("""
-    import sys, torch
-    from pathlib import Path
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from tests.tiny import save_tiny, tiny_model
-    out = Path(sys.argv[1])
-    save_tiny(out / "Tiny-MoE")
-    tiny_model(seed=1, dtype=torch.bfloat16).save_pretrained(out / "other")
-    src = out / "Tiny-MoE"
-    tok = AutoTokenizer.from_pretrained(src)
-    for_int4 = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
-    for_nvfp4 = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
-    import modelopt.torch.quantization as mtq
-    from modelopt.torch.export import export_hf_checkpoint
-    ids = tok(["State: Question: Answer: A B C yes no left right " * 4] * 2, return_tensors="pt").input_ids
-    mtq.quantize(for_nvfp4, mtq.NVFP4_DEFAULT_CFG, lambda m: m(ids))
-    export_hf_checkpoint(for_nvfp4, export_dir=str(out / "nvfp4"))
-    tok.save_pretrained(out / "nvfp4")
-    from auto_round import AutoRound
-    text = "State: Question: Answer: A B C D E yes no left right forward wall player observation alpha beta " * 8
-    AutoRound(for_int4, tok, scheme="W4A16", iters=0, dataset=[text] * 4, nsamples=4, seqlen=32, group_size=32,
-              disable_opt_rtn=True).quantize_and_save(str(out / "int4"), format="auto_round")
-""")
-
-
-@pytest.fixture(scope="module")
-def made_elsewhere(tmp_path_factory):
-    """A tiny BF16 Qwen3-MoE `Tiny-MoE`, its INT4 made by auto-round itself and its NVFP4 made by ModelOpt itself
-    (not through `quantbench quantize`: no quantbench provenance), and an unrelated BF16 model `other`."""
-    out = tmp_path_factory.mktemp("elsewhere")
-    done = subprocess.run([sys.executable, "-c", MAKE, str(out)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    [int4] = [p.parent for p in (out / "int4").rglob("config.json")]  # auto-round writes into a subfolder
-    paths = {"bf16": out / "Tiny-MoE", "int4": int4, "nvfp4": out / "nvfp4", "other": out / "other"}
-    assert not any((p / "quantbench_provenance.json").exists() for p in paths.values())
-    return paths
-
 
 def test_the_tensors_quantization_leaves_alone_hash_the_same_in_a_variant_and_its_base(made_elsewhere):
     digest = {k: lineage.shared_tensors_hash(p) for k, p in made_elsewhere.items()}

@@ -87,7 +87,9 @@ def test_the_report_flags_the_modality_and_does_not_recommend_the_broken_variant
     assert "⭐" not in planted and "**Recommended: copy**" in md
     assert "Parity per modality" in md
     rows = [line for line in md.splitlines() if line.startswith("| int4-planted-vision | image |")]
-    assert len(rows) == 1 and rows[0].rstrip(" |").endswith("worse")
+    # its row in the parity-per-modality table, then in the statistics table
+    assert len(rows) == 2 and rows[0].rstrip(" |").endswith("worse")
+    assert "not shown equivalent (p " in rows[1] and "margin card" in rows[1]
     assert "int4-planted-vision on image (240 questions): worse" in md
     data = json.loads(report.report_text(str(lab.store.path), fmt="json"))
     [rep] = data["reports"]

@@ -69,11 +69,17 @@ def test_suite_is_deterministic_and_loads_by_name(tmp_path, monkeypatch):
     suite = load_suite(path)
     assert suite.id == G.OMNI_SUITE_ID == "quantbench-omni-v1"
     assert load_suite(G.omni_suite_path()).hash == suite.hash == hashlib.sha256(first).hexdigest()
+    # --suite quantbench-omni-v1 by name; the default suite of --family omni is v2, whose first 169 records are v1's
+    # (a model given: none is built)
+    from quantbench.protocol import omnisuite
     from quantbench.run.resolve import family_defaults
 
-    # --suite quantbench-omni-v1 by name, and the default suite of --family omni (a model given: none is built)
     assert family_defaults("bf16", "text", None, "quantbench-omni-v1") == (None, str(path))
-    assert family_defaults("bf16", "omni", "some/dir", None) == ("some/dir", str(path))
+    v2 = omnisuite.suite_path()
+    assert family_defaults("bf16", "omni", "some/dir", None) == ("some/dir", str(v2))
+    assert family_defaults("bf16", "text", None, "quantbench-omni-v2") == (None, str(v2))
+    assert v2.stem == omnisuite.DEFAULT == "quantbench-omni-v2" and v2.read_bytes() != first
+    assert [r.id for r in load_suite(v2).records[:omnisuite.SLICE]] == [r.id for r in suite.records]
     assert family_defaults("bf16", "text", None, None) == (None, None)  # the text default is unchanged
     from quantbench.errors import ConfigError
 
@@ -90,7 +96,9 @@ def test_family_omni_picks_the_omni_model_or_its_variant_and_the_omni_suite(tmp_
     monkeypatch.setattr(OF, "omni_default_model_dir", lambda: tmp_path / "omni")
     monkeypatch.setattr(quantbench.models.quantize, "default_variant",
                         lambda scheme, family="text": made.append((scheme, family)) or tmp_path / f"{family}-{scheme}")
-    suite = str(G.omni_suite_path())
+    from quantbench.protocol import omnisuite
+
+    suite = str(omnisuite.suite_path())
     assert family_defaults("bf16", "omni", None, None) == (str(tmp_path / "omni"), suite)
     assert [family_defaults(b, "omni", None, None)[0] for b in ("int4", "nvfp4", "fp8")] == [
         str(tmp_path / f"omni-{b}") for b in ("int4", "nvfp4", "fp8")]

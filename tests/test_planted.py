@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -120,6 +121,34 @@ def test_the_planted_variant_is_worse_on_images_and_indistinguishable_on_text():
     assert verdicts == {"text": an.INDISTINGUISHABLE, "image": an.WORSE}, planted.verdict_short()
     text = planted.per_question[planted.per_question.modality == "text"]
     assert text.tv.max() == 0.0  # the vision tower is all it changed: text answers bit-identical
+
+
+def test_compare_prints_the_tests_behind_each_modalitys_verdict():
+    """What `quantbench compare` prints on these transformers-made checkpoints: McNemar's exact p against BF16 and
+    against the noise floor, the TOST verdict with its named margin, TV / KL percentiles and the flips by BF16's own
+    margin, per modality (Holm-adjusted across them); the planted image cell and the text cell disagree."""
+    from typer.testing import CliRunner
+
+    from quantbench.cli import app
+
+    store, _, ids = lab()
+    done = CliRunner().invoke(app, ["compare", ids["planted"], "--db", str(store.path)], terminal_width=400)
+    assert done.exit_code == 0, done.output
+    out = " ".join(done.output.split())
+    assert "McNemar exact, vs BF16 on gold answers (lost / gained): p = " in out
+    assert "McNemar exact, vs the noise floor on flips (extra / fewer): p = " in out
+    assert "Equivalence (TOST, α 0.05) against the margin card: agreement within 2 points and mean TV within 0.01" in out
+    assert "TV per question" in out and "KL(ref ‖ cand) per question" in out
+    assert re.search(r"mean [\d.]+ p50 [\d.]+ p90 [\d.]+ p99 [\d.]+ max [\d.]+", out)
+    assert "Flips by BF16's margin (near-tie < 0.1 / middle / confident ≥ 0.5)" in out
+    assert "Tests per modality (p-values Holm-adjusted across these 2 modalities)" in out
+    planted = parity.compare(store, ids["planted"])
+    by = {m.modality: m.tests for m in planted.modalities}
+    assert by["image"].equivalent is False and by["text"].equivalent is True  # the plant is where it shows
+    assert by["image"].mcnemar_floor.p_holm < 0.001 and by["text"].mcnemar_floor.b == 0  # no extra text flip
+    # random weights answer near-ties only (the module docstring): every flip of the plant is counted as one
+    assert by["image"].flips.flips == by["image"].flips.near_tie_flips > 0 and by["text"].flips.flips == 0
+    assert by["image"].tv.p99 > by["text"].tv.p99 == 0.0
 
 
 def test_an_exact_copy_is_indistinguishable_on_every_modality():

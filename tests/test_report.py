@@ -53,7 +53,7 @@ class Lab:
                    variant="bf16", weight_format="bfloat16", kernel_path="transformers experts=grouped_mm",
                    model_id="tiny-moe", weights="trained", suite_id="builtin", suite_hash="s1", tokenizer_hash="t1",
                    device="cpu", gpu_family="cpu", host="box", role="candidate", disk_bytes=100 * MB,
-                   model_tensor_bytes=50 * MB, host_rss_peak_bytes=900 * MB)
+                   model_tensor_bytes=50 * MB, host_rss_peak_bytes=900 * MB, host_rss_peak_source="vmhwm")
         row.update(fields)
         lat = [dict(seq=i, phase="suite", record_id="r000", model_ms=ms + 0.1 * i, prep_ms=0.5, tokens=90, batch=batch)
                for i in range(10)]
@@ -192,13 +192,13 @@ def test_cli_compare_prints_the_verdict_and_writes_valid_json(cpu_lab):
     assert done.exit_code == 0, done.output
     out = " ".join(done.stdout.split())  # rich wraps at the console's width
     assert "Verdict: worse" in out and "mean over benchmarks" in out
-    assert "margins: agreement within 2 points and mean TV within 0.01 of the noise floor" in out
+    assert "margins: card: agreement within 2 points and mean TV within 0.01 of the noise floor" in out
     assert "95% interval [" in out and "→ worse: wholly beyond the margin" in out
     done = CliRunner().invoke(app, ["compare", ids["int4"], "--format", "json", *db])
     assert done.exit_code == 0, done.output
     data = json.loads(done.stdout)
     assert data["agreement"]["n"] == 300 and data["noise_floor"]["run"]["run_id"] == ids["floor"]
-    assert data["verdict"] == "indistinguishable" and data["verdict_margins"] == {"agreement": 0.02, "tv": 0.01}
+    assert data["verdict"] == "indistinguishable" and data["verdict_margins"] == {"agreement": 0.02, "tv": 0.01, "accuracy": None, "name": "card"}
     agree, tv = data["verdict_excess"]
     assert agree["statistic"] == "disagreement" and agree["lo"] <= 0 < agree["hi"] <= 0.02 and tv["hi"] <= 0.01
     bad = CliRunner().invoke(app, ["compare", ids["int4"], "--format", "xml", *db])
@@ -285,8 +285,10 @@ def test_the_markdown_table_has_the_card_columns_and_cpu_memory_labels(cpu_lab):
     assert "| 14.4 / 14.8 ms |" in text  # bf16's p50 / p90, in tenths below 100 ms
     assert "Noise floor: BF16 against itself" in text
     assert "**Recommended: int4**, picked by the rule: the smallest weights in host memory" in text
-    table = [line for line in text.splitlines() if line.startswith("|") and not line.startswith("|---")]
-    assert len({line.count(" | ") for line in table}) == 1  # every row has the same number of cells
+    lines = text.splitlines()
+    start = lines.index(header)
+    table = [line for line in lines[start:lines.index("", start)] if not line.startswith("|---")]
+    assert len(table) > 2 and len({line.count(" | ") for line in table}) == 1  # every row has the same cells
 
 
 def test_synthetic_weights_show_speed_and_memory_but_no_quality(tmp_path):
@@ -487,8 +489,10 @@ def test_runs_lists_the_model_and_marks_the_accuracy_of_random_weights(tmp_path)
     [trained] = [ln for ln in lines if "tiny-moe" in ln]
     [synthetic] = [ln for ln in lines if "synthetic-qwen3-30b-a3b-2l-seed0" in ln]
     assert [c.strip() for c in lines[2].split("┃")[1:4]] == ["run", "status", "model"]
-    assert "87.5% " in trained and "random weights" not in trained
-    assert "87.5% (random weights*)" in synthetic
+    # one accuracy everywhere: the mean over benchmarks (8 questions: 3/3, 2/3 and 2/2 right), not the 7 of 8 pooled
+    assert "88.9% " in trained and "87.5%" not in trained and "random weights" not in trained
+    assert "accuracy (mean over benchmarks)" in " ".join(result.output.split())
+    assert "88.9% (random weights*)" in synthetic
     assert "* random (synthetic) weights: speed and memory only; their accuracy is chance" in result.output
 
 
@@ -564,3 +568,20 @@ def test_the_cross_gpu_matrix_answers_which_quant_on_which_gpu(cpu_lab):
     assert json.loads(report.render(reps, "json"))["gpu_matrices"][0]["picks"]["CPU (box)"] == "int4"
     assert report.gpu_matrices(report.build_report(lab.store, gpu="cpu")) == []  # one GPU: the table says it all
     assert "### Which quant on which GPU" in report.report_text(db=str(lab.store.path), history=True)
+
+
+def test_a_store_read_without_migrating_shows_the_one_accuracy_too(tmp_path):
+    """A store keeps the view definitions of the quantbench that wrote it (read-only opens never migrate): the
+    older run_accuracy view pooled the gold questions; `runs` computes the mean over benchmarks itself."""
+    import duckdb
+
+    from quantbench.store import queries
+
+    lab = Lab(tmp_path / "r.duckdb", n=8)
+    lab.run(model_id="tiny-moe")
+    con = duckdb.connect(str(lab.store.path))
+    con.execute("CREATE OR REPLACE VIEW run_accuracy AS SELECT run_id, count(*) AS n_answers, count(gold) AS n_gold, "
+                "avg(CASE WHEN gold IS NOT NULL THEN (top = gold)::INTEGER END) AS accuracy FROM answers GROUP BY run_id")
+    con.close()
+    assert lab.store.read("SELECT accuracy FROM run_summary")["accuracy"].tolist() == [7 / 8]  # the old view: pooled
+    assert queries.newest_run_summaries(lab.store, 5)["accuracy"].tolist() == pytest.approx([(2 / 3 + 1 + 1) / 3])

@@ -16,7 +16,7 @@ from typing import Any
 
 from quantbench.errors import ConfigError, QuantbenchError
 from quantbench.limits import DEFAULT_MAX_OPTIONS, MEDIA_LIMITS, Limits
-from quantbench.protocol import omnigen
+from quantbench.protocol import omnisuite
 from quantbench.protocol.media import Decoded, DecodedAudio, DecodedImage, DecodedVideo, decode_media
 from quantbench.protocol.suite import BUILTIN_SUITE_ID, Suite, load_suite
 
@@ -62,8 +62,8 @@ def builtin_suite(suite_id: str, limits: Limits) -> Suite | None:
     the omni media suite (generated into the cache on first use, as `quantbench run --family omni` does)."""
     if suite_id == BUILTIN_SUITE_ID:
         return load_suite(None, limits=limits)
-    if suite_id == omnigen.OMNI_SUITE_ID:
-        return load_suite(omnigen.omni_suite_path(), limits=limits)
+    if omnisuite.is_builtin(suite_id):
+        return load_suite(omnisuite.suite_path(suite_id), limits=limits)
     return None
 
 

@@ -16,7 +16,9 @@ from typing import Any
 
 import pandas as pd
 
+from quantbench.analysis import significance as sig
 from quantbench.analysis import stats as an
+from quantbench.analysis.significance import CellTests
 from quantbench.analysis.stats import ParityError
 from quantbench.models import lineage
 from quantbench.protocol import MODALITIES
@@ -59,13 +61,29 @@ def is_cpu(run: dict[str, Any]) -> bool:
 
 
 def gpu_key(run: dict[str, Any]) -> tuple[str, str]:
-    """What "the same GPU" means: the GPU's name, or for a CPU run the host it ran on."""
-    return ("cpu", str(run.get("host"))) if is_cpu(run) else ("gpu", str(run["gpu_name"]))
+    """What "the same GPU" means: the GPU's name, or for a CPU run the machine it ran on: its host name, CPU model,
+    logical CPUs and machine id (two VMs both called `vm` are two machines; a run stored before the machine id was
+    recorded is known by what it has)."""
+    if not is_cpu(run):
+        return ("gpu", str(run["gpu_name"]))
+    parts = [str(run.get("host"))] + [str(run[k]) for k in ("cpu_model", "cpu_cores", "machine_id")
+                                      if not _missing(run.get(k))]
+    return ("cpu", " | ".join(parts))
+
+
+def machine_text(run: dict[str, Any]) -> str:
+    """A CPU machine in a few words: `vm: AMD EPYC, 2 CPUs, machine 3d1219c7`."""
+    bits = [str(run.get("cpu_model"))] if not _missing(run.get("cpu_model")) else []
+    if not _missing(run.get("cpu_cores")):
+        bits.append(f"{int(run['cpu_cores'])} CPUs")
+    if not _missing(run.get("machine_id")):
+        bits.append(f"machine {str(run['machine_id'])[:8]}")
+    return f"{run.get('host')}" + (f": {', '.join(bits)}" if bits else "")
 
 
 def gpu_label(run: dict[str, Any]) -> str:
     if is_cpu(run):
-        return f"CPU ({run.get('host')})"
+        return f"CPU ({machine_text(run)})"
     fam = run.get("gpu_family")
     return f"{run['gpu_name']} ({fam})" if fam else str(run["gpu_name"])
 
@@ -177,6 +195,13 @@ class Comparison:
     verdict: an.Verdict
     notes: list[str] = field(default_factory=list)
     modalities: list[ModalityParity] = field(default_factory=list)  # one per modality present, in MODALITIES order
+    tests: CellTests | None = None  # McNemar, TOST, MDD, TV / KL tails, flips by BF16's margin (the whole)
+
+    def cells(self) -> list[CellTests]:
+        """The cells this comparison puts in a report: one per modality when there are several, else the whole."""
+        if self.per_modality:
+            return [m.tests for m in self.modalities if m.tests is not None]
+        return [self.tests] if self.tests is not None else []
 
     @property
     def per_modality(self) -> bool:
@@ -217,6 +242,8 @@ class Comparison:
             "verdict_n_needed": self.verdict.n_needed, "notes": self.notes,
             "modalities": by_modality(self).to_dict("records"),
             "worse_on": [m.modality for m in self.flagged()],
+            "tests": self.tests.as_dict() if self.tests else None,
+            "tests_by_modality": {m.modality: m.tests.as_dict() for m in self.modalities if m.tests},
         })
 
 
@@ -233,6 +260,7 @@ class ModalityParity:
     verdict: an.Verdict
     floor_agreement: an.Agreement | None = None
     floor_tv_ci: an.MeanCI | None = None
+    tests: CellTests | None = None  # McNemar, TOST, MDD, TV / KL tails and flips on this modality's questions
 
 
 def _modality_rank(modality: str) -> tuple[int, str]:
@@ -248,12 +276,13 @@ def modality_parity(paired: pd.DataFrame, floor: pd.DataFrame | None, margins: a
     for key in sorted(modality.fillna("text").unique(), key=_modality_rank):
         sub = paired[modality.fillna("text") == key]
         fpair = None if floor is None else floor.merge(sub[["record_id", "question"]], on=["record_id", "question"])
+        verdict = an.parity_verdict(sub, floor, margins, seed)
         out.append(ModalityParity(
             modality=str(key), agreement=an.agreement(sub), tv_ci=an.bootstrap_mean(sub["tv"], seed),
-            flips=an.flips(sub), paired=an.paired_accuracy(sub, seed),
-            verdict=an.parity_verdict(sub, floor, margins, seed),
+            flips=an.flips(sub), paired=an.paired_accuracy(sub, seed), verdict=verdict,
             floor_agreement=None if fpair is None or fpair.empty else an.agreement(fpair),
             floor_tv_ci=None if fpair is None or fpair.empty else an.bootstrap_mean(fpair["tv"], seed),
+            tests=sig.cell_tests(sub, verdict),
         ))
     return out
 
@@ -261,7 +290,7 @@ def modality_parity(paired: pd.DataFrame, floor: pd.DataFrame | None, margins: a
 MODALITY_COLUMNS = ["modality", "n", "agreement", "agreement_lo", "agreement_hi", "tv_mean", "tv_lo", "tv_hi",
                     "n_gold", "flips_right_to_wrong", "flips_wrong_to_right", "delta_accuracy", "delta_accuracy_lo",
                     "delta_accuracy_hi", "floor_agreement", "floor_tv_mean", "verdict", "verdict_short",
-                    "verdict_n_needed", "verdict_reasons"]
+                    "verdict_n_needed", "verdict_reasons", *sig.FLAT_COLUMNS]
 
 
 def by_modality(comparison: Comparison) -> pd.DataFrame:
@@ -282,7 +311,7 @@ def by_modality(comparison: Comparison) -> pd.DataFrame:
             "floor_agreement": m.floor_agreement.rate if m.floor_agreement else None,
             "floor_tv_mean": m.floor_tv_ci.mean if m.floor_tv_ci else None,
             "verdict": m.verdict.label, "verdict_short": m.verdict.short(), "verdict_n_needed": m.verdict.n_needed,
-            "verdict_reasons": list(m.verdict.reasons),
+            "verdict_reasons": list(m.verdict.reasons), **sig.flat_columns(m.tests),
         })
     return pd.DataFrame(rows, columns=MODALITY_COLUMNS)
 
@@ -368,12 +397,13 @@ def compare_loaded(cand: dict[str, Any], cand_answers: pd.DataFrame, ref: dict[s
     verdict = an.parity_verdict(paired, floor_pq, margins, seed)
     paired_acc = an.paired_accuracy(paired, seed)
     modalities = paired["modality"].fillna("text").unique() if "modality" in paired else ["text"]
+    tests = sig.cell_tests(paired, verdict)
     if len(modalities) == 1:  # one modality: its figures are the whole comparison's (no second bootstrap)
         fpair = None if floor_pq is None else floor_pq.merge(paired[keys], on=keys)
         by_modality_ = [ModalityParity(
             str(modalities[0]), agree, tv_ci, an.flips(paired), paired_acc, verdict,
             None if fpair is None or fpair.empty else an.agreement(fpair),
-            None if fpair is None or fpair.empty else an.bootstrap_mean(fpair["tv"], seed))]
+            None if fpair is None or fpair.empty else an.bootstrap_mean(fpair["tv"], seed), tests)]
     else:
         by_modality_ = modality_parity(paired, floor_pq, margins, seed)
     return Comparison(
@@ -383,7 +413,7 @@ def compare_loaded(cand: dict[str, Any], cand_answers: pd.DataFrame, ref: dict[s
         agreement=agree, tv=an.distribution(paired["tv"]), tv_ci=tv_ci, kl=an.distribution(paired["kl"]),
         dp=an.distribution(paired["dp"]), flips=an.flips(paired), buckets=an.confidence_buckets(paired),
         accuracy=_accuracy_table(ref_answers, cand_answers), paired=paired_acc, floor=floor,
-        verdict=verdict, notes=notes, modalities=by_modality_,
+        verdict=verdict, notes=notes, modalities=by_modality_, tests=tests,
     )
 
 
@@ -416,5 +446,7 @@ def compare(store: Store, candidate_run_id: str, reference_run_id: str | None = 
     if floor_run is not None:
         floor = floor_stats(ref, ref_answers, floor_run, load_answers(store, str(floor_run["run_id"])), seed,
                             allow_synthetic)
-    return compare_loaded(cand, load_answers(store, str(cand["run_id"])), ref, ref_answers, floor,
-                          reference_how=how, seed=seed, allow_synthetic=allow_synthetic, margins=margins)
+    comparison = compare_loaded(cand, load_answers(store, str(cand["run_id"])), ref, ref_answers, floor,
+                                reference_how=how, seed=seed, allow_synthetic=allow_synthetic, margins=margins)
+    sig.holm_adjust(comparison.cells())  # across this comparison's own cells (its modalities)
+    return comparison

@@ -23,7 +23,8 @@ from typing import Any
 
 import pandas as pd
 
-from quantbench.analysis import efficiency, parity, provenance
+from quantbench.analysis import conditions, efficiency, parity, provenance, repeats
+from quantbench.analysis import significance as sig
 from quantbench.analysis import stats as an
 from quantbench.analysis.parity import Comparison, FloorStats
 from quantbench.analysis.stats import ParityError
@@ -80,6 +81,9 @@ class Row:
     excluded: list[str] = field(default_factory=list)
     recommended: bool = False
     best_for: str = ""
+    repeats: repeats.RepeatFigures | None = None  # the run's `run --repeat N` group: p50 and J ± a t interval
+    floors: conditions.Floors | None = None  # a GPU row against its spec sheet's bandwidth and energy floors
+    busy: str | None = None  # why the machine was busy while this run was timed (None: idle or not recorded)
 
     @property
     def ok(self) -> bool:
@@ -121,6 +125,12 @@ class Reports(list[GpuReport]):
     def __init__(self, reports: list[GpuReport] | None = None, failed: list[dict[str, Any]] | None = None):
         super().__init__(reports or [])
         self.failed = list(failed or [])
+        self.n_cells = 0  # the cells whose p-values were Holm-adjusted together (significance.holm_adjust)
+
+    def adjust(self) -> None:
+        """Holm's correction across every cell of these tables (variant × modality × GPU)."""
+        self.n_cells = sig.holm_adjust([t for rep in self for row in rep.rows if row.comparison is not None
+                                        for t in row.comparison.cells()])
 
 
 def float_or_none(v: Any) -> float | None:
@@ -148,7 +158,7 @@ def matches_gpu(run: dict[str, Any], gpu: str) -> bool:
 
 def _memory(run: dict[str, Any]) -> tuple[int | None, int | None, str | None]:
     if parity.is_cpu(run):
-        peak = int_or_none(run.get("host_rss_peak_bytes"))
+        peak = conditions.own_peak_rss(run)  # the run's own peak only; an older row's ru_maxrss was its launcher's
         return int_or_none(run.get("model_tensor_bytes")), peak, "host_rss" if peak is not None else None
     nvml, reserved = int_or_none(run.get("mem_nvml_peak_bytes")), int_or_none(run.get("mem_peak_reserved_bytes"))
     peak, source = (nvml, "nvml") if nvml is not None else (reserved, "torch_reserved" if reserved is not None else None)
@@ -353,6 +363,7 @@ def build_report(store: Store, gpu: str | None = None, model: str | None = None,
             reports.append(_build_one(store, group, rows_runs, rules, answers_of, cross_gpu_reference, seed,
                                       history, price))
     reports.sort(key=lambda r: (r.cpu, r.gpu, str(r.model_id), str(r.suite_id)))
+    reports.adjust()
     return reports
 
 
@@ -370,8 +381,14 @@ def _build_one(store, group, rows_runs, rules, answers_of, cross_gpu_reference, 
                price=None) -> GpuReport:
     first = rows_runs[0]
     cpu = parity.is_cpu(first)
-    rows = [Row(run, label, cpu, *_memory(run), efficiency=efficiency.of_run(run, price))
+    groups = repeats.by_group(group)
+    rows = [Row(run, label, cpu, *_memory(run), efficiency=efficiency.of_run(run, price),
+                repeats=groups.get(str(run.get("repeat_id"))) if run.get("repeat_id") else None,
+                busy=conditions.busy_note(run))
             for run, label in zip(rows_runs, row_labels(rows_runs), strict=True)]
+    for row in rows:
+        if not cpu and row.ok:
+            row.floors = conditions.floors(row.run, row.weights_bytes, row.p50, row.efficiency.j_per_decision)
     synthetic = any(r.ok for r in rows) and all(r.run.get("weights") == "synthetic" for r in rows if r.ok)
     ok_runs = [r for r in group if r.get("status") == "ok"]
     refs = [r for r in ok_runs if r.get("backend") == "bf16" and (r.get("role") or "candidate") != "noise_floor"

@@ -13,7 +13,8 @@ Conventions, so the numbers can be checked by hand:
 - percentiles interpolate linearly (DuckDB's quantile_cont, numpy's default);
 - bootstrap intervals are percentile intervals over `n_boot` resamples from `numpy.random.default_rng(seed)`.
 - the verdict (`parity_verdict`) compares a candidate's pairing with the reference to the noise floor's on the same
-  questions: the excess and its 95% interval against stated margins (MARGIN_AGREEMENT, MARGIN_TV).
+  questions: the excess and its 95% interval against a named margin fixed beforehand (`Margins`, PRESETS: card's
+  MARGIN_AGREEMENT and MARGIN_TV, MLPerf's accuracy gates); the tests behind it are quantbench.analysis.hypothesis's.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from quantbench.analysis import hypothesis as hy
 from quantbench.errors import ConfigError, QuantbenchError
 
 Z95 = 1.959963984540054
@@ -41,6 +43,11 @@ WITHIN_MARGIN = "different, within margin"  # detectably above the floor, but bo
 INCONCLUSIVE = "inconclusive"  # the interval straddles the margin: too few questions to tell
 WORSE = "worse"  # the whole interval lies beyond the margin
 NO_FLOOR = "no noise floor"
+# The one accuracy quantbench reports (`runs`, `report`, `compare`, the dashboard): each benchmark's share of right
+# answers on its questions with a gold answer, averaged over benchmarks without weights (a large benchmark does not
+# drown a small one; the fixture's families differ in size).
+ACCURACY_NAME = "accuracy (mean over benchmarks)"
+NO_GOLD = "no gold answers"
 # Margin buckets: near-ties (margin < 0.05) are where two equally valid kernels already disagree.
 MARGIN_EDGES = (0.0, 0.05, 0.1, 0.2, 0.4, 0.7, 1.0)
 
@@ -90,19 +97,82 @@ class Flips:
 
 @dataclass(frozen=True)
 class Margins:
-    """How far beyond the noise floor still counts as equivalent: agreement in points (a fraction), mean TV."""
-    agreement: float = MARGIN_AGREEMENT
-    tv: float = MARGIN_TV
+    """How far from BF16 still counts as equivalent, fixed before the run and named: agreement in points (a
+    fraction) and mean TV beyond the noise floor's, and/or accuracy lost against BF16 as a share of BF16's own
+    accuracy (MLPerf's gate: ≥ 99% of the reference's). A statistic whose margin is None is not judged."""
+    agreement: float | None = MARGIN_AGREEMENT
+    tv: float | None = MARGIN_TV
+    accuracy: float | None = None  # relative: the candidate's accuracy ≥ (1 − accuracy) × BF16's
+    name: str = "card"
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.agreement < 1.0 or math.isnan(self.agreement):
+        if self.agreement is not None and (math.isnan(self.agreement) or not 0.0 < self.agreement < 1.0):
             raise ConfigError(f"--margin-agreement {self.agreement}: give a fraction between 0 and 1 "
                               "(0.02 allows 2 points of agreement below the noise floor)")
-        if not 0.0 < self.tv < 1.0 or math.isnan(self.tv):
+        if self.tv is not None and (math.isnan(self.tv) or not 0.0 < self.tv < 1.0):
             raise ConfigError(f"--margin-tv {self.tv}: give a mean total variation between 0 and 1 (e.g. 0.01)")
+        if self.accuracy is not None and (math.isnan(self.accuracy) or not 0.0 < self.accuracy < 1.0):
+            raise ConfigError(f"--margin accuracy={self.accuracy}: give the share of BF16's accuracy a variant may "
+                              "lose, between 0 and 1 (0.01: at least 99% of BF16's)")
+        if self.name == "card" and (self.agreement, self.tv, self.accuracy) != (MARGIN_AGREEMENT, MARGIN_TV, None):
+            object.__setattr__(self, "name", "custom")  # figures of its own: not the card's preset
+        if self.agreement is None and self.tv is None and self.accuracy is None:
+            raise ConfigError("--margin: name at least one margin (agreement, tv or accuracy), or a preset: "
+                              + ", ".join(PRESETS))
+
+    @property
+    def uses_floor(self) -> bool:
+        return self.agreement is not None or self.tv is not None
 
     def describe(self) -> str:
-        return f"agreement within {100 * self.agreement:g} points and mean TV within {self.tv:g} of the noise floor"
+        parts = []
+        if self.agreement is not None:
+            parts.append(f"agreement within {100 * self.agreement:g} points")
+        if self.tv is not None:
+            parts.append(f"mean TV within {self.tv:g}")
+        text = " and ".join(parts) + (" of the noise floor" if parts else "")
+        if self.accuracy is not None:
+            text += ("; " if text else "") + (f"accuracy at least {100 * (1 - self.accuracy):g}% of BF16's "
+                                              "(one-sided: a variant may be better)")
+        return f"{self.name}: {text}"
+
+
+# Named presets, each fixed before a run: `card` is the reference card's practice (2 points of agreement, 0.01 mean
+# TV beyond the noise floor); `mlperf99` / `mlperf99.9` MLPerf Inference's accuracy gates (the candidate reaches at
+# least 99% / 99.9% of the reference's accuracy), judged on the questions with a gold answer.
+PRESETS: dict[str, Margins] = {
+    "card": Margins(MARGIN_AGREEMENT, MARGIN_TV, None, "card"),
+    "mlperf99": Margins(None, None, 0.01, "mlperf99"),
+    "mlperf99.9": Margins(None, None, 0.001, "mlperf99.9"),
+}
+
+
+def margins_from(preset: str | None = None, agreement: float | None = None, tv: float | None = None) -> Margins:
+    """`--margin card|mlperf99|mlperf99.9|agreement=0.03,tv=0.02,accuracy=0.01` and the older `--margin-agreement`
+    / `--margin-tv` (which override the preset's figure, making it `custom`)."""
+    text = (preset or "card").strip()
+    if text in PRESETS:
+        base = PRESETS[text]
+    elif "=" in text:
+        fields: dict[str, float | None] = {"agreement": None, "tv": None, "accuracy": None}
+        for item in text.split(","):
+            key, _, value = item.partition("=")
+            key = key.strip()
+            if key not in fields:
+                raise ConfigError(f"--margin {text!r}: {key!r} is not a margin; name agreement, tv or accuracy "
+                                  "(agreement=0.02,tv=0.01) or a preset: " + ", ".join(PRESETS))
+            try:
+                fields[key] = float(value)
+            except ValueError:
+                raise ConfigError(f"--margin {text!r}: {key}={value!r} is not a number") from None
+        base = Margins(fields["agreement"], fields["tv"], fields["accuracy"], "custom")
+    else:
+        raise ConfigError(f"--margin {text!r}: use a preset ({', '.join(PRESETS)}) or numbers "
+                          "(agreement=0.02,tv=0.01 or accuracy=0.01)")
+    if (agreement is not None and agreement != base.agreement) or (tv is not None and tv != base.tv):
+        return Margins(base.agreement if agreement is None else agreement, base.tv if tv is None else tv,
+                       base.accuracy, "custom")
+    return base
 
 
 @dataclass(frozen=True)
@@ -119,6 +189,10 @@ class Excess:
     margin: float
     label: str  # INDISTINGUISHABLE | WITHIN_MARGIN | INCONCLUSIVE | WORSE
     n_needed: int | None = None  # inconclusive: about how many questions would decide, were the rates to hold
+    b: int | None = None  # paired proportions: questions counting against the candidate only
+    c: int | None = None  # and for it only
+    tost: hy.Tost | None = None  # two one-sided tests against the margin (one-sided for accuracy)
+    mdd: float | None = None  # the smallest difference these questions detect (α 0.05 two-sided, power 80%)
 
 
 @dataclass(frozen=True)
@@ -128,6 +202,13 @@ class Verdict:
     margins: Margins | None = None
     parts: tuple[Excess, ...] = ()
     n_needed: int | None = None  # inconclusive: the questions that would decide every undecided statistic
+
+    @property
+    def tost_p(self) -> float | None:
+        """The TOST p-value of the whole verdict: equivalence is claimed only when every statistic is equivalent
+        (intersection-union), so the largest of the parts' TOST p-values."""
+        ps = [p.tost.p for p in self.parts if p.tost is not None and not math.isnan(p.tost.p)]
+        return max(ps) if ps else None
 
     def short(self) -> str:
         """The verdict in a table cell."""
@@ -381,7 +462,8 @@ def _excess_agreement(both: pd.DataFrame, margin: float) -> Excess:
     if label == INCONCLUSIVE:
         need = _n_needed(n, lambda m: paired_difference_ci(b * m / n, c * m / n, m), margin)
     return Excess("disagreement", n, float(cand_off.mean()), float(floor_off.mean()), diff, lo, hi, margin, label,
-                  need)
+                  need, b, c, hy.tost_paired_proportions("disagreement", b, c, n, margin, one_sided=True),
+                  hy.mdd_paired_proportions(n, c / n))
 
 
 def _excess_tv(both: pd.DataFrame, margin: float, seed: int) -> Excess:
@@ -393,19 +475,57 @@ def _excess_tv(both: pd.DataFrame, margin: float, seed: int) -> Excess:
         n = ci.n
         need = _n_needed(n, lambda m: (ci.mean - (ci.mean - ci.lo) * math.sqrt(n / m),
                                        ci.mean + (ci.hi - ci.mean) * math.sqrt(n / m)), margin)
+    sd = float(d.std(ddof=1)) if d.size > 1 else math.nan
     return Excess("mean TV", ci.n, float(both["tv_c"].mean()), float(both["tv_f"].mean()), ci.mean, ci.lo, ci.hi,
-                  margin, label, need)
+                  margin, label, need, tost=hy.tost_mean("mean TV", d, margin, one_sided=True),
+                  mdd=hy.mdd_mean(sd, ci.n))
+
+
+def _excess_accuracy(paired: pd.DataFrame, relative: float) -> Excess | None:
+    """Accuracy lost against BF16 (not against the floor: MLPerf's gate compares with the reference), as the one
+    accuracy quantbench reports (ACCURACY_NAME: the mean over benchmarks), on the questions with a gold answer,
+    against `relative` × BF16's. Its standard error is Agresti & Min's adjusted one for paired proportions (½ added
+    to each cell of every benchmark's 2×2 table, so no discordance still leaves an interval), combined over the
+    benchmarks as their mean is; the interval is ±1.96 of it, the one-sided test z = (loss − margin) / se.
+    None without gold answers."""
+    g = paired[paired["gold"].notna()] if "gold" in paired else paired.iloc[:0]
+    if g.empty:
+        return None
+    strata, acc_ref, acc_cand = [], [], []
+    for _, grp in g.groupby(g["benchmark"].fillna("(none)")):
+        ref, cand = grp["right_ref"].astype(bool), grp["right_cand"].astype(bool)
+        strata.append((int((ref & ~cand).sum()), int((~ref & cand).sum()), len(grp)))
+        acc_ref.append(float(ref.mean()))
+        acc_cand.append(float(cand.mean()))
+    loss, se = hy.macro_paired_difference(strata)
+    b, c, n = (sum(x[i] for x in strata) for i in range(3))  # lost / gained, for McNemar beside it
+    margin = relative * float(np.mean(acc_ref))
+    if margin <= 0:  # BF16 answered none right: no accuracy to keep 99% of
+        return None
+    lo, hi = loss - Z95 * se, loss + Z95 * se
+    label = _classify(lo, hi, margin)
+    need = None
+    if label == INCONCLUSIVE:
+        need = _n_needed(n, lambda m: (loss - Z95 * se * math.sqrt(n / m), loss + Z95 * se * math.sqrt(n / m)), margin)
+    tost = hy.Tost("accuracy loss", loss, margin, None, hy.norm_cdf((loss - margin) / se), n)
+    return Excess("accuracy loss", n, float(np.mean(acc_cand)), float(np.mean(acc_ref)), loss, lo, hi, margin, label,
+                  need, b, c, tost, hy.mdd_from_se(se))
 
 
 def _excess_txt(e: Excess) -> str:
     if e.statistic == "disagreement":
         head = (f"agreement {1 - e.candidate:.1%} vs the floor's {1 - e.floor:.1%}: {100 * e.diff:+.1f} points more "
                 f"disagreement, 95% interval [{100 * e.lo:+.1f}, {100 * e.hi:+.1f}], margin {100 * e.margin:g} points")
+    elif e.statistic == "accuracy loss":
+        head = (f"{ACCURACY_NAME} {e.candidate:.1%} vs BF16's {e.floor:.1%}: {100 * e.diff:+.2f} points lost, 95% "
+                f"interval [{100 * e.lo:+.2f}, {100 * e.hi:+.2f}] (Agresti–Min), margin {100 * e.margin:.2f} "
+                "points")
     else:
         head = (f"mean TV {e.candidate:.4f} vs the floor's {e.floor:.4f}: {e.diff:+.4f}, 95% interval "
                 f"[{e.lo:+.4f}, {e.hi:+.4f}], margin {e.margin:g}")
-    why = {INDISTINGUISHABLE: "within the margin and not detectably above the floor",
-           WITHIN_MARGIN: "detectably above the floor, but within the margin",
+    than = "BF16's accuracy" if e.statistic == "accuracy loss" else "the floor"
+    why = {INDISTINGUISHABLE: f"within the margin and not detectably {'below' if than != 'the floor' else 'above'} {than}",
+           WITHIN_MARGIN: f"detectably {'below' if than != 'the floor' else 'above'} {than}, but within the margin",
            WORSE: "wholly beyond the margin",
            INCONCLUSIVE: f"the interval straddles the margin; {n_needed_text(e.n_needed)}"}[e.label]
     return f"{head} (n = {e.n}) → {e.label}: {why}"
@@ -420,27 +540,45 @@ def parity_verdict(candidate: pd.DataFrame, floor: pd.DataFrame | None, margins:
     noise-floor run). Questions both answered are paired; pass the rows of any subset (a benchmark, a modality)
     to judge that subset.
 
-    For each statistic — disagreement with the reference's top answer, and mean TV — the excess over the floor on
-    the same questions gets a 95% interval (a two-one-sided-tests equivalence test at 2.5% a side against the
-    margin): wholly beyond the margin → worse; at or below it → indistinguishable when the interval also reaches
-    0, else different, within margin; straddling it → inconclusive, with how many questions would tell. The worst
-    statistic decides."""
+    For each statistic the named margin has — disagreement with the reference's top answer and mean TV, as the
+    excess over the floor on the same questions; accuracy lost against the reference itself (MLPerf's gate, no
+    floor needed) — the difference gets a 95% interval: wholly beyond the margin → worse; at or below it →
+    indistinguishable when the interval also reaches 0, else different, within margin; straddling it →
+    inconclusive, with how many questions would tell. The worst statistic decides. Each part also carries its
+    one-sided test against the margin at α 0.05 (`Excess.tost`; `Verdict.tost_p` the largest) and the smallest
+    difference its questions detect (`Excess.mdd`)."""
     margins = margins or Margins()
-    if floor is None or floor.empty:
-        return Verdict(NO_FLOOR, ("no noise-floor run for this reference: make one with `quantbench run "
-                                  "--noise-floor` (BF16 under a second experts kernel)",), margins)
-    keys = ["record_id", "question"]
-    both = candidate[keys + ["agree", "tv"]].merge(floor[keys + ["agree", "tv"]], on=keys, suffixes=("_c", "_f"))
-    if both.empty:
-        return Verdict(NO_FLOOR, ("the noise-floor run answered none of these questions: run it on the same suite",),
-                       margins)
-    parts = (_excess_agreement(both, margins.agreement), _excess_tv(both, margins.tv, seed))
+    parts: list[Excess] = []
+    no_floor = None
+    if margins.uses_floor:
+        if floor is None or floor.empty:
+            no_floor = ("no noise-floor run for this reference: make one with `quantbench run --noise-floor` (BF16 "
+                        "under a second experts kernel)")
+        else:
+            keys = ["record_id", "question"]
+            both = candidate[keys + ["agree", "tv"]].merge(floor[keys + ["agree", "tv"]], on=keys, suffixes=("_c", "_f"))
+            if both.empty:
+                no_floor = "the noise-floor run answered none of these questions: run it on the same suite"
+            else:
+                if margins.agreement is not None:
+                    parts.append(_excess_agreement(both, margins.agreement))
+                if margins.tv is not None:
+                    parts.append(_excess_tv(both, margins.tv, seed))
+    if margins.accuracy is not None:
+        acc = _excess_accuracy(candidate, margins.accuracy)
+        if acc is not None:
+            parts.append(acc)
+        elif not margins.uses_floor:
+            return Verdict(NO_GOLD, ("no gold answers among these questions: an accuracy margin cannot be judged",),
+                           margins)
+    if no_floor is not None:
+        return Verdict(NO_FLOOR, (no_floor,), margins)
     label = max((p.label for p in parts), key=ORDER.index)
     need = None
     if label == INCONCLUSIVE:
         needs = [p.n_needed for p in parts if p.label == INCONCLUSIVE]
         need = None if None in needs else max(needs)
-    return Verdict(label, tuple(_excess_txt(p) for p in parts), margins, parts, need)
+    return Verdict(label, tuple(_excess_txt(p) for p in parts), margins, tuple(parts), need)
 
 
 def verdicts_by(candidate: pd.DataFrame, floor: pd.DataFrame | None, column: str, margins: Margins | None = None,

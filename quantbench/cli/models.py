@@ -39,7 +39,10 @@ def fixture(
                 info = find_or_build_omni(rebuild, out_dir)
             else:
                 info = find_or_build(rebuild, out_dir)
-            out.print(f"fixture [bold]{info.model_id}[/] at {info.path}")
+            from quantbench.models.checkpoint import model_identity
+
+            # the id its runs record: the recipe's, tagged with the weights' hash (another build, another id)
+            out.print(f"fixture [bold]{model_identity(info.path)['model_id']}[/] at {info.path}")
             how = f"built in {info.train_seconds:.0f} s of training" if info.train_seconds is not None else "cached"
             out.print(f"{how}; {info.parameters / 1e6:.1f} M parameters, {info.size_bytes / 2**20:.1f} MiB "
                       "(bf16 safetensors)")
@@ -47,7 +50,7 @@ def fixture(
             table = Table("family", "held-out accuracy", title=f"{suite} (never trained on)")
             for family, acc in info.accuracy.items():
                 table.add_row(family, f"{acc:.1%}")
-            table.add_row("[bold]mean[/]", f"[bold]{info.overall:.1%}[/]")
+            table.add_row("[bold]accuracy (mean over families)[/]", f"[bold]{info.overall:.1%}[/]")
             out.print(table)
             return
         if family != "text":

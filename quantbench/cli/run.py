@@ -33,7 +33,7 @@ def _spec(**kw):
     return RunSpec(**kw)
 
 
-def _execute_and_store(spec, db: Path) -> tuple[str, str]:
+def _execute_and_store(spec, db: Path, repeat: tuple[str, int, int] | None = None) -> tuple[str, str]:
     from quantbench.run.runner import (  # lazy: fast --help
         execute,
         finishing_write,
@@ -43,7 +43,7 @@ def _execute_and_store(spec, db: Path) -> tuple[str, str]:
     from quantbench.store import Store
 
     with stop_on_signals():  # SIGTERM / SIGHUP / Ctrl-C: the child is killed, the run stored as interrupted
-        result = execute(spec)
+        result = execute(spec, repeat=repeat)
         with finishing_write():  # a stop signal now lets the write finish (a second one interrupts it)
             run_id = Store(db).write_run(result)
     if signum := stop_requested():
@@ -164,8 +164,8 @@ def run(
     ctx: typer.Context,
     backend: Annotated[str, typer.Option(help="bf16 | int4 | nvfp4 | fp8 | http (see `quantbench backends`)")] = "bf16",
     model: Annotated[str | None, typer.Option(help="Checkpoint dir or hub id org/name[@revision]. Default: the embedded fixture (or its variant)")] = None,
-    suite: Annotated[str | None, typer.Option(help="Suite JSONL, or quantbench-omni-v1 (the built-in media suite). Default: the built-in suite of --family")] = None,
-    family: Annotated[str, typer.Option(help="text | omni: the embedded default model (and its variant for --backend) and the built-in suite used where --model / --suite are not given; omni: a trained Qwen3-Omni thinker and quantbench-omni-v1")] = "text",
+    suite: Annotated[str | None, typer.Option(help="Suite JSONL, or quantbench-omni-v2 (the built-in media suite; quantbench-omni-v1: its first 169 records). Default: the built-in suite of --family")] = None,
+    family: Annotated[str, typer.Option(help="text | omni: the embedded default model (and its variant for --backend) and the built-in suite used where --model / --suite are not given; omni: a trained Qwen3-Omni thinker and quantbench-omni-v2")] = "text",
     gpu: Annotated[str, typer.Option(help="auto | cpu | ampere | ada | hopper | blackwell | part of a GPU name")] = "auto",
     db: DbOpt = None,
     device: Annotated[str | None, typer.Option(help="torch device (default cuda:0 when there is a GPU)")] = None,
@@ -186,6 +186,7 @@ def run(
     latency_min_seconds: Annotated[float, typer.Option(help="Latency phase: and at least this many seconds")] = 2.0,
     limit: Annotated[int | None, typer.Option(help="Only the first N records of the suite")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds before the run is killed (a `timeout` row)")] = 1800.0,
+    repeat: Annotated[int, typer.Option(help="Run it N times, each in a fresh process on the same questions: the report gives latency p50 and energy per decision as mean ± a 95% t interval over the N, with their CV")] = 1,
     max_media_parts: MaxMediaParts = limits.DEFAULT_MAX_MEDIA_PARTS,
     max_media_bytes: MaxMediaBytes = limits.DEFAULT_MAX_MEDIA_BYTES,
     max_image_pixels: MaxImagePixels = limits.DEFAULT_MAX_IMAGE_PIXELS,
@@ -202,6 +203,8 @@ def run(
         experts_impl, dtype = noise_floor_kernel(gpu)
     role = "noise_floor" if noise_floor else "reference" if reference else "candidate"
     try:
+        if repeat < 1:
+            raise ConfigError(f"--repeat {repeat}: give the number of runs, 1 or more (3 gives a t interval)")
         flags = ctx.meta["backend_options"]
         options = backend_settings(backend, flags, **({"experts_impl": experts_impl} if noise_floor else {}))
         if base_model is not None:
@@ -239,18 +242,38 @@ def run(
             model, suite = family_defaults(backend, family, model, suite, shape)
         spec = _spec(model=model, suite=suite, **settings)
         preflight(spec)
-        run_id, status = _execute_and_store(spec, _db(db))
+        ids, statuses = [], []
+        repeat_id = _new_repeat_id() if repeat > 1 else None
+        for index in range(1, repeat + 1):
+            if repeat > 1:
+                rule(err, f"[bold]repeat {index} of {repeat}")
+            run_id, status = _execute_and_store(spec, _db(db), (repeat_id, index, repeat) if repeat_id else None)
+            ids.append(run_id)
+            statuses.append(status)
 
         from quantbench.report.tables import runs_table  # pandas: not before the checks above refuse
         from quantbench.store import queries
 
-        out.print(runs_table(queries.run_summary(Store(_db(db)), run_id), f"run stored in {_db(db)}"))
-        if status != "ok":
-            row = queries.run_error(Store(_db(db)), run_id)
-            err.print(f"[red]{row.error.iloc[0].splitlines()[0]}[/]")
+        title = f"run stored in {_db(db)}" if repeat == 1 else f"{repeat} runs stored in {_db(db)}"
+        out.print(runs_table(queries.run_summaries(Store(_db(db)), ids), title))
+        if repeat_id:
+            from quantbench.analysis.repeats import repeat_summary_text
+
+            print(repeat_summary_text(Store(_db(db)), repeat_id))
+        if any(s != "ok" for s in statuses):
+            for run_id, status in zip(ids, statuses, strict=True):
+                if status != "ok":
+                    row = queries.run_error(Store(_db(db)), run_id)
+                    err.print(f"[red]{run_id[:13]}: {row.error.iloc[0].splitlines()[0]}[/]")
             raise typer.Exit(1)
     except QuantbenchError as e:
         _fail(e)
+
+
+def _new_repeat_id() -> str:
+    from quantbench.run.record import uuid7  # lazy: a fast --help
+
+    return str(uuid7())
 
 
 def noise_floor_kernel(gpu: str) -> tuple[str, str]:
@@ -280,8 +303,9 @@ def demo(
     limit: Annotated[int | None, typer.Option(help="Only the first N records of the suite")] = None,
     only: Annotated[list[str] | None, typer.Option(help="Run only these backends (repeatable)")] = None,
     family: Annotated[str, typer.Option(help="text: the embedded Qwen3-MoE on the built-in text suite | omni: the "
-                                             "embedded Qwen3-Omni thinker on quantbench-omni-v1 (text, image, "
-                                             "audio and video decisions; the report per modality)")] = "text",
+                                             "embedded Qwen3-Omni thinker on a slice of quantbench-omni-v2 (its "
+                                             "first 169 of 796 records: text, image, audio and video decisions; the "
+                                             "report per modality)")] = "text",
 ) -> None:
     """Build the embedded default model if needed, run every variant on it, store the results, print the table."""
     from quantbench.models.quantize import default_model_dir
@@ -297,6 +321,14 @@ def demo(
             raise ConfigError(f"--only {', '.join(unknown)}: not a backend of the demo; use {', '.join(demo_backends)}")
         Store(path).check_writable()  # before minutes of building and running
         err.print(f"[bold]embedded default model ({family}):[/] {default_model_dir(family)}")
+        if family == "omni" and limit is None:
+            from quantbench.protocol import omnisuite
+
+            limit = omnisuite.SLICE
+            err.print(f"[bold]suite:[/] the first {limit} of {omnisuite.DEFAULT}'s 796 records (10 per media family, "
+                      "each variant's CPU emulation takes minutes): too few to decide a media verdict at the "
+                      f"2-point margin (about 189 questions a modality would); `quantbench run --family omni` runs "
+                      "all of them (200 per modality)", soft_wrap=True)
         installed = set(backend_names())
         ids, failed = [], []
         for label, kw in DEMO_VARIANTS:

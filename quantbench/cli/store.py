@@ -67,9 +67,13 @@ def migrate(db: DbOpt = None) -> None:
         _fail(e)
 
 
+MARGIN_HELP = ("Verdict and TOST: the named margin, fixed before looking: card (2 points of agreement, 0.01 mean TV "
+               "beyond the noise floor), mlperf99 / mlperf99.9 (accuracy at least 99% / 99.9% of BF16's), or numbers "
+               "(agreement=0.02,tv=0.01 or accuracy=0.01)")
 MARGIN_AGREEMENT_HELP = ("Verdict: top-answer agreement a variant may lose beyond the noise floor's and still count "
-                         "as equivalent, a fraction (0.02 = 2 points)")
-MARGIN_TV_HELP = "Verdict: mean total variation a variant may add beyond the noise floor's and still count as equivalent"
+                         "as equivalent, a fraction (0.02 = 2 points); overrides --margin's")
+MARGIN_TV_HELP = ("Verdict: mean total variation a variant may add beyond the noise floor's and still count as "
+                  "equivalent; overrides --margin's")
 PRICE_HELP = ("USD per GPU hour: adds cost per 1M decisions (from the mean model time per decision at batch 1, or "
               "decisions/s where batched)")
 
@@ -83,8 +87,9 @@ def compare(
     gpu: Annotated[str | None, typer.Option(help="Choose the runs named by variant on this GPU (cpu, a family, part of its name)")] = None,
     model: Annotated[str | None, typer.Option(help="Choose the runs named by variant of this model (or part of its id)")] = None,
     fmt: Annotated[str, typer.Option("--format", help="table | json")] = "table",
-    margin_agreement: Annotated[float, typer.Option(help=MARGIN_AGREEMENT_HELP)] = 0.02,
-    margin_tv: Annotated[float, typer.Option(help=MARGIN_TV_HELP)] = 0.01,
+    margin: Annotated[str, typer.Option(help=MARGIN_HELP)] = "card",
+    margin_agreement: Annotated[float | None, typer.Option(help=MARGIN_AGREEMENT_HELP)] = None,
+    margin_tv: Annotated[float | None, typer.Option(help=MARGIN_TV_HELP)] = None,
     price_per_gpu_hour: Annotated[float | None, typer.Option(help=PRICE_HELP)] = None,
     db: DbOpt = None,
     shared: SharedOpt = None,
@@ -94,7 +99,7 @@ def compare(
     from quantbench.analysis import efficiency  # lazy: a fast --help
     from quantbench.analysis.parity import compare as compare_runs
     from quantbench.analysis.select import RunFilter, select_run
-    from quantbench.analysis.stats import Margins, ParityError
+    from quantbench.analysis.stats import ParityError, margins_from
     from quantbench.report.tables import print_comparison, print_efficiency
 
     try:
@@ -111,7 +116,7 @@ def compare(
                 note = "; ".join(n for n in (note, picked_note) if n)
         if note:
             err.print(note, markup=False, soft_wrap=True, highlight=False)
-        comp = compare_runs(store, run_id, reference, noise_floor, margins=Margins(margin_agreement, margin_tv))
+        comp = compare_runs(store, run_id, reference, noise_floor, margins=margins_from(margin, margin_agreement, margin_tv))
         effs = {name: efficiency.of_stored(store, str(run["run_id"]), price)
                 for name, run in (("candidate", comp.candidate), ("reference", comp.reference))}
         if fmt == "json":
@@ -133,8 +138,9 @@ def report(
     min_agreement: Annotated[float | None, typer.Option(help="Rule: minimum agreement with BF16 (0.95 or 95)")] = None,
     since: Annotated[str | None, typer.Option(help="Only runs made at or after this date / ISO time (UTC)")] = None,
     history: Annotated[bool, typer.Option("--all", help="Every kernel generation's newest run and every fixture build, not only the newest of each variant")] = False,
-    margin_agreement: Annotated[float, typer.Option(help=MARGIN_AGREEMENT_HELP)] = 0.02,
-    margin_tv: Annotated[float, typer.Option(help=MARGIN_TV_HELP)] = 0.01,
+    margin: Annotated[str, typer.Option(help=MARGIN_HELP)] = "card",
+    margin_agreement: Annotated[float | None, typer.Option(help=MARGIN_AGREEMENT_HELP)] = None,
+    margin_tv: Annotated[float | None, typer.Option(help=MARGIN_TV_HELP)] = None,
     price_per_gpu_hour: Annotated[float | None, typer.Option(help=PRICE_HELP)] = None,
     db: DbOpt = None,
     shared: SharedOpt = None,
@@ -147,7 +153,7 @@ def report(
         gpu, host = _default_gpu(store, gpu, "report")
         # Plain print: the report is meant to be pasted (a model card), so no wrapping or markup from rich.
         print(report_text(store, fmt, gpu, model, vram_budget_gib, min_agreement, host=host, since=since,
-                          history=history, margin_agreement=margin_agreement, margin_tv=margin_tv,
+                          history=history, margin=margin, margin_agreement=margin_agreement, margin_tv=margin_tv,
                           price_per_gpu_hour=price_per_gpu_hour), end="")
     except QuantbenchError as e:
         _fail(e)

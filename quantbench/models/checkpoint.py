@@ -52,6 +52,18 @@ def read_json(path: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+WEIGHTS_TAG = "-w"
+
+
+def weights_model_id(model_id: str, weights_hash: str) -> str:
+    """`quantbench-fixture-moe-9af210da-w1a2b3c4d`: a trained model's recipe id and the first 8 hex digits of its
+    checkpoint's content hash (a variant: its BF16 source's, from its provenance). The same recipe trained by
+    another torch or CPU gives other weights, which answer differently: they get another id, so their runs never
+    sit in one table. Idempotent: an id that already ends in this hash's tag keeps it."""
+    tag = f"{WEIGHTS_TAG}{weights_hash.removeprefix('fp:')[:8]}"
+    return model_id if model_id.endswith(tag) else f"{model_id}{tag}"
+
+
 def model_identity(path: str | Path) -> dict[str, Any]:
     """model_id (shared by every variant of one model), model_hash (this checkpoint), weights kind."""
     root = Path(path)
@@ -67,10 +79,13 @@ def model_identity(path: str | Path) -> dict[str, Any]:
     weights = "synthetic" if synth or prov.get("weights") == "synthetic" else "checkpoint"
     if config.get("quantbench_model_id") or prov.get("weights") == "trained":
         weights = "trained"
+    model_hash = fingerprint(root)
+    if weights == "trained":  # quantbench's own trained models: the id names the weights, not only the recipe
+        model_id = weights_model_id(model_id, prov.get("source_model_hash") or model_hash)
     return {
         "model_id": model_id,
         "model_path": str(root.resolve()),
-        "model_hash": fingerprint(root),
+        "model_hash": model_hash,
         "model_revision": revision,
         "weights": weights,
         "source_model_hash": prov.get("source_model_hash"),

@@ -39,16 +39,21 @@ _CHUNK = 16 << 20
 
 
 def base_model_id(path: Path) -> str:
-    """The model id a BF16 run of the checkpoint at `path` records (quantbench.models.checkpoint.model_identity's rule,
-    without hashing the checkpoint)."""
+    """The model id a BF16 run of the checkpoint at `path` records (quantbench.models.checkpoint.model_identity's rule;
+    only quantbench's own trained models are hashed, for the weights tag of their id)."""
     def read(name: str) -> dict[str, Any]:
         f = path / name
         return json.loads(f.read_text()) if f.is_file() else {}
 
     prov, synth, config = read("quantbench_provenance.json"), read("quantbench_synthetic.json"), read("config.json")
     snapshot = hub.snapshot_of(path)  # a hub cache snapshot: its repo id, as model_identity records it
-    return (prov.get("source_model_id") or synth.get("model_id") or config.get("quantbench_model_id")
-            or (snapshot[0] if snapshot else None) or config.get("_name_or_path") or path.resolve().name)
+    model_id = (prov.get("source_model_id") or synth.get("model_id") or config.get("quantbench_model_id")
+                or (snapshot[0] if snapshot else None) or config.get("_name_or_path") or path.resolve().name)
+    if config.get("quantbench_model_id") or prov.get("weights") == "trained":  # tagged with its weights' hash
+        from quantbench.models.checkpoint import fingerprint, weights_model_id
+
+        model_id = weights_model_id(model_id, prov.get("source_model_hash") or fingerprint(path))
+    return model_id
 
 
 def resolve_given_base(base: str) -> str:

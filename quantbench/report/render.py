@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from quantbench.analysis import efficiency, parity, provenance
+from quantbench.analysis import significance as sig
 from quantbench.analysis import stats as an
 from quantbench.analysis.recommend import (
     SYNTHETIC_NOTE,
@@ -26,6 +27,7 @@ from quantbench.analysis.recommend import (
     stored_runs,
 )
 from quantbench.errors import ConfigError
+from quantbench.report.statistics import statistics_markdown, statistics_notes
 from quantbench.store import Store
 
 FORMATS = ("markdown", "csv", "json")
@@ -98,14 +100,28 @@ def cells(row: Row, report: GpuReport) -> dict[str, str]:
     elif row.is_reference:
         agree, tv = "reference", "—"
         acc = "reference" if report.reference_accuracy is None else (
-            f"reference (mean accuracy {_pct(report.reference_accuracy)})")
+            f"reference (accuracy {_pct(report.reference_accuracy)}, mean over benchmarks)")
     else:
         agree, tv, acc = row.quality or "n/a", "—", "—"
     verdict = c.verdict_short() if c is not None else "—"
     native = {"native": "yes", "emulated": "no (emulated)"}.get(run.get("native") or "", "—")
     lat = "n/a" if row.p50 is None else f"{fmt_ms(row.p50)} / {fmt_ms(float_or_none(run.get('p90_ms')))} ms"
-    peak = fmt_bytes(row.peak_bytes) + ("*" if row.peak_source == "torch_reserved" else "")
+    rep = row.repeats
+    if rep is not None and rep.p50_ms is not None:  # `run --repeat N`: p50 as mean ± its 95% t interval
+        lat = (f"{fmt_ms(rep.p50_ms.mean)} ± {fmt_ms(rep.p50_ms.half_width)} / "
+               f"{fmt_ms(float_or_none(run.get('p90_ms')))} ms ({rep.p50_ms.n} runs, CV {100 * rep.p50_ms.cv:.1f}%)")
+    if row.busy:
+        lat += " ⚠ busy"
+    if row.cpu and row.peak_bytes is None and row.ok:
+        peak = "—"  # an older run: its stored figure is its launcher's peak (ru_maxrss), not its own
+    else:
+        peak = fmt_bytes(row.peak_bytes) + ("*" if row.peak_source == "torch_reserved" else "")
     eff = row.efficiency or efficiency.of_run(run, report.price_per_gpu_hour)
+    energy = efficiency.energy_text(eff)
+    if rep is not None and rep.j_per_decision is not None:
+        energy = (f"{rep.j_per_decision.mean:.2f} ± {rep.j_per_decision.half_width:.2f} J ({rep.j_per_decision.n} "
+                  f"runs, CV {100 * rep.j_per_decision.cv:.1f}%)")
+    floors = {} if report.cpu else {"Against the floors (latency, energy)": row.floors.text() if row.floors else "—"}
     cost = {"Cost per 1M decisions": efficiency.cost_text(eff)} if report.price_per_gpu_hour is not None else {}
     return {
         "Variant": row.label,
@@ -114,7 +130,8 @@ def cells(row: Row, report: GpuReport) -> dict[str, str]:
         ("Weights (host memory)" if row.cpu else "VRAM (weights)"): fmt_bytes(row.weights_bytes),
         ("Peak host RSS" if row.cpu else "Peak VRAM"): peak,
         "Latency p50 / p90 (per decision)": lat,
-        "Energy per decision": efficiency.energy_text(eff),
+        "Energy per decision": energy,
+        **floors,
         **cost,
         "Agrees with BF16 (95% CI)": agree,
         "TV": tv,
@@ -130,7 +147,7 @@ def _md_escape(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _markdown_one(report: GpuReport) -> str:
+def _markdown_one(report: GpuReport, n_cells: int = 0) -> str:
     title = f"### {report.model_id} on {report.gpu}"
     lines = [title, "", f"Suite {report.suite_id} (hash {report.suite_hash})."]
     if report.modality_counts:
@@ -141,6 +158,7 @@ def _markdown_one(report: GpuReport) -> str:
     lines += ["| " + " | ".join(_md_escape(row[h]) for h in header) + " |" for row in table]
     lines.append("")
     lines += modality_markdown(report)
+    lines += statistics_markdown(report)
     if report.recommended:
         lines.append(f"**Recommended: {report.recommended.label}**, picked by the rule: {report.rule}.")
     else:
@@ -167,20 +185,44 @@ def _markdown_one(report: GpuReport) -> str:
         margins = next((r.comparison.verdict.margins for r in report.rows if r.comparison is not None), None)
         if parity.floor_note(f, margins):
             notes.append("Note: " + parity.floor_note(f, margins) + ".")
-        notes += verdict_notes(report)
-    elif ref is not None and not any(r.quality == SYNTHETIC_NOTE for r in report.rows):
+    notes += verdict_notes(report)
+    if any(r.comparison is not None for r in report.rows):
+        margins = next(r.comparison.verdict.margins for r in report.rows if r.comparison is not None)
+        notes += statistics_notes(margins.describe() if margins else None, n_cells)
+    if report.floor is None and ref is not None and not any(r.quality == SYNTHETIC_NOTE for r in report.rows):
         notes.append("No noise-floor run: make one with `quantbench run --noise-floor` to judge how close is close.")
     notes += [n for n in (provenance.table_note([r.run for r in report.rows]),) if n]
     notes += efficiency.energy_note(report.price_per_gpu_hour, report.cpu)
+    notes += condition_notes(report)
     if report.cpu:
         notes.append("CPU runs have no VRAM: Weights (host memory) is the bytes of every tensor the loaded model "
-                     "holds; Peak host RSS is the process's peak resident memory.")
+                     "holds; Peak host RSS is the run's own process's peak resident memory (VmHWM, reset when the "
+                     "run starts); — for a run stored before quantbench read it, whose stored figure (ru_maxrss) "
+                     "was the launching process's.")
     else:
         notes.append("VRAM (weights) is the device memory the load allocated; Peak VRAM is NVML's per-process peak "
                      "(what nvidia-smi shows; * = torch's peak reserved, where NVML had no figure).")
     notes.append("Size on disk is in GB (10⁹ bytes), memory in GiB; n/a means not measured, — not applicable.")
     lines += [f"- {_md_escape(n)}" for n in notes]
     return "\n".join(lines)
+
+
+def condition_notes(report: GpuReport) -> list[str]:
+    """Repeats, busy machines and the floors' spec sheets, as footnotes."""
+    notes = []
+    if any(r.repeats is not None for r in report.rows):
+        notes.append("± is the half-width of a 95% t interval over the runs of one `quantbench run --repeat N` (each "
+                     "in a fresh process, the same questions), CV their coefficient of variation; energy: each run's "
+                     "settled-window figure.")
+    for r in report.rows:
+        if r.busy:
+            notes.append(f"⚠ {r.label}: {r.busy}; its latency is not what an idle machine gives.")
+    specs = [r.floors.spec for r in report.rows if r.floors is not None]
+    if specs:
+        from quantbench.analysis.conditions import floors_note
+
+        notes.append(floors_note(specs))
+    return notes
 
 
 def modality_cells(m: parity.ModalityParity) -> dict[str, str]:
@@ -221,16 +263,18 @@ def verdict_notes(report: GpuReport) -> list[str]:
     m = compared[0].comparison.verdict.margins
     notes = [
         f"Verdict: each variant's excess over the noise floor on the same questions (disagreement with BF16, mean "
-        f"TV) with a 95% interval, against stated margins ({m.describe()}): indistinguishable = within the margin "
+        f"TV; accuracy lost against BF16 itself under an accuracy margin) with a 95% interval, against stated "
+        f"margins ({m.describe()}): indistinguishable = within the margin "
         "and not detectably above the floor; different, within margin = detectably above it but within the margin; "
         "worse = wholly beyond the margin; inconclusive = the interval straddles the margin, with how many "
-        "questions would tell. `--margin-agreement` / `--margin-tv` change the margins."
+        "questions would tell. `--margin` names the margin (`--margin-agreement` / `--margin-tv` change its figures)."
     ]
     for r in compared:
         v = r.comparison.verdict
         figures = "; ".join(
             f"disagreement {100 * e.diff:+.1f} pts [{100 * e.lo:+.1f}, {100 * e.hi:+.1f}]" if e.statistic ==
-            "disagreement" else f"TV {e.diff:+.4f} [{e.lo:+.4f}, {e.hi:+.4f}]" for e in v.parts)
+            "disagreement" else f"accuracy lost {100 * e.diff:+.1f} pts [{100 * e.lo:+.1f}, {100 * e.hi:+.1f}]"
+            if e.statistic == "accuracy loss" else f"TV {e.diff:+.4f} [{e.lo:+.4f}, {e.hi:+.4f}]" for e in v.parts)
         notes.append(f"{r.label}: {v.short()}; {figures}.")
         for m in r.comparison.flagged() if r.comparison.per_modality else []:
             notes.append(f"{r.label} on {m.modality} ({m.agreement.n} questions): worse; "
@@ -323,7 +367,8 @@ def failed_lines(failed: list[dict[str, Any]]) -> list[str]:
 
 
 def _markdown(reports: list[GpuReport]) -> str:
-    parts = [_markdown_one(r) for r in reports]
+    n_cells = getattr(reports, "n_cells", 0)
+    parts = [_markdown_one(r, n_cells) for r in reports]
     parts += [matrix_markdown(m) for m in gpu_matrices(reports)]
     if len(reports) > 1:
         rows = _summary_rows(reports)
@@ -354,6 +399,7 @@ def flat_rows(reports: list[GpuReport]) -> pd.DataFrame:
                 "weights_memory_kind": "host_tensors" if row.cpu else "vram_allocated",
                 "peak_memory_bytes": row.peak_bytes, "peak_memory_kind": row.peak_source,
                 "p50_ms": row.p50, "p90_ms": float_or_none(run.get("p90_ms")), "n_timed": int_or_none(run.get("n_timed")),
+                **_repeat_columns(row), **_condition_columns(row),
                 **_efficiency_columns(row.efficiency or efficiency.of_run(run, rep.price_per_gpu_hour)),
                 "quality": row.quality,
                 "agreement": c.agreement.rate if c else None, "agreement_lo": c.agreement.lo if c else None,
@@ -368,7 +414,7 @@ def flat_rows(reports: list[GpuReport]) -> pd.DataFrame:
                 **{f"excess_{e.statistic.lower().replace(' ', '_')}{k}": getattr(e, v)
                    for e in (c.verdict.parts if c else ()) for k, v in (("", "diff"), ("_lo", "lo"), ("_hi", "hi"))},
                 "delta_accuracy": m.mean if m else None, "delta_accuracy_lo": m.lo if m else None,
-                "delta_accuracy_hi": m.hi if m else None,
+                "delta_accuracy_hi": m.hi if m else None, **sig.flat_columns(c.tests if c else None),
                 "reference_run_id": str(rep.reference["run_id"]) if rep.reference else None,
                 "own_model_id": run.get("own_model_id"), "paired_by": run.get("paired_by"),
                 "recommended": row.recommended, "best_for": row.best_for,
@@ -380,6 +426,26 @@ def flat_rows(reports: list[GpuReport]) -> pd.DataFrame:
         if col in df:
             df[col] = df[col].astype("Int64")  # integers stay integers beside unknowns
     return df
+
+
+def _repeat_columns(row: Row) -> dict[str, Any]:
+    rep = row.repeats
+    out: dict[str, Any] = {"repeat_id": rep.repeat_id if rep else None, "repeat_runs_ok": rep.ok if rep else None}
+    for name, stat in (("p50_ms", rep.p50_ms if rep else None), ("j_per_decision", rep.j_per_decision if rep else None)):
+        for k in ("mean", "sd", "cv", "lo", "hi"):
+            out[f"repeat_{name}_{k}"] = getattr(stat, k) if stat else None
+    return out
+
+
+def _condition_columns(row: Row) -> dict[str, Any]:
+    run, f = row.run, row.floors
+    return {"cpu_model": run.get("cpu_model"), "cpu_cores": int_or_none(run.get("cpu_cores")),
+            "machine_id": run.get("machine_id"), "load_avg_1m": float_or_none(run.get("load_avg_1m")),
+            "cpu_steal_share": float_or_none(run.get("cpu_steal_share")),
+            "cpu_others_share": float_or_none(run.get("cpu_others_share")), "busy": row.busy,
+            "latency_floor_ms": f.latency_floor_ms if f else None, "latency_floor_fraction": f.latency_fraction if f else None,
+            "energy_floor_j": f.energy_floor_j if f else None, "energy_floor_fraction": f.energy_fraction if f else None,
+            "floor_spec": f.spec.source if f else None}
 
 
 def _efficiency_columns(e: efficiency.Efficiency) -> dict[str, Any]:
@@ -458,14 +524,14 @@ def report_for_this_machine(store: Store, machine_gpu_name_or_family: str, host:
 def report_text(db: str | Store | None = None, fmt: str = "markdown", gpu: str | None = None, model: str | None = None,
                 vram_budget_gib: float | None = None, min_agreement: float | None = None,
                 host: str | None = None, since: str | None = None, history: bool = False,
-                margin_agreement: float = an.MARGIN_AGREEMENT, margin_tv: float = an.MARGIN_TV,
-                price_per_gpu_hour: float | None = None) -> str:
+                margin_agreement: float | None = None, margin_tv: float | None = None,
+                price_per_gpu_hour: float | None = None, margin: str | None = None) -> str:
     """`quantbench report`'s text (plain, so it pastes into a model card); `history` (`--all`) keeps superseded
     kernel generations and fixture builds; `price_per_gpu_hour` adds cost per 1M decisions. When no run matches,
     the error lists what the store has."""
     if min_agreement is not None and 1.0 < min_agreement <= 100.0:
         min_agreement /= 100.0  # --min-agreement 95 means 95%
-    rules = Rules(vram_budget_gib=vram_budget_gib, margins=an.Margins(margin_agreement, margin_tv),
+    rules = Rules(vram_budget_gib=vram_budget_gib, margins=an.margins_from(margin, margin_agreement, margin_tv),
                   **({"min_agreement": min_agreement} if min_agreement is not None else {}))
     if fmt not in FORMATS:
         raise ConfigError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")

@@ -15,6 +15,8 @@ from rich.table import Table
 
 from quantbench import term
 from quantbench.analysis import efficiency, parity
+from quantbench.analysis import hypothesis as hy
+from quantbench.analysis import significance as sig
 from quantbench.analysis import stats as an
 from quantbench.analysis.parity import Comparison
 from quantbench.store import Store
@@ -35,7 +37,7 @@ def _ms(x: Any) -> str:
     return "—" if stored_value(x) is None else f"{x:,.1f}"
 
 
-NUMERIC = ("decisions", "accuracy", "p50 ms", "p90 ms", "weights", "load s")
+NUMERIC = ("decisions", an.ACCURACY_NAME, "p50 ms", "p90 ms", "weights", "load s")
 
 
 def runs_table(df: pd.DataFrame, title: str) -> Table:
@@ -79,7 +81,7 @@ def _dist_txt(d: an.Dist, digits: int = 4, low_tail: bool = False) -> str:
     f = f"{{:.{digits}f}}".format
     if low_tail:
         return f"mean {f(d.mean)}  min {f(d.min)}  p1 {f(d.p1)}  p10 {f(d.p10)}  median {f(d.median)}  max {f(d.max)}"
-    return f"mean {f(d.mean)}  median {f(d.median)}  p90 {f(d.p90)}  p99 {f(d.p99)}  max {f(d.max)}"
+    return f"mean {f(d.mean)}  p50 {f(d.median)}  p90 {f(d.p90)}  p99 {f(d.p99)}  max {f(d.max)}"
 
 
 def print_comparison(comp: Comparison, console: Console | None = None) -> None:
@@ -100,8 +102,13 @@ def print_comparison(comp: Comparison, console: Console | None = None) -> None:
               str(comp.agreement.n))
     t.add_row("Mean TV (95% bootstrap)", f"{comp.tv_ci.mean:.4f} [{comp.tv_ci.lo:.4f}, {comp.tv_ci.hi:.4f}]",
               f"{fl.tv_ci.mean:.4f} [{fl.tv_ci.lo:.4f}, {fl.tv_ci.hi:.4f}]" if fl else "—", str(comp.tv.n))
-    t.add_row("TV", _dist_txt(comp.tv), _dist_txt(fl.tv) if fl else "—", str(comp.tv.n))
-    t.add_row("KL(ref ‖ cand), nats", _dist_txt(comp.kl), "", str(comp.kl.n))
+    t.add_row("TV per question", _dist_txt(comp.tv), _dist_txt(fl.tv) if fl else "—", str(comp.tv.n))
+    t.add_row("KL(ref ‖ cand) per question, nats", _dist_txt(comp.kl), "", str(comp.kl.n))
+    if comp.tests is not None:
+        fc = comp.tests.flips
+        t.add_row(f"Flips by BF16's margin (near-tie < {sig.NEAR_TIE:g} / middle / confident ≥ {sig.CONFIDENT:g})",
+                  f"{fc.near_tie_flips} of {fc.near_tie_n} / {fc.middle_flips} of {fc.middle_n} / "
+                  f"{fc.confident_flips} of {fc.confident_n}", "", str(fc.n))
     t.add_row("Δp of the reference's top", _dist_txt(comp.dp, low_tail=True), "", str(comp.dp.n))
     f = comp.flips
     t.add_row("Flips on gold (ref right → cand wrong / reverse)",
@@ -117,6 +124,7 @@ def print_comparison(comp: Comparison, console: Console | None = None) -> None:
                   + (f" (margins: {comp.verdict.margins.describe()})" if comp.verdict.parts else ""))
     for reason in comp.verdict.reasons:
         console.print(f"  - {reason}")
+    print_tests(comp, console)
     if comp.per_modality:
         print_modalities(comp, console)
 
@@ -142,6 +150,45 @@ def print_comparison(comp: Comparison, console: Console | None = None) -> None:
         console.print(a)
     else:
         console.print("no gold answers in this suite: no accuracy figures")
+
+
+def print_tests(comp: Comparison, console: Console) -> None:
+    """McNemar against BF16 and the floor, TOST against the named margin and the smallest detectable difference,
+    for the whole comparison; with several modalities, a table of each modality's (Holm-adjusted across them)."""
+    from quantbench.report.statistics import cell_text, comparison_cells
+
+    ct = comp.tests
+    if ct is None:
+        return
+    console.print("McNemar exact, vs BF16 on gold answers (lost / gained): "
+                  + (ct.mcnemar_ref.text(adjusted=False) if ct.mcnemar_ref else "— (no gold answers)"))
+    console.print("McNemar exact, vs the noise floor on flips (extra / fewer): "
+                  + (ct.mcnemar_floor.text(adjusted=False) if ct.mcnemar_floor else "— (no noise floor)"))
+    margins = ct.verdict.margins
+    console.print(f"Equivalence (TOST, α 0.05) against the margin {margins.describe() if margins else '—'}: "
+                  f"{_tost_words(ct.tost_p)}")
+    for e in ct.verdict.parts:
+        if e.tost is not None:
+            sides = (f"p(Δ ≤ −margin) {hy.fmt_p(e.tost.p_lower)}, " if e.tost.p_lower is not None else "one-sided, ")
+            console.print(f"  - {e.statistic}: {sides}p(Δ ≥ +margin) {hy.fmt_p(e.tost.p_upper)}")
+    console.print(f"Smallest detectable difference (α 0.05 two-sided, power 80%, n = {comp.agreement.n}): "
+                  f"{ct.mdd_text()}")
+    if comp.per_modality:
+        cells = comparison_cells(comp)
+        t = Table(title=f"Tests per modality (p-values Holm-adjusted across these {len(cells)} modalities)")
+        rows = [cell_text(tests, modality, n) for modality, n, tests in cells]
+        for col in rows[0]:
+            t.add_column(col, justify="right" if col == "n" else "left")
+        for row in rows:
+            t.add_row(*row.values())
+        console.print(t)
+
+
+def _tost_words(p: float | None) -> str:
+    if p is None:
+        return "not testable (no statistic of the margin could be computed)"
+    return (f"[green]equivalent[/] (p {hy.fmt_p(p)})" if p < hy.ALPHA else
+            f"[yellow]not shown equivalent[/] (p {hy.fmt_p(p)})")
 
 
 def print_modalities(comp: Comparison, console: Console) -> None:

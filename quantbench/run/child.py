@@ -23,8 +23,8 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from quantbench.errors import RequestError, classify
-from quantbench.models import lineage
+from quantbench.errors import LoadError, RequestError, classify
+from quantbench.models import experts_claim, lineage
 from quantbench.models.checkpoint import tensor_bytes
 from quantbench.models.plant import planted_info
 from quantbench.protocol import modality_of, refuse_unread_media
@@ -32,13 +32,14 @@ from quantbench.protocol.suite import load_suite
 from quantbench.run.backend import LoadedVariant, get_backend
 from quantbench.run.energy import EnergyMeter
 from quantbench.run.kernel import kernel_ran, planned_kernel
-from quantbench.run.machine import detect
+from quantbench.run.machine import LoadProbe, detect
 from quantbench.run.memory import MemoryTracker
 from quantbench.run.record import (
     AnswerRow,
     EnergyFacts,
     LatencyRow,
     LineageFacts,
+    LoadFacts,
     MachineFacts,
     Measured,
     MemoryFacts,
@@ -80,7 +81,7 @@ def _progress() -> Progress:
 
 
 def _answer_suite(loaded: LoadedVariant, records, timer: Timer, spec: RunSpec, out: dict[str, Any],
-                  energy: EnergyMeter | None = None) -> None:
+                  energy: EnergyMeter | None = None, load: LoadProbe | None = None) -> None:
     """Answer every record (timed), then keep timing until the latency phase's stop rules hold; `energy` reads
     the GPU's energy counter around that whole timed phase (and over an idle second before it).
 
@@ -134,6 +135,7 @@ def _answer_suite(loaded: LoadedVariant, records, timer: Timer, spec: RunSpec, o
     def timed(phase: str, record, prep_ms: float, model_ms: float, tokens: int, batch: int) -> None:
         latencies.append(LatencyRow(seq=len(latencies), phase=phase, record_id=record.id, model_ms=model_ms,
                                     prep_ms=prep_ms, tokens=tokens, batch=batch))
+        energy.mark(len(latencies))  # a counter sample between decisions, every 0.1 s at most
 
     # Cold: the first decision after load (kernel compilation, allocator growth, autotuning), kept apart.
     measured.cold_ms = decide(records[:1], cold=True)[0][2]
@@ -141,8 +143,10 @@ def _answer_suite(loaded: LoadedVariant, records, timer: Timer, spec: RunSpec, o
         decide([records[(i * n + j + 1) % len(records)] for j in range(n)])
 
     energy = energy or EnergyMeter(None)
+    load = load or LoadProbe()
     energy.idle()
     energy.start()  # the timed phase: every decision whose latency is stored
+    load.start()
     with _progress() as progress:
         task = progress.add_task(f"{loaded.info.variant}: suite", total=len(records))
         for chunk in chunks(records):
@@ -160,20 +164,23 @@ def _answer_suite(loaded: LoadedVariant, records, timer: Timer, spec: RunSpec, o
         if hashed and records:
             measured.tokenizer_hash = digest.hexdigest()
 
-        # Latency phase: keep timing decisions until both stop rules hold (at least N decisions, S seconds).
+        # Latency phase: keep timing decisions until both stop rules hold (at least N decisions, S seconds), and,
+        # on a GPU with an energy counter, until its power has settled for long enough (quantbench.run.energy).
         need_n = max(0, spec.latency_min_decisions - len(records))
         t_start = time.perf_counter()
         need_s = max(0.0, spec.latency_min_seconds - sum(lat.model_ms for lat in latencies) / 1e3 / n)
-        if need_n or need_s:
+        if need_n or need_s or energy.needs_more():
             task = progress.add_task(f"{loaded.info.variant}: latency", total=None)
             i = 0
-            while i < need_n or time.perf_counter() - t_start < need_s:
+            while i < need_n or time.perf_counter() - t_start < need_s or energy.needs_more():
                 chunk = [records[(i + j) % len(records)] for j in range(n)]
                 for record, (_, prep_ms, model_ms, tokens, batch) in zip(chunk, decide(chunk), strict=True):
                     timed("latency", record, prep_ms, model_ms, tokens, batch)
                 i += n
                 progress.advance(task, n)
     energy.stop(decisions=len(latencies), forward_s=sum(lat.model_ms / lat.batch for lat in latencies) / 1e3)
+    load.stop()
+    out["run"].load = LoadFacts(**load.facts())
 
 
 def run(spec: RunSpec, out: dict[str, Any]) -> None:
@@ -193,6 +200,11 @@ def run(spec: RunSpec, out: dict[str, Any]) -> None:
     measured.suite = SuiteFacts(suite_id=suite.id, suite_hash=suite.hash, n_records=len(records),
                                 n_questions=sum(len(r.request.questions) for r in records))
 
+    try:  # is the variant what it claims? its experts' tensors against the backend (quantbench.models.experts_claim)
+        experts = experts_claim.check_spec(spec.backend, spec.model, spec.shape)
+    except LoadError as e:
+        measured.extra = {"experts": getattr(e, "record", None)}
+        raise
     mem = MemoryTracker(device, machine.nvml_index)
     mem.before_load()
     t0 = time.perf_counter()
@@ -210,6 +222,8 @@ def run(spec: RunSpec, out: dict[str, Any]) -> None:
         info.extra = {**info.extra, "planted": planted}
     measured.variant = info
     extra = {**info.extra, "load_note": info.load_note} if info.load_note else dict(info.extra)
+    if experts is not None:
+        extra["experts"] = experts
     measured.extra = extra
     if loaded.model is not None:
         measured.model_tensor_bytes = tensor_bytes(loaded.model)

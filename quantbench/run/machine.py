@@ -2,10 +2,15 @@
 
 The parent process reads NVML only (no CUDA context, so it costs no GPU memory); the child adds what only torch
 knows (multiprocessor count) once it has initialised CUDA anyway.
+
+A host name alone does not identify a machine (every VM of an image may be called `vm`): a run also records the
+CPU model, its logical CPUs and a machine id (a hash of /etc/machine-id, never the id itself, which systemd asks
+to keep private), and `LoadProbe` records how busy the machine was while the run was timed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import socket
@@ -52,6 +57,8 @@ class Machine:
     os: str
     python_version: str
     nvml_index: int | None = None
+    cpu_cores: int | None = None
+    machine_id: str | None = None
 
     @property
     def has_gpu(self) -> bool:
@@ -78,6 +85,21 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+MACHINE_ID_FILES = ("/etc/machine-id", "/var/lib/dbus/machine-id")
+
+
+def machine_id(files: tuple[str, ...] = MACHINE_ID_FILES) -> str | None:
+    """sha256 of the machine id (16 hex digits), or None where no such file can be read."""
+    for name in files:
+        try:
+            raw = open(name).read().strip()
+        except OSError:
+            continue
+        if raw:
+            return hashlib.sha256(f"quantbench:{raw}".encode()).hexdigest()[:16]
+    return None
+
+
 def _host() -> dict[str, object]:
     return {
         "host": socket.gethostname(),
@@ -85,7 +107,71 @@ def _host() -> dict[str, object]:
         "host_memory_bytes": psutil.virtual_memory().total,
         "os": f"{platform.system()} {platform.release()}",
         "python_version": platform.python_version(),
+        "cpu_cores": os.cpu_count(),
+        "machine_id": machine_id(),
     }
+
+
+# -- how busy the machine was ---------------------------------------------------------------------------------------
+# A run is timed on a machine others may share. Over the timed phase: CPU steal (time the hypervisor gave another
+# guest) and the CPU time of every other process (all CPUs' busy time from /proc/stat, less this process's own),
+# each as a share of all CPU time, and the 1-minute load average at its end (quantbench.analysis.conditions says
+# when that is busy).
+
+
+def _proc_stat(path: str = "/proc/stat") -> list[int] | None:
+    """The aggregate `cpu` line: user nice system idle iowait irq softirq steal … in clock ticks."""
+    try:
+        with open(path) as f:
+            first = f.readline().split()
+    except OSError:
+        return None
+    return [int(x) for x in first[1:]] if first and first[0] == "cpu" else None
+
+
+class LoadProbe:
+    """`start()` and `stop()` around the timed phase; `facts()` gives the run's load columns. The readers are
+    injected (`stat`, `own_cpu_s`, `loadavg`) so the arithmetic is tested with made-up counters."""
+
+    def __init__(self, stat=_proc_stat, own_cpu_s=None, loadavg=None, ticks_per_s: float | None = None):
+        self.stat = stat
+        self.own_cpu_s = own_cpu_s or (lambda: sum(os.times()[:4]))  # this process and its waited-for children
+        self.loadavg = loadavg or (lambda: os.getloadavg()[0])
+        if ticks_per_s is None:
+            ticks_per_s = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
+        self.ticks = ticks_per_s
+        self._start: tuple[list[int] | None, float] | None = None
+        self.load_avg_1m: float | None = None
+        self.cpu_steal_share: float | None = None
+        self.cpu_others_share: float | None = None
+
+    def start(self) -> None:
+        self._start = (self.stat(), self.own_cpu_s())
+
+    def stop(self) -> None:
+        try:
+            self.load_avg_1m = float(self.loadavg())
+        except OSError:
+            self.load_avg_1m = None
+        if self._start is None or self._start[0] is None:
+            return
+        end, own = self.stat(), self.own_cpu_s()
+        if end is None:
+            return
+        delta = [b - a for a, b in zip(self._start[0], end, strict=False)]
+        total = sum(delta[:8])  # user … steal (guest time is already inside user)
+        if total <= 0:
+            return
+        idle = delta[3] + (delta[4] if len(delta) > 4 else 0)
+        steal = delta[7] if len(delta) > 7 else 0
+        busy = total - idle - steal
+        mine = (own - self._start[1]) * self.ticks
+        self.cpu_steal_share = steal / total
+        self.cpu_others_share = min(1.0, max(0.0, (busy - mine) / total))
+
+    def facts(self) -> dict[str, float | None]:
+        return {"load_avg_1m": self.load_avg_1m, "cpu_steal_share": self.cpu_steal_share,
+                "cpu_others_share": self.cpu_others_share}
 
 
 def _visible_index() -> int:

@@ -16,7 +16,7 @@ import uuid
 from dataclasses import field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.dataclasses import dataclass
 
 FORBID = ConfigDict(extra="forbid")
@@ -54,6 +54,16 @@ class MachineFacts(_Part):
     host_memory_bytes: int
     os: str
     python_version: str
+    cpu_cores: int | None = None  # logical CPUs (what torch's threads see)
+    machine_id: str | None = None  # sha256 of /etc/machine-id, 16 hex digits: two hosts named alike stay apart
+
+
+class LoadFacts(_Part):
+    """`quantbench.run.machine.LoadProbe`: how busy the machine was during the timed phase (None: not readable)."""
+
+    load_avg_1m: float | None
+    cpu_steal_share: float | None  # /proc/stat steal over the phase, of all CPU time
+    cpu_others_share: float | None  # CPU time of every other process over the phase, of all CPU time
 
 
 class Provenance(_Part):
@@ -115,6 +125,7 @@ class MemoryFacts(_Part):
     mem_peak_reserved_bytes: int | None
     mem_nvml_peak_bytes: int | None
     host_rss_peak_bytes: int | None
+    host_rss_peak_source: str | None = None  # vmhwm | sampled: this process's own peak, never one inherited
 
 
 class EnergyFacts(_Part):
@@ -179,6 +190,7 @@ class Measured(_Part):
     extra: dict[str, Any] | None = None
     memory: MemoryFacts | None = None
     energy: EnergyFacts | None = None
+    load: LoadFacts | None = None
 
 
 class RunIdentity(_Part):
@@ -195,6 +207,9 @@ class RunIdentity(_Part):
     gpu_requested: str | None = None
     spec: dict[str, Any] | None = None
     spec_hash: str | None = None
+    repeat_id: str | None = None  # `run --repeat N`: one id for the N runs, each in a fresh process
+    repeat_index: int | None = None  # 1 … repeat_count
+    repeat_count: int | None = None
 
 
 class RunRecord(_Part):
@@ -265,6 +280,15 @@ class RunRecord(_Part):
     energy_phase_s: float | None = None
     energy_decisions: int | None = None
     energy_idle_w: float | None = None
+    host_rss_peak_source: str | None = None
+    cpu_cores: int | None = None
+    machine_id: str | None = None
+    load_avg_1m: float | None = None
+    cpu_steal_share: float | None = None
+    cpu_others_share: float | None = None
+    repeat_id: str | None = None
+    repeat_index: int | None = None
+    repeat_count: int | None = None
 
     @classmethod
     def compose(cls, identity: RunIdentity, machine: MachineFacts, provenance: Provenance, measured: Measured,
@@ -273,7 +297,7 @@ class RunRecord(_Part):
         `notes` (what the parent found before spawning) are added to the run's `extra`."""
         m = measured
         row: dict[str, Any] = {**(m.machine or machine).model_dump(), **provenance.model_dump()}
-        for part in (m.suite, m.lineage, m.memory, m.energy):
+        for part in (m.suite, m.lineage, m.memory, m.energy, m.load):
             if part is not None:
                 row.update(part.model_dump())
         if m.variant is not None:
@@ -303,6 +327,16 @@ class AnswerRow(_Part):
     # quantbench.protocol.modality_of(record): the child always gives it; the default keeps text-only rows made
     # by hand (tests, older tools) valid, as the schema-7 migration reads every earlier row.
     modality: Literal["text", "image", "audio", "video", "mixed"] = "text"
+    # p(top) − p(second) of this answer (p(top) with one option): filled from `probs` when not given, so every
+    # stored answer carries it (flips are split by the reference's margin: quantbench.analysis.significance)
+    margin: float | None = None
+
+    @model_validator(mode="after")
+    def _margin_from_probs(self) -> AnswerRow:
+        if self.margin is None and self.probs:
+            ordered = sorted(self.probs, reverse=True)
+            self.margin = ordered[0] - (ordered[1] if len(ordered) > 1 else 0.0)
+        return self
 
 
 class LatencyRow(_Part):

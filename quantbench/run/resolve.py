@@ -48,18 +48,19 @@ def prepared_model_dir(default: str, family: str = "text") -> str:
 def family_defaults(backend: str, family: str, model: str | None, suite: str | None,
                     shape: str | None = None) -> tuple[str | None, str | None]:
     """(model, suite) for `quantbench run --family`: "text" changes nothing; "omni" fills what is not given with
-    the omni default model (or its variant for `backend`, prepared here) and the built-in suite quantbench-omni-v1.
-    A suite given by that name becomes its file in the cache (quantbench.protocol.omnigen), whatever the family."""
+    the omni default model (or its variant for `backend`, prepared here) and the built-in media suite
+    quantbench-omni-v2. A built-in suite given by its name (v2, or v1) becomes its file in the cache
+    (quantbench.protocol.omnisuite), whatever the family."""
     if family not in quantize.FAMILIES:
         from quantbench.errors import ConfigError
 
         raise ConfigError(f"--family {family!r}: use one of {', '.join(quantize.FAMILIES)}")
-    from quantbench.protocol import omnigen
+    from quantbench.protocol import omnisuite
 
     if suite is None and family == "omni":
-        suite = omnigen.OMNI_SUITE_ID
-    if suite == omnigen.OMNI_SUITE_ID:
-        suite = str(omnigen.omni_suite_path())
+        suite = omnisuite.DEFAULT
+    if omnisuite.is_builtin(suite):
+        suite = str(omnisuite.suite_path(suite))
     if family == "omni" and model is None and shape is None:
         default = getattr(get_backend(backend), "default_model", None)
         if default is not None:

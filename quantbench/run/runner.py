@@ -301,11 +301,12 @@ def _resolve_in_parent(spec: RunSpec) -> tuple[RunSpec, dict[str, Any] | None]:
 
 
 def execute(spec: RunSpec, *, machine: Machine | None = None, echo: bool = True,
-            env: dict[str, str] | None = None) -> RunResult:
+            env: dict[str, str] | None = None, repeat: tuple[str, int, int] | None = None) -> RunResult:
     """Run `spec` in a fresh child process; return its rows. Raises GpuMismatchError, ConfigError or LoadError
     before spawning anything (see `preflight`).
 
-    `env` adds to the child's environment (a sweep gives each GPU's child its own CUDA_VISIBLE_DEVICES)."""
+    `env` adds to the child's environment (a sweep gives each GPU's child its own CUDA_VISIBLE_DEVICES);
+    `repeat` = (repeat_id, index from 1, count) marks one run of `run --repeat N` (the same spec, N fresh children)."""
     machine = machine or detect()
     device = check_gpu(spec.gpu, machine)
     notes = preflight(spec)
@@ -376,6 +377,7 @@ def execute(spec: RunSpec, *, machine: Machine | None = None, echo: bool = True,
         run_id=run_id, created_at=created, finished_at=dt.datetime.now(dt.UTC), status=out["status"],
         failure=out.get("failure"), error=out.get("error"), backend=spec.backend, role=spec.role,
         gpu_requested=spec.gpu, spec=stored_spec(spec), spec_hash=spec_hash(spec, machine),
+        **(dict(zip(("repeat_id", "repeat_index", "repeat_count"), repeat, strict=True)) if repeat else {}),
     )
     record = RunRecord.compose(identity, MachineFacts(**machine.as_row()), Provenance(**provenance()),
                                Measured.model_validate(out.get("run", {})), notes)

@@ -20,6 +20,7 @@ from quantbench.limits import (
     DEFAULT_WARM_TOKENS,
     Limits,
 )
+from quantbench.models import experts_claim
 from quantbench.models.scorer import describe as describe_scorer
 from quantbench.models.scorer import require_trust
 from quantbench.models.synthetic import SYNTHETIC_SHAPES
@@ -118,7 +119,12 @@ def cli_serve(
 
     def load() -> LoadedVariant:
         resolved = resolve(spec)  # no --model: the embedded model, prepared here first
-        return with_checkpoint_scorer(chosen.load(resolved, machine), resolved)  # its own scorer, if it names one
+        # a variant is what it claims (quantbench.models.experts_claim): never served under a label it is not
+        experts = experts_claim.check_spec(resolved.backend, resolved.model, resolved.shape)
+        loaded = with_checkpoint_scorer(chosen.load(resolved, machine), resolved)  # its own scorer, if it names one
+        if experts is not None:
+            loaded.info.extra = {**loaded.info.extra, "experts": experts}
+        return loaded
 
     if demo:
         loaded = load()

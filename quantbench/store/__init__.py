@@ -313,7 +313,9 @@ class Store:
         return df
 
     def runs(self) -> pd.DataFrame:
-        return self.read("SELECT * FROM run_summary ORDER BY created_at")
+        from quantbench.store.queries import SUMMARY
+
+        return self.read(f"SELECT * FROM {SUMMARY} ORDER BY created_at")
 
 
 def unsaved_folders() -> list[Path]:

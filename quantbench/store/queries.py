@@ -17,23 +17,33 @@ from quantbench.store import Store
 from quantbench.store.schema import RUN_SOURCE
 
 ANSWER_COLS = "record_id, question, benchmark, modality, options, probs, top, gold"
+# `run_summary` with its accuracy computed here, the one accuracy (the mean over benchmarks, schema.VIEWS'
+# run_accuracy): a store read without being migrated keeps the view definitions of the quantbench that wrote it,
+# whose accuracy was the pooled share of gold questions.
+SUMMARY = (
+    "(SELECT s.* REPLACE (a.accuracy AS accuracy) FROM run_summary s LEFT JOIN ("
+    "SELECT run_id, avg(accuracy) AS accuracy FROM (SELECT run_id, coalesce(benchmark, '(none)') AS benchmark, "
+    "avg(CASE WHEN gold IS NOT NULL THEN (top = gold)::INTEGER END) AS accuracy FROM answers GROUP BY ALL) "
+    "GROUP BY run_id) a USING (run_id))"
+)
 
 
 # -- runs, one line each (`quantbench runs`, the demo's and the sweep's tables) -------------------------------
 def run_summary(store: Store, run_id: str) -> pd.DataFrame:
     """The `run_summary` row of one run."""
-    return store.read("SELECT * FROM run_summary WHERE run_id = ?", [run_id])
+    return store.read(f"SELECT * FROM {SUMMARY} WHERE run_id = ?", [run_id])
 
 
 def run_summaries(store: Store, run_ids: list[str]) -> pd.DataFrame:
     """The `run_summary` rows of these runs, oldest first."""
-    return store.read("SELECT * FROM run_summary WHERE run_id IN (SELECT unnest(?::UUID[])) ORDER BY created_at",
+    return store.read(f"SELECT * FROM {SUMMARY} WHERE run_id IN (SELECT unnest(?::UUID[])) ORDER BY created_at",
                       [run_ids])
 
 
 def newest_run_summaries(store: Store, last: int) -> pd.DataFrame:
     """The newest `last` runs' `run_summary` rows, oldest first."""
-    return store.read(f"SELECT * FROM (SELECT * FROM run_summary ORDER BY created_at DESC LIMIT {int(last)}) ORDER BY created_at")
+    return store.read(f"SELECT * FROM (SELECT * FROM {SUMMARY} ORDER BY created_at DESC LIMIT {int(last)}) "
+                      "ORDER BY created_at")
 
 
 def run_error(store: Store, run_id: str) -> pd.DataFrame:
@@ -65,6 +75,23 @@ def runs_with_latency(store: Store) -> pd.DataFrame:
 def run_with_latency(store: Store, run_id: str) -> pd.DataFrame:
     """One run (by its whole id) as `runs_with_latency` gives it."""
     return store.read(RUNS_WITH_LATENCY + "WHERE CAST(r.run_id AS VARCHAR) = ?", [str(run_id)])
+
+
+def repeat_runs(store: Store, repeat_id: str) -> pd.DataFrame:
+    """The runs of one `run --repeat N`, in order, as `runs_with_latency` gives them."""
+    return store.read(RUNS_WITH_LATENCY + "WHERE r.repeat_id = ? ORDER BY r.repeat_index", [repeat_id])
+
+
+def confident_flips(store: Store, reference_run: str, candidate_run: str, min_margin: float) -> pd.DataFrame:
+    """The questions the reference answered with a margin (its stored p(top) − p(second)) of at least
+    `min_margin` and the candidate answered otherwise: record, question, benchmark, modality, gold, both tops and
+    both distributions, most confident first."""
+    return store.read(
+        "SELECT r.record_id, r.question, r.benchmark, r.modality, r.gold, r.top AS top_ref, c.top AS top_cand, "
+        "r.margin AS ref_margin, r.options AS options_ref, r.probs AS probs_ref, c.options AS options_cand, "
+        "c.probs AS probs_cand FROM answers r JOIN answers c USING (record_id, question) "
+        "WHERE r.run_id = ? AND c.run_id = ? AND r.margin >= ? - 1e-9 AND r.top <> c.top "
+        "ORDER BY r.margin DESC, r.record_id, r.question", [reference_run, candidate_run, min_margin])
 
 
 def runs_by_id_prefix(store: Store, prefix: str) -> pd.DataFrame:

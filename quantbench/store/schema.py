@@ -201,6 +201,28 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (bundle_id, kind, item_id)
     );
     """,
+    # 9: the figures of issue #35. answers.margin: the answer's own p(top) − p(second) (p(top) with one option), so
+    # flips split by BF16's confidence in SQL; rows stored before it get it from their stored probabilities (the
+    # child's arithmetic, not an estimate). runs: the run's own peak host memory and how it was read
+    # (host_rss_peak_source vmhwm | sampled; NULL on older rows, whose host_rss_peak_bytes is ru_maxrss, which a
+    # child inherits from the process that launched it); the machine beyond its host name (cpu_cores: logical
+    # CPUs; machine_id: sha256 of /etc/machine-id, 16 hex digits); how busy it was during the timed phase
+    # (load_avg_1m at its end, cpu_steal_share and cpu_others_share: /proc/stat over the phase, the others' share
+    # net of the run's own CPU time); the runs of one `run --repeat N` (repeat_id, repeat_index from 1,
+    # repeat_count). NULL where not measured, never guessed.
+    """
+    ALTER TABLE answers ADD COLUMN margin DOUBLE;
+    UPDATE answers SET margin = list_sort(probs, 'DESC')[1] - coalesce(list_sort(probs, 'DESC')[2], 0.0);
+    ALTER TABLE runs ADD COLUMN host_rss_peak_source VARCHAR;
+    ALTER TABLE runs ADD COLUMN cpu_cores INTEGER;
+    ALTER TABLE runs ADD COLUMN machine_id VARCHAR;
+    ALTER TABLE runs ADD COLUMN load_avg_1m DOUBLE;
+    ALTER TABLE runs ADD COLUMN cpu_steal_share DOUBLE;
+    ALTER TABLE runs ADD COLUMN cpu_others_share DOUBLE;
+    ALTER TABLE runs ADD COLUMN repeat_id VARCHAR;
+    ALTER TABLE runs ADD COLUMN repeat_index INTEGER;
+    ALTER TABLE runs ADD COLUMN repeat_count INTEGER;
+    """,
 ]
 
 # Views are recreated on every open (they hold no data), so they can change without a migration.
@@ -217,11 +239,14 @@ SELECT run_id,
 FROM latencies GROUP BY run_id;
 
 CREATE OR REPLACE VIEW run_accuracy AS
-SELECT run_id,
-       count(*) AS n_answers,
-       count(gold) AS n_gold,
-       avg(CASE WHEN gold IS NOT NULL THEN (top = gold)::INTEGER END) AS accuracy
-FROM answers GROUP BY run_id;
+-- One accuracy everywhere (quantbench.analysis.stats.ACCURACY_NAME): the unweighted mean over benchmarks of each
+-- benchmark's accuracy on its questions with a gold answer, as the report's reference accuracy and Δ accuracy.
+WITH per_benchmark AS (
+    SELECT run_id, coalesce(benchmark, '(none)') AS benchmark, count(*) AS n, count(gold) AS n_gold,
+           avg(CASE WHEN gold IS NOT NULL THEN (top = gold)::INTEGER END) AS accuracy
+    FROM answers GROUP BY ALL)
+SELECT run_id, sum(n)::BIGINT AS n_answers, sum(n_gold)::BIGINT AS n_gold, avg(accuracy) AS accuracy
+FROM per_benchmark GROUP BY run_id;
 
 CREATE OR REPLACE VIEW run_summary AS
 SELECT r.run_id, r.created_at, r.status, r.failure, r.backend, r.variant, r.role, r.weight_format, r.kernel_path,
