@@ -335,3 +335,14 @@ def test_margins_outside_zero_to_one_name_the_flag():
 def test_the_paired_score_interval_reduces_to_wilson_at_zero_discordant_questions():
     assert an.paired_difference_ci(0, 0, 258) == pytest.approx((-an.wilson(0, 258)[1], an.wilson(0, 258)[1]))
     assert an.paired_difference_ci(10, 0, 250)[0] == pytest.approx(0.0219, abs=1e-4)
+
+
+@pytest.mark.parametrize("lo, hi, label", [
+    (0.02, 0.05, an.INCONCLUSIVE),  # a lower bound exactly on the margin: not wholly beyond it
+    (0.02 + 1e-12, 0.05, an.WORSE),  # just past it: worse
+    (-0.01, 0.02, an.INDISTINGUISHABLE),  # an upper bound exactly on the margin is within it
+    (0.001, 0.02, an.WITHIN_MARGIN),
+])
+def test_the_verdict_at_the_margins_edges(lo, hi, label):
+    # `worse` means the whole interval lies beyond the margin: a lower bound that only touches it is inconclusive
+    assert an._classify(lo, hi, 0.02) == label

@@ -229,3 +229,23 @@ def test_a_power_that_never_settles_stores_null_and_says_so():
     f = meter.stop(decisions=decisions)
     assert 5.9 <= meter.phase_s <= 6.2  # the phase stopped at max_phase_s
     assert f.energy_j_per_decision is None and ("did not settle" in meter.note or "settled for" in meter.note)
+
+
+def test_a_settled_window_of_exactly_the_minimum_is_measured():
+    # The rule is "at least MIN_PHASE_S": a window of exactly 2 s is enough, and the phase stops extending there.
+    # A hand-driven clock and counter: 1 s at 100 W (the clocks ramping), then 2 s at 400 W, sampled every 0.5 s.
+    now, mj = [0.0], [0]
+    meter = EnergyMeter(lambda: mj[0], clock=lambda: now[0], sleep=lambda s: None)
+    meter.start()
+    decisions = 0
+    for t, watts in ((0.5, 100), (1.0, 100), (1.5, 400), (2.0, 400), (2.5, 400), (3.0, 400)):
+        mj[0] += int(watts * 0.5 * 1000)
+        now[0] = t
+        decisions += 10
+        meter.mark(decisions)
+    assert en.MIN_PHASE_S == 2.0
+    assert en.settled_window(meter.samples).seconds == en.MIN_PHASE_S  # from 1.0 s to 3.0 s exactly
+    assert not meter.needs_more()
+    f = meter.stop(decisions=decisions)
+    assert meter.note is None and f.energy_phase_s == en.MIN_PHASE_S and f.energy_decisions == 40
+    assert f.energy_j_per_decision == pytest.approx(800 / 40) and f.energy_mean_w == pytest.approx(400)

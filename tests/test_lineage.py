@@ -98,6 +98,19 @@ def test_the_report_pairs_variants_made_elsewhere_with_their_base_and_says_how(t
     assert json.dumps(comp.to_dict())
 
 
+def test_a_base_that_names_no_bf16_run_falls_back_to_the_shared_tensors():
+    # A model card may name a base under a name no BF16 run uses (an org's mirror, a renamed folder): the
+    # identical embeddings, norms and router weights still pair the variant with its base.
+    bf16 = {"run_id": "b", "status": "ok", "backend": "bf16", "model_id": "Tiny-MoE", "model_path": "/m/Tiny-MoE",
+            "shared_tensors_hash": "ab" * 32, "created_at": "2026-12-01"}
+    other = {**bf16, "run_id": "o", "model_id": "Other-MoE", "model_path": None, "shared_tensors_hash": "cd" * 32}
+    run = {"run_id": "v", "status": "ok", "backend": "int4", "model_id": "Tiny-MoE-int4",
+           "base_model": "acme/Mirror-Of-Tiny", "base_model_how": "model_card", "shared_tensors_hash": "ab" * 32}
+    assert lineage.pair(run, [other, bf16]) == ([bf16], "tensors")
+    assert lineage.pair_runs([bf16, other, run]) == {"v": ("Tiny-MoE", "tensors")}
+    assert lineage.pair({**run, "shared_tensors_hash": "ef" * 32}, [other, bf16]) == ([], None)
+
+
 def test_a_sweep_names_the_base_of_a_variant_given_under_its_model(tmp_path):
     from quantbench.sweep import load_sweep
     from quantbench.sweep.planning import plan

@@ -214,6 +214,21 @@ def test_a_killed_parent_takes_its_child_with_it(tmp_path, suite, sig):
         assert not run_dirs[0].exists()
 
 
+def test_a_child_whose_parent_is_not_the_pid_it_was_told_exits_at_once(tmp_path):
+    # The parent may die while its child is still importing, before PR_SET_PDEATHSIG is set: the child then has
+    # another parent (init, a subreaper) and must not run a benchmark nobody will store. Started by this process
+    # but told another parent's pid, it leaves before anything else: no traceback, not even its faulthandler file.
+    import subprocess
+    import sys
+
+    spec_path, result = tmp_path / "spec.json", tmp_path / "result.json"
+    env = {**os.environ, "QUANTBENCH_PARENT_PID": str(os.getpid() + 1)}  # not this process: the child's parent
+    done = subprocess.run([sys.executable, "-m", "quantbench.run.child", str(spec_path), str(result)], env=env,
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert not result.with_suffix(".faulthandler").exists() and not result.exists()
+
+
 # -- failure labels: oom only with evidence -------------------------------------------------------------------
 def _execute_and_kill_child(tmp_path, suite, monkeypatch):
     import signal

@@ -298,3 +298,21 @@ def test_writes_in_one_step_of_the_event_loop_leave_in_one_send_and_close_sends_
     first, writes, closed, peer = asyncio.run(go())
     assert first == [b"HTTP/1.1 200 OK\r\n\r\n{}"] and writes[-1] == b"last" and closed
     assert peer == ("127.0.0.1", 1)  # everything else is the transport's own
+
+
+def test_the_expected_wait_counts_the_forward_passes_ahead_rounded_up():
+    # 5 requests ahead at 4 a pass are two passes, not one: a partly filled pass still takes a whole forward
+    from types import SimpleNamespace
+
+    from quantbench.server.batcher import Metrics, MicroBatcher, QueueFull
+
+    loaded = SimpleNamespace(engine=None, info=SimpleNamespace(model_id="m"))
+    b = MicroBatcher(loaded, max_batch=4, max_wait_ms=1, max_queue=64, metrics=Metrics(), max_queue_ms=1500)
+    b.forward_s = 1.0
+    assert [b.expected_wait_s(n) for n in (0, 1, 4, 5, 8, 9)] == [0.0, 1.0, 1.0, 2.0, 2.0, 3.0]
+    b.pending = 4  # one pass ahead: 1 s, under the 1.5 s bound
+    b.admit()
+    assert b.pending == 5  # now two passes ahead: 2 s
+    with pytest.raises(QueueFull) as refused:
+        b.admit()
+    assert refused.value.why == "expected_wait" and refused.value.expected_ms == 2000.0 and b.pending == 5
