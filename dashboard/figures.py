@@ -113,7 +113,7 @@ def tradeoff(rep: GpuReport, flat: pd.DataFrame, rules: Rules) -> go.Figure:
         fig.add_hrect(y0=100 * f.agreement.lo, y1=100 * f.agreement.hi, fillcolor="#999999", opacity=0.18,
                       line_width=0, layer="below")
         fig.add_hline(y=100 * f.agreement.rate, line={"color": "#777777", "width": 1},
-                      annotation_text=f"noise floor: BF16 vs BF16 ({f.run.get('kernel_path')}) "
+                      annotation_text=f"noise floor: BF16 vs BF16 ({f.run.kernel_path}) "
                                       f"{100 * f.agreement.rate:.1f}% (95% CI band)",
                       annotation_position="bottom left", annotation_font_color="#555555")
     fig.add_hline(y=100 * rules.min_agreement, line={"color": "#d62728", "width": 1, "dash": "dot"},

@@ -17,12 +17,13 @@ from dashboard import figures, store_cache, url_state
 from quantbench.analysis import decision_media
 from quantbench.analysis.recommend import GpuReport
 from quantbench.errors import QuantbenchError
+from quantbench.store.records import StoredRun
 
 SHOWN_FRAMES = 8  # a longer video shows this many frames, evenly spaced, and says so
 IMAGE_WIDTH = 256  # small suite pictures (64 px) are enlarged without smoothing, so their pixels stay sharp
 
 
-def runs_of(rep: GpuReport) -> list[dict]:
+def runs_of(rep: GpuReport) -> list[StoredRun]:
     """The reference, the noise floor (if any), then every compared variant of the report, each run once."""
     runs = [rep.reference] if rep.reference is not None else []
     if rep.floor is not None:
@@ -31,18 +32,17 @@ def runs_of(rep: GpuReport) -> list[dict]:
     seen: set[str] = set()
     out = []
     for run in runs:
-        if str(run["run_id"]) not in seen:
-            seen.add(str(run["run_id"]))
+        if run.run_id not in seen:
+            seen.add(run.run_id)
             out.append(run)
     return out
 
 
-def label_of(run: dict, rep: GpuReport) -> str:
-    row = next((r for r in rep.rows if str(r.run["run_id"]) == str(run["run_id"])), None)
+def label_of(run: StoredRun, rep: GpuReport) -> str:
+    row = next((r for r in rep.rows if r.run.run_id == run.run_id), None)
     if row is not None:
         return row.label
-    return f"{run.get('variant')} (noise floor, {run.get('kernel_path')})" if run.get("role") == "noise_floor" \
-        else str(run.get("variant"))
+    return f"{run.variant} (noise floor, {run.kernel_path})" if run.role == "noise_floor" else str(run.variant)
 
 
 def all_answers(db: str, mtime, rep: GpuReport) -> pd.DataFrame:
@@ -50,10 +50,9 @@ def all_answers(db: str, mtime, rep: GpuReport) -> pd.DataFrame:
     it is the reference."""
     frames = []
     for run in runs_of(rep):
-        a = store_cache.answers(db, mtime, str(run["run_id"]))
-        frames.append(a.assign(run_id=str(run["run_id"]), variant=label_of(run, rep),
-                               is_reference=str(run["run_id"]) == str(rep.reference["run_id"]),
-                               weight_format=str(run.get("weight_format"))))
+        a = store_cache.answers(db, mtime, run.run_id)
+        frames.append(a.assign(run_id=run.run_id, variant=label_of(run, rep),
+                               is_reference=run.run_id == rep.reference.run_id, weight_format=str(run.weight_format)))
     out = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if "modality" not in out:  # a store from before schema 7
         out["modality"] = "text"
@@ -130,7 +129,7 @@ def section(db: str, mtime, rep: GpuReport, modality: str) -> None:
     if modality == "text":
         st.info("Text decisions carry no media: choose another modality (or all) to see media decisions.", icon="ℹ️")
         return
-    table = media_questions(answers, str(rep.reference["run_id"]))
+    table = media_questions(answers, rep.reference.run_id)
     kind = "media" if modality == "all" else modality
     if modality != "all":
         table = table[table["modality"] == modality]

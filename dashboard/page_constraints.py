@@ -96,7 +96,7 @@ for ans in here + [a for a in answers if a not in here]:
         "Peak memory (GiB)": k.peak_gib,
         "Energy (J / decision)": k.energy.value,
         "Quality": k.quality,
-        "Source": k.row.run.get("source"),
+        "Source": k.row.run.source,
     } for k in ans.candidates], hide_index=True, width="stretch",
         column_config={f"Latency p{constraints.percentile} (ms)": st.column_config.NumberColumn(format="%.1f"),
                        "Peak memory (GiB)": st.column_config.NumberColumn(format="%.2f"),

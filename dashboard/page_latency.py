@@ -12,7 +12,7 @@ db, mtime = store_cache.current()
 reports = store_cache.reports_for(db, mtime, url_state.rules(), sel.since, price_per_gpu_hour=url_state.price())
 mine = [rep for rep in reports if store_cache.report_key(rep) == sel.gpu and rep.model_id == sel.model]
 rows = [row for rep in mine for row in rep.rows if row.ok]
-suite_of = {str(row.run["run_id"]): rep.suite_id for rep in mine for row in rep.rows}
+suite_of = {row.run.run_id: rep.suite_id for rep in mine for row in rep.rows}
 if not rows:
     st.info(f"No successful run of {sel.model} on {sel.gpu_label}: nothing was timed. See the Runs page.", icon="ℹ️")
     st.stop()
@@ -22,8 +22,8 @@ st.caption(f"{sel.model} on {sel.gpu_label}: the runs in the report (the latest 
            "reported apart as prep.")
 # One report per suite: with several (e.g. 128-, 512- and 2048-token decisions) a variant appears once per suite
 several = len({rep.suite_hash for rep in mine}) > 1
-label = {str(r.run["run_id"]): f"{r.label} · {suite_of[str(r.run['run_id'])]}" if several else r.label for r in rows}
-fmt = {str(r.run["run_id"]): str(r.run.get("weight_format")) for r in rows}
+label = {r.run.run_id: f"{r.label} · {suite_of[r.run.run_id]}" if several else r.label for r in rows}
+fmt = {r.run.run_id: str(r.run.weight_format) for r in rows}
 lat = store_cache.latencies(db, mtime, tuple(label))
 if lat.empty:
     st.info("These runs stored no per-decision timings.", icon="ℹ️")
@@ -42,23 +42,22 @@ def watts(w: float | None) -> str:
     return "n/a" if w is None else f"{w:.0f}"  # as the energy column says it, not the grid's "None"
 
 
-# Percentiles from the store's run_latency view: the figures `quantbench report` prints.
-runs = store_cache.runs(db, mtime).set_index("run_id")
+# Percentiles from the run's record (quantbench.store.records): the figures `quantbench report` prints.
 table = pd.DataFrame([{
     "Variant": r.label,
-    "Suite": suite_of[rid],
-    "Kernel": r.run.get("kernel_path"),
-    "n timed": runs.at[rid, "n_timed"],
-    "p50 (ms)": runs.at[rid, "p50_ms"],
-    "p90 (ms)": runs.at[rid, "p90_ms"],
-    "p99 (ms)": runs.at[rid, "p99_ms"],
+    "Suite": suite_of[r.run.run_id],
+    "Kernel": r.run.kernel_path,
+    "n timed": r.run.n_timed,
+    "p50 (ms)": r.run.p50_ms,
+    "p90 (ms)": r.run.p90_ms,
+    "p99 (ms)": r.run.p99_ms,
     "Energy per decision": efficiency.energy_text(r.efficiency),
     "Mean power (W)": watts(r.efficiency.mean_w),
     "Idle power (W)": watts(r.efficiency.idle_w),
-    "Cold start (ms)": r.run.get("cold_ms"),
-    "Load (s)": r.run.get("load_s"),
-    "Weights": r.run.get("weights"),
-} for rid, r in ((str(r.run["run_id"]), r) for r in rows)])
+    "Cold start (ms)": r.run.cold_ms,
+    "Load (s)": r.run.load_s,
+    "Weights": r.run.weights,
+} for r in rows])
 ms = st.column_config.NumberColumn(format="%.1f")
 st.subheader("Percentiles, cold start and load time")
 st.dataframe(table, hide_index=True, width="stretch", column_config={

@@ -58,8 +58,8 @@ pq = c.per_question
 modality = modality_filter(pq)
 
 ref = c.reference
-st.caption(f"{row.label} ({c.candidate.get('kernel_path')}, run {str(c.candidate['run_id'])[:13]}) against BF16 "
-           f"({ref.get('kernel_path')}, run {str(ref['run_id'])[:13]}, {c.reference_how}), {c.agreement.n} "
+st.caption(f"{row.label} ({c.candidate.kernel_path}, run {c.candidate.run_id[:13]}) against BF16 "
+           f"({ref.kernel_path}, run {ref.run_id[:13]}, {c.reference_how}), {c.agreement.n} "
            "identical questions.")
 for note in c.notes:
     st.caption(f"Note: {note}")
@@ -82,7 +82,7 @@ with st.expander("Why this verdict"):
         st.markdown(f"- {reason}")
     if c.floor is not None and h.floor_agreement is not None:
         fa = h.floor_agreement
-        st.markdown(f"- Noise floor: BF16 under {c.floor.run.get('kernel_path')} agrees with BF16 on "
+        st.markdown(f"- Noise floor: BF16 under {c.floor.run.kernel_path} agrees with BF16 on "
                     f"{fa.rate:.1%} ({fa.lo:.1%}–{fa.hi:.1%}){' ' + h.scope if h.scope else ''}.")
 tests_view.section(h.tests, h.scope)
 if c.per_modality:
@@ -108,8 +108,8 @@ flipped = pq[~pq["agree"].astype(bool)]
 if modality != ALL:
     flipped = flipped[flipped["modality"] == modality]
 keys = ["record_id", "question"]
-ans_ref = store_cache.answers(db, mtime, str(ref["run_id"]))[keys + ["options", "probs"]]
-ans_cand = store_cache.answers(db, mtime, str(c.candidate["run_id"]))[keys + ["options", "probs"]]
+ans_ref = store_cache.answers(db, mtime, ref.run_id)[keys + ["options", "probs"]]
+ans_cand = store_cache.answers(db, mtime, c.candidate.run_id)[keys + ["options", "probs"]]
 flipped = flipped.merge(ans_ref, on=keys).merge(ans_cand, on=keys, suffixes=("_ref", "_cand"))
 
 

@@ -38,7 +38,7 @@ reports = store_cache.reports_for(db, mtime, rules, sel.since, history=history, 
 mine = [r for r in reports if store_cache.report_key(r) == sel.gpu and r.model_id == sel.model]
 # A variant made elsewhere (its own model id in the sidebar) sits in its BF16 base's table (quantbench.models.lineage).
 bases = sorted({r.model_id for r in reports if store_cache.report_key(r) == sel.gpu
-                for row in r.rows if row.run.get("own_model_id") == sel.model})
+                for row in r.rows if row.run.own_model_id == sel.model})
 if not mine and bases:
     st.info(f"{sel.model} is a variant of {', '.join(bases)}: it is compared with that model's BF16 run, in its "
             "table below (the note under the table says how the two were paired).", icon="🔗")

@@ -16,14 +16,16 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import url_state
-from quantbench.analysis import decision_media, parity, provenance
+from quantbench.analysis import decision_media, parity
 from quantbench.analysis.constraints import Answer, Constraints, answer
+from quantbench.analysis.recommend import stored_runs
 from quantbench.analysis.select import this_machine
 from quantbench.errors import QuantbenchError
 from quantbench.report import GpuReport, Rules, build_report, since_filter
 from quantbench.store import SCHEMA_VERSION, Store, default_db, home, queries
 from quantbench.store import load as load_store
 from quantbench.store.home import Source
+from quantbench.store.records import StoredRun, frame
 
 Stamp = tuple[int, int, int, int]
 
@@ -151,23 +153,22 @@ def _status_of_several(several: Store, make: str) -> Status:
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def runs(db: str, mtime: Stamp) -> pd.DataFrame:
-    """Every run with its latency summary, oldest first, plus the machine it is grouped under and where it came
-    from (quantbench.analysis.provenance: your store, a pulled bundle, the shipped results)."""
-    df = queries.runs_with_percentiles(store(db))
-    records = provenance.attach(store(db), parity.records(df))
-    df["source"] = [r["source"] for r in records]
-    df["bundle"] = [r.get("bundle") for r in records]
-    df["store"] = [r["store"] for r in records]
-    df["gpu_id"] = [machine_id(r) for r in records]
-    df["gpu_label"] = [parity.gpu_label(r) for r in records]
-    df["family"] = [str(r.get("gpu_family") or ("cpu" if parity.is_cpu(r) else "unknown")) for r in records]
+    """Every run (quantbench.store.records.StoredRun: its columns, latency, accuracy and source) as a table, oldest
+    first, plus the machine it is grouped under and where it came from in words (your store, a pulled bundle, the
+    shipped results)."""
+    found = stored_runs(store(db))
+    df = frame(found)
+    df["source"] = [r.source for r in found]
+    df["gpu_id"] = [machine_id(r) for r in found]
+    df["gpu_label"] = [parity.gpu_label(r) for r in found]
+    df["family"] = [str(r.gpu_family or ("cpu" if r.is_cpu else "unknown")) for r in found]
     return df
 
 
-def machine_id(run: dict) -> str:
+def machine_id(run: StoredRun) -> str:
     """The value the GPU selector (and the URL) uses: the GPU's name, or cpu:MACHINE for a CPU run (its host name,
     and the CPU model, logical CPUs and machine id where the run recorded them: parity.gpu_key)."""
-    return f"cpu:{parity.gpu_key(run)[1]}" if parity.is_cpu(run) else str(run.get("gpu_name"))
+    return f"cpu:{parity.gpu_key(run)[1]}" if run.is_cpu else str(run.gpu_name)
 
 
 @st.cache_data(show_spinner="Comparing every variant with BF16…", max_entries=16)
@@ -285,13 +286,13 @@ def _suite_lookup(suite_id: str | None, suite_hash: str | None, paths: tuple[str
     return decision_media.find_suite(suite_id, suite_hash, list(paths), limits)
 
 
-def suite_lookup(run: dict, paths: tuple[str, ...]) -> decision_media.SuiteLookup:
+def suite_lookup(run: StoredRun, paths: tuple[str, ...]) -> decision_media.SuiteLookup:
     """The suite `run` answered (media included), from `paths` (the user's file first), the run's own --suite or
     the built-in suite of its id; cached until a file among them changes. Kept as a resource: a suite with its
     media inline is large, and copying it on every rerun (as cache_data would) is slow."""
     own = decision_media.run_suite_path(run)
     paths = tuple(p for p in (*paths, own) if p)
-    return _suite_lookup(run.get("suite_id"), run.get("suite_hash"), paths, decision_media.run_limits(run),
+    return _suite_lookup(run.suite_id, run.suite_hash, paths, decision_media.run_limits(run),
                          _file_stamps(paths))
 
 

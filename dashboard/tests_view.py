@@ -41,7 +41,7 @@ def section(t: sig.CellTests | None, scope: str) -> None:
 
 def confident_flips(db: str, mtime, c: Comparison, modality: str | None) -> None:
     """Every question BF16 answered with a margin ≥ CONFIDENT that the variant flipped, with its question."""
-    df = store_cache.confident_flips(db, mtime, str(c.reference["run_id"]), str(c.candidate["run_id"]))
+    df = store_cache.confident_flips(db, mtime, c.reference.run_id, c.candidate.run_id)
     if modality:
         df = df[df["modality"] == modality]
     st.subheader("Confident flips")

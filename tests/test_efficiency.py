@@ -14,6 +14,7 @@ from quantbench.cli import app
 from quantbench.errors import ConfigError
 from quantbench.run.record import RunResult, uuid7
 from quantbench.store import SCHEMA_VERSION, Store
+from tests.stored import stored_run
 from tests.test_report import GPU, MB, Lab
 
 # 6 s phase of 300 decisions at 400 W, idle 100 W: 8 J per decision, 6 above idle
@@ -130,10 +131,10 @@ def test_cli_report_and_compare_take_the_price(gpu_lab):
 
 
 def test_a_gpu_run_from_before_energy_was_measured_says_so():
-    e = efficiency.of_run({"run_id": "x", "device": "cuda:0", "gpu_name": "NVIDIA H200", "mean_ms": 10.0})
+    e = efficiency.of_run(stored_run(run_id="x", device="cuda:0", gpu_name="NVIDIA H200", mean_ms=10.0))
     assert e.j_per_decision is None and "before quantbench measured energy" in e.energy_note
     assert efficiency.energy_text(e) == "n/a"
-    failed = efficiency.of_run({"run_id": "y", "status": "failed", "device": "cuda:0", "gpu_name": "NVIDIA H200"})
+    failed = efficiency.of_run(stored_run(run_id="y", status="failed", device="cuda:0", gpu_name="NVIDIA H200"))
     assert failed.energy_note == "not measured: the run failed"
 
 

@@ -4,6 +4,7 @@ pairing a variant with its base by that evidence."""
 
 import json
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -16,6 +17,7 @@ from quantbench.models import lineage
 from quantbench.run.runner import execute
 from quantbench.run.spec import RunSpec
 from quantbench.store import Store
+from tests.stored import stored_run
 from tests.test_report import Lab
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,7 +79,7 @@ def test_the_report_pairs_variants_made_elsewhere_with_their_base_and_says_how(t
     assert [(r.model_id, [row.label for row in r.rows]) for r in reps] == [
         ("Tiny-MoE", ["bf16", "fp8", "int4", "nvfp4-packed"]), ("unrelated-int4", ["int4"])]
     tiny, lone = reps
-    assert tiny.recommended.label == "int4" and str(tiny.recommended.run["run_id"]) == int4
+    assert tiny.recommended.label == "int4" and tiny.recommended.run.run_id == int4
     assert "no BF16 reference" in lone.rule
     notes = "\n".join(tiny.notes)
     assert "int4 is the checkpoint Tiny-MoE-w4g128, compared with this model's BF16 run because of identical " \
@@ -92,7 +94,7 @@ def test_the_report_pairs_variants_made_elsewhere_with_their_base_and_says_how(t
     assert [r.model_id for r in report.build_report(lab.store, model="Tiny-MoE-w4g128")] == ["Tiny-MoE"]
 
     comp = parity.compare(lab.store, int4)  # compare finds the same base without --reference
-    assert comp.reference["model_id"] == "Tiny-MoE"
+    assert comp.reference.model_id == "Tiny-MoE"
     assert comp.reference_how == ("same GPU; paired with its base by identical embeddings, norms and router "
                                   "weights (the tensors quantization leaves alone)")
     assert json.dumps(comp.to_dict())
@@ -101,14 +103,14 @@ def test_the_report_pairs_variants_made_elsewhere_with_their_base_and_says_how(t
 def test_a_base_that_names_no_bf16_run_falls_back_to_the_shared_tensors():
     # A model card may name a base under a name no BF16 run uses (an org's mirror, a renamed folder): the
     # identical embeddings, norms and router weights still pair the variant with its base.
-    bf16 = {"run_id": "b", "status": "ok", "backend": "bf16", "model_id": "Tiny-MoE", "model_path": "/m/Tiny-MoE",
-            "shared_tensors_hash": "ab" * 32, "created_at": "2026-12-01"}
-    other = {**bf16, "run_id": "o", "model_id": "Other-MoE", "model_path": None, "shared_tensors_hash": "cd" * 32}
-    run = {"run_id": "v", "status": "ok", "backend": "int4", "model_id": "Tiny-MoE-int4",
-           "base_model": "acme/Mirror-Of-Tiny", "base_model_how": "model_card", "shared_tensors_hash": "ab" * 32}
+    bf16 = stored_run(run_id="b", backend="bf16", model_id="Tiny-MoE", model_path="/m/Tiny-MoE",
+                      shared_tensors_hash="ab" * 32)
+    other = replace(bf16, run_id="o", model_id="Other-MoE", model_path=None, shared_tensors_hash="cd" * 32)
+    run = stored_run(run_id="v", backend="int4", model_id="Tiny-MoE-int4", base_model="acme/Mirror-Of-Tiny",
+                     base_model_how="model_card", shared_tensors_hash="ab" * 32)
     assert lineage.pair(run, [other, bf16]) == ([bf16], "tensors")
     assert lineage.pair_runs([bf16, other, run]) == {"v": ("Tiny-MoE", "tensors")}
-    assert lineage.pair({**run, "shared_tensors_hash": "ef" * 32}, [other, bf16]) == ([], None)
+    assert lineage.pair(replace(run, shared_tensors_hash="ef" * 32), [other, bf16]) == ([], None)
 
 
 def test_a_sweep_names_the_base_of_a_variant_given_under_its_model(tmp_path):

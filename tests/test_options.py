@@ -170,8 +170,8 @@ def test_run_passes_a_declared_flag_to_the_backend(tmp_path, monkeypatch):
     seen = []
     monkeypatch.setattr("quantbench.cli.run._execute_and_store",
                         lambda spec, db, repeat=None: seen.append(spec) or ("r", "ok"))
-    monkeypatch.setattr("quantbench.report.tables.runs_table", lambda df, title: "")
-    monkeypatch.setattr("quantbench.store.queries.run_summaries", lambda store, run_ids: None)
+    monkeypatch.setattr("quantbench.report.tables.runs_table", lambda runs, title: "")
+    monkeypatch.setattr("quantbench.store.queries.stored_runs_by_id", lambda store, run_ids: [])
     CliRunner().invoke(app, ["run", "--backend", "nvfp4", "--nvfp4", "unpacked", "--cuda-graph", "off",
                              "--db", str(tmp_path / "r.duckdb")])
     assert [(s.backend, s.options.nvfp4_mode, s.options.cuda_graph, s.options.nvfp4_activations) for s in seen] == [

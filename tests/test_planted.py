@@ -113,9 +113,9 @@ def test_plant_changes_only_the_towers_weights_and_says_it_is_planted():
 def test_the_planted_variant_is_worse_on_images_and_indistinguishable_on_text():
     store, _, ids = lab()
     planted = parity.compare(store, ids["planted"])
-    assert str(planted.reference["run_id"]) == ids["bf16"] and str(planted.floor.run["run_id"]) == ids["floor"]
-    assert planted.candidate["variant"] == "bf16+planted-vision"
-    extra = planted.candidate["extra"]
+    assert planted.reference.run_id == ids["bf16"] and planted.floor.run.run_id == ids["floor"]
+    assert planted.candidate.variant == "bf16+planted-vision"
+    extra = planted.candidate.extra
     assert (json.loads(extra) if isinstance(extra, str) else extra)["planted"]["tower"] == "vision"
     verdicts = {m.modality: m.verdict.label for m in planted.modalities}
     assert verdicts == {"text": an.INDISTINGUISHABLE, "image": an.WORSE}, planted.verdict_short()

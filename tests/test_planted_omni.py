@@ -87,7 +87,7 @@ def lab() -> tuple[Store, dict[str, str]]:
 def test_the_correct_int4_is_indistinguishable_on_text():
     store, ids = lab()
     int4 = parity.compare(store, ids["int4"])
-    assert str(int4.reference["run_id"]) == ids["bf16"] and str(int4.floor.run["run_id"]) == ids["floor"]
+    assert int4.reference.run_id == ids["bf16"] and int4.floor.run.run_id == ids["floor"]
     verdicts = {m.modality: m.verdict.label for m in int4.modalities}
     assert verdicts["text"] == an.INDISTINGUISHABLE, int4.verdict_short()
     assert verdicts["image"] != an.WORSE, int4.verdict_short()  # INT4 leaves the towers alone
@@ -96,7 +96,7 @@ def test_the_correct_int4_is_indistinguishable_on_text():
 def test_the_planted_int4_is_worse_on_images_and_indistinguishable_on_text():
     store, ids = lab()
     planted = parity.compare(store, ids["planted"])
-    assert planted.candidate["variant"] == "int4+planted-vision"
+    assert planted.candidate.variant == "int4+planted-vision"
     verdicts = {m.modality: m.verdict.label for m in planted.modalities}
     assert verdicts == {"text": an.INDISTINGUISHABLE, "image": an.WORSE}, planted.verdict_short()
     # the vision tower is all the plant changed: its text answers are the INT4 variant's, bit for bit

@@ -17,6 +17,7 @@ from quantbench.errors import ConfigError, QuantbenchError
 from quantbench.report import Rules
 from quantbench.run.record import RunResult, uuid7
 from quantbench.store import Store
+from tests.stored import stored_run
 
 T0 = dt.datetime(2026, 11, 29, 12, tzinfo=dt.UTC)
 MB = 1_000_000
@@ -102,8 +103,8 @@ def test_an_exact_copy_of_the_reference_is_indistinguishable_with_full_agreement
     lab, ids = cpu_lab
     copy = lab.run(lab.answers(), backend="int4", variant="copy")
     c = parity.compare(lab.store, copy)
-    assert str(c.reference["run_id"]) == ids["bf16"] and c.reference_how == "same GPU"
-    assert str(c.floor.run["run_id"]) == ids["floor"]
+    assert c.reference.run_id == ids["bf16"] and c.reference_how == "same GPU"
+    assert c.floor.run.run_id == ids["floor"]
     assert (c.agreement.k, c.agreement.n) == (300, 300)
     assert c.tv.max == 0.0 and c.kl.max == 0.0
     assert c.verdict.label == "indistinguishable"
@@ -136,25 +137,25 @@ def test_the_default_reference_is_the_latest_bf16_run_on_the_same_gpu(cpu_lab):
     lab.run(role="noise_floor", kernel_path="transformers experts=eager")  # newer, but a floor
     lab.run(suite_hash="s2")  # newer, other suite
     lab.run(status="failed", failure="oom")
-    assert str(parity.compare(lab.store, ids["int4"]).reference["run_id"]) == ids["bf16"]
+    assert parity.compare(lab.store, ids["int4"]).reference.run_id == ids["bf16"]
     newer = lab.run()
-    assert str(parity.compare(lab.store, ids["int4"]).reference["run_id"]) == newer
+    assert parity.compare(lab.store, ids["int4"]).reference.run_id == newer
 
 
 def test_a_run_marked_reference_wins_and_bfloat16_beats_a_float32_run_of_the_bf16_backend(cpu_lab):
     lab, ids = cpu_lab
     lab.run(variant="float32", weight_format="float32")  # newer, but not BF16
-    assert str(parity.compare(lab.store, ids["int4"]).reference["run_id"]) == ids["bf16"]
+    assert parity.compare(lab.store, ids["int4"]).reference.run_id == ids["bf16"]
     marked = lab.run(role="reference")
     lab.run()  # newer, not marked
-    assert str(parity.compare(lab.store, ids["int4"]).reference["run_id"]) == marked
-    assert str(report.build_report(lab.store)[0].reference["run_id"]) == marked
+    assert parity.compare(lab.store, ids["int4"]).reference.run_id == marked
+    assert report.build_report(lab.store)[0].reference.run_id == marked
 
 
 def test_compare_takes_an_explicit_reference_and_an_id_prefix(cpu_lab):
     lab, ids = cpu_lab
     c = parity.compare(lab.store, ids["int4"][:13], reference_run_id=ids["floor"])
-    assert str(c.reference["run_id"]) == ids["floor"] and c.reference_how == "given"
+    assert c.reference.run_id == ids["floor"] and c.reference_how == "given"
     with pytest.raises(ParityError, match="ambiguous"):
         parity.compare(lab.store, ids["int4"][:4])
     with pytest.raises(ParityError, match="no run with that id"):
@@ -349,7 +350,7 @@ def test_a_gpu_without_bf16_borrows_the_reference_from_another_gpu_and_says_so(c
     lab, ids = cpu_lab
     lab.run(lab.answers(noise=0.02, seed=3), backend="int4", variant="int4", **GPU, mem_weights_bytes=20 * MB)
     [rep] = report.build_report(lab.store, gpu="hopper")
-    assert str(rep.reference["run_id"]) == ids["bf16"]
+    assert rep.reference.run_id == ids["bf16"]
     assert "†" in report.cells(rep.rows[0], rep)["Agrees with BF16 (95% CI)"]
     assert any("CPU (box)" in n for n in rep.notes)
     [strict] = report.build_report(lab.store, gpu="hopper", cross_gpu_reference=False)
@@ -414,7 +415,7 @@ def test_a_floor_identical_to_the_reference_is_called_out(tmp_path):
 def test_since_leaves_out_older_runs_and_a_bad_date_names_the_flag(cpu_lab):
     lab, ids = cpu_lab
     [everything] = report.build_report(lab.store)
-    newest = max(r["created_at"] for r in recommend.stored_runs(lab.store))
+    newest = max(r.created_at for r in recommend.stored_runs(lab.store))
     later = (newest + dt.timedelta(minutes=1)).isoformat()
     assert report.build_report(lab.store, since=later) == []
     [same] = report.build_report(lab.store, since=(T0 - dt.timedelta(days=1)).date().isoformat())
@@ -427,8 +428,8 @@ def test_throughput_keeps_the_newest_batched_run_and_names_the_kernel_only_where
     from quantbench.report import throughput, throughput_notes
 
     def run(rid, variant, kernel, batch, per_s, status="ok"):
-        return {"run_id": rid, "variant": variant, "kernel_path": kernel, "batch": batch, "decisions_per_s": per_s,
-                "status": status}
+        return stored_run(run_id=rid, variant=variant, kernel_path=kernel, batch=batch, decisions_per_s=per_s,
+                          status=status)
 
     group = [run("r1", "fp8", "k", 32, 150.0), run("r2", "int4", "a", 8, 100.0), run("r3", "int4", "b", 8, 120.0),
              run("r4", "fp8", "k", 1, 80.0), run("r5", "fp8", "k", 32, 157.7), run("r6", "bf16", "k", 8, 99.0, "failed")]
@@ -456,7 +457,7 @@ def test_a_run_that_failed_before_its_model_was_known_is_listed_not_tabled(cpu_l
                   error="/nowhere: no config.json; --model must be a checkpoint directory\nTraceback ...")
     reps = report.build_report(lab.store)
     assert [(r.gpu, r.model_id) for r in reps] == [("CPU (box)", "tiny-moe")]
-    assert [str(r["run_id"]) for r in reps.failed] == [bad]
+    assert [r.run_id for r in reps.failed] == [bad]
     text = report.render(reps, "markdown")
     assert "None" not in text
     assert text.count("Size on disk is in GB") == 1  # the footnotes once: one table
@@ -508,7 +509,7 @@ def test_the_default_view_keeps_the_newest_kernel_generation_of_each_variant_and
     loop = lab.run(ms=900, kernel_path="auto-round per-expert loop qlinear_tritonv2_zp", **int4)
     eager = lab.run(**h200, kernel_path="transformers experts=eager")  # another kernel, not a newer generation
     [rep] = report.build_report(lab.store)
-    rows = {r.label: str(r.run["run_id"]) for r in rep.rows}
+    rows = {r.label: r.run.run_id for r in rep.rows}
     assert rows == {"bf16 (transformers grouped_mm)": rows["bf16 (transformers grouped_mm)"],
                     "bf16 (transformers eager)": eager, "int4 (quantbench engine)": new,
                     "int4 (auto-round loop)": loop}
@@ -518,7 +519,7 @@ def test_the_default_view_keeps_the_newest_kernel_generation_of_each_variant_and
     assert text.splitlines()[4].endswith("| Best for | Kernel |")
     assert "| quantbench grouped-moe gluon-wgmma-int4 +fused rmsnorm+rope +cuda-graph |" in text
     [everything] = report.build_report(lab.store, history=True)
-    assert old in {str(r.run["run_id"]) for r in everything.rows} and len(everything.rows) == 5
+    assert old in {r.run.run_id for r in everything.rows} and len(everything.rows) == 5
     assert "int4 (quantbench grouped-moe triton-fused-int4 +cuda-graph)" in [r.label for r in everything.rows]
 
 
@@ -530,7 +531,7 @@ def test_a_variant_that_ran_under_one_implementation_is_named_by_its_variant_alo
                 mem_weights_bytes=20 * MB, **GPU)
     [rep] = report.build_report(lab.store)
     assert [r.label for r in rep.rows] == ["bf16", "int4"]
-    assert rep.recommended.label == "int4" and rep.recommended.run["kernel_path"].endswith("rmsnorm+rope+qkv")
+    assert rep.recommended.label == "int4" and rep.recommended.run.kernel_path.endswith("rmsnorm+rope+qkv")
     assert "**Recommended: int4**, picked by the rule" in report.render([rep])
 
 
@@ -575,6 +576,7 @@ def test_a_store_read_without_migrating_shows_the_one_accuracy_too(tmp_path):
     older run_accuracy view pooled the gold questions; `runs` computes the mean over benchmarks itself."""
     import duckdb
 
+    from quantbench.analysis.select import RunFilter, summaries
     from quantbench.store import queries
 
     lab = Lab(tmp_path / "r.duckdb", n=8)
@@ -584,4 +586,5 @@ def test_a_store_read_without_migrating_shows_the_one_accuracy_too(tmp_path):
                 "avg(CASE WHEN gold IS NOT NULL THEN (top = gold)::INTEGER END) AS accuracy FROM answers GROUP BY run_id")
     con.close()
     assert lab.store.read("SELECT accuracy FROM run_summary")["accuracy"].tolist() == [7 / 8]  # the old view: pooled
-    assert queries.newest_run_summaries(lab.store, 5)["accuracy"].tolist() == pytest.approx([(2 / 3 + 1 + 1) / 3])
+    assert [r.accuracy for r in queries.stored_runs(lab.store)] == pytest.approx([(2 / 3 + 1 + 1) / 3])
+    assert [r.accuracy for r in summaries(lab.store, RunFilter())] == pytest.approx([(2 / 3 + 1 + 1) / 3])  # `runs`

@@ -13,26 +13,17 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Any
+
+from quantbench.store.records import StoredRun
 
 BUSY_OTHERS = 0.25  # other processes used at least a quarter of all CPU time during the timed phase
 BUSY_STEAL = 0.05  # or the hypervisor gave at least 5% of it to other guests
 
 
-def _num(v: Any) -> float | None:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(f) else f
-
-
-def busy_note(run: dict[str, Any]) -> str | None:
+def busy_note(run: StoredRun) -> str | None:
     """Why this run's machine was busy while it was timed, or None (idle, or not recorded: an older run)."""
-    others, steal = _num(run.get("cpu_others_share")), _num(run.get("cpu_steal_share"))
-    load, cores = _num(run.get("load_avg_1m")), _num(run.get("cpu_cores"))
+    others, steal, load, cores = run.cpu_others_share, run.cpu_steal_share, run.load_avg_1m, run.cpu_cores
     reasons = []
     if others is not None and others >= BUSY_OTHERS:
         reasons.append(f"other processes used {others:.0%} of the CPUs")
@@ -99,12 +90,12 @@ class Floors:
                 f"floor ({joules})")
 
 
-def floors(run: dict[str, Any], weights_bytes: int | None, p50_ms: float | None,
+def floors(run: StoredRun, weights_bytes: int | None, p50_ms: float | None,
            j_per_decision: float | None) -> Floors | None:
     """The floors of a GPU run whose GPU has a spec-sheet entry and whose weights in VRAM are known."""
-    if run.get("device") == "cpu" or not run.get("gpu_name") or not weights_bytes:
+    if run.is_cpu or not weights_bytes:
         return None
-    spec = gpu_spec(run.get("gpu_name"))
+    spec = gpu_spec(run.gpu_name)
     if spec is None:
         return None
     floor_s = weights_bytes / spec.bandwidth_bytes_s
@@ -122,10 +113,3 @@ def floors_note(specs: list[GpuSpec]) -> str:
             "as at 512-token decisions where every expert is hit: above 1.00, the decisions read less (short prompts "
             f"route to some experts only). Spec sheets: {sheets}.")
 
-
-def own_peak_rss(run: dict[str, Any]) -> int | None:
-    """A CPU run's peak host RSS when it is the run's own (vmhwm | sampled), else None."""
-    if not run.get("host_rss_peak_source"):
-        return None
-    v = _num(run.get("host_rss_peak_bytes"))
-    return None if v is None else int(v)

@@ -42,6 +42,7 @@ from quantbench.analysis.recommend import (
 )
 from quantbench.errors import ConfigError
 from quantbench.store import Store, queries
+from quantbench.store.records import StoredRun
 
 PERCENTILES = (50, 90, 99)
 OBJECTIVES = {"memory": "the smallest weights in memory", "latency": "the lowest latency", "energy": "the least energy"}
@@ -150,11 +151,11 @@ class Answer:
             "gpu": r.gpu, "model_id": r.model_id, "suite_id": r.suite_id, "suite_hash": r.suite_hash,
             "pick": self.pick.label if self.pick else None, "verdict": self.verdict, "unmet": self.unmet,
             "candidates": [{
-                "variant": k.label, "run_id": str(k.row.run["run_id"]), "passes": k.passes, "failed": k.failed,
+                "variant": k.label, "run_id": k.row.run.run_id, "passes": k.passes, "failed": k.failed,
                 "latency_ms": k.latency.value, "latency_basis": k.latency.basis, "latency_evidence": k.latency.text,
                 "peak_gib": k.peak_gib, "energy_j_per_decision": k.energy.value, "energy_evidence": k.energy.text,
-                "quality": k.quality, "source": k.row.run.get("source"), "host": k.row.run.get("host"),
-                "created_at": str(k.row.run.get("created_at"))} for k in self.candidates]})
+                "quality": k.quality, "source": k.row.run.source, "host": k.row.run.host,
+                "created_at": str(k.row.run.created_at)} for k in self.candidates]})
 
 
 def answer(store: Store, constraints: Constraints, *, gpu: str | None = None, host: str | None = None,
@@ -172,7 +173,7 @@ def _answer_one(rep: GpuReport, c: Constraints, steps: pd.DataFrame) -> Answer:
     for row in rep.rows:
         k = Candidate(row, latency_evidence(row, rep, steps, c), energy_evidence(row, rep, c), quality_text(row))
         if not row.ok:
-            k.failed[STATUS] = f"failed here ({row.run.get('failure') or 'error'})"
+            k.failed[STATUS] = f"failed here ({row.run.failure or 'error'})"
         else:
             if synthetic or rep.reference is None:
                 k.failed[QUALITY] = ("synthetic (random) weights: no quality evidence" if synthetic else
@@ -199,8 +200,8 @@ def _answer_one(rep: GpuReport, c: Constraints, steps: pd.DataFrame) -> Answer:
         candidates.append(k)
     passing = [k for k in candidates if k.passes]
     emulated: list[Candidate] = []
-    if c.prefer_native and any(k.row.run.get("native") != "emulated" for k in passing):
-        emulated = [k for k in passing if k.row.run.get("native") == "emulated"]
+    if c.prefer_native and any(k.row.run.native != "emulated" for k in passing):
+        emulated = [k for k in passing if k.row.run.native == "emulated"]
         passing = [k for k in passing if k not in emulated]
     pick = min(passing, key=lambda k: _objective_key(k, c), default=None)
     unmet = _unmet(candidates, c, rep.cpu)
@@ -235,27 +236,27 @@ def latency_evidence(row: Row, rep: GpuReport, steps: pd.DataFrame, c: Constrain
             return Evidence(float(t["ms_per_pass"]), f"{t['ms_per_pass']:,.1f} ms a pass of {t['batch']} decisions "
                             f"(batched run {t['run_id'][:13]}, mean model time: a lower bound at {c.clients}, no "
                             f"server or queue){note}", "batched")
-    value = float_or_none(run.get(f"p{pct}_ms"))
+    value = {50: run.p50_ms, 90: run.p90_ms, 99: run.p99_ms}.get(pct)
     if value is None:
         return Evidence(None, f"p{pct} not measured{note}")
     bound = "" if n == 1 else f"; at {c.clients} a lower bound only (no load run or batched run at ≥ {n})"
     return Evidence(value, f"p{pct} {value:,.1f} ms per decision (batch-1 model time of run "
-                    f"{str(run['run_id'])[:13]}{bound}){note}", "batch-1")
+                    f"{run.run_id[:13]}{bound}){note}", "batch-1")
 
 
-def _load_step(run: dict[str, Any], steps: pd.DataFrame, n: int, pct: int) -> tuple[Evidence | None, str]:
+def _load_step(run: StoredRun, steps: pd.DataFrame, n: int, pct: int) -> tuple[Evidence | None, str]:
     """The closed-loop load step that measured this variant (same model, GPU, suite and kernel implementation: a
     512-token suite's latency says nothing of a 2048-token one's) at n clients, or the nearest above, from the
     newest such load run. Returns (evidence or None, a note on load runs that exist but do not qualify)."""
-    if steps.empty or not run.get("gpu_name"):
+    if steps.empty or not run.gpu_name:
         return None, ""
-    models = {run.get("model_id"), run.get("own_model_id")} - {None}
-    mine = steps[(steps["server_gpu"] == run.get("gpu_name")) & (steps["server_variant"] == run.get("variant"))
+    models = {run.model_id, run.own_model_id} - {None}
+    mine = steps[(steps["server_gpu"] == run.gpu_name) & (steps["server_variant"] == run.variant)
                  & steps["server_model"].isin(models)]
     if mine.empty:
         return None, ""
-    impl = implementation(run.get("kernel_path"))
-    same = mine[(mine["suite_hash"] == run.get("suite_hash"))
+    impl = implementation(run.kernel_path)
+    same = mine[(mine["suite_hash"] == run.suite_hash)
                 & (mine["server_kernel_path"].map(implementation) == impl)]
     if same.empty:
         other = ", ".join(sorted(set(mine["requests_from"].astype(str))))

@@ -9,16 +9,15 @@ fail is a sentence that says what is missing and what to do; the dashboard shows
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from quantbench.errors import ConfigError, QuantbenchError
 from quantbench.limits import DEFAULT_MAX_OPTIONS, MEDIA_LIMITS, Limits
 from quantbench.protocol import omnisuite
 from quantbench.protocol.media import Decoded, DecodedAudio, DecodedImage, DecodedVideo, decode_media
 from quantbench.protocol.suite import BUILTIN_SUITE_ID, Suite, load_suite
+from quantbench.store.records import StoredRun
 
 __all__ = ["Decoded", "DecodedAudio", "DecodedImage", "DecodedVideo", "Limits", "SuiteLookup", "builtin_suite", "find_suite",
            "record_media", "run_limits", "run_suite_path"]
@@ -34,25 +33,15 @@ class SuiteLookup:
     tried: tuple[str, ...] = field(default_factory=tuple)
 
 
-def run_spec(run: dict[str, Any]) -> dict[str, Any]:
-    spec = run.get("spec")
-    if isinstance(spec, str):
-        try:
-            spec = json.loads(spec)
-        except ValueError:
-            return {}
-    return spec if isinstance(spec, dict) else {}
-
-
-def run_suite_path(run: dict[str, Any]) -> str | None:
+def run_suite_path(run: StoredRun) -> str | None:
     """The suite file the run was given (`--suite`, as typed; relative to where it ran), if any."""
-    suite = run_spec(run).get("suite")
+    suite = (run.spec or {}).get("suite")
     return str(suite) if suite else None
 
 
-def run_limits(run: dict[str, Any]) -> Limits:
+def run_limits(run: StoredRun) -> Limits:
     """The limits the run checked and decoded its suite's media with (its `--max-media-*` flags)."""
-    spec = run_spec(run)
+    spec = run.spec or {}
     media = {k: int(v) for k, v in (spec.get("media_limits") or {}).items() if k in MEDIA_LIMITS}
     return Limits(max_options=int(spec.get("max_options") or DEFAULT_MAX_OPTIONS), **media)
 

@@ -10,14 +10,13 @@ and the harness's gaps left out), in a batched run from its decisions per second
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from typing import Any
 
-from quantbench.analysis import parity
 from quantbench.errors import ConfigError
 from quantbench.store import Store, queries
+from quantbench.store.records import StoredRun
 
 PRICE_FLAG = "--price-per-gpu-hour"
 NO_GPU_COST = "a CPU run: a price per GPU hour prices GPU runs only"
@@ -31,25 +30,6 @@ def check_price(price: float | None) -> float | None:
         raise ConfigError(f"{PRICE_FLAG} {price}: give the GPU's price per hour in USD, a positive number "
                           f"(e.g. {PRICE_FLAG} 3.50)")
     return float(price)
-
-
-def _num(v: Any) -> float | None:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(f) else f
-
-
-def _energy_note(run: dict[str, Any]) -> str | None:
-    extra = run.get("extra")
-    if isinstance(extra, str):
-        try:
-            extra = json.loads(extra)
-        except ValueError:
-            return None
-    note = (extra or {}).get("energy", {}) if isinstance(extra, dict) else {}
-    return note.get("note") if isinstance(note, dict) else None
 
 
 @dataclass(frozen=True)
@@ -85,43 +65,40 @@ class Efficiency:
                 "price_per_gpu_hour": self.price_per_gpu_hour, "cost_per_million_decisions": self.cost_per_million}
 
 
-def of_run(run: dict[str, Any], price_per_gpu_hour: float | None = None) -> Efficiency:
-    """Energy and cost of a run as `queries.runs_with_latency` gives it (mean_ms, batch, decisions_per_s)."""
+def of_run(run: StoredRun, price_per_gpu_hour: float | None = None) -> Efficiency:
+    """Energy and cost of a stored run (its energy columns, mean_ms, batch, decisions_per_s)."""
     price = check_price(price_per_gpu_hour)
-    gpu = not parity.is_cpu(run)
-    batch = int(_num(run.get("batch")) or 1)
+    gpu = not run.is_cpu
+    batch = run.forward_batch
     if batch > 1:
-        dps = _num(run.get("decisions_per_s"))
+        dps = run.decisions_per_s
         seconds = 1 / dps if dps else None
         basis = f"throughput at batch {batch} (decisions per second over full batches)"
     else:
-        mean_ms = _num(run.get("mean_ms"))
-        seconds = mean_ms / 1e3 if mean_ms is not None else None
+        seconds = run.mean_ms / 1e3 if run.mean_ms is not None else None
         basis = "mean model time per decision at batch 1"
-    j = _num(run.get("energy_j_per_decision"))
+    j = run.energy_j_per_decision
     note = None
     if j is None:
-        note = _energy_note(run) or (
-            "not measured: the run failed" if run.get("status") == "failed"
+        note = run.energy_note or (
+            "not measured: the run failed" if run.status == "failed"
             else "not measured: a CPU run (NVML measures GPUs)" if not gpu
             else "not measured (a run made before quantbench measured energy)")
     cost = None
     if price is not None and gpu and seconds is not None:
         cost = price / 3600 * seconds * 1e6
-    decisions = _num(run.get("energy_decisions"))
     return Efficiency(
-        run_id=str(run.get("run_id")), gpu=gpu, batch=batch, seconds_per_decision=seconds, time_basis=basis,
-        j_per_decision=j, mean_w=_num(run.get("energy_mean_w")), idle_w=_num(run.get("energy_idle_w")),
-        phase_s=_num(run.get("energy_phase_s")), decisions=None if decisions is None else int(decisions),
-        energy_note=note, price_per_gpu_hour=price, cost_per_million=cost)
+        run_id=run.run_id, gpu=gpu, batch=batch, seconds_per_decision=seconds, time_basis=basis,
+        j_per_decision=j, mean_w=run.energy_mean_w, idle_w=run.energy_idle_w, phase_s=run.energy_phase_s,
+        decisions=run.energy_decisions, energy_note=note, price_per_gpu_hour=price, cost_per_million=cost)
 
 
 def of_stored(store: Store, run_id: str, price_per_gpu_hour: float | None = None) -> Efficiency:
     """`of_run` for a stored run, by its whole id (`quantbench compare`)."""
-    rows = parity.records(queries.run_with_latency(store, run_id))
-    if not rows:
+    found = queries.stored_runs_by_id(store, [run_id])
+    if not found:
         raise ConfigError(f"run {run_id}: not in {store.path}")
-    return of_run(rows[0], price_per_gpu_hour)
+    return of_run(found[0], price_per_gpu_hour)
 
 
 # -- text, shared by the report's cells and compare's table -------------------------------------------------

@@ -9,9 +9,8 @@ same suite hash and tokenizer; anything else is refused with the reason.
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import pandas as pd
@@ -23,11 +22,13 @@ from quantbench.analysis.stats import ParityError
 from quantbench.models import lineage
 from quantbench.protocol import MODALITIES
 from quantbench.store import Store, queries
+from quantbench.store.records import StoredRun
 
 
 # -- runs ----------------------------------------------------------------------------------------------------
 def records(df: pd.DataFrame) -> list[dict[str, Any]]:
-    """A DataFrame of stored rows as dicts, with None (not NaN, NA or NaT) where a value is missing."""
+    """A DataFrame of stored rows (load runs, sources: not runs, which are read as StoredRun) as dicts, with None
+    (not NaN, NA or NaT) where a value is missing."""
     return [{k: (None if _missing(v) else v) for k, v in row.items()} for row in df.to_dict("records")]
 
 
@@ -38,16 +39,16 @@ def _missing(v: Any) -> bool:
         return False
 
 
-def resolve_run(store: Store, run_id: str) -> dict[str, Any]:
+def resolve_run(store: Store, run_id: str) -> StoredRun:
     """The run whose id is `run_id` or starts with it (the 13 characters the tables print are enough)."""
     key = run_id.strip().lower()
-    df = queries.runs_by_id_prefix(store, key)
-    if df.empty:
+    found = queries.runs_by_id_prefix(store, key)
+    if not found:
         raise ParityError(f"run {run_id!r}: no run with that id in {store.path}; `quantbench runs` lists the runs")
-    if len(df) > 1:
-        ids = ", ".join(df["run_id"].astype(str))
+    if len(found) > 1:
+        ids = ", ".join(r.run_id for r in found)
         raise ParityError(f"run {run_id!r} is ambiguous ({ids}); give more characters of the id")
-    return records(df)[0]
+    return found[0]
 
 
 def load_answers(store: Store, run_id: str) -> pd.DataFrame:
@@ -56,107 +57,89 @@ def load_answers(store: Store, run_id: str) -> pd.DataFrame:
     return df
 
 
-def is_cpu(run: dict[str, Any]) -> bool:
-    return run.get("device") == "cpu" or not run.get("gpu_name")
-
-
-def gpu_key(run: dict[str, Any]) -> tuple[str, str]:
+def gpu_key(run: StoredRun) -> tuple[str, str]:
     """What "the same GPU" means: the GPU's name, or for a CPU run the machine it ran on: its host name, CPU model,
     logical CPUs and machine id (two VMs both called `vm` are two machines; a run stored before the machine id was
     recorded is known by what it has)."""
-    if not is_cpu(run):
-        return ("gpu", str(run["gpu_name"]))
-    parts = [str(run.get("host"))] + [str(run[k]) for k in ("cpu_model", "cpu_cores", "machine_id")
-                                      if not _missing(run.get(k))]
+    if not run.is_cpu:
+        return ("gpu", str(run.gpu_name))
+    parts = [str(run.host)] + [str(v) for v in (run.cpu_model, run.cpu_cores, run.machine_id) if v is not None]
     return ("cpu", " | ".join(parts))
 
 
-def machine_text(run: dict[str, Any]) -> str:
+def machine_text(run: StoredRun) -> str:
     """A CPU machine in a few words: `vm: AMD EPYC, 2 CPUs, machine 3d1219c7`."""
-    bits = [str(run.get("cpu_model"))] if not _missing(run.get("cpu_model")) else []
-    if not _missing(run.get("cpu_cores")):
-        bits.append(f"{int(run['cpu_cores'])} CPUs")
-    if not _missing(run.get("machine_id")):
-        bits.append(f"machine {str(run['machine_id'])[:8]}")
-    return f"{run.get('host')}" + (f": {', '.join(bits)}" if bits else "")
+    bits = [str(run.cpu_model)] if run.cpu_model is not None else []
+    if run.cpu_cores is not None:
+        bits.append(f"{int(run.cpu_cores)} CPUs")
+    if run.machine_id is not None:
+        bits.append(f"machine {str(run.machine_id)[:8]}")
+    return f"{run.host}" + (f": {', '.join(bits)}" if bits else "")
 
 
-def gpu_label(run: dict[str, Any]) -> str:
-    if is_cpu(run):
+def gpu_label(run: StoredRun) -> str:
+    if run.is_cpu:
         return f"CPU ({machine_text(run)})"
-    fam = run.get("gpu_family")
-    return f"{run['gpu_name']} ({fam})" if fam else str(run["gpu_name"])
+    fam = run.gpu_family
+    return f"{run.gpu_name} ({fam})" if fam else str(run.gpu_name)
 
 
-def spec_of(run: dict[str, Any]) -> dict[str, Any]:
-    spec = run.get("spec")
-    if isinstance(spec, str):
-        return json.loads(spec)
-    return spec or {}
-
-
-def describe(run: dict[str, Any]) -> str:
+def describe(run: StoredRun) -> str:
     """A run in one line: variant, kernel, id prefix."""
-    return f"{run.get('variant') or run.get('backend')} [{run.get('kernel_path') or '?'}] {str(run['run_id'])[:13]}"
+    return f"{run.variant or run.backend} [{run.kernel_path or '?'}] {run.run_id[:13]}"
 
 
-def reference_rank(run: dict[str, Any]) -> tuple:
+def reference_rank(run: StoredRun) -> tuple:
     """Among eligible BF16 runs: one marked `--reference` first, then a bfloat16 one (not a float32 run of the
     bf16 backend), then the latest."""
-    return (run.get("role") == "reference", run.get("variant") == "bf16", run.get("created_at"))
+    return (run.role == "reference", run.variant == "bf16", run.created_at)
 
 
-def _best_matching(runs: list[dict[str, Any]], like: dict[str, Any], rank,
-                   any_gpu: bool = False) -> dict[str, Any] | None:
+def _best_matching(runs: list[StoredRun], like: StoredRun, rank, any_gpu: bool = False) -> StoredRun | None:
     same = [r for r in runs if gpu_key(r) == gpu_key(like)]
     pool = same or (runs if any_gpu else [])
     return max(pool, key=rank, default=None)
 
 
-def find_reference(store: Store, run: dict[str, Any], any_gpu: bool = False) -> dict[str, Any] | None:
+def find_reference(store: Store, run: StoredRun, any_gpu: bool = False) -> StoredRun | None:
     """The BF16 reference of a run: an ok `bf16`-backend run, not a noise floor, of the same model and suite on
-    the same GPU (any GPU when `any_gpu` and none ran here, e.g. BF16 did not fit), ranked by `reference_rank`."""
-    ref = _best_matching(
-        records(queries.bf16_reference_runs(store, run.get("model_id"), run.get("suite_hash"), str(run["run_id"]))),
-        run, reference_rank, any_gpu,
-    )
-    if ref is not None or run.get("backend") == "bf16":
+    the same GPU (any GPU when `any_gpu` and none ran here, e.g. BF16 did not fit), ranked by `reference_rank`.
+    A reference found by lineage says how (`paired_by`) and which base the run named (`paired_base`)."""
+    ref = _best_matching(queries.bf16_reference_runs(store, run.model_id, run.suite_hash, run.run_id), run,
+                         reference_rank, any_gpu)
+    if ref is not None or run.backend == "bf16":
         return ref
     # A variant made elsewhere: the BF16 run of the base its evidence names or matches (quantbench.models.lineage).
-    bf16 = records(queries.bf16_trained_runs_of_suite(store, run.get("suite_hash")))
-    matches, how = lineage.pair(run, bf16)
+    matches, how = lineage.pair(run, queries.bf16_trained_runs_of_suite(store, run.suite_hash))
     pool = [r for r in matches if gpu_key(r) == gpu_key(run)] or (matches if any_gpu else [])
     ref = max(pool, key=reference_rank, default=None)
-    return None if ref is None else {**ref, "paired_by": how, "paired_base": run.get("base_model")}
+    return None if ref is None else replace(ref, paired_by=how, paired_base=run.base_model)
 
 
-def find_noise_floor(store: Store, reference: dict[str, Any]) -> dict[str, Any] | None:
+def find_noise_floor(store: Store, reference: StoredRun) -> StoredRun | None:
     """The latest ok noise-floor run of the reference's model and suite on its GPU."""
-    return _best_matching(
-        records(queries.noise_floor_runs(store, reference.get("model_id"), reference.get("suite_hash"),
-                                         str(reference["run_id"]))),
-        reference, lambda r: r.get("created_at"),
-    )
+    return _best_matching(queries.noise_floor_runs(store, reference.model_id, reference.suite_hash,
+                                                   reference.run_id), reference, lambda r: r.created_at)
 
 
-def check_comparable(cand: dict[str, Any], ref: dict[str, Any], allow_synthetic: bool = False) -> None:
+def check_comparable(cand: StoredRun, ref: StoredRun, allow_synthetic: bool = False) -> None:
     """Refuse comparisons whose answers would not mean what parity claims."""
-    if str(cand["run_id"]) == str(ref["run_id"]):
-        raise ParityError(f"run {cand['run_id']} is its own reference; pass --reference with another run")
+    if cand.run_id == ref.run_id:
+        raise ParityError(f"run {cand.run_id} is its own reference; pass --reference with another run")
     for name, run in (("candidate", cand), ("reference", ref)):
-        if run.get("status") != "ok":
-            raise ParityError(f"{name} run {run['run_id']} failed ({run.get('failure')}): it has no answers to compare")
-        if run.get("weights") == "synthetic" and not allow_synthetic:
+        if run.status != "ok":
+            raise ParityError(f"{name} run {run.run_id} failed ({run.failure}): it has no answers to compare")
+        if run.weights == "synthetic" and not allow_synthetic:
             raise ParityError(
-                f"{name} run {run['run_id']} has synthetic (random) weights: its answers say nothing about model "
+                f"{name} run {run.run_id} has synthetic (random) weights: its answers say nothing about model "
                 "quality, only speed and memory; compare runs of a trained model or a real checkpoint"
             )
-    if cand.get("suite_hash") != ref.get("suite_hash"):
+    if cand.suite_hash != ref.suite_hash:
         raise ParityError(
-            f"suite_hash differs (candidate {cand.get('suite_hash')} on suite {cand.get('suite_id')}, reference "
-            f"{ref.get('suite_hash')} on suite {ref.get('suite_id')}): parity needs identical inputs; run both on the same suite"
+            f"suite_hash differs (candidate {cand.suite_hash} on suite {cand.suite_id}, reference "
+            f"{ref.suite_hash} on suite {ref.suite_id}): parity needs identical inputs; run both on the same suite"
         )
-    tc, tr = cand.get("tokenizer_hash"), ref.get("tokenizer_hash")
+    tc, tr = cand.tokenizer_hash, ref.tokenizer_hash
     if tc and tr and tc != tr:
         raise ParityError(
             f"tokenizer_hash differs (candidate {tc}, reference {tr}): the prompts were tokenized differently, so the "
@@ -167,7 +150,7 @@ def check_comparable(cand: dict[str, Any], ref: dict[str, Any], allow_synthetic:
 # -- the comparison ------------------------------------------------------------------------------------------
 @dataclass
 class FloorStats:
-    run: dict[str, Any]
+    run: StoredRun
     agreement: an.Agreement
     tv: an.Dist
     tv_ci: an.MeanCI
@@ -176,8 +159,8 @@ class FloorStats:
 
 @dataclass
 class Comparison:
-    candidate: dict[str, Any]
-    reference: dict[str, Any]
+    candidate: StoredRun
+    reference: StoredRun
     reference_how: str  # given | same GPU | other GPU
     per_question: pd.DataFrame
     n_candidate_only: int
@@ -224,7 +207,8 @@ class Comparison:
         """Everything but the per-question table, JSON-ready."""
         keep = ("run_id", "variant", "backend", "kernel_path", "weight_format", "model_id", "suite_id", "suite_hash",
                 "gpu_name", "gpu_family", "host", "device", "role", "created_at")
-        brief = lambda run: {k: str(run.get(k)) if k in ("run_id", "created_at") else run.get(k) for k in keep}  # noqa: E731
+        brief = lambda run: {k: str(getattr(run, k)) if k in ("run_id", "created_at") else getattr(run, k)  # noqa: E731
+                             for k in keep}
         return clean_json({
             "candidate": brief(self.candidate), "reference": brief(self.reference),
             "reference_how": self.reference_how, "n_candidate_only": self.n_candidate_only,
@@ -353,13 +337,13 @@ def _accuracy_table(ref_answers: pd.DataFrame, cand_answers: pd.DataFrame) -> pd
     return r.merge(c, on="benchmark", how="outer").sort_values("benchmark").reset_index(drop=True)
 
 
-def floor_stats(ref: dict[str, Any], ref_answers: pd.DataFrame, floor: dict[str, Any], floor_answers: pd.DataFrame,
+def floor_stats(ref: StoredRun, ref_answers: pd.DataFrame, floor: StoredRun, floor_answers: pd.DataFrame,
                 seed: int = 0, allow_synthetic: bool = False) -> FloorStats:
     """The noise floor: how far the reference moves under a second, equally valid kernel."""
     check_comparable(floor, ref, allow_synthetic)
     fp = an.pair(ref_answers, floor_answers)
     if fp.empty:
-        raise ParityError(f"noise-floor run {floor['run_id']} answered no question in common with the reference")
+        raise ParityError(f"noise-floor run {floor.run_id} answered no question in common with the reference")
     return FloorStats(floor, an.agreement(fp), an.distribution(fp["tv"]), an.bootstrap_mean(fp["tv"], seed), fp)
 
 
@@ -371,7 +355,7 @@ def floor_note(floor: FloorStats | None, margins: an.Margins | None = None) -> s
             f"({(margins or an.Margins()).describe()})")
 
 
-def compare_loaded(cand: dict[str, Any], cand_answers: pd.DataFrame, ref: dict[str, Any], ref_answers: pd.DataFrame,
+def compare_loaded(cand: StoredRun, cand_answers: pd.DataFrame, ref: StoredRun, ref_answers: pd.DataFrame,
                    floor: FloorStats | None = None, *, reference_how: str = "given", seed: int = 0,
                    allow_synthetic: bool = False, margins: an.Margins | None = None) -> Comparison:
     """The comparison of runs already loaded (the report reuses the reference's answers and floor across rows)."""
@@ -379,13 +363,13 @@ def compare_loaded(cand: dict[str, Any], cand_answers: pd.DataFrame, ref: dict[s
     paired = an.pair(ref_answers, cand_answers)
     if paired.empty:
         raise ParityError(
-            f"runs {cand['run_id']} and {ref['run_id']} answered no question in common (record_id + question); "
+            f"runs {cand.run_id} and {ref.run_id} answered no question in common (record_id + question); "
             "run both on the same suite and the same --limit"
         )
     keys = ["record_id", "question"]
     n_both = len(paired)
     notes = []
-    if cand.get("weights") == "synthetic" or ref.get("weights") == "synthetic":
+    if cand.weights == "synthetic" or ref.weights == "synthetic":
         notes.append("synthetic (random) weights: numerical parity of the kernels only, not model quality")
     if gpu_key(ref) != gpu_key(cand):
         notes.append(f"reference ran on {gpu_label(ref)}, the candidate on {gpu_label(cand)}")
@@ -422,9 +406,9 @@ def compare(store: Store, candidate_run_id: str, reference_run_id: str | None = 
             any_gpu_reference: bool = False, margins: an.Margins | None = None) -> Comparison:
     """Compare a run with its reference (default: the BF16 run of its model, suite and GPU) and noise floor."""
     cand = resolve_run(store, candidate_run_id)
-    if cand.get("status") != "ok":  # before looking for its reference: a failed run may not know its model
-        first = str(cand.get("error") or "").strip().splitlines()
-        raise ParityError(f"run {cand['run_id']} failed ({cand.get('failure') or 'error'}"
+    if cand.status != "ok":  # before looking for its reference: a failed run may not know its model
+        first = str(cand.error or "").strip().splitlines()
+        raise ParityError(f"run {cand.run_id} failed ({cand.failure or 'error'}"
                           + (f": {first[0][:200]}" if first else "") + "): it has no answers to compare; "
                           "`quantbench runs` lists the runs and which of them succeeded")
     if reference_run_id:
@@ -433,20 +417,20 @@ def compare(store: Store, candidate_run_id: str, reference_run_id: str | None = 
         ref = find_reference(store, cand, any_gpu=any_gpu_reference)
         if ref is None:
             raise ParityError(
-                f"no BF16 reference for run {cand['run_id']}: no successful bf16 run of model {cand.get('model_id')!r} "
-                f"on suite {cand.get('suite_id')!r} (hash {cand.get('suite_hash')}) on {gpu_label(cand)}; run "
+                f"no BF16 reference for run {cand.run_id}: no successful bf16 run of model {cand.model_id!r} "
+                f"on suite {cand.suite_id!r} (hash {cand.suite_hash}) on {gpu_label(cand)}; run "
                 "`quantbench run --backend bf16` with the same model and suite, or pass --reference RUN"
             )
         how = "same GPU" if gpu_key(ref) == gpu_key(cand) else "other GPU"
-        if ref.get("paired_by"):
-            how += f"; paired with its base by {lineage.how_text(ref['paired_by'], ref.get('paired_base'))}"
-    ref_answers = load_answers(store, str(ref["run_id"]))
+        if ref.paired_by:
+            how += f"; paired with its base by {lineage.how_text(ref.paired_by, ref.paired_base)}"
+    ref_answers = load_answers(store, ref.run_id)
     floor_run = resolve_run(store, noise_floor_run_id) if noise_floor_run_id else find_noise_floor(store, ref)
     floor = None
     if floor_run is not None:
-        floor = floor_stats(ref, ref_answers, floor_run, load_answers(store, str(floor_run["run_id"])), seed,
+        floor = floor_stats(ref, ref_answers, floor_run, load_answers(store, floor_run.run_id), seed,
                             allow_synthetic)
-    comparison = compare_loaded(cand, load_answers(store, str(cand["run_id"])), ref, ref_answers, floor,
+    comparison = compare_loaded(cand, load_answers(store, cand.run_id), ref, ref_answers, floor,
                                 reference_how=how, seed=seed, allow_synthetic=allow_synthetic, margins=margins)
     sig.holm_adjust(comparison.cells())  # across this comparison's own cells (its modalities)
     return comparison

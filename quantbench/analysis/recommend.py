@@ -17,7 +17,7 @@ with the BF16 reference (see quantbench.analysis.parity); runs with synthetic we
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -31,6 +31,7 @@ from quantbench.analysis.stats import ParityError
 from quantbench.errors import ConfigError
 from quantbench.models import lineage
 from quantbench.store import Store, queries
+from quantbench.store.records import StoredRun
 
 GIB = 1 << 30
 OBJECTIVES = ("memory", "latency")
@@ -69,7 +70,7 @@ class Rules:
 
 @dataclass
 class Row:
-    run: dict[str, Any]
+    run: StoredRun
     label: str  # variant, with the kernel when two rows share a variant
     cpu: bool
     weights_bytes: int | None  # VRAM taken by the load; on a CPU every tensor of the loaded model
@@ -87,7 +88,7 @@ class Row:
 
     @property
     def ok(self) -> bool:
-        return self.run.get("status") == "ok"
+        return self.run.status == "ok"
 
     @property
     def is_reference(self) -> bool:
@@ -95,7 +96,7 @@ class Row:
 
     @property
     def p50(self) -> float | None:
-        return float_or_none(self.run.get("p50_ms"))
+        return self.run.p50_ms
 
 
 @dataclass
@@ -107,7 +108,7 @@ class GpuReport:
     suite_id: str | None
     suite_hash: str | None
     rows: list[Row]
-    reference: dict[str, Any] | None
+    reference: StoredRun | None
     floor: FloorStats | None
     recommended: Row | None
     rule: str  # the rule that picked the recommendation, or why there is none
@@ -122,7 +123,7 @@ class Reports(list[GpuReport]):
     """build_report's tables, plus `failed`: the failed runs that belong to none of them (they failed before
     their model or suite was known), oldest first, listed under the tables instead of making a table of their own."""
 
-    def __init__(self, reports: list[GpuReport] | None = None, failed: list[dict[str, Any]] | None = None):
+    def __init__(self, reports: list[GpuReport] | None = None, failed: list[StoredRun] | None = None):
         super().__init__(reports or [])
         self.failed = list(failed or [])
         self.n_cells = 0  # the cells whose p-values were Holm-adjusted together (significance.holm_adjust)
@@ -148,21 +149,18 @@ def int_or_none(v: Any) -> int | None:
 
 
 # -- building ------------------------------------------------------------------------------------------------
-def matches_gpu(run: dict[str, Any], gpu: str) -> bool:
+def matches_gpu(run: StoredRun, gpu: str) -> bool:
     """`--gpu`: cpu, a family (hopper, blackwell, ...) or part of the GPU's name, case-insensitive."""
     g = gpu.strip().lower()
-    if parity.is_cpu(run):
+    if run.is_cpu:
         return g == "cpu"
-    return g == str(run.get("gpu_family") or "").lower() or g in str(run.get("gpu_name") or "").lower()
+    return g == str(run.gpu_family or "").lower() or g in str(run.gpu_name or "").lower()
 
 
-def _memory(run: dict[str, Any]) -> tuple[int | None, int | None, str | None]:
-    if parity.is_cpu(run):
-        peak = conditions.own_peak_rss(run)  # the run's own peak only; an older row's ru_maxrss was its launcher's
-        return int_or_none(run.get("model_tensor_bytes")), peak, "host_rss" if peak is not None else None
-    nvml, reserved = int_or_none(run.get("mem_nvml_peak_bytes")), int_or_none(run.get("mem_peak_reserved_bytes"))
-    peak, source = (nvml, "nvml") if nvml is not None else (reserved, "torch_reserved" if reserved is not None else None)
-    return int_or_none(run.get("mem_weights_bytes")), peak, source
+def _memory(run: StoredRun) -> tuple[int | None, int | None, str | None]:
+    """(weights in memory, peak, where the peak comes from): the record's memory figures (a CPU run's peak is its
+    own only; an older row's ru_maxrss was its launcher's)."""
+    return (run.weights_memory_bytes, *run.peak_memory)
 
 
 # Kernel paths name an implementation, then the generation of its kernels (`quantbench grouped-moe
@@ -179,37 +177,36 @@ def implementation(kernel_path: str | None) -> str:
     return next((prefix for prefix in IMPLEMENTATIONS if base == prefix or base.startswith(prefix + " ")), base)
 
 
-def _variant_key(run: dict[str, Any], history: bool = False) -> tuple[str, ...]:
+def _variant_key(run: StoredRun, history: bool = False) -> tuple[str, ...]:
     """What makes a row: the variant and its implementation; with `history`, every kernel generation too."""
-    kernel = str(run.get("kernel_path")) if history else implementation(run.get("kernel_path"))
-    return (str(run.get("backend")), str(run.get("variant")), kernel, str(run.get("weight_format")))
+    kernel = str(run.kernel_path) if history else implementation(run.kernel_path)
+    return (str(run.backend), str(run.variant), kernel, str(run.weight_format))
 
 
-def _pick_rows(runs: list[dict[str, Any]], history: bool = False) -> list[dict[str, Any]]:
+def _pick_rows(runs: list[StoredRun], history: bool = False) -> list[StoredRun]:
     """Latest ok run per variant (and implementation; kernel path with `history`); the latest failed one only
     where the variant never succeeded."""
-    best: dict[tuple[str, ...], dict[str, Any]] = {}
+    best: dict[tuple[str, ...], StoredRun] = {}
     for run in runs:  # oldest first
         key = _variant_key(run, history)
-        if run.get("status") == "ok" or best.get(key, {}).get("status") != "ok":
+        if run.status == "ok" or key not in best or best[key].status != "ok":
             best[key] = run
-    return sorted(best.values(), key=lambda r: (r.get("backend") != "bf16", str(r.get("variant")), str(r.get("kernel_path"))))
+    return sorted(best.values(), key=lambda r: (r.backend != "bf16", str(r.variant), str(r.kernel_path)))
 
 
-def _groups(runs: list[dict[str, Any]]) -> tuple[dict[tuple, list[dict[str, Any]]], list[dict[str, Any]]]:
+def _groups(runs: list[StoredRun]) -> tuple[dict[tuple, list[StoredRun]], list[StoredRun]]:
     """Runs by (GPU, model, suite), and the failed runs that belong to no table: a run that failed before its
     model or suite was known (a bad --model path, a suite that does not parse) has no row to fill."""
-    groups: dict[tuple, list[dict[str, Any]]] = {}
+    groups: dict[tuple, list[StoredRun]] = {}
     orphans = []  # runs that failed before their suite was known
     for run in runs:
-        if run.get("suite_hash") is None or run.get("model_id") is None:
+        if run.suite_hash is None or run.model_id is None:
             orphans.append(run)
             continue
-        groups.setdefault((parity.gpu_key(run), run.get("model_id"), run["suite_hash"]), []).append(run)
+        groups.setdefault((parity.gpu_key(run), run.model_id, run.suite_hash), []).append(run)
     homeless = []
     for run in orphans:
-        homes = [k for k in groups if run.get("model_id") is not None
-                 and k[:2] == (parity.gpu_key(run), run.get("model_id"))]
+        homes = [k for k in groups if run.model_id is not None and k[:2] == (parity.gpu_key(run), run.model_id)]
         for k in homes:
             groups[k].append(run)
         if not homes:
@@ -217,67 +214,63 @@ def _groups(runs: list[dict[str, Any]]) -> tuple[dict[tuple, list[dict[str, Any]
     return groups, homeless
 
 
-def stored_runs(store: Store) -> list[dict[str, Any]]:
-    """Every run, oldest first, with its latency summary, batch size and decisions_per_s
-    (quantbench.store.queries.runs_with_latency) and where it came from (quantbench.analysis.provenance), as
-    records."""
-    return provenance.attach(store, parity.records(queries.runs_with_latency(store)))
+def stored_runs(store: Store) -> list[StoredRun]:
+    """Every run, oldest first, with its latency, accuracy and where it came from (quantbench.store.queries,
+    the store's own label filled in by quantbench.analysis.provenance)."""
+    return provenance.attach(store, queries.stored_runs(store))
 
 
-def _pair_with_bases(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _pair_with_bases(runs: list[StoredRun]) -> list[StoredRun]:
     """Variants made elsewhere join their base's table: a run whose own model has no BF16 run but whose evidence
     (quantbench.models.lineage) pairs it with one takes that BF16 run's model id; `own_model_id` keeps its own and
     `paired_by` says how it was paired."""
     pairs = lineage.pair_runs(runs)
+    out = []
     for run in runs:
-        paired = pairs.get(str(run["run_id"]))
+        paired = pairs.get(run.run_id)
         if paired is not None:
-            run["own_model_id"] = run.get("model_id")
-            run["model_id"], run["paired_by"] = paired
-    return runs
+            run = replace(run, own_model_id=run.model_id, model_id=paired[0], paired_by=paired[1])
+        out.append(run)
+    return out
 
 
 def pairing_notes(rows: list[Row]) -> list[str]:
     """One note per variant paired with its base by evidence rather than by a shared model id."""
     notes = []
     for row in rows:
-        how = row.run.get("paired_by")
+        how = row.run.paired_by
         if how:
-            notes.append(f"{row.label} is the checkpoint {row.run.get('own_model_id')}, compared with this model's BF16 "
-                         f"run because of {lineage.how_text(how, row.run.get('base_model'))}.")
+            notes.append(f"{row.label} is the checkpoint {row.run.own_model_id}, compared with this model's BF16 "
+                         f"run because of {lineage.how_text(how, row.run.base_model)}.")
     return notes
 
 
-def _batch(run: dict[str, Any]) -> int:
-    return int_or_none(run.get("batch")) or 1
-
-
-def throughput(group: list[dict[str, Any]], history: bool = True,
+def throughput(group: list[StoredRun], history: bool = True,
                price_per_gpu_hour: float | None = None) -> list[dict[str, Any]]:
     """Batched runs (several decisions per forward pass) as decisions/s per variant and batch size, newest run of
     each variant, kernel (implementation, without `history`) and batch: the table itself is per-decision latency
     at batch 1, so they never replace its rows. The kernel is named only where one variant ran under several.
     Each row carries its run's energy per decision and, given a price, its cost per 1M decisions (from its
     decisions/s)."""
-    latest: dict[tuple, dict[str, Any]] = {}
+    latest: dict[tuple, StoredRun] = {}
     for run in group:
-        if run.get("status") == "ok" and _batch(run) > 1 and float_or_none(run.get("decisions_per_s")):
+        if run.status == "ok" and run.forward_batch > 1 and run.decisions_per_s:
             # oldest first: the newest run of each variant, kernel and batch size stays
-            kernel = str(run.get("kernel_path")) if history else implementation(run.get("kernel_path"))
-            latest[(str(run.get("variant")), kernel, _batch(run))] = run
+            kernel = str(run.kernel_path) if history else implementation(run.kernel_path)
+            latest[(str(run.variant), kernel, run.forward_batch)] = run
     kernels: dict[str, set[str]] = {}
     for variant, kernel, _ in latest:
         kernels.setdefault(variant, set()).add(kernel)
 
-    def label(r: dict[str, Any]) -> str:
-        v = str(r.get("variant"))
+    def label(r: StoredRun) -> str:
+        v = str(r.variant)
         if len(kernels[v]) == 1:
             return v
-        return f"{v} ({r.get('kernel_path') if history else _short(implementation(r.get('kernel_path')))})"
+        return f"{v} ({r.kernel_path if history else _short(implementation(r.kernel_path))})"
 
-    rows = [{"variant": label(r), "batch": _batch(r), "decisions_per_s": float_or_none(r.get("decisions_per_s")),
-             "ms_per_pass": 1000 * _batch(r) / float_or_none(r.get("decisions_per_s")),  # the mean over full batches
-             "run_id": str(r.get("run_id")), "efficiency": efficiency.of_run(r, price_per_gpu_hour)}
+    rows = [{"variant": label(r), "batch": r.forward_batch, "decisions_per_s": r.decisions_per_s,
+             "ms_per_pass": 1000 * r.forward_batch / r.decisions_per_s,  # the mean over full batches
+             "run_id": r.run_id, "efficiency": efficiency.of_run(r, price_per_gpu_hour)}
             for r in latest.values()]
     return sorted(rows, key=lambda t: (t["variant"], t["batch"]))
 
@@ -300,19 +293,18 @@ def _short(impl: str) -> str:
 FIXTURE_PREFIX = "quantbench-fixture-moe-"  # quantbench.models.fixture.fixture_id: the embedded model, one id per recipe
 
 
-def _superseded_fixtures(runs: list[dict[str, Any]]) -> set[tuple[tuple[str, str], str]]:
+def _superseded_fixtures(runs: list[StoredRun]) -> set[tuple[tuple[str, str], str]]:
     """(GPU, model id) of embedded-fixture builds older than the newest one run on that GPU: a new recipe makes a
     new model id, and the old one's runs are development history."""
     newest: dict[tuple[str, str], tuple[str, str]] = {}
     for run in runs:
-        mid = str(run.get("model_id") or "")
+        mid = str(run.model_id or "")
         if mid.startswith(FIXTURE_PREFIX):
-            key, when = parity.gpu_key(run), str(run.get("created_at"))
+            key, when = parity.gpu_key(run), str(run.created_at)
             if key not in newest or when > newest[key][0]:
                 newest[key] = (when, mid)
-    return {(parity.gpu_key(r), str(r.get("model_id"))) for r in runs
-            if str(r.get("model_id") or "").startswith(FIXTURE_PREFIX)
-            and newest[parity.gpu_key(r)][1] != r.get("model_id")}
+    return {(parity.gpu_key(r), str(r.model_id)) for r in runs
+            if str(r.model_id or "").startswith(FIXTURE_PREFIX) and newest[parity.gpu_key(r)][1] != r.model_id}
 
 
 def build_report(store: Store, gpu: str | None = None, model: str | None = None, rules: Rules | None = None, *,
@@ -330,35 +322,33 @@ def build_report(store: Store, gpu: str | None = None, model: str | None = None,
     price = efficiency.check_price(price_per_gpu_hour)
     runs = stored_runs(store)
     if run_ids is not None:  # only these runs (the demo reports on the runs it just made)
-        runs = [r for r in runs if str(r["run_id"]) in run_ids]
+        runs = [r for r in runs if r.run_id in run_ids]
     runs = _pair_with_bases(runs)
     if not history and not model and run_ids is None:
         old = _superseded_fixtures(runs)
-        runs = [r for r in runs if (parity.gpu_key(r), str(r.get("model_id"))) not in old]
+        runs = [r for r in runs if (parity.gpu_key(r), str(r.model_id)) not in old]
     after = since_filter(since)
     if after is not None:
-        runs = [r for r in runs if r.get("created_at") is not None and pd.Timestamp(r["created_at"]) >= after]
+        runs = [r for r in runs if r.created_at is not None and r.created_at >= after]
     if gpu:
         runs = [r for r in runs if matches_gpu(r, gpu)]
     if host:
-        runs = [r for r in runs if str(r.get("host")) == host]
+        runs = [r for r in runs if str(r.host) == host]
     if model:
         m = model.lower()
-        runs = [r for r in runs if any(r.get(k) == model or m in str(r.get(k) or "").lower()
-                                       for k in ("model_id", "own_model_id"))]
+        runs = [r for r in runs if any(k == model or m in str(k or "").lower() for k in (r.model_id, r.own_model_id))]
     answers: dict[str, pd.DataFrame] = {}
 
-    def answers_of(run: dict[str, Any]) -> pd.DataFrame:
-        rid = str(run["run_id"])
-        if rid not in answers:
-            answers[rid] = parity.load_answers(store, rid)
-        return answers[rid]
+    def answers_of(run: StoredRun) -> pd.DataFrame:
+        if run.run_id not in answers:
+            answers[run.run_id] = parity.load_answers(store, run.run_id)
+        return answers[run.run_id]
 
     groups, homeless = _groups(runs)
     reports = Reports(failed=homeless)
     for group in groups.values():
-        batch1 = [r for r in group if _batch(r) == 1]
-        rows_runs = [r for r in _pick_rows(batch1, history) if (r.get("role") or "candidate") != "noise_floor"]
+        batch1 = [r for r in group if r.forward_batch == 1]
+        rows_runs = [r for r in _pick_rows(batch1, history) if (r.role or "candidate") != "noise_floor"]
         if rows_runs:
             reports.append(_build_one(store, group, rows_runs, rules, answers_of, cross_gpu_reference, seed,
                                       history, price))
@@ -367,39 +357,39 @@ def build_report(store: Store, gpu: str | None = None, model: str | None = None,
     return reports
 
 
-def row_labels(runs: list[dict[str, Any]]) -> list[str]:
+def row_labels(runs: list[StoredRun]) -> list[str]:
     """A row's name: its variant (`int4`); where two rows share one, with the implementation (`bf16
     (transformers)`, `bf16 (quantbench engine)`); where those are shared too (history), the whole kernel path."""
-    labels = [str(r.get("variant") or r.get("backend")) for r in runs]
-    labels = [f"{label} ({_short(implementation(r.get('kernel_path')))})" if labels.count(label) > 1 else label
+    labels = [str(r.variant or r.backend) for r in runs]
+    labels = [f"{label} ({_short(implementation(r.kernel_path))})" if labels.count(label) > 1 else label
               for r, label in zip(runs, labels, strict=True)]
-    return [f"{str(r.get('variant') or r.get('backend'))} ({r.get('kernel_path')})" if labels.count(label) > 1
+    return [f"{str(r.variant or r.backend)} ({r.kernel_path})" if labels.count(label) > 1
             else label for r, label in zip(runs, labels, strict=True)]
 
 
 def _build_one(store, group, rows_runs, rules, answers_of, cross_gpu_reference, seed, history,
                price=None) -> GpuReport:
     first = rows_runs[0]
-    cpu = parity.is_cpu(first)
+    cpu = first.is_cpu
     groups = repeats.by_group(group)
     rows = [Row(run, label, cpu, *_memory(run), efficiency=efficiency.of_run(run, price),
-                repeats=groups.get(str(run.get("repeat_id"))) if run.get("repeat_id") else None,
+                repeats=groups.get(str(run.repeat_id)) if run.repeat_id else None,
                 busy=conditions.busy_note(run))
             for run, label in zip(rows_runs, row_labels(rows_runs), strict=True)]
     for row in rows:
         if not cpu and row.ok:
             row.floors = conditions.floors(row.run, row.weights_bytes, row.p50, row.efficiency.j_per_decision)
-    synthetic = any(r.ok for r in rows) and all(r.run.get("weights") == "synthetic" for r in rows if r.ok)
-    ok_runs = [r for r in group if r.get("status") == "ok"]
-    refs = [r for r in ok_runs if r.get("backend") == "bf16" and (r.get("role") or "candidate") != "noise_floor"
-            and _batch(r) == 1]
+    synthetic = any(r.ok for r in rows) and all(r.run.weights == "synthetic" for r in rows if r.ok)
+    ok_runs = [r for r in group if r.status == "ok"]
+    refs = [r for r in ok_runs if r.backend == "bf16" and (r.role or "candidate") != "noise_floor"
+            and r.forward_batch == 1]
     reference = max(refs, key=parity.reference_rank, default=None)
     notes: list[str] = []
     if reference is None and cross_gpu_reference and ok_runs and not synthetic:
         reference = parity.find_reference(store, ok_runs[-1], any_gpu=True)
         if reference is not None:
             notes.append(f"† agreement and accuracy are measured against BF16 on {parity.gpu_label(reference)} "
-                         f"(run {str(reference['run_id'])[:13]}): no successful BF16 run on this machine")
+                         f"(run {reference.run_id[:13]}): no successful BF16 run on this machine")
     floor = None
     if reference is not None and not synthetic:
         floor_run = parity.find_noise_floor(store, reference)
@@ -407,7 +397,7 @@ def _build_one(store, group, rows_runs, rules, answers_of, cross_gpu_reference, 
             try:
                 floor = parity.floor_stats(reference, answers_of(reference), floor_run, answers_of(floor_run), seed)
             except ParityError as e:
-                notes.append(f"noise floor run {str(floor_run['run_id'])[:13]} not used: {e}")
+                notes.append(f"noise floor run {floor_run.run_id[:13]} not used: {e}")
     for row in rows:
         _fill_quality(row, reference, floor, answers_of, seed, rules.margins)
     ref_acc = None
@@ -416,9 +406,9 @@ def _build_one(store, group, rows_runs, rules, answers_of, cross_gpu_reference, 
         ref_acc = float(by_bench["accuracy"].mean()) if len(by_bench) else None
     counts = parity.modality_counts(answers_of(reference)) if reference is not None and not synthetic else {}
     report = GpuReport(
-        modality_counts=counts, gpu=parity.gpu_label(first), gpu_family=first.get("gpu_family"), cpu=cpu, model_id=first.get("model_id"),
-        suite_id=next((r.get("suite_id") for r in group if r.get("suite_id")), None),
-        suite_hash=next((r.get("suite_hash") for r in group if r.get("suite_hash")), None),
+        modality_counts=counts, gpu=parity.gpu_label(first), gpu_family=first.gpu_family, cpu=cpu,
+        model_id=first.model_id, suite_id=next((r.suite_id for r in group if r.suite_id), None),
+        suite_hash=next((r.suite_hash for r in group if r.suite_hash), None),
         rows=rows, reference=reference, floor=floor, recommended=None, rule="", reference_accuracy=ref_acc,
         notes=notes + pairing_notes(rows), throughput=throughput(group, history, price), price_per_gpu_hour=price,
     )
@@ -429,12 +419,12 @@ def _build_one(store, group, rows_runs, rules, answers_of, cross_gpu_reference, 
 def _fill_quality(row: Row, reference, floor, answers_of, seed, margins: an.Margins | None = None) -> None:
     run = row.run
     if not row.ok:
-        row.quality = f"failed ({run.get('failure') or 'error'})"
-    elif run.get("weights") == "synthetic":
+        row.quality = f"failed ({run.failure or 'error'})"
+    elif run.weights == "synthetic":
         row.quality = SYNTHETIC_NOTE
     elif reference is None:
         row.quality = "no BF16 reference"
-    elif str(run["run_id"]) == str(reference["run_id"]):
+    elif run.run_id == reference.run_id:
         row.quality = "reference"
     else:
         try:
@@ -470,7 +460,7 @@ def _recommend(report: GpuReport, rules: Rules, synthetic: bool) -> None:
     smallest = min((r for r in ok if r.weights_bytes is not None), key=lambda r: r.weights_bytes, default=None)
     for r in report.rows:
         if not r.ok:
-            r.excluded.append(f"failed here ({r.run.get('failure') or 'error'})")
+            r.excluded.append(f"failed here ({r.run.failure or 'error'})")
             continue
         if synthetic:
             continue
@@ -481,9 +471,9 @@ def _recommend(report: GpuReport, rules: Rules, synthetic: bool) -> None:
             elif r.peak_bytes > rules.vram_budget_gib * GIB:
                 r.excluded.append(f"peak {r.peak_bytes / GIB:.1f} GiB over the {rules.vram_budget_gib:g} GiB budget")
     passing = [r for r in ok if not r.excluded]
-    if rules.prefer_native and any(r.run.get("native") != "emulated" for r in passing):
+    if rules.prefer_native and any(r.run.native != "emulated" for r in passing):
         for r in passing:
-            if r.run.get("native") == "emulated":
+            if r.run.native == "emulated":
                 r.excluded.append("emulated here (a native variant passes)")
         passing = [r for r in passing if not r.excluded]
     inf = float("inf")
@@ -515,7 +505,7 @@ def _recommend(report: GpuReport, rules: Rules, synthetic: bool) -> None:
             facts.append("fastest here")
         if r.ok and r is smallest and len(ok) > 1:
             facts.append(f"smallest {'memory' if report.cpu else 'VRAM'} here")
-        if r.ok and r.run.get("native") == "native" and not r.cpu:
-            facts.append(f"native on {r.run.get('gpu_family')}")
+        if r.ok and r.run.native == "native" and not r.cpu:
+            facts.append(f"native on {r.run.gpu_family}")
         facts += r.excluded
         r.best_for = "; ".join(facts) or "passes the rules"

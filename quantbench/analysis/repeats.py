@@ -13,6 +13,7 @@ from typing import Any
 
 from quantbench.analysis import hypothesis as hy
 from quantbench.store import Store, queries
+from quantbench.store.records import StoredRun
 
 
 @dataclass(frozen=True)
@@ -31,29 +32,21 @@ class RepeatFigures:
                 "j_per_decision": d(self.j_per_decision)}
 
 
-def _num(v: Any) -> float | None:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if f != f else f
-
-
-def figures(repeat_id: str, runs: list[dict[str, Any]]) -> RepeatFigures:
-    """The figures of a group from its runs (dicts with p50_ms and energy_j_per_decision)."""
-    ok = [r for r in runs if r.get("status") == "ok"]
+def figures(repeat_id: str, runs: list[StoredRun]) -> RepeatFigures:
+    """The figures of a group from its runs (their p50_ms and energy_j_per_decision)."""
+    ok = [r for r in runs if r.status == "ok"]
     return RepeatFigures(
         repeat_id, len(runs), len(ok),
-        hy.t_interval([v for r in ok if (v := _num(r.get("p50_ms"))) is not None]),
-        hy.t_interval([v for r in ok if (v := _num(r.get("energy_j_per_decision"))) is not None]),
+        hy.t_interval([r.p50_ms for r in ok if r.p50_ms is not None]),
+        hy.t_interval([r.energy_j_per_decision for r in ok if r.energy_j_per_decision is not None]),
     )
 
 
-def by_group(runs: list[dict[str, Any]]) -> dict[str, RepeatFigures]:
+def by_group(runs: list[StoredRun]) -> dict[str, RepeatFigures]:
     """Every repeat group among `runs`, by repeat_id."""
-    groups: dict[str, list[dict[str, Any]]] = {}
+    groups: dict[str, list[StoredRun]] = {}
     for r in runs:
-        rid = r.get("repeat_id")
+        rid = r.repeat_id
         if rid:
             groups.setdefault(str(rid), []).append(r)
     return {rid: figures(rid, members) for rid, members in groups.items()}
@@ -67,9 +60,7 @@ def stat_text(s: hy.RepeatStat, unit: str, digits: int = 1) -> str:
 
 def repeat_summary_text(store: Store, repeat_id: str) -> str:
     """What `run --repeat N` prints at its end."""
-    from quantbench.analysis.parity import records
-
-    fig = figures(repeat_id, records(queries.repeat_runs(store, repeat_id)))
+    fig = figures(repeat_id, queries.repeat_runs(store, repeat_id))
     lines = [f"repeat {repeat_id[:13]}: {fig.ok} of {fig.runs} runs ok, each in a fresh process on the same questions"]
     lines.append("  latency p50 per decision: " + (stat_text(fig.p50_ms, "ms", 2) if fig.p50_ms else
                                                      "no interval (fewer than two runs with a p50)"))

@@ -11,11 +11,12 @@ from typing import Any
 
 import pandas as pd
 
-from quantbench.analysis import parity, provenance
+from quantbench.analysis import parity
 from quantbench.analysis.recommend import matches_gpu
 from quantbench.analysis.stats import ParityError
 from quantbench.errors import ConfigError
 from quantbench.store import Store, queries
+from quantbench.store.records import StoredRun
 
 STATUSES = ("ok", "failed")
 RUN_ID = re.compile(r"^[0-9a-f-]{4,36}$")  # may be a run id or a prefix of one (01a22979-8ae4); "bf16" is tried too
@@ -43,18 +44,18 @@ class RunFilter:
                                             ("status", self.status), ("host", self.host)) if v]
         return " ".join(parts) or "no filter"
 
-    def matches(self, run: dict[str, Any]) -> bool:
-        if self.status and run.get("status") != self.status:
+    def matches(self, run: StoredRun) -> bool:
+        if self.status and run.status != self.status:
             return False
         if self.gpu and self.gpu != ALL and not matches_gpu(run, self.gpu):
             return False
-        if self.host and str(run.get("host")) != self.host:
+        if self.host and str(run.host) != self.host:
             return False
-        if self.model and self.model.lower() not in str(run.get("model_id") or "").lower():
+        if self.model and self.model.lower() not in str(run.model_id or "").lower():
             return False
         if self.variant:
             v = self.variant.strip().lower()
-            if v not in (str(run.get("variant") or "").lower(), str(run.get("backend") or "").lower()):
+            if v not in (str(run.variant or "").lower(), str(run.backend or "").lower()):
                 return False
         return True
 
@@ -71,15 +72,9 @@ def this_machine() -> tuple[str, str | None, str]:
     return "cpu", host, f"CPU ({host})"
 
 
-def summaries(store: Store, run_filter: RunFilter) -> pd.DataFrame:
-    """The `run_summary` rows (with their sources) that pass `run_filter`, oldest first."""
-    df = queries.run_summaries_with_sources(store)
-    if df.empty:
-        return df
-    keep = [run_filter.matches(r) for r in parity.records(df)]
-    out = df[keep].copy()
-    out["source"] = [provenance.source_text(r) for r in parity.records(out)] if len(out) else []
-    return out
+def summaries(store: Store, run_filter: RunFilter) -> list[StoredRun]:
+    """The runs (with their sources) that pass `run_filter`, oldest first."""
+    return [r for r in queries.stored_runs(store) if run_filter.matches(r)]
 
 
 def select_run(store: Store, selector: str, run_filter: RunFilter | None = None, prefer_here: bool = True,
@@ -94,21 +89,20 @@ def select_run(store: Store, selector: str, run_filter: RunFilter | None = None,
     if RUN_ID.match(key):
         found = queries.runs_by_id_prefix(store, key)
         if len(found) == 1:
-            return str(found["run_id"].iloc[0]), ""
+            return found[0].run_id, ""
         if len(found) > 1:
-            raise ParityError(f"run {selector!r} is ambiguous ({', '.join(found['run_id'].astype(str))}); give more "
+            raise ParityError(f"run {selector!r} is ambiguous ({', '.join(r.run_id for r in found)}); give more "
                               "characters of the id")
     floor = key in ("noise-floor", "noise_floor", "floor")
     wanted = RunFilter(model=run_filter.model, gpu=run_filter.gpu, variant=None if floor else key,
                        status=run_filter.status or "ok", host=run_filter.host)
-    runs = [r for r in parity.records(queries.run_summaries_with_sources(store)) if wanted.matches(r)
-            and ((r.get("role") == "noise_floor") == floor)]
-    if trained_only and any(r.get("weights") != "synthetic" for r in runs):  # random weights have no quality
-        runs = [r for r in runs if r.get("weights") != "synthetic"]
+    runs = [r for r in queries.stored_runs(store) if wanted.matches(r) and ((r.role == "noise_floor") == floor)]
+    if trained_only and any(r.weights != "synthetic" for r in runs):  # random weights have no quality
+        runs = [r for r in runs if r.weights != "synthetic"]
     where = ""
     if prefer_here and not run_filter.gpu and runs:
         gpu, host, label = this_machine()
-        here = [r for r in runs if matches_gpu(r, gpu) and (host is None or str(r.get("host")) == host)]
+        here = [r for r in runs if matches_gpu(r, gpu) and (host is None or str(r.host) == host)]
         if here:
             runs, where = here, f" on this machine, {label}"
     if not runs:
@@ -117,12 +111,12 @@ def select_run(store: Store, selector: str, run_filter: RunFilter | None = None,
             + (f" ({run_filter.describe()})" if run_filter.describe() != "no filter" else "")
             + f" in {store.describe()}; give a run id, or a variant or backend that `quantbench runs` lists "
               "(int4, fp8, nvfp4-packed ...), and --gpu / --model to narrow it")
-    newest = max(runs, key=lambda r: str(r.get("created_at")))
+    newest = max(runs, key=lambda r: str(r.created_at))
     others = len(runs) - 1
-    note = (f"{selector}: run {str(newest['run_id'])[:13]}, {newest.get('variant') or newest.get('backend')} of "
-            f"{newest.get('model_id')} on {parity.gpu_label(newest)}, {pd.Timestamp(newest['created_at']):%Y-%m-%d %H:%M}"
+    note = (f"{selector}: run {newest.run_id[:13]}, {newest.variant or newest.backend} of "
+            f"{newest.model_id} on {parity.gpu_label(newest)}, {newest.created_at:%Y-%m-%d %H:%M}"
             f" (the newest{where}" + (f", of {others + 1} matching" if others else "") + ")")
-    return str(newest["run_id"]), note
+    return newest.run_id, note
 
 
 # -- what `quantbench publish` puts in a bundle ---------------------------------------------------------------
@@ -162,20 +156,20 @@ def bundle_choice(store: Store, run_filter: RunFilter, *, suite: str | None = No
     after = since_filter(since)
     name = sweep_name(sweep) if sweep else None
     chosen = []
-    for run in parity.records(queries.runs_with_latency(store)):
-        if not run_filter.matches(run) or (run.get("status") != "ok" and not with_failed):
+    every = queries.stored_runs(store)
+    for run in every:
+        if not run_filter.matches(run) or (run.status != "ok" and not with_failed):
             continue
-        if suite and suite != run.get("suite_id") and not str(run.get("suite_hash") or "").startswith(suite):
+        if suite and suite != run.suite_id and not str(run.suite_hash or "").startswith(suite):
             continue
-        if after is not None and (run.get("created_at") is None or pd.Timestamp(run["created_at"]) < after):
+        if after is not None and (run.created_at is None or run.created_at < after):
             continue
-        if name and not str(parity.spec_of(run).get("notes") or "").startswith(f"sweep {name}:"):
+        if name and not str((run.spec or {}).get("notes") or "").startswith(f"sweep {name}:"):
             continue
         chosen.append(run)
     loads: list[dict[str, Any]] = []
     if load_runs and not name and load_store.has_load_tables(store):
-        gpus = {str(r.get("gpu_name")) for r in parity.records(queries.runs_with_latency(store))
-                if r.get("gpu_name") and (not run_filter.gpu or matches_gpu(r, run_filter.gpu))}
+        gpus = {str(r.gpu_name) for r in every if r.gpu_name and (not run_filter.gpu or matches_gpu(r, run_filter.gpu))}
         for lr in parity.records(load_store.load_runs(store)):
             server_gpu = str(lr.get("server_gpu") or "")
             if run_filter.gpu and server_gpu not in gpus and run_filter.gpu.lower() not in server_gpu.lower():
@@ -193,4 +187,4 @@ def bundle_choice(store: Store, run_filter: RunFilter, *, suite: str | None = No
                                    ("suite", suite), ("sweep", name), ("since", since)) if v}
     selection["with_failed"] = with_failed
     gpus_of = sorted({parity.gpu_label(r) for r in chosen})
-    return BundleChoice([str(r["run_id"]) for r in chosen], [str(lr["load_id"]) for lr in loads], selection, gpus_of)
+    return BundleChoice([r.run_id for r in chosen], [str(lr["load_id"]) for lr in loads], selection, gpus_of)

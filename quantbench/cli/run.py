@@ -255,16 +255,16 @@ def run(
         from quantbench.store import queries
 
         title = f"run stored in {_db(db)}" if repeat == 1 else f"{repeat} runs stored in {_db(db)}"
-        out.print(runs_table(queries.run_summaries(Store(_db(db)), ids), title))
+        stored = queries.stored_runs_by_id(Store(_db(db)), ids)
+        out.print(runs_table(stored, title))
         if repeat_id:
             from quantbench.analysis.repeats import repeat_summary_text
 
             print(repeat_summary_text(Store(_db(db)), repeat_id))
         if any(s != "ok" for s in statuses):
-            for run_id, status in zip(ids, statuses, strict=True):
-                if status != "ok":
-                    row = queries.run_error(Store(_db(db)), run_id)
-                    err.print(f"[red]{run_id[:13]}: {row.error.iloc[0].splitlines()[0]}[/]")
+            for run in stored:
+                if run.status != "ok":
+                    err.print(f"[red]{run.run_id[:13]}: {(run.error or 'no error message stored').splitlines()[0]}[/]")
             raise typer.Exit(1)
     except QuantbenchError as e:
         _fail(e)
@@ -347,14 +347,14 @@ def demo(
             ids.append(run_id)
             if status != "ok":
                 failed.append((label, run_id))
-        df = queries.run_summaries(Store(path), ids)
-        out.print(runs_table(df, f"quantbench demo — stored in {path}"))
+        stored = queries.stored_runs_by_id(Store(path), ids)
+        out.print(runs_table(stored, f"quantbench demo — stored in {path}"))
         from quantbench.report import report_for_this_machine  # lazy: a fast --help
         from quantbench.run.machine import detect
 
         # Plain print: the report is markdown meant to be pasted, so no wrapping or markup from rich.
         # It covers this demo's runs only: an older run of the store never stands in for a variant that failed now.
-        model = next(iter(df.loc[df["status"] == "ok", "model_id"].dropna()), None)
+        model = next((r.model_id for r in stored if r.status == "ok" and r.model_id is not None), None)
         if model is not None:
             print(report_for_this_machine(Store(path), detect().gpu_name or "cpu", model=model, run_ids=set(ids)))
         if failed:
@@ -368,15 +368,15 @@ def demo(
 
 def demo_failures(store, failed: list[tuple[str, str]], n_runs: int) -> str:
     """A markdown list of the demo's failed variants, each with its failure and the first line of its error."""
-    from quantbench.report.tables import stored_value  # lazy: a fast --help
-    from quantbench.store import queries
+    from quantbench.store import queries  # lazy: a fast --help
 
     lines = [f"**{len(failed)} of {n_runs} variants failed in this demo** (the whole errors: "
              "`quantbench runs`, the dashboard's Runs page):", ""]
+    by_id = {r.run_id: r for r in queries.stored_runs_by_id(store, [run_id for _, run_id in failed])}
     for label, run_id in failed:
-        row = queries.run_failure(store, run_id).iloc[0]
-        first = (stored_value(row["error"]) or "no error message stored").strip().splitlines()[0]
-        lines.append(f"- {label}: failed ({stored_value(row['failure']) or 'error'}): {first} (run {run_id[:13]})")
+        run = by_id[run_id]
+        first = (run.error or "no error message stored").strip().splitlines()[0]
+        lines.append(f"- {label}: failed ({run.failure or 'error'}): {first} (run {run_id[:13]})")
     return "\n".join(lines) + "\n"
 
 

@@ -24,6 +24,8 @@ def runs(
     """List stored runs, one self-describing row each (with where it came from), newest last."""
     from quantbench.analysis.select import RunFilter, summaries  # lazy: a fast --help
     from quantbench.report.tables import runs_table
+    from quantbench.store import queries
+    from quantbench.store.records import SOURCE_FIELDS, SUMMARY_FIELDS
 
     try:
         if fmt not in RUNS_FORMATS:
@@ -32,23 +34,29 @@ def runs(
             raise ConfigError(f"--last {last}: give 0 (every run) or a positive number")
         run_filter = RunFilter(model=model, gpu=gpu, variant=variant, status=status)
         store = _reading(db, shared)
-        df = summaries(store, run_filter)
+        runs = summaries(store, run_filter)
+        # Where each run came from is listed unless the store holds no run at all.
+        sourced = bool(runs) or queries.run_count(store) > 0
     except QuantbenchError as e:
         _fail(e)
     if last:
-        df = df.tail(last)
+        runs = runs[-last:]
     if fmt == "table":
         where = store.describe() + ("" if run_filter.describe() == "no filter" else f", {run_filter.describe()}")
-        out.print(runs_table(df, f"runs in {where}"))
+        out.print(runs_table(runs, f"runs in {where}", sourced=sourced))
         return
-    df = df.astype(object).where(df.notna(), None)
-    for col in df.columns:  # timestamps and UUIDs as text, lists as lists: one row a record
-        if col.endswith("_at"):
-            df[col] = df[col].map(lambda v: None if v is None else str(v))
+    columns = [*SUMMARY_FIELDS, *SOURCE_FIELDS, *(("source",) if sourced else ())]
+    rows = [{c: getattr(r, c) for c in columns} for r in runs]
+    for row in rows:  # timestamps as text: one row a record
+        for col in row:
+            if col.endswith("_at") and row[col] is not None:
+                row[col] = str(row[col])
     if fmt == "csv":
-        print(df.to_csv(index=False), end="")
+        import pandas as pd
+
+        print(pd.DataFrame(rows, columns=columns, dtype=object).to_csv(index=False), end="")
     else:
-        print(json.dumps(df.to_dict("records"), indent=2, default=str))
+        print(json.dumps(rows, indent=2, default=str))
 
 
 RUNS_FORMATS = ("table", "csv", "json")
@@ -117,8 +125,8 @@ def compare(
         if note:
             err.print(note, markup=False, soft_wrap=True, highlight=False)
         comp = compare_runs(store, run_id, reference, noise_floor, margins=margins_from(margin, margin_agreement, margin_tv))
-        effs = {name: efficiency.of_stored(store, str(run["run_id"]), price)
-                for name, run in (("candidate", comp.candidate), ("reference", comp.reference))}
+        effs = {name: efficiency.of_run(run, price) for name, run in (("candidate", comp.candidate),
+                                                                       ("reference", comp.reference))}
         if fmt == "json":
             print(json.dumps({**comp.to_dict(), "efficiency": {k: e.as_dict() for k, e in effs.items()}},
                              indent=2, default=str))

@@ -26,7 +26,7 @@ import re
 import struct
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -196,18 +196,37 @@ def evidence(model_path: str | None, given_base: str | None) -> dict[str, Any]:
 
 
 # -- pairing at report time ------------------------------------------------------------------------------------
+class StoredRunLike(Protocol):
+    """What pairing reads of a stored run (quantbench.store.records.StoredRun, which this layer cannot import)."""
+
+    run_id: str
+    status: str
+    backend: str
+    role: str | None
+    weights: str | None
+    model_id: str | None
+    model_path: str | None
+    base_model: str | None
+    base_model_how: str | None
+    shared_tensors_hash: str | None
+    created_at: Any
+
+
+Run = TypeVar("Run", bound=StoredRunLike)
+
+
 def _name(text: str) -> str:
     """The last component of a model id or path, lower case: `Qwen/Qwen3-30B-A3B` and a directory named
     `Qwen3-30B-A3B` name the same model."""
     return text.rstrip("/").rsplit("/", 1)[-1].strip().lower()
 
 
-def names_base(base: str, bf16_run: dict[str, Any]) -> bool:
+def names_base(base: str, bf16_run: StoredRunLike) -> bool:
     """Whether `base` (a run's base_model) names the model of `bf16_run`: its model id, or its checkpoint's
     directory, in full or by the last component."""
-    names = {str(bf16_run.get("model_id") or "")}
-    if bf16_run.get("model_path"):
-        names.add(str(bf16_run["model_path"]))
+    names = {str(bf16_run.model_id or "")}
+    if bf16_run.model_path:
+        names.add(str(bf16_run.model_path))
     names.discard("")
     return base in names or _name(base) in {_name(n) for n in names}
 
@@ -222,37 +241,37 @@ def how_text(how: str, base: str | None) -> str:
     }.get(how, how)
 
 
-def pair(run: dict[str, Any], bf16_runs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
+def pair(run: StoredRunLike, bf16_runs: list[Run]) -> tuple[list[Run], str | None]:
     """The BF16 runs `run` pairs with and how: by the base named on the run, else by identical shared tensors.
     Runs of the bf16 backend and runs already sharing a model id with a BF16 run are not paired (their model id
     already says it)."""
-    if run.get("backend") == "bf16":
+    if run.backend == "bf16":
         return [], None
-    base, how = run.get("base_model"), run.get("base_model_how")
+    base, how = run.base_model, run.base_model_how
     if base:
         named = [b for b in bf16_runs if names_base(str(base), b)]
         if named:
             return named, str(how or "given")
-    digest = run.get("shared_tensors_hash")
+    digest = run.shared_tensors_hash
     if digest:
-        same = [b for b in bf16_runs if b.get("shared_tensors_hash") == digest]
+        same = [b for b in bf16_runs if b.shared_tensors_hash == digest]
         if same:
             return same, "tensors"
     return [], None
 
 
-def pair_runs(runs: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
+def pair_runs(runs: list[StoredRunLike]) -> dict[str, tuple[str, str]]:
     """run_id → (the BF16 model id it pairs with, how) for every run whose own model id has no successful BF16
     run among `runs` but whose evidence names or matches one (the newest such BF16 run's model id)."""
-    bf16 = [r for r in runs if r.get("status") == "ok" and r.get("backend") == "bf16"
-            and (r.get("role") or "candidate") != "noise_floor" and r.get("weights") != "synthetic"]
-    have_reference = {r.get("model_id") for r in bf16}
+    bf16 = [r for r in runs if r.status == "ok" and r.backend == "bf16"
+            and (r.role or "candidate") != "noise_floor" and r.weights != "synthetic"]
+    have_reference = {r.model_id for r in bf16}
     out = {}
     for run in runs:
-        if run.get("model_id") in have_reference:
+        if run.model_id in have_reference:
             continue
         matches, how = pair(run, bf16)
         if matches:
-            newest = max(matches, key=lambda b: str(b.get("created_at")))
-            out[str(run["run_id"])] = (str(newest.get("model_id")), str(how))
+            newest = max(matches, key=lambda b: str(b.created_at))
+            out[str(run.run_id)] = (str(newest.model_id), str(how))
     return out

@@ -22,13 +22,12 @@ from quantbench.analysis.recommend import (
     Row,
     Rules,
     build_report,
-    float_or_none,
-    int_or_none,
     stored_runs,
 )
 from quantbench.errors import ConfigError
 from quantbench.report.statistics import statistics_markdown, statistics_notes
 from quantbench.store import Store
+from quantbench.store.records import StoredRun
 
 FORMATS = ("markdown", "csv", "json")
 
@@ -104,12 +103,12 @@ def cells(row: Row, report: GpuReport) -> dict[str, str]:
     else:
         agree, tv, acc = row.quality or "n/a", "—", "—"
     verdict = c.verdict_short() if c is not None else "—"
-    native = {"native": "yes", "emulated": "no (emulated)"}.get(run.get("native") or "", "—")
-    lat = "n/a" if row.p50 is None else f"{fmt_ms(row.p50)} / {fmt_ms(float_or_none(run.get('p90_ms')))} ms"
+    native = {"native": "yes", "emulated": "no (emulated)"}.get(run.native or "", "—")
+    lat = "n/a" if row.p50 is None else f"{fmt_ms(row.p50)} / {fmt_ms(run.p90_ms)} ms"
     rep = row.repeats
     if rep is not None and rep.p50_ms is not None:  # `run --repeat N`: p50 as mean ± its 95% t interval
         lat = (f"{fmt_ms(rep.p50_ms.mean)} ± {fmt_ms(rep.p50_ms.half_width)} / "
-               f"{fmt_ms(float_or_none(run.get('p90_ms')))} ms ({rep.p50_ms.n} runs, CV {100 * rep.p50_ms.cv:.1f}%)")
+               f"{fmt_ms(run.p90_ms)} ms ({rep.p50_ms.n} runs, CV {100 * rep.p50_ms.cv:.1f}%)")
     if row.busy:
         lat += " ⚠ busy"
     if row.cpu and row.peak_bytes is None and row.ok:
@@ -125,8 +124,8 @@ def cells(row: Row, report: GpuReport) -> dict[str, str]:
     cost = {"Cost per 1M decisions": efficiency.cost_text(eff)} if report.price_per_gpu_hour is not None else {}
     return {
         "Variant": row.label,
-        "Format": str(run.get("weight_format") or "n/a"),
-        "Size on disk": fmt_bytes(int_or_none(run.get("disk_bytes")), binary=False),
+        "Format": str(run.weight_format or "n/a"),
+        "Size on disk": fmt_bytes(run.disk_bytes, binary=False),
         ("Weights (host memory)" if row.cpu else "VRAM (weights)"): fmt_bytes(row.weights_bytes),
         ("Peak host RSS" if row.cpu else "Peak VRAM"): peak,
         "Latency p50 / p90 (per decision)": lat,
@@ -139,7 +138,7 @@ def cells(row: Row, report: GpuReport) -> dict[str, str]:
         "Δ accuracy vs BF16": acc,
         "Native here?": native,
         "Best for": row.best_for,
-        "Kernel": str(run.get("kernel_path") or "n/a"),
+        "Kernel": str(run.kernel_path or "n/a"),
     }
 
 
@@ -171,15 +170,15 @@ def _markdown_one(report: GpuReport, n_cells: int = 0) -> str:
         n = max(r.comparison.agreement.n for r in report.rows if r.comparison is not None)
         notes.append(
             f"Agrees with BF16 is the share of {n} questions where the variant's top answer matches the BF16 run "
-            f"{str(ref['run_id'])[:13]} ({ref.get('kernel_path')}), with a 95% Wilson interval; TV is the mean total "
+            f"{ref.run_id[:13]} ({ref.kernel_path}), with a 95% Wilson interval; TV is the mean total "
             "variation between their per-option distributions; Δ accuracy is the unweighted mean over benchmarks of "
             "paired per-benchmark deltas on identical questions, with a 95% paired bootstrap interval."
         )
     if report.floor is not None:
         f = report.floor
         notes.append(
-            f"Noise floor: BF16 against itself under another kernel ({f.run.get('kernel_path')}, run "
-            f"{str(f.run['run_id'])[:13]}) agrees on {_pct(f.agreement.rate)} ({100 * f.agreement.lo:.1f}–"
+            f"Noise floor: BF16 against itself under another kernel ({f.run.kernel_path}, run "
+            f"{f.run.run_id[:13]}) agrees on {_pct(f.agreement.rate)} ({100 * f.agreement.lo:.1f}–"
             f"{100 * f.agreement.hi:.1f}) of the questions, TV {f.tv.mean:.3f}."
         )
         margins = next((r.comparison.verdict.margins for r in report.rows if r.comparison is not None), None)
@@ -301,7 +300,7 @@ class GpuMatrix:
 def matrix_cell(row: Row, report: GpuReport) -> str:
     """One variant on one GPU in a few words: p50 latency, weights in memory, agreement with BF16."""
     if not row.ok:
-        return f"failed ({row.run.get('failure') or 'error'})"
+        return f"failed ({row.run.failure or 'error'})"
     c = row.comparison
     if c is not None:
         quality = f"{_pct(c.agreement.rate)} agree"
@@ -349,17 +348,17 @@ def matrix_markdown(m: GpuMatrix) -> str:
 FAILED_SHOWN = 10  # the newest failed runs listed under the tables; `quantbench runs` lists every one
 
 
-def failed_lines(failed: list[dict[str, Any]]) -> list[str]:
+def failed_lines(failed: list[StoredRun]) -> list[str]:
     """The failed runs that belong to no table, newest first, one line each: when, which run, what, why."""
     if not failed:
         return []
     lines = [f"### Failed runs ({len(failed)})", "",
              "These runs failed before their model or suite was known, so they have no row in a table:", ""]
-    for run in sorted(failed, key=lambda r: str(r.get("created_at")), reverse=True)[:FAILED_SHOWN]:
-        when = pd.Timestamp(run["created_at"]).strftime("%Y-%m-%d %H:%M") if run.get("created_at") else "?"
-        first = str(run.get("error") or "").strip().splitlines()
-        why = f"{run.get('failure') or 'error'}" + (f": {first[0][:160]}" if first else "")
-        lines.append(f"- {when} {str(run['run_id'])[:13]} {run.get('backend')} on {parity.gpu_label(run)}: "
+    for run in sorted(failed, key=lambda r: str(r.created_at), reverse=True)[:FAILED_SHOWN]:
+        when = f"{run.created_at:%Y-%m-%d %H:%M}" if run.created_at else "?"
+        first = str(run.error or "").strip().splitlines()
+        why = f"{run.failure or 'error'}" + (f": {first[0][:160]}" if first else "")
+        lines.append(f"- {when} {run.run_id[:13]} {run.backend} on {parity.gpu_label(run)}: "
                      f"{_md_escape(why)}")
     if len(failed) > FAILED_SHOWN:
         lines.append(f"- … and {len(failed) - FAILED_SHOWN} older (`quantbench runs` lists every run)")
@@ -389,16 +388,16 @@ def flat_rows(reports: list[GpuReport]) -> pd.DataFrame:
             run, c = row.run, row.comparison
             m = c.paired.mean if c is not None else None
             out.append({
-                "gpu": rep.gpu, "gpu_family": rep.gpu_family, "host": run.get("host"), "model_id": rep.model_id,
+                "gpu": rep.gpu, "gpu_family": rep.gpu_family, "host": run.host, "model_id": rep.model_id,
                 "suite_id": rep.suite_id, "suite_hash": rep.suite_hash, "variant": row.label,
-                "backend": run.get("backend"), "kernel_path": run.get("kernel_path"),
-                "weight_format": run.get("weight_format"), "run_id": str(run["run_id"]), "status": run.get("status"),
-                "failure": run.get("failure"), "weights": run.get("weights"), "native": run.get("native"),
-                "disk_bytes": int_or_none(run.get("disk_bytes")),
+                "backend": run.backend, "kernel_path": run.kernel_path,
+                "weight_format": run.weight_format, "run_id": run.run_id, "status": run.status,
+                "failure": run.failure, "weights": run.weights, "native": run.native,
+                "disk_bytes": run.disk_bytes,
                 "weights_memory_bytes": row.weights_bytes,
                 "weights_memory_kind": "host_tensors" if row.cpu else "vram_allocated",
                 "peak_memory_bytes": row.peak_bytes, "peak_memory_kind": row.peak_source,
-                "p50_ms": row.p50, "p90_ms": float_or_none(run.get("p90_ms")), "n_timed": int_or_none(run.get("n_timed")),
+                "p50_ms": row.p50, "p90_ms": run.p90_ms, "n_timed": run.n_timed,
                 **_repeat_columns(row), **_condition_columns(row),
                 **_efficiency_columns(row.efficiency or efficiency.of_run(run, rep.price_per_gpu_hour)),
                 "quality": row.quality,
@@ -415,10 +414,10 @@ def flat_rows(reports: list[GpuReport]) -> pd.DataFrame:
                    for e in (c.verdict.parts if c else ()) for k, v in (("", "diff"), ("_lo", "lo"), ("_hi", "hi"))},
                 "delta_accuracy": m.mean if m else None, "delta_accuracy_lo": m.lo if m else None,
                 "delta_accuracy_hi": m.hi if m else None, **sig.flat_columns(c.tests if c else None),
-                "reference_run_id": str(rep.reference["run_id"]) if rep.reference else None,
-                "own_model_id": run.get("own_model_id"), "paired_by": run.get("paired_by"),
+                "reference_run_id": rep.reference.run_id if rep.reference else None,
+                "own_model_id": run.own_model_id, "paired_by": run.paired_by,
                 "recommended": row.recommended, "best_for": row.best_for,
-                "source": run.get("source"), "created_at": str(run.get("created_at")),
+                "source": run.source, "created_at": str(run.created_at),
             })
     df = pd.DataFrame(out)
     for col in ("disk_bytes", "weights_memory_bytes", "peak_memory_bytes", "n_timed", "n_questions",
@@ -439,10 +438,9 @@ def _repeat_columns(row: Row) -> dict[str, Any]:
 
 def _condition_columns(row: Row) -> dict[str, Any]:
     run, f = row.run, row.floors
-    return {"cpu_model": run.get("cpu_model"), "cpu_cores": int_or_none(run.get("cpu_cores")),
-            "machine_id": run.get("machine_id"), "load_avg_1m": float_or_none(run.get("load_avg_1m")),
-            "cpu_steal_share": float_or_none(run.get("cpu_steal_share")),
-            "cpu_others_share": float_or_none(run.get("cpu_others_share")), "busy": row.busy,
+    return {"cpu_model": run.cpu_model, "cpu_cores": run.cpu_cores, "machine_id": run.machine_id,
+            "load_avg_1m": run.load_avg_1m, "cpu_steal_share": run.cpu_steal_share,
+            "cpu_others_share": run.cpu_others_share, "busy": row.busy,
             "latency_floor_ms": f.latency_floor_ms if f else None, "latency_floor_fraction": f.latency_fraction if f else None,
             "energy_floor_j": f.energy_floor_j if f else None, "energy_floor_fraction": f.energy_fraction if f else None,
             "floor_spec": f.spec.source if f else None}
@@ -467,14 +465,14 @@ def to_json(reports: list[GpuReport], rules: Rules | None = None) -> dict[str, A
     out = []
     for rep in reports:
         f = rep.floor
-        per_modality = {str(r.run["run_id"]): parity.clean_json(parity.by_modality(r.comparison).to_dict("records"))
+        per_modality = {r.run.run_id: parity.clean_json(parity.by_modality(r.comparison).to_dict("records"))
                         for r in rep.rows if r.comparison is not None}
         out.append({
             "gpu": rep.gpu, "gpu_family": rep.gpu_family, "cpu": rep.cpu, "model_id": rep.model_id,
             "suite_id": rep.suite_id, "suite_hash": rep.suite_hash,
-            "reference_run_id": str(rep.reference["run_id"]) if rep.reference else None,
+            "reference_run_id": rep.reference.run_id if rep.reference else None,
             "noise_floor": None if f is None else parity.clean_json({
-                "run_id": str(f.run["run_id"]), "kernel_path": f.run.get("kernel_path"),
+                "run_id": f.run.run_id, "kernel_path": f.run.kernel_path,
                 "agreement": asdict(f.agreement), "tv": asdict(f.tv)}),
             "recommended": rep.recommended.label if rep.recommended else None, "rule": rep.rule,
             "notes": throughput_notes(rep.throughput) + rep.notes, "throughput": _throughput_json(rep.throughput),
@@ -483,7 +481,7 @@ def to_json(reports: list[GpuReport], rules: Rules | None = None) -> dict[str, A
             "rows": [{**r, "by_modality": per_modality.get(r["run_id"], [])} for r in records
                      if r["gpu"] == rep.gpu and r["model_id"] == rep.model_id and r["suite_hash"] == rep.suite_hash],
         })
-    failed = [parity.clean_json({k: str(run.get(k)) if k in ("run_id", "created_at") else run.get(k) for k in (
+    failed = [parity.clean_json({k: str(getattr(run, k)) if k in ("run_id", "created_at") else getattr(run, k) for k in (
         "run_id", "created_at", "backend", "model_path", "gpu_name", "host", "failure", "error")})
         for run in getattr(reports, "failed", [])]
     return {"rules": asdict(rules) if rules else None, "reports": out, "summary": _summary_rows(reports),
@@ -539,7 +537,7 @@ def report_text(db: str | Store | None = None, fmt: str = "markdown", gpu: str |
     reports = build_report(store, gpu=gpu, model=model, rules=rules, host=host, since=since, history=history,
                            price_per_gpu_hour=price_per_gpu_hour)
     if not reports and not reports.failed:
-        have = sorted({f"{parity.gpu_label(r)}: {r.get('model_id')}" for r in stored_runs(store)})
+        have = sorted({f"{parity.gpu_label(r)}: {r.model_id}" for r in stored_runs(store)})
         asked = " ".join(f"--{k} {v}" for k, v in (("gpu", gpu), ("model", model), ("host", host), ("since", since))
                          if v)
         raise ConfigError(f"no runs match {asked or 'the filters'} in {store.describe()}; the store has: "

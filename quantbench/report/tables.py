@@ -1,6 +1,6 @@
 """The rich tables the CLI and the sweep print: stored runs one line each, a parity comparison, what an export
-wrote and what a merge added. Domain modules return data (a DataFrame of runs, a Comparison, a MergeSummary);
-these functions only present it.
+wrote and what a merge added. Domain modules return data (stored runs, a Comparison, a MergeSummary); these
+functions only present it.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from quantbench.analysis import significance as sig
 from quantbench.analysis import stats as an
 from quantbench.analysis.parity import Comparison
 from quantbench.store import Store
+from quantbench.store.records import StoredRun
 from quantbench.store.transfer import MergeSummary, exported_counts
 
 
@@ -29,42 +30,41 @@ def stored_value(x: Any) -> Any:
     return None if x is None or (not isinstance(x, list | tuple) and pd.isna(x)) else x
 
 
-def _mib(n: Any) -> str:
-    return "—" if stored_value(n) is None else f"{n / 2**20:,.1f} MiB"
+def _mib(n: int | None) -> str:
+    return "—" if n is None else f"{n / 2**20:,.1f} MiB"
 
 
-def _ms(x: Any) -> str:
-    return "—" if stored_value(x) is None else f"{x:,.1f}"
+def _ms(x: float | None) -> str:
+    return "—" if x is None else f"{x:,.1f}"
 
 
 NUMERIC = ("decisions", an.ACCURACY_NAME, "p50 ms", "p90 ms", "weights", "load s")
 
 
-def runs_table(df: pd.DataFrame, title: str) -> Table:
-    """One self-describing row per run (llama-bench style): what ran, where, and what it measured."""
+def runs_table(runs: list[StoredRun], title: str, sourced: bool = False) -> Table:
+    """One self-describing row per run (llama-bench style): what ran, where, and what it measured; `sourced`
+    (`quantbench runs`): where each row came from (read from several stores, or pulled)."""
     t = Table(title=title, title_justify="left")
-    sourced = "source" in df.columns  # read from several stores, or pulled: say where each row came from
     for col in ("run", "status", "model", "variant", "kernel", "where", *NUMERIC, *(("from",) if sourced else ())):
         t.add_column(col, justify="right" if col in NUMERIC else "left")
-    if (df["weights"] == "synthetic").any():  # their answers are chance: the accuracy column must not read as quality
+    if any(r.weights == "synthetic" for r in runs):  # their answers are chance: the accuracy must not read as quality
         t.caption = "* random (synthetic) weights: speed and memory only; their accuracy is chance, not quality"
         t.caption_justify = "left"
-    for r in df.to_dict("records"):
-        r = {k: stored_value(v) for k, v in r.items()}
-        if r["mem_weights_bytes"] is not None:
-            weights = _mib(r["mem_weights_bytes"])
-        elif r["model_tensor_bytes"] is not None:
-            weights = _mib(r["model_tensor_bytes"]) + " (host)"
+    for r in runs:
+        if r.mem_weights_bytes is not None:
+            weights = _mib(r.mem_weights_bytes)
+        elif r.model_tensor_bytes is not None:
+            weights = _mib(r.model_tensor_bytes) + " (host)"
         else:
             weights = "—"
-        status = "[green]ok[/]" if r["status"] == "ok" else f"[red]failed: {r['failure']}[/]"
-        variant = (r["variant"] or r["backend"]) + (" [noise floor]" if r["role"] == "noise_floor" else "")
-        accuracy = "—" if r["accuracy"] is None else f"{r['accuracy']:.1%}"
-        if r["weights"] == "synthetic" and r["accuracy"] is not None:
+        status = "[green]ok[/]" if r.status == "ok" else f"[red]failed: {r.failure}[/]"
+        variant = (r.variant or r.backend) + (" [noise floor]" if r.role == "noise_floor" else "")
+        accuracy = "—" if r.accuracy is None else f"{r.accuracy:.1%}"
+        if r.weights == "synthetic" and r.accuracy is not None:
             accuracy += " (random weights*)"
-        t.add_row(str(r["run_id"])[:13], status, r["model_id"] or "—", variant, r["kernel_path"] or "—",
-                  r["gpu_name"] or "cpu", "—" if r["n_records"] is None else str(int(r["n_records"])), accuracy,
-                  _ms(r["p50_ms"]), _ms(r["p90_ms"]), weights, _ms(r["load_s"]), *((r["source"],) if sourced else ()))
+        t.add_row(r.run_id[:13], status, r.model_id or "—", variant, r.kernel_path or "—", r.gpu_name or "cpu",
+                  "—" if r.n_records is None else str(r.n_records), accuracy, _ms(r.p50_ms), _ms(r.p90_ms), weights,
+                  _ms(r.load_s), *((r.source,) if sourced else ()))
     return t
 
 
@@ -88,7 +88,7 @@ def print_comparison(comp: Comparison, console: Console | None = None) -> None:
     console = console or term.console()  # to a pipe: whole rows, not wrapped to 80 columns
     c, r = comp.candidate, comp.reference
     console.print(f"[bold]{parity.describe(c)}[/] vs reference [bold]{parity.describe(r)}[/] ({comp.reference_how})")
-    console.print(f"model {c.get('model_id')}, suite {c.get('suite_id')}, {parity.gpu_label(c)}")
+    console.print(f"model {c.model_id}, suite {c.suite_id}, {parity.gpu_label(c)}")
     for note in comp.notes:
         console.print(f"[yellow]note:[/] {note}")
 

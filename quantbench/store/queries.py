@@ -1,8 +1,9 @@
 """Every read the rest of quantbench makes of a results store, one named function per query.
 
 SQL lives in quantbench/store only (tests/test_import_contracts.py checks it): the CLI, the report, parity, the
-sweep and the dashboard call these instead of writing queries of their own. Each returns what `Store.read` returns,
-a DataFrame, opened and closed at once, so a caller never holds the DuckDB lock.
+sweep and the dashboard call these instead of writing queries of their own. Runs come back typed
+(quantbench.store.records.StoredRun, with their latency, accuracy and source), every other read as what `Store.read`
+returns, a DataFrame; each opens and closes its connection at once, so a caller never holds the DuckDB lock.
 """
 
 from __future__ import annotations
@@ -14,36 +15,102 @@ import duckdb
 import pandas as pd
 
 from quantbench.store import Store
+from quantbench.store.records import StoredRun
 from quantbench.store.schema import RUN_SOURCE
 
 ANSWER_COLS = "record_id, question, benchmark, modality, options, probs, top, gold"
-# `run_summary` with its accuracy computed here, the one accuracy (the mean over benchmarks, schema.VIEWS'
-# run_accuracy): a store read without being migrated keeps the view definitions of the quantbench that wrote it,
-# whose accuracy was the pooled share of gold questions.
-SUMMARY = (
-    "(SELECT s.* REPLACE (a.accuracy AS accuracy) FROM run_summary s LEFT JOIN ("
-    "SELECT run_id, avg(accuracy) AS accuracy FROM (SELECT run_id, coalesce(benchmark, '(none)') AS benchmark, "
-    "avg(CASE WHEN gold IS NOT NULL THEN (top = gold)::INTEGER END) AS accuracy FROM answers GROUP BY ALL) "
-    "GROUP BY run_id) a USING (run_id))"
-)
 
 
-# -- runs, one line each (`quantbench runs`, the demo's and the sweep's tables) -------------------------------
-def run_summary(store: Store, run_id: str) -> pd.DataFrame:
-    """The `run_summary` row of one run."""
-    return store.read(f"SELECT * FROM {SUMMARY} WHERE run_id = ?", [run_id])
+# -- stored runs, typed (quantbench.store.records.StoredRun) -------------------------------------------------
+# Every run with the figures derived from its other rows, computed here rather than through the store's own views:
+# a store read without being migrated keeps the views of the quantbench that wrote it (an older run_accuracy pooled
+# the gold questions). The expressions are those of schema.VIEWS' run_latency and run_accuracy.
+STORED_RUNS = """
+WITH lat AS (
+    SELECT run_id, count(*) AS n_timed, quantile_cont(model_ms, 0.5) AS p50_ms,
+           quantile_cont(model_ms, 0.9) AS p90_ms, quantile_cont(model_ms, 0.99) AS p99_ms,
+           avg(model_ms) AS mean_ms, avg(prep_ms) AS prep_mean_ms, avg(tokens) AS mean_tokens
+    FROM latencies GROUP BY run_id),
+full_batch AS (SELECT run_id, max(batch) AS batch FROM latencies GROUP BY run_id),
+throughput AS (
+    SELECT l.run_id, count(*) / (sum(l.model_ms / l.batch) / 1000) AS decisions_per_s
+    FROM latencies l JOIN full_batch b ON l.run_id = b.run_id AND l.batch = b.batch GROUP BY l.run_id),
+per_benchmark AS (
+    SELECT run_id, coalesce(benchmark, '(none)') AS benchmark, count(*) AS n, count(gold) AS n_gold,
+           avg(CASE WHEN gold IS NOT NULL THEN (top = gold)::INTEGER END) AS accuracy
+    FROM answers GROUP BY ALL),
+acc AS (
+    SELECT run_id, sum(n)::BIGINT AS n_answers, sum(n_gold)::BIGINT AS n_gold, avg(accuracy) AS accuracy
+    FROM per_benchmark GROUP BY run_id)
+SELECT r.*, lat.* EXCLUDE (run_id), full_batch.batch, throughput.decisions_per_s, acc.* EXCLUDE (run_id),
+       src.* EXCLUDE (run_id)
+FROM runs r LEFT JOIN lat USING (run_id) LEFT JOIN full_batch USING (run_id) LEFT JOIN throughput USING (run_id)
+LEFT JOIN acc USING (run_id) LEFT JOIN {source} src USING (run_id)
+"""
+NO_SOURCE = ("(SELECT NULL::UUID AS run_id, NULL::VARCHAR AS store, NULL::VARCHAR AS store_kind, "
+             "NULL::VARCHAR AS bundle_id, NULL::VARCHAR AS bundle, NULL::VARCHAR AS bundle_host, "
+             "NULL::TIMESTAMPTZ AS bundle_published_at, NULL::VARCHAR AS pulled_from, NULL::TIMESTAMPTZ AS pulled_at "
+             "WHERE false)")
 
 
-def run_summaries(store: Store, run_ids: list[str]) -> pd.DataFrame:
-    """The `run_summary` rows of these runs, oldest first."""
-    return store.read(f"SELECT * FROM {SUMMARY} WHERE run_id IN (SELECT unnest(?::UUID[])) ORDER BY created_at",
-                      [run_ids])
+def _stored(store: Store, where: str = "", params: list[Any] | None = None,
+            order: str = "r.created_at, r.run_id") -> list[StoredRun]:
+    """The runs of STORED_RUNS that pass `where` (on `r`, the runs table), in `order`. A store from before schema 8
+    has no bundles: its runs' source fields are None."""
+    tail = (f" WHERE {where}" if where else "") + f" ORDER BY {order}"
+    try:
+        return _records(store, STORED_RUNS.format(source=_run_source(store)) + tail, params)
+    except duckdb.CatalogException:
+        return _records(store, STORED_RUNS.format(source=NO_SOURCE) + tail, params)
 
 
-def newest_run_summaries(store: Store, last: int) -> pd.DataFrame:
-    """The newest `last` runs' `run_summary` rows, oldest first."""
-    return store.read(f"SELECT * FROM (SELECT * FROM {SUMMARY} ORDER BY created_at DESC LIMIT {int(last)}) "
-                      "ORDER BY created_at")
+def _records(store: Store, sql: str, params: list[Any] | None) -> list[StoredRun]:
+    with store.connect(write=False) as con:
+        cursor = con.execute(sql, params or [])
+        columns = [d[0] for d in cursor.description]
+        rows = cursor.fetchall()
+    return [StoredRun.from_row(dict(zip(columns, row, strict=True))) for row in rows]
+
+
+def stored_runs(store: Store) -> list[StoredRun]:
+    """Every run, oldest first."""
+    return _stored(store)
+
+
+def stored_runs_by_id(store: Store, run_ids: list[str]) -> list[StoredRun]:
+    """These runs (whole ids), oldest first."""
+    return _stored(store, "CAST(r.run_id AS VARCHAR) IN (SELECT unnest(?::VARCHAR[]))", [list(map(str, run_ids))])
+
+
+def runs_by_id_prefix(store: Store, prefix: str) -> list[StoredRun]:
+    """The runs whose id starts with `prefix` (lower-case), oldest first."""
+    return _stored(store, "CAST(r.run_id AS VARCHAR) LIKE ?", [prefix + "%"])
+
+
+def repeat_runs(store: Store, repeat_id: str) -> list[StoredRun]:
+    """The runs of one `run --repeat N`, in order."""
+    return _stored(store, "r.repeat_id = ?", [repeat_id], order="r.repeat_index")
+
+
+def bf16_reference_runs(store: Store, model_id: Any, suite_hash: Any, other_than: str) -> list[StoredRun]:
+    """Ok `bf16`-backend runs, not noise floors, of this model and suite, except the run `other_than`."""
+    return _stored(
+        store, "r.status = 'ok' AND r.backend = 'bf16' AND coalesce(r.role, 'candidate') <> 'noise_floor' AND "
+        "r.model_id = ? AND r.suite_hash = ? AND CAST(r.run_id AS VARCHAR) <> ?", [model_id, suite_hash, other_than])
+
+
+def bf16_trained_runs_of_suite(store: Store, suite_hash: Any) -> list[StoredRun]:
+    """Ok `bf16`-backend runs, not noise floors and not synthetic weights, of any model on this suite."""
+    return _stored(
+        store, "r.status = 'ok' AND r.backend = 'bf16' AND coalesce(r.role, 'candidate') <> 'noise_floor' "
+        "AND coalesce(r.weights, '') <> 'synthetic' AND r.suite_hash = ?", [suite_hash])
+
+
+def noise_floor_runs(store: Store, model_id: Any, suite_hash: Any, other_than: str) -> list[StoredRun]:
+    """Ok noise-floor runs of this model and suite, except the run `other_than`."""
+    return _stored(
+        store, "r.status = 'ok' AND r.role = 'noise_floor' AND r.model_id = ? AND r.suite_hash = ? AND "
+        "CAST(r.run_id AS VARCHAR) <> ?", [model_id, suite_hash, other_than])
 
 
 def run_error(store: Store, run_id: str) -> pd.DataFrame:
@@ -57,31 +124,6 @@ def run_failure(store: Store, run_id: str) -> pd.DataFrame:
 
 
 # -- the report and parity ----------------------------------------------------------------------------------
-RUNS_WITH_LATENCY = (
-    "WITH b AS (SELECT run_id, max(batch) AS batch FROM latencies GROUP BY run_id), "
-    "t AS (SELECT l.run_id, count(*) / (sum(l.model_ms / l.batch) / 1000) AS decisions_per_s "
-    "      FROM latencies l JOIN b ON l.run_id = b.run_id AND l.batch = b.batch GROUP BY l.run_id) "
-    "SELECT r.*, l.p50_ms, l.p90_ms, l.p99_ms, l.mean_ms, l.n_timed, b.batch, t.decisions_per_s FROM runs r "
-    "LEFT JOIN run_latency l USING (run_id) LEFT JOIN b USING (run_id) LEFT JOIN t USING (run_id) "
-)
-
-
-def runs_with_latency(store: Store) -> pd.DataFrame:
-    """Every run, oldest first, with its latency summary (p50, p90, mean model ms), its batch size (decisions per
-    forward pass, throughput mode) and decisions_per_s over its full-size batches."""
-    return store.read(RUNS_WITH_LATENCY + "ORDER BY r.created_at")
-
-
-def run_with_latency(store: Store, run_id: str) -> pd.DataFrame:
-    """One run (by its whole id) as `runs_with_latency` gives it."""
-    return store.read(RUNS_WITH_LATENCY + "WHERE CAST(r.run_id AS VARCHAR) = ?", [str(run_id)])
-
-
-def repeat_runs(store: Store, repeat_id: str) -> pd.DataFrame:
-    """The runs of one `run --repeat N`, in order, as `runs_with_latency` gives them."""
-    return store.read(RUNS_WITH_LATENCY + "WHERE r.repeat_id = ? ORDER BY r.repeat_index", [repeat_id])
-
-
 def confident_flips(store: Store, reference_run: str, candidate_run: str, min_margin: float) -> pd.DataFrame:
     """The questions the reference answered with a margin (its stored p(top) − p(second)) of at least
     `min_margin` and the candidate answered otherwise: record, question, benchmark, modality, gold, both tops and
@@ -94,38 +136,9 @@ def confident_flips(store: Store, reference_run: str, candidate_run: str, min_ma
         "ORDER BY r.margin DESC, r.record_id, r.question", [reference_run, candidate_run, min_margin])
 
 
-def runs_by_id_prefix(store: Store, prefix: str) -> pd.DataFrame:
-    """The runs whose id starts with `prefix` (lower-case), oldest first."""
-    return store.read("SELECT * FROM runs WHERE CAST(run_id AS VARCHAR) LIKE ? ORDER BY created_at", [prefix + "%"])
-
-
 def answers(store: Store, run_id: str) -> pd.DataFrame:
     """One run's answers, ordered by record and question."""
     return store.read(f"SELECT {ANSWER_COLS} FROM answers WHERE run_id = ? ORDER BY record_id, question", [run_id])
-
-
-def bf16_reference_runs(store: Store, model_id: Any, suite_hash: Any, other_than: str) -> pd.DataFrame:
-    """Ok `bf16`-backend runs, not noise floors, of this model and suite, except the run `other_than`."""
-    return store.read(
-        "SELECT * FROM runs WHERE status = 'ok' AND "
-        "backend = 'bf16' AND coalesce(role, 'candidate') <> 'noise_floor' AND model_id = ? AND suite_hash = ? "
-        "AND CAST(run_id AS VARCHAR) <> ?",
-        [model_id, suite_hash, other_than])
-
-
-def bf16_trained_runs_of_suite(store: Store, suite_hash: Any) -> pd.DataFrame:
-    """Ok `bf16`-backend runs, not noise floors and not synthetic weights, of any model on this suite."""
-    return store.read(
-        "SELECT * FROM runs WHERE status = 'ok' AND backend = 'bf16' AND coalesce(role, 'candidate') <> 'noise_floor' "
-        "AND coalesce(weights, '') <> 'synthetic' AND suite_hash = ?", [suite_hash])
-
-
-def noise_floor_runs(store: Store, model_id: Any, suite_hash: Any, other_than: str) -> pd.DataFrame:
-    """Ok noise-floor runs of this model and suite, except the run `other_than`."""
-    return store.read(
-        "SELECT * FROM runs WHERE status = 'ok' AND "
-        "role = 'noise_floor' AND model_id = ? AND suite_hash = ? AND CAST(run_id AS VARCHAR) <> ?",
-        [model_id, suite_hash, other_than])
 
 
 # -- the sweep ------------------------------------------------------------------------------------------------
@@ -145,13 +158,6 @@ def run_counts(store: Store) -> tuple[int, int]:
     """(runs, ok runs) in the store."""
     counts = store.read("SELECT count(*) AS n, count(*) FILTER (WHERE status = 'ok') AS ok FROM runs")
     return int(counts["n"].iloc[0]), int(counts["ok"].iloc[0])
-
-
-def runs_with_percentiles(store: Store) -> pd.DataFrame:
-    """Every run, oldest first, with its p50 / p90 / p99 latency and number of timed decisions."""
-    return store.read(
-        "SELECT r.*, l.p50_ms, l.p90_ms, l.p99_ms, l.n_timed FROM runs r LEFT JOIN run_latency l USING (run_id) "
-        "ORDER BY r.created_at")
 
 
 def latencies(store: Store, run_ids: Iterable[str]) -> pd.DataFrame:
@@ -179,15 +185,6 @@ def run_sources(store: Store) -> pd.DataFrame:
         return store.read(f"SELECT {RUN_SOURCE_COLS} FROM {_run_source(store)}")
     except duckdb.CatalogException:
         return pd.DataFrame(columns=[c.strip() for c in RUN_SOURCE_COLS.split(",")])
-
-
-def run_summaries_with_sources(store: Store) -> pd.DataFrame:
-    """Every run's `run_summary` row with its source columns and its p99, oldest first."""
-    try:
-        return store.read(f"SELECT s.*, src.* EXCLUDE (run_id) FROM run_summary s LEFT JOIN {_run_source(store)} src "
-                          "USING (run_id) ORDER BY s.created_at")
-    except duckdb.CatalogException:
-        return store.read("SELECT * FROM run_summary ORDER BY created_at")
 
 
 def bundles(store: Store) -> pd.DataFrame:

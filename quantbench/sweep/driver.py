@@ -150,11 +150,10 @@ def print_summary(store: Store, outcome: SweepOutcome, out: Console | None = Non
         out.print(f"Nothing ran: {outcome.skipped} of {outcome.planned} runs were already finished "
                   f"(--rerun runs them again), {len(outcome.unplaceable)} could not be placed.")
         return
-    df = queries.run_summaries(store, outcome.run_ids)
-    out.print(runs_table(df, f"sweep: {outcome.ok} ok, {outcome.failed} failed, {outcome.skipped} already "
-                             f"finished — stored in {store.path}"))
-    # map() over the lists, not the Series: a text Series turns the None of a CPU run back into NaN (truthy).
-    for gpu, host in dict.fromkeys(zip(map(text_or_none, df.gpu_name), map(text_or_none, df.host), strict=True)):
+    stored = queries.stored_runs_by_id(store, outcome.run_ids)
+    out.print(runs_table(stored, f"sweep: {outcome.ok} ok, {outcome.failed} failed, {outcome.skipped} already "
+                                 f"finished — stored in {store.path}"))
+    for gpu, host in dict.fromkeys((text_or_none(r.gpu_name), text_or_none(r.host)) for r in stored):
         try:
             out.print(report_for_this_machine(store, gpu or "cpu", None if gpu else host), markup=False, soft_wrap=True)
         except QuantbenchError as e:
