@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # only annotations: the parent checks checkpoints (runner.pre
 
 PROVENANCE_FILE = "quantbench_provenance.json"  # written by `quantbench quantize` next to a variant
 SYNTHETIC_FILE = "quantbench_synthetic.json"  # written beside a saved random-weight real-shape model
+PLANTED_FILE = "quantbench_planted.json"  # written by `quantbench plant` into a planted regression
 FULL_HASH_LIMIT = 2 << 30  # above this, fingerprint (sizes + head and tail of each file) instead of full sha256
 _CHUNK = 16 << 20
 
@@ -144,6 +145,14 @@ def unread_tensors(root: Path, prefixes: tuple[str, ...]) -> dict[str, Any]:
                 nbytes += size
     return {"components": [p.rstrip(".") for p in prefixes], "tensors": tensors, "bytes": nbytes,
             "total_bytes": total}
+
+
+def planted_info(model_path: str | Path | None) -> dict[str, Any] | None:
+    """`quantbench_planted.json` of a checkpoint directory, or None (not planted, or not a local directory)."""
+    if not model_path:
+        return None
+    file = Path(model_path) / PLANTED_FILE
+    return json.loads(file.read_text()) if file.is_file() else None
 
 
 def read_config(root: Path) -> dict[str, Any]:

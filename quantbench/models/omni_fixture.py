@@ -32,6 +32,7 @@ import torch
 
 from quantbench.models import fixture
 from quantbench.models.fixture import FIXTURE_INFO_FILE, FixtureInfo, cache_dir, read_info
+from quantbench.models.tokenizer import TOKENIZER, build_tokenizer
 
 OMNI_FIXTURE_VERSION = 2
 MEDIA_TOKENS = {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>", "audio_token_id": "<|audio_pad|>",
@@ -84,7 +85,7 @@ def _recipe(seed: int = 0, steps: int | None = None, train: dict[str, Any] | Non
     return {"version": OMNI_FIXTURE_VERSION, "generators_source": source, "text_fixture": fixture.recipe_hash(),
             "text": TEXT, "vision": VISION,
             "audio": AUDIO, "image_processor": IMAGE_PROCESSOR, "audio_features": AUDIO_FEATURES,
-            "tokenizer": fixture.TOKENIZER, "train": _train_settings(steps, train),
+            "tokenizer": TOKENIZER, "train": _train_settings(steps, train),
             "seed": seed, "dtype": "bfloat16"}
 
 
@@ -136,7 +137,7 @@ def _build_into(target: Path, *, rebuild: bool, progress: bool, seed: int = 0,
 # -- tokenizer, config, processor files ------------------------------------------------------------------------
 def build_omni_tokenizer():
     """The text fixture's tokenizer with Qwen-Omni's media special tokens added after its vocabulary."""
-    tok = fixture.build_tokenizer()
+    tok = build_tokenizer()
     tok.add_special_tokens({"additional_special_tokens": list(MEDIA_TOKENS.values())})
     return tok
 

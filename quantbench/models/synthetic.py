@@ -32,8 +32,8 @@ from quantbench.models.build import (
 from quantbench.models.calibration import calibration_prompt
 from quantbench.models.checkpoint import SYNTHETIC_FILE
 from quantbench.models.family import moe_layout
-from quantbench.models.fixture import build_tokenizer
 from quantbench.models.synthetic_omni import OMNI_SHAPES, is_omni_shape, module_prefix
+from quantbench.models.tokenizer import build_tokenizer
 
 # Real model shapes for speed / memory runs with random weights (text decoder only).
 SYNTHETIC_SHAPES: dict[str, dict[str, Any]] = {

@@ -83,9 +83,9 @@ def omni_tokenizer():
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    from quantbench.models.fixture import EOS, PAD, _tokenizer_json
+    from quantbench.models.tokenizer import EOS, PAD, tokenizer_json
 
-    spec = json.loads(_tokenizer_json())
+    spec = json.loads(tokenizer_json())
     vocab = spec["model"]["vocab"]
     by_id = {token_id: text for text, token_id in MEDIA_TOKEN_IDS.values()}
     for i in range(len(vocab), max(by_id) + 1):
