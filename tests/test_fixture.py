@@ -4,8 +4,8 @@ import json
 import pytest
 import torch
 
+from quantbench.make import fixture as F
 from quantbench.models import build
-from quantbench.models import fixture as F
 from quantbench.models import synthetic as S
 from quantbench.models.checkpoint import SYNTHETIC_FILE, fingerprint, load_causal_lm, model_identity
 from quantbench.protocol.prompt import CHOICE_LABELS
@@ -211,7 +211,7 @@ def test_a_real_shape_that_cannot_fit_is_refused_before_allocating_with_the_laye
 HOLD = """
 import fcntl, sys, time
 from pathlib import Path
-from quantbench.models import fixture as F
+from quantbench.make import fixture as F
 path = Path(sys.argv[1])
 if sys.argv[2] == "quantbench":
     with F._locked(path, "building fixture-test"):

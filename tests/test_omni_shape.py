@@ -193,7 +193,7 @@ def test_a_saved_synthetic_omni_checkpoint_loads_and_reads_media(small_shape, tm
 
 def test_quantize_refuses_a_synthetic_omni_shape_and_names_run_shape():
     from quantbench.errors import ConfigError
-    from quantbench.models.quantize import _synthetic_source
+    from quantbench.make.quantize import _synthetic_source
 
     with pytest.raises(ConfigError, match=r"run --shape qwen3-omni-30b-a3b --backend int4"):
         _synthetic_source("qwen3-omni-30b-a3b", 1, 0)

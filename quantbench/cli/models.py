@@ -24,7 +24,7 @@ def fixture(
 ) -> None:
     """Build (or show) the embedded default model: a small trained Qwen3-MoE with its own tokenizer (--family omni:
     a small trained Qwen3-Omni thinker that also reads images, audio and video)."""
-    from quantbench.models.fixture import find_or_build  # lazy: a fast --help
+    from quantbench.make.fixture import find_or_build  # lazy: a fast --help
     from quantbench.models.synthetic import SYNTHETIC_SHAPES, save_synthetic, synthetic_id
 
     try:
@@ -34,7 +34,7 @@ def fixture(
             if layers is not None:
                 raise ConfigError("--layers applies to --shape only: the embedded model's layers are part of its recipe")
             if family == "omni":
-                from quantbench.models.omni_fixture import find_or_build_omni  # lazy: a fast --help
+                from quantbench.make.omni_fixture import find_or_build_omni  # lazy: a fast --help
 
                 info = find_or_build_omni(rebuild, out_dir)
             else:
@@ -95,13 +95,13 @@ def quantize(
                                                      "vision / audio towers")] = None,
 ) -> None:
     """Make a quantized variant with the library that owns the format (auto-round, nvidia-modelopt)."""
-    from quantbench.models.quantize import quantize as do_quantize  # lazy: a fast --help
+    from quantbench.make.quantize import quantize as do_quantize  # lazy: a fast --help
 
     try:
         if model is not None and shape is not None:
             raise ConfigError("give --model or --shape, not both")
         if model is None and shape is None:
-            from quantbench.models.fixture import default_model_dir  # lazy: a fast --help
+            from quantbench.make.fixture import default_model_dir  # lazy: a fast --help
 
             model = str(default_model_dir())
         path = do_quantize(model, scheme, out_dir, iters=iters, nsamples=nsamples, seqlen=seqlen,

@@ -1,4 +1,4 @@
-"""Calibration inputs for the quantizers (quantbench.models.quantize) and the synthetic shapes' one calibration
+"""Calibration inputs for the quantizers (quantbench.make.quantize) and the synthetic shapes' one calibration
 forward (quantbench.models.synthetic): decision records rendered as the runner renders them.
 
 By default the records are the suite generator's train split (calibration_texts). With `quantbench quantize

@@ -118,7 +118,7 @@ class Sweep:
 
 def made_variant_dir(sweep: Sweep, model: Model, scheme: str) -> Path:
     """variants_dir/<model>-<scheme>-<recipe hash>: another recipe is another checkpoint (and another config)."""
-    from quantbench.models.quantize import Recipe
+    from quantbench.make.quantize import Recipe
 
     return sweep.variants_dir / f"{model.name}-{scheme}-{Recipe(scheme, **sweep.quantize).hash[:8]}"
 
@@ -244,7 +244,7 @@ class _Parser:
                       gpus=self.gpus(data), variants_dir=variants_dir, repeats=repeats,
                       quantize_missing=quantize_missing, quantize=quantize, defaults=defaults, ray=ray)
         if quantize:
-            from quantbench.models.quantize import Recipe
+            from quantbench.make.quantize import Recipe
 
             try:
                 Recipe("int4", **quantize)

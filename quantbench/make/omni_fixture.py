@@ -9,12 +9,12 @@ tokens, and `preprocessor_config.json` (the image processor's and the Whisper fe
 `quantbench.models.processor` builds its processor offline. Pictures are 32 wide and 64 tall (2 tokens), a second
 of audio 13 tokens, a 4-frame clip 4 tokens: the towers cost little.
 
-Its text decoder and head are the trained text fixture's (quantbench.models.fixture, built first if not cached;
+Its text decoder and head are the trained text fixture's (quantbench.make.fixture, built first if not cached;
 its recipe hash is part of this one's) and stay frozen, so the text families keep what the text
 fixture learned; the vision and audio towers are trained from scratch on CPU on the media families' train
 split (quantbench.protocol.omnigen), so that on the held-out suite `quantbench-omni-v1` every family is answered well
 above chance; `quantbench fixture --family omni` prints the accuracy per family. Built like the text fixture
-(quantbench.models.fixture: the same lock, cache folder, deterministic training), under its own recipe hash, in
+(quantbench.make.fixture: the same lock, cache folder, deterministic training), under its own recipe hash, in
 `$QUANTBENCH_CACHE/models/omni-fixture-<hash>`; the text fixture is never rebuilt for it.
 """
 
@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from quantbench.models import fixture
-from quantbench.models.fixture import FIXTURE_INFO_FILE, FixtureInfo, cache_dir, read_info
+from quantbench.make import fixture
+from quantbench.make.fixture import FIXTURE_INFO_FILE, FixtureInfo, cache_dir, read_info
 from quantbench.models.tokenizer import TOKENIZER, build_tokenizer
 
 OMNI_FIXTURE_VERSION = 2
@@ -210,8 +210,8 @@ def build_omni_fixture(out_dir: Path, *, seed: int = 0, steps: int | None = None
     accuracy is measured on (default: the built-in omni suite)."""
     from transformers import Qwen3OmniMoeThinkerForConditionalGeneration
 
-    from quantbench.models.omni_fixture_train import record_examples
-    from quantbench.models.omni_fixture_train import train as train_model
+    from quantbench.make.omni_fixture_train import record_examples
+    from quantbench.make.omni_fixture_train import train as train_model
     from quantbench.protocol.omnigen import MEDIA_FAMILIES, generate_media
 
     out_dir = Path(out_dir)

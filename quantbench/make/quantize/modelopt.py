@@ -26,9 +26,9 @@ from typing import Any
 import torch
 
 from quantbench.errors import ConfigError, QuantbenchError
+from quantbench.make.quantize.watch import CalibrationWatch
 from quantbench.models.calibration import calibration_inputs, calibration_texts
 from quantbench.models.checkpoint import load_causal_lm, read_config
-from quantbench.models.quantize.watch import CalibrationWatch
 
 CONFIGS = {"nvfp4": "NVFP4_DEFAULT_CFG", "fp8": "FP8_DEFAULT_CFG"}
 ENCODER_TOWERS = ("audio_tower", "visual")  # a multimodal model's encoders (Qwen3-Omni's thinker): kept BF16 whole
@@ -39,7 +39,7 @@ def modelopt_config(scheme: str, model: torch.nn.Module, experts_only: bool) -> 
     experts_only (later entries win in ModelOpt's quant_cfg list)."""
     import modelopt.torch.quantization as mtq
 
-    from quantbench.models.quantize.autoround import non_expert_linears
+    from quantbench.make.quantize.autoround import non_expert_linears
 
     if scheme not in CONFIGS:
         raise ConfigError(f"--scheme {scheme!r}: ModelOpt makes {', '.join(CONFIGS)}")
@@ -81,7 +81,7 @@ def check_experts_only(model: torch.nn.Module) -> None:
     if stray:
         raise QuantbenchError(f"ModelOpt: {len(stray)} quantizers outside the MoE experts are enabled (first: "
                               f"{stray[0]}); experts-only quantizing would fake-quantize them during calibration. "
-                              "Their modules need an `enable: False` entry in quantbench.models.quantize.modelopt")
+                              "Their modules need an `enable: False` entry in quantbench.make.quantize.modelopt")
 
 
 def plain_disabled_convs(model: torch.nn.Module) -> int:
@@ -183,7 +183,7 @@ def quantize_modelopt(
 
     cfg = modelopt_config(scheme, model, experts_only)
     if seen is not None and experts_only:
-        from quantbench.models.quantize.autoround import non_expert_linears
+        from quantbench.make.quantize.autoround import non_expert_linears
 
         seen["disabled"] = {"non_expert_linears": len(non_expert_linears(model)),
                             "towers": [f"*{t}*" for t in encoder_towers(model)]}

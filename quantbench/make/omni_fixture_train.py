@@ -1,4 +1,4 @@
-"""Training the omni default model (quantbench.models.omni_fixture): examples made by the engine that will score
+"""Training the omni default model (quantbench.make.omni_fixture): examples made by the engine that will score
 the model, and the training loop.
 
 Every example is one question of a decision record prepared by `OmniEngine.prepare` itself (the prompt's token
@@ -79,7 +79,7 @@ def train(model: Any, examples: list[Example], pad_id: int, train: dict[str, Any
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
     from quantbench.engine.omni import _join
-    from quantbench.models.fixture import _batches
+    from quantbench.make.fixture import _batches
     from quantbench.term import LineProgress, Pace
 
     vision, audio = [], []

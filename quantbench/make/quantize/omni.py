@@ -16,7 +16,7 @@ The libraries' own omni paths do not work with the pinned versions (../shared/re
   fp8    cannot export the full model, which has no `forward`), experts on the `eager` path, the quantizers of
          `*audio_tower*`, `*visual*` and every non-expert Linear disabled (quantize/modelopt.py).
 
-Each library runs in a child process (`python -m quantbench.models.quantize.omni`): importing auto-round changes
+Each library runs in a child process (`python -m quantbench.make.quantize.omni`): importing auto-round changes
 how transformers loads MoE checkpoints, and ModelOpt patches module classes, in the process that does it.
 """
 
@@ -51,7 +51,7 @@ def quantize_omni(source: Path, out: Path, recipe: Any, log: Path, *, progress: 
     """Quantize the thinker of the omni checkpoint `source` into `out` (a thinker-only checkpoint); returns the
     provenance details: the route taken, what was dropped, what the library step reported (with `calibration`, a
     calibration file: what it fed, media records through the thinker's towers)."""
-    from quantbench.models.quantize import library_versions
+    from quantbench.make.quantize import library_versions
     from quantbench.term import stderr_console
 
     if not recipe.experts_only:
@@ -202,10 +202,10 @@ def autoround_thinker(source: Path, out: Path, recipe: Any, progress: bool, cali
     import torch
     from transformers import AutoTokenizer, Qwen3OmniMoeThinkerForConditionalGeneration
 
+    from quantbench.make.quantize.autoround import quantize_autoround
+    from quantbench.make.quantize.watch import CalibrationWatch
     from quantbench.models.checkpoint import load_causal_lm
     from quantbench.models.lineage import canonical_tensor_name
-    from quantbench.models.quantize.autoround import quantize_autoround
-    from quantbench.models.quantize.watch import CalibrationWatch
 
     # loaded before auto_round is imported (it changes transformers' MoE loading), refused unless filled exactly
     model = load_causal_lm(source, dtype=torch.bfloat16, device="cpu",
@@ -224,7 +224,7 @@ def autoround_thinker(source: Path, out: Path, recipe: Any, progress: bool, cali
 
 def modelopt_thinker(source: Path, out: Path, recipe: Any, progress: bool, calibration: str | None) -> dict[str, Any]:
     """In the child: ModelOpt on the thinker of `source` (any omni layout)."""
-    from quantbench.models.quantize.modelopt import quantize_modelopt
+    from quantbench.make.quantize.modelopt import quantize_modelopt
 
     seen: dict[str, Any] = {}
     made: dict[str, Any] = {}
@@ -239,7 +239,7 @@ def modelopt_thinker(source: Path, out: Path, recipe: Any, progress: bool, calib
 
 
 def main() -> None:
-    from quantbench.models.quantize import Recipe
+    from quantbench.make.quantize import Recipe
 
     job = json.loads(sys.argv[1])
     recipe = Recipe(**job["recipe"])

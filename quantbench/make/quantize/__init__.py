@@ -2,7 +2,7 @@
 
     quantize(source_dir, "int4", out_dir, iters=0, nsamples=128, group_size=128, experts_only=True) -> Path
 
-int4 wraps AutoRound (quantbench.models.quantize.autoround); nvfp4 and fp8 wrap ModelOpt (quantbench.models.quantize.modelopt,
+int4 wraps AutoRound (quantbench.make.quantize.autoround); nvfp4 and fp8 wrap ModelOpt (quantbench.make.quantize.modelopt,
 called as `quantize_modelopt(source_dir, scheme, out_dir, texts=..., nsamples=..., seqlen=..., experts_only=...,
 progress=...)`). Both calibrate on decision records from the suite generator's *train* split, rendered exactly
 as the runner renders them (prompt + answer) — never a hub dataset — or, with `calibration=FILE.jsonl`, on the
@@ -11,10 +11,10 @@ its path, sha256, the records used and how many carry image / audio / video). `o
 directory (config.json + *.safetensors + tokenizer) with `quantbench_provenance.json`: the source model's hash,
 the recipe, library versions and the time taken.
 
-A Qwen3-Omni-MoE checkpoint takes its own route (quantbench.models.quantize.omni: the thinker's experts only, a
+A Qwen3-Omni-MoE checkpoint takes its own route (quantbench.make.quantize.omni: the thinker's experts only, a
 thinker-only variant, each library in a child process). After every experts-only quantization of a checkpoint,
 every non-expert tensor of the variant is checked byte-identical to the source's and the check is recorded
-(quantbench.models.quantize.unchanged); a variant that fails it is removed.
+(quantbench.make.quantize.unchanged); a variant that fails it is removed.
 
 `default_variant(scheme)` is the embedded default model's variant (`default_variant(scheme, "omni")`: the omni
 default model's), made once and cached under `$QUANTBENCH_CACHE` (default ~/.cache/quantbench) in
@@ -154,7 +154,7 @@ def quantize(
     library = "auto-round" if scheme == "int4" else "nvidia-modelopt"
     method = "calibrated" if scheme != "int4" else f"SignRound, {iters} iterations" if iters else \
         "optimized RTN" if opt_rtn else "plain RTN"
-    from quantbench.models.quantize.omni import is_omni, quantize_omni
+    from quantbench.make.quantize.omni import is_omni, quantize_omni
 
     omni = source is not None and is_omni(read_config(source))
     if cal is not None and not omni:
@@ -169,7 +169,7 @@ def quantize(
         with libraries_to(log):
             if shape is not None:
                 model, tokenizer, origin = _synthetic_source(shape, layers, weights_seed)
-                from quantbench.models.quantize.autoround import quantize_autoround
+                from quantbench.make.quantize.autoround import quantize_autoround
 
                 texts = _file_texts(cal, tokenizer, recipe, calibrated)
                 details = quantize_autoround(None, out, recipe, progress=progress, model=model, tokenizer=tokenizer,
@@ -183,7 +183,7 @@ def quantize(
                 elif scheme == "int4":
                     from transformers import AutoTokenizer
 
-                    from quantbench.models.quantize.autoround import quantize_autoround
+                    from quantbench.make.quantize.autoround import quantize_autoround
 
                     texts = _file_texts(cal, AutoTokenizer.from_pretrained(source), recipe, calibrated)
                     file = {"dataset": texts} if texts is not None else {}  # else its default, the train split
@@ -191,7 +191,7 @@ def quantize(
                 else:
                     from transformers import AutoTokenizer
 
-                    from quantbench.models.quantize.modelopt import quantize_modelopt
+                    from quantbench.make.quantize.modelopt import quantize_modelopt
 
                     tokenizer = AutoTokenizer.from_pretrained(source)
                     texts = _file_texts(cal, tokenizer, recipe, calibrated) or calibration_texts(
@@ -205,7 +205,7 @@ def quantize(
         raise
     restored = {}
     if source is not None and scheme == "int4":
-        from quantbench.models.quantize.unchanged import restore_source_dtypes
+        from quantbench.make.quantize.unchanged import restore_source_dtypes
 
         restored = restore_source_dtypes(source, out)
     details["tokenizer"] = _tokenizer_as_source(source, out)
@@ -258,7 +258,7 @@ def _file_texts(cal: CalibrationFile | None, tokenizer: Any, recipe: Recipe,
 def _check_unchanged(source: Path, out: Path, scheme: str, say: Any) -> dict[str, Any]:
     """quantize/unchanged.py's check of every non-expert tensor against the source; a variant that fails it is
     removed (it is not the experts-only variant it claims to be) and the error names the first differing tensor."""
-    from quantbench.models.quantize.unchanged import ChangedTensor, check_unchanged
+    from quantbench.make.quantize.unchanged import ChangedTensor, check_unchanged
 
     started = time.perf_counter()
     try:
@@ -351,7 +351,7 @@ def cached_variant(source_dir: str | Path, scheme: str, **opts: Any) -> Path:
     log = library_log(target)  # beside the variant's final place: the staging folder's name is never shown
     log.unlink(missing_ok=True)
     args = {"source_dir": str(source_dir), "out_dir": str(staging), "log": str(log), **recipe.to_dict()}
-    code = "import json, sys; from quantbench.models.quantize import quantize; quantize(**json.loads(sys.argv[1]))"
+    code = "import json, sys; from quantbench.make.quantize import quantize; quantize(**json.loads(sys.argv[1]))"
     done = subprocess.run([sys.executable, "-c", code, json.dumps(args)], stdout=sys.stderr, check=False)
     if done.returncode != 0 or not (staging / PROVENANCE_FILE).is_file():
         shutil.rmtree(staging, ignore_errors=True)
@@ -371,7 +371,7 @@ DEFAULT_VARIANT_RECIPE = {"iters": 0, "nsamples": 16, "seqlen": 256}
 
 def default_variant(scheme: str, family: str = "text", **opts: Any) -> Path:
     """The embedded default model's `scheme` variant (RTN unless `opts` say otherwise), cached; `family` "omni":
-    the omni default model's (quantbench.models.omni_fixture; its thinker's experts, quantize/omni.py)."""
+    the omni default model's (quantbench.make.omni_fixture; its thinker's experts, quantize/omni.py)."""
     return cached_variant(default_model_dir(family), scheme, **{**DEFAULT_VARIANT_RECIPE, **opts})
 
 
@@ -381,11 +381,11 @@ FAMILIES = ("text", "omni")  # the embedded default models: `--family`
 def default_model_dir(family: str = "text") -> Path:
     """The embedded default model of `family` (built and cached on first use)."""
     if family == "omni":
-        from quantbench.models.omni_fixture import omni_default_model_dir
+        from quantbench.make.omni_fixture import omni_default_model_dir
 
         return omni_default_model_dir()
     if family != "text":
         raise ConfigError(f"--family {family!r}: use one of {', '.join(FAMILIES)}")
-    from quantbench.models.fixture import default_model_dir as text_model_dir
+    from quantbench.make.fixture import default_model_dir as text_model_dir
 
     return text_model_dir()
