@@ -121,9 +121,9 @@ class Int4Backend:
         # for its flags, and `run --help` or a refused --db should not wait for them (README, Adding a backend).
         import torch
 
-        from quantbench.models.family import Qwen3OmniThinkerFamily, family_of
+        from quantbench.models.families import Qwen3OmniThinkerFamily, family_of
+        from quantbench.models.families.qwen3_omni.processor import decision_engine
         from quantbench.models.modelopt import unread_note
-        from quantbench.models.processor import decision_engine
         from quantbench.run.placement import device_of, dtype_of
 
         dtype = dtype_of(spec)
@@ -184,7 +184,7 @@ class Int4Backend:
             raise ConfigError("--shape with --backend int4 runs the grouped-MoE engine only; drop --no-fast-moe "
                               "(a per-expert synthetic run needs a checkpoint: `quantbench quantize --scheme int4`)")
         from quantbench.engine.moe.int4 import rtn_experts
-        from quantbench.models.processor import decision_engine
+        from quantbench.models.families.qwen3_omni.processor import decision_engine
         from quantbench.models.synthetic import build_synthetic_quantized, synthetic_id
 
         # built layer by layer: each layer's BF16 experts are quantized and freed before the next layer's exist
@@ -213,7 +213,7 @@ def install_int4_engine(model: torch.nn.Module, qc: dict[str, Any], kernel: str 
     """Regroup every MoE layer's per-expert int4 QuantLinears into stacked tensors and swap in the engine."""
     from quantbench.engine.moe import install_grouped_moe
     from quantbench.engine.moe.int4 import regroup_experts
-    from quantbench.models.family import moe_layout
+    from quantbench.models.families import moe_layout
 
     sym = qc.get("sym", True)
     return install_grouped_moe(model, lambda i, ex: regroup_experts(ex, sym=sym, name=f"layers.{i}.mlp.experts"),

@@ -42,7 +42,7 @@ from quantbench.engine.moe import (  # noqa: E402
 from quantbench.engine.moe.int4 import Int4Experts, rtn_experts  # noqa: E402
 from quantbench.engine.moe.int4_kernels import int4_grouped_mm, pick_config  # noqa: E402
 from quantbench.engine.triton_common import rows_bucket  # noqa: E402
-from quantbench.models.family import moe_layout  # noqa: E402
+from quantbench.models.families import moe_layout  # noqa: E402
 
 SHAPE = {"hidden": 2048, "inter": 768, "experts": 128, "top_k": 8, "group": 128}
 

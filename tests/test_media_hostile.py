@@ -157,7 +157,7 @@ def test_a_header_that_lies_is_caught_while_decoding():
 
 
 def test_a_decoded_video_is_one_array_held_once():
-    from quantbench.engine.omni import _video_array
+    from quantbench.models.families.qwen3_omni.engine import _video_array
 
     video = decode_part("state.clip", {"type": "video", "data": uri("video/mp4", mp4_bytes(6, 2, 32))}, Limits())
     assert isinstance(video, DecodedVideo) and isinstance(video.frames, np.ndarray)

@@ -182,7 +182,7 @@ def test_a_short_build_is_deterministic_and_loads(tmp_path):
     assert config.text_config.num_experts >= 8 and config.text_config.hidden_size >= 256
     assert config.text_config.hidden_size % 128 == 0 and config.text_config.moe_intermediate_size % 128 == 0
     # quantbench's processor reads its files: every media kind, the media tokens at the config's ids
-    from quantbench.models.processor import omni_processor
+    from quantbench.models.families.qwen3_omni.processor import omni_processor
 
     media = omni_processor(tmp_path / "a", OF.build_omni_tokenizer(), model)
     assert media.modalities == {"image", "audio", "video"}

@@ -27,7 +27,7 @@ from backends.int4 import Int4Backend
 from backends.nvfp4 import Nvfp4Backend
 from quantbench.make.quantize import quantize
 from quantbench.make.quantize.unchanged import ChangedTensor, check_unchanged
-from quantbench.models.family import Qwen3OmniThinkerFamily
+from quantbench.models.families import Qwen3OmniThinkerFamily
 from quantbench.protocol.suitegen import generate
 from quantbench.run.machine import detect
 from quantbench.run.spec import RunSpec

@@ -16,9 +16,9 @@ import duckdb
 import pytest
 import torch
 
-from quantbench.engine.omni import OmniEngine
 from quantbench.models import synthetic as S
-from quantbench.models import synthetic_omni as SO
+from quantbench.models.families.qwen3_omni import synthetic as SO
+from quantbench.models.families.qwen3_omni.engine import OmniEngine
 from quantbench.protocol import media_cache, parse_request
 from tests.test_media import audio_bytes, uri
 from tests.test_omni_media import STATES, png

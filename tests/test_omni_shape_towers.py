@@ -1,4 +1,4 @@
-"""Issue #25 part 8: quantbench's vision and audio towers (quantbench.engine.towers) compute what transformers'
+"""Issue #25 part 8: quantbench's vision and audio towers (quantbench.models.families.qwen3_omni.towers) compute what transformers'
 own Qwen3-Omni towers compute, on CPU (where the CUDA-graph part is off; the body it would capture is what runs):
 one image, two images of different sizes (unequal attention windows: the block-diagonal mask), a video (equal
 windows: the batched path), one audio clip of 10 s (two windows of 104 and 26) and two clips; and the engine's
@@ -13,9 +13,9 @@ from functools import cache
 import pytest
 import torch
 
-from quantbench.engine.omni import OmniEngine
-from quantbench.engine.towers import Towers
-from quantbench.models.processor import processor_from_settings
+from quantbench.models.families.qwen3_omni.engine import OmniEngine
+from quantbench.models.families.qwen3_omni.processor import processor_from_settings
+from quantbench.models.families.qwen3_omni.towers import Towers
 from tests.omni_tiny import AUDIO_FEATURES, IMAGE, full_model, omni_tokenizer
 
 
@@ -102,11 +102,11 @@ def test_the_media_forward_equals_the_thinkers_own():
 
 
 def test_deepstack_added_densely_by_hooks_equals_transformers_path():
-    """What the graphed media decoder captures (quantbench.engine.omni_graph: no attention mask, deepstack as
+    """What the graphed media decoder captures (quantbench.models.families.qwen3_omni.decoder_graphs: no attention mask, deepstack as
     dense adds by forward hooks) computes what the eager decoder with transformers' deepstack path computes; the
     graph itself needs a GPU, this is the forward it records."""
-    from quantbench.engine.omni import _dense, _join, _visual
-    from quantbench.engine.omni_graph import GraphedMediaDecoder
+    from quantbench.models.families.qwen3_omni.decoder_graphs import GraphedMediaDecoder
+    from quantbench.models.families.qwen3_omni.engine import _dense, _join, _visual
     from tests.test_omni_media import request
 
     ours = engine()

@@ -17,7 +17,7 @@ from quantbench.engine.moe.engine import GroupedMoE
 from quantbench.engine.moe.fp8 import E4M3_MAX, Fp8Experts
 from quantbench.engine.moe.int4 import rtn_experts
 from quantbench.models.calibration import calibration_prompt
-from quantbench.models.family import moe_layout
+from quantbench.models.families import moe_layout
 
 # experts dominate, as in the real shape (there 94% of the weights), at a few MB a layer
 TINY = dict(S.SYNTHETIC_SHAPES["qwen3-30b-a3b"], vocab_size=2048, hidden_size=128, num_attention_heads=2,

@@ -6,7 +6,7 @@ transformers (`AutoModelForImageTextToText`) both load: the text fixture's decod
 experts top-2, QK-norm; interleaved 3-D rope), a 2-block vision tower (patch 16, merge 2, deepstack after layer 0)
 and a 2-layer audio encoder, with the text fixture's byte-level BPE tokenizer plus Qwen-Omni's media special
 tokens, and `preprocessor_config.json` (the image processor's and the Whisper feature extractor's settings), so
-`quantbench.models.processor` builds its processor offline. Pictures are 32 wide and 64 tall (2 tokens), a second
+`quantbench.models.families.qwen3_omni.processor` builds its processor offline. Pictures are 32 wide and 64 tall (2 tokens), a second
 of audio 13 tokens, a 4-frame clip 4 tokens: the towers cost little.
 
 Its text decoder and head are the trained text fixture's (quantbench.make.fixture, built first if not cached;
@@ -197,8 +197,8 @@ def start_from_text_fixture(model: Any, text_dir: Path) -> None:
 
 # -- build and evaluate ------------------------------------------------------------------------------------------
 def _engine(model: Any, tokenizer: Any, checkpoint: Path) -> Any:
-    from quantbench.engine.omni import OmniEngine
-    from quantbench.models.processor import omni_processor
+    from quantbench.models.families.qwen3_omni.engine import OmniEngine
+    from quantbench.models.families.qwen3_omni.processor import omni_processor
 
     return OmniEngine(model, tokenizer, media=omni_processor(checkpoint, tokenizer, model))
 

@@ -78,8 +78,8 @@ def train(model: Any, examples: list[Example], pad_id: int, train: dict[str, Any
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
-    from quantbench.engine.omni import _join
     from quantbench.make.fixture import _batches
+    from quantbench.models.families.qwen3_omni.engine import _join
     from quantbench.term import LineProgress, Pace
 
     vision, audio = [], []

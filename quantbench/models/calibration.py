@@ -8,7 +8,7 @@ record is its prompt followed by its `gold` answer when the record has one, else
 The quantizers feed the model one batch at a time as keyword inputs (`model(**inputs)`). A text record is packed
 with the records after it into texts of at least `seqlen` tokens, cut to `seqlen`: a text batch is `input_ids` +
 `attention_mask` (calibration_inputs). A record carrying media (a Qwen3-Omni thinker's image, audio or video) is
-one sample per question, made by the decision engine's own path (quantbench.engine.omni.OmniEngine.prepare: the
+one sample per question, made by the decision engine's own path (quantbench.models.families.qwen3_omni.engine.OmniEngine.prepare: the
 state rendered with its placeholders, the parts decoded under the media limits, the checkpoint's processor run):
 `input_ids` with the media placeholders expanded, `attention_mask`, and the tower inputs the thinker's forward
 needs (`pixel_values` + `image_grid_thw`, `input_features` + `feature_attention_mask`, `pixel_values_videos` +
@@ -205,8 +205,8 @@ def media_sampler(model: Any, tokenizer: Any, checkpoint: Path, cal: Calibration
     default media limits with `path` read from the file's folder, the checkpoint's processor, quantbench's audio
     check) as the forward's keyword inputs; None when the checkpoint reads text only. The file's records are
     checked against what the checkpoint reads first (ConfigError naming record and field)."""
-    from quantbench.engine.omni import OmniEngine, _join
-    from quantbench.models.processor import omni_processor
+    from quantbench.models.families.qwen3_omni.engine import OmniEngine, _join
+    from quantbench.models.families.qwen3_omni.processor import omni_processor
 
     processor = omni_processor(checkpoint, tokenizer, model)
     cal.refuse_media(processor.modalities if processor is not None else frozenset())

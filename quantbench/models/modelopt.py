@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from quantbench.engine.moe.engine import DenseExperts, install_grouped_moe
 from quantbench.errors import LoadError
 from quantbench.models.checkpoint import model_identity, read_config, unread_tensors
-from quantbench.models.family import Qwen3OmniThinkerFamily, family_of, moe_layout
+from quantbench.models.families import Qwen3OmniThinkerFamily, family_of, moe_layout
 from quantbench.models.layout import Layout, read_layout
 from quantbench.models.strict import Checkpoint, finish, stacked_experts
 

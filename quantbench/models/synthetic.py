@@ -1,5 +1,5 @@
 """Real model shapes with seeded random weights, for speed and memory runs (`run --shape`, `fixture --shape`):
-the Qwen3-30B-A3B text shape and the Qwen3-Omni-30B-A3B thinker (quantbench.models.synthetic_omni: its towers,
+the Qwen3-30B-A3B text shape and the Qwen3-Omni-30B-A3B thinker (quantbench.models.families.qwen3_omni.synthetic: its towers,
 tokenizer and processor), built straight on the target device, and their variants quantized in memory. Their rows
 say `weights: synthetic`: latency and memory mean something, answers do not."""
 
@@ -31,8 +31,8 @@ from quantbench.models.build import (
 )
 from quantbench.models.calibration import calibration_prompt
 from quantbench.models.checkpoint import SYNTHETIC_FILE
-from quantbench.models.family import moe_layout
-from quantbench.models.synthetic_omni import OMNI_SHAPES, is_omni_shape, module_prefix
+from quantbench.models.families import moe_layout
+from quantbench.models.families.qwen3_omni.synthetic import OMNI_SHAPES, is_omni_shape, module_prefix
 from quantbench.models.tokenizer import build_tokenizer
 
 # Real model shapes for speed / memory runs with random weights (text decoder only).
@@ -73,7 +73,7 @@ def _config_and_tokenizer(shape: str, layers: int | None):
     if layers is not None and layers < 1:
         raise ValueError(f"layers must be at least 1, got {layers}")
     if is_omni_shape(shape):
-        from quantbench.models.synthetic_omni import omni_tokenizer, thinker_config
+        from quantbench.models.families.qwen3_omni.synthetic import omni_tokenizer, thinker_config
 
         tokenizer = omni_tokenizer()
         return thinker_config(shape, layers, tokenizer.pad_token_id, tokenizer.eos_token_id), tokenizer
@@ -91,7 +91,7 @@ def _mark(model, shape: str, layers: int | None, seed: int) -> None:
     model.quantbench_weights = "synthetic"  # read by the runner for the row's `weights` column
     model.quantbench_model_id = synthetic_id(shape, layers, seed)
     if is_omni_shape(shape):  # what models.processor.decision_engine builds the media processor from
-        from quantbench.models.synthetic_omni import processor_settings
+        from quantbench.models.families.qwen3_omni.synthetic import processor_settings
 
         model.quantbench_processor_settings = processor_settings()
 
@@ -99,7 +99,7 @@ def _mark(model, shape: str, layers: int | None, seed: int) -> None:
 def _meta(config, dtype: torch.dtype):
     """The shape's model on the meta device: a Qwen3-Omni thinker or a Qwen3MoeForCausalLM."""
     if getattr(config, "model_type", None) == "qwen3_omni_moe_thinker":
-        from quantbench.models.synthetic_omni import meta_thinker
+        from quantbench.models.families.qwen3_omni.synthetic import meta_thinker
 
         return meta_thinker(config, dtype)
     return meta_model(config, dtype)
@@ -108,7 +108,7 @@ def _meta(config, dtype: torch.dtype):
 def _new_buffers(model, device) -> None:
     """The computed buffers (rotary frequencies, the audio sinusoids) a meta model has no values for."""
     if getattr(model.config, "model_type", None) == "qwen3_omni_moe_thinker":
-        from quantbench.models.synthetic_omni import new_buffers
+        from quantbench.models.families.qwen3_omni.synthetic import new_buffers
 
         new_buffers(model, device)
     else:
@@ -153,7 +153,7 @@ def save_synthetic(shape: str, out_dir: Path, *, layers: int | None = None, seed
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     if is_omni_shape(shape):  # the processor files a real Omni checkpoint ships: media reads as from that one
-        from quantbench.models.synthetic_omni import preprocessor_json
+        from quantbench.models.families.qwen3_omni.synthetic import preprocessor_json
 
         (out_dir / "preprocessor_config.json").write_text(preprocessor_json())
     marker = {"model_id": synthetic_id(shape, layers, seed), "shape": shape,

@@ -101,7 +101,7 @@ KNOWN_SHAPES = ("qwen3-30b-a3b",)  # quantbench.models.synthetic's text shape; t
 def _synthetic_shapes(shape: str) -> Any:
     """The synthetic shapes quantbench.models.synthetic knows. Its module imports torch (seconds), so a known name
     passes without it; only another name (a typo, or a shape a caller registered) is looked up there."""
-    from quantbench.models.synthetic_omni import OMNI_SHAPES
+    from quantbench.models.families.qwen3_omni.synthetic import OMNI_SHAPES
 
     module = sys.modules.get("quantbench.models.synthetic")
     if module is None and (shape in KNOWN_SHAPES or shape in OMNI_SHAPES):

@@ -288,7 +288,7 @@ def _synthetic_source(shape: str, layers: int | None, weights_seed: int) -> tupl
 
     if shape not in SYNTHETIC_SHAPES:
         raise ConfigError(f"--shape {shape!r}: use one of {', '.join(sorted(SYNTHETIC_SHAPES))}")
-    from quantbench.models.synthetic_omni import is_omni_shape
+    from quantbench.models.families.qwen3_omni.synthetic import is_omni_shape
 
     if is_omni_shape(shape):  # auto-round's omni path wants a checkpoint with a processor, not a model in memory
         raise ConfigError(f"--shape {shape}: a synthetic Qwen3-Omni thinker is not quantized to a checkpoint; "

@@ -110,7 +110,7 @@ def load_for_calibration(source: str | Path, device: str) -> torch.nn.Module:
     """The BF16 model on transformers' `eager` experts path (where ModelOpt intercepts fused experts): a causal
     LM, or a Qwen3-Omni-MoE checkpoint's thinker as quantbench's loader reads it (full or thinker-only, any key
     layout; the talker and code2wav never read)."""
-    from quantbench.models.family import Qwen3OmniThinkerFamily, family_of
+    from quantbench.models.families import Qwen3OmniThinkerFamily, family_of
 
     source = Path(source)
     family = family_of(read_config(source))

@@ -33,7 +33,7 @@ from typing import Any
 from quantbench.errors import ConfigError, QuantbenchError
 from quantbench.models.checkpoint import read_config, unread_tensors
 
-OMNI_FULL, OMNI_THINKER = "qwen3_omni_moe", "qwen3_omni_moe_thinker"  # as quantbench.models.family names them
+OMNI_FULL, OMNI_THINKER = "qwen3_omni_moe", "qwen3_omni_moe_thinker"  # as quantbench.models.families names them
 UNREAD = ("talker.", "code2wav.")
 # The files a thinker-only variant keeps from its source besides the weights and config: tokenizer and processor
 # (the media a decision carries is prepared by the checkpoint's own processor files).

@@ -45,7 +45,7 @@ def is_expert_tensor(name: str) -> bool:
 def checkpoint_names(root: Path) -> Callable[[str], str | None]:
     """The map from `root`'s checkpoint keys to one name per tensor: its family's `module_name` (None: a component
     never read) when the family has several key layouts, else the key itself."""
-    from quantbench.models.family import family_of  # lazy: torch is imported only by the quantizers
+    from quantbench.models.families import family_of  # lazy: torch is imported only by the quantizers
 
     config = read_config(root)
     family = family_of(config)

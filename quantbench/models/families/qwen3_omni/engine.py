@@ -2,12 +2,12 @@
 
 It is TransformersEngine with two hooks filled (quantbench.engine.scoring): `_prompt` renders a question whose
 state holds media parts with each part's placeholder, decodes the parts (once per part and process:
-quantbench.protocol.media_cache) and runs the checkpoint's processor (quantbench.models.processor: pictures and
+quantbench.protocol.media_cache) and runs the checkpoint's processor (quantbench.models.families.qwen3_omni.processor: pictures and
 frames made on the model's device on a GPU, each part once per request), which expands each placeholder to the
 part's tokens and makes the tensors the model reads; prepare also makes each row's 3-D rope positions on the host
 (transformers' own `get_rope_index`). `_hidden` runs a batch that carries media with the host work first (where
 each row's media go, the mask, the positions: one upload) and then device work only, no sync: the towers
-(quantbench.engine.towers: transformers' modules, one SDPA call per layer, CUDA graphs per media shape on a GPU)
+(quantbench.models.families.qwen3_omni.towers: transformers' modules, one SDPA call per layer, CUDA graphs per media shape on a GPU)
 once per distinct media of the batch, not once per question row (a record's questions share their media), their
 outputs placed at the placeholders by index as transformers merges them (placeholders, deepstack), then the text
 decoder (a CUDA graph per shape on a GPU); it hands back the last hidden states, so the head is applied only at
@@ -36,12 +36,12 @@ import torch
 from torch import Tensor
 
 from quantbench.engine.base import EngineReport
-from quantbench.engine.media_context import check_media_headers
-from quantbench.engine.omni_graph import GraphedMediaDecoder
 from quantbench.engine.scoring import Prepared, TransformersEngine
-from quantbench.engine.towers import Towers
 from quantbench.errors import ContextLengthError, RequestError
 from quantbench.limits import Limits
+from quantbench.models.families.qwen3_omni.decoder_graphs import GraphedMediaDecoder
+from quantbench.models.families.qwen3_omni.media_context import check_media_headers
+from quantbench.models.families.qwen3_omni.towers import Towers
 from quantbench.protocol import DecisionRequest, is_media_part, refuse_unread_media
 from quantbench.protocol.media import DecodedAudio, DecodedImage, DecodedVideo
 from quantbench.protocol.media_cache import decode_media_once
@@ -414,7 +414,7 @@ class OmniEngine(TransformersEngine):
 
     def _decode(self, ids: Tensor, layout: _Layout, media: list[Any], encoded: dict[int, dict[str, Any]]) -> Tensor:
         """The text decoder over the merged embeddings (`_merge`): from a CUDA graph per padded shape on a GPU
-        (quantbench.engine.omni_graph: deepstack added densely), else eagerly with transformers' deepstack path."""
+        (quantbench.models.families.qwen3_omni.decoder_graphs: deepstack added densely), else eagerly with transformers' deepstack path."""
         embeds, deep = self._merge(ids, layout, media, encoded)
         self._mark("merge")
 

@@ -1,0 +1,1 @@
+"""The Qwen3-Omni-MoE family."""
