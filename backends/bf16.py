@@ -75,8 +75,7 @@ class Bf16Backend:
         import torch
 
         from quantbench.engine.moe import experts_nbytes
-        from quantbench.models.families import family_of
-        from quantbench.models.families.qwen3_omni.processor import decision_engine
+        from quantbench.models.families import decision_engine, family_of
         from quantbench.models.modelopt import unread_note
         from quantbench.models.synthetic import build_synthetic, synthetic_id
         from quantbench.run.placement import dtype_of

@@ -63,7 +63,7 @@ class Nvfp4Backend:
         # torch and the engine are imported here, not with the module: `quantbench run` imports every backend
         # for its flags, and `run --help` or a refused --db should not wait for them (README, Adding a backend).
         from quantbench.engine.moe.engine import experts_nbytes, kernel_paths
-        from quantbench.models.families.qwen3_omni.processor import decision_engine
+        from quantbench.models.families import decision_engine
         from quantbench.models.modelopt import load_checkpoint
         from quantbench.run.placement import device_of, dtype_of
 

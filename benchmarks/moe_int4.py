@@ -307,7 +307,7 @@ def bench_layer(device: str, tokens: int, log: list[str]) -> dict[str, float]:
 
 def build_model(layers: int, device: str):
     from quantbench.models.build import moe_config, new_model
-    from quantbench.models.synthetic import SYNTHETIC_SHAPES
+    from quantbench.models.families.qwen3_moe.family import SHAPES as SYNTHETIC_SHAPES
 
     config = moe_config(dict(SYNTHETIC_SHAPES["qwen3-30b-a3b"], num_hidden_layers=layers))
     return new_model(config, device, torch.bfloat16, seed=0).eval()

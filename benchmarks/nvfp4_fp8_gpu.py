@@ -285,7 +285,7 @@ def whole_model(layers: int) -> None:
     from quantbench.engine.moe.engine import install_grouped_moe
     from quantbench.models.build import moe_config, new_model
     from quantbench.models.families import moe_layout
-    from quantbench.models.synthetic import SYNTHETIC_SHAPES
+    from quantbench.models.families.qwen3_moe.family import SHAPES as SYNTHETIC_SHAPES
 
     dims = dict(SYNTHETIC_SHAPES["qwen3-30b-a3b"], num_hidden_layers=layers)
     t0 = time.perf_counter()

@@ -207,13 +207,13 @@ def measure_towers(engine: Any, requests: dict[str, Any], clock: Clock, reps: in
     """Each tower on each medium: transformers' own (the thinker's get_*_features) and quantbench's, medians."""
     import torch
 
-    from quantbench.models.families.qwen3_omni.engine import _audio_frames, _join
+    from quantbench.models.families.qwen3_omni.media_batch import audio_frames, join_media
 
     model, out = engine.model, {}
     for kind in ("image", "audio", "video"):
-        inputs = _join([engine.prepare(requests[kind]).media[0]], engine.device, model.dtype)
+        inputs = join_media([engine.prepare(requests[kind]).media[0]], engine.device, model.dtype)
         if kind == "audio":
-            frames, lens = _audio_frames(inputs)
+            frames, lens = audio_frames(inputs)
             lens = lens.cpu()  # as the engine's forward hands them: the lengths on the host, no sync
             theirs = lambda i=inputs: model.get_audio_features(  # noqa: E731
                 i["input_features"], i["feature_attention_mask"], return_dict=True)

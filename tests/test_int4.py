@@ -265,7 +265,7 @@ def test_quantize_takes_a_checkpoint_or_a_synthetic_shape_and_says_which_when_ne
 SYNTHETIC_QUANTIZE = """
 import json, sys
 from pathlib import Path
-from quantbench.models import synthetic
+from quantbench.models.families.qwen3_moe.family import SHAPES as TEXT_SHAPES
 from quantbench.models.checkpoint import model_identity
 from quantbench.make.quantize import quantize
 import auto_round
@@ -274,7 +274,7 @@ made_with, real = {}, auto_round.AutoRound  # what AutoRound was asked for: --pl
 auto_round.AutoRound = lambda *args, **kwargs: (made_with.update(kwargs), real(*args, **kwargs))[1]
 
 # a small shape of the same family (the real one is 61 GB): registered for this process only
-synthetic.SYNTHETIC_SHAPES["test-moe"] = dict(synthetic.SYNTHETIC_SHAPES["qwen3-30b-a3b"], hidden_size=256,
+TEXT_SHAPES["test-moe"] = dict(TEXT_SHAPES["qwen3-30b-a3b"], hidden_size=256,
     num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_experts=8, num_experts_per_tok=2,
     moe_intermediate_size=128, intermediate_size=512, vocab_size=2048)
 out = Path(sys.argv[1])

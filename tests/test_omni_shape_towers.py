@@ -106,7 +106,11 @@ def test_deepstack_added_densely_by_hooks_equals_transformers_path():
     dense adds by forward hooks) computes what the eager decoder with transformers' deepstack path computes; the
     graph itself needs a GPU, this is the forward it records."""
     from quantbench.models.families.qwen3_omni.decoder_graphs import GraphedMediaDecoder
-    from quantbench.models.families.qwen3_omni.engine import _dense, _join, _visual
+    from quantbench.models.families.qwen3_omni.media_batch import (
+        dense_deepstack,
+        join_media,
+        visual_deepstack,
+    )
     from tests.test_omni_media import request
 
     ours = engine()
@@ -119,16 +123,16 @@ def test_deepstack_added_densely_by_hooks_equals_transformers_path():
                                            positions=prepared.positions[:1])
             ids = torch.tensor(prepared.rows)
             media = prepared.media
-            encoded = {id(media[0]): ours._run_towers(_join(media, ours.device, ours.model.dtype, host_meta=True))}
+            encoded = {id(media[0]): ours._run_towers(join_media(media, ours.device, ours.model.dtype, host_meta=True))}
             with torch.inference_mode():
                 layout = ours._layout([prepared], media, ids.shape[1])
                 embeds, deep = ours._merge(ids, layout, media, encoded)
                 positions = layout.positions
-                visual_at, deepstack = _visual(embeds, layout, deep)
+                visual_at, deepstack = visual_deepstack(embeds, layout, deep)
                 want = decoder(inputs_embeds=embeds, attention_mask=layout.mask, position_ids=positions,
                                use_cache=False, visual_pos_masks=visual_at,
                                deepstack_visual_embeds=deepstack).last_hidden_state
-                graphed._deep_now = _dense(embeds, layout, deep)
+                graphed._deep_now = dense_deepstack(embeds, layout, deep)
                 got = decoder(inputs_embeds=embeds, position_ids=positions, use_cache=False).last_hidden_state
                 graphed._deep_now = None
                 plain = decoder(inputs_embeds=embeds, position_ids=positions, use_cache=False).last_hidden_state

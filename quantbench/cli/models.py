@@ -25,7 +25,9 @@ def fixture(
     """Build (or show) the embedded default model: a small trained Qwen3-MoE with its own tokenizer (--family omni:
     a small trained Qwen3-Omni thinker that also reads images, audio and video)."""
     from quantbench.make.fixture import find_or_build  # lazy: a fast --help
-    from quantbench.models.synthetic import SYNTHETIC_SHAPES, save_synthetic, synthetic_id
+    from quantbench.make.synthetic import save_synthetic
+    from quantbench.models.families import synthetic_shapes
+    from quantbench.models.synthetic import synthetic_id
 
     try:
         if family not in ("text", "omni"):
@@ -56,8 +58,8 @@ def fixture(
         if family != "text":
             raise ConfigError("--family omni builds the trained omni default model; --shape builds a random-weight "
                               "model of a real shape: give one of them")
-        if shape not in SYNTHETIC_SHAPES:
-            raise ConfigError(f"--shape {shape!r}: use one of {', '.join(sorted(SYNTHETIC_SHAPES))}")
+        if shape not in synthetic_shapes():
+            raise ConfigError(f"--shape {shape!r}: use one of {', '.join(sorted(synthetic_shapes()))}")
         if out_dir is None:
             raise ConfigError("--shape writes a checkpoint (61 GB at 48 layers): give --out DIR")
         if layers is not None and layers < 1:

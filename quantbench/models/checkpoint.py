@@ -169,21 +169,6 @@ def read_config(root: Path) -> dict[str, Any]:
     return config
 
 
-def check_family_config(root: Path, config: dict[str, Any]) -> None:
-    """Refuse, before any model is built, a Qwen3-Omni-MoE config.json without its text decoder's config (else
-    transformers fills in the 30B defaults and the load fails only after building them, naming tensors)."""
-    model_type = config.get("model_type")
-    if model_type == "qwen3_omni_moe":
-        where, text = "thinker_config.text_config", (config.get("thinker_config") or {}).get("text_config")
-    elif model_type == "qwen3_omni_moe_thinker":
-        where, text = "text_config", config.get("text_config")
-    else:
-        return
-    if not isinstance(text, dict) or not text:
-        raise LoadError(f"{root}/config.json: model_type {model_type} without {where}; a Qwen3-Omni-MoE checkpoint's "
-                        "config must describe its thinker's text decoder (restore the checkpoint's own config.json)")
-
-
 def load_causal_lm(path: str | Path, *, dtype: torch.dtype, device: str, trust_remote_code: bool = False,
                    model_class: Any = None, **kwargs: Any):
     """AutoModelForCausalLM.from_pretrained (or `model_class`'s, for a family with no causal-LM class), refusing

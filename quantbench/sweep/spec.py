@@ -281,12 +281,12 @@ class _Parser:
             elif kinds == ["path"]:
                 model.path = self.checkpoint_dir(item["path"], f"{where}.path", "BF16 checkpoint")
             else:
-                from quantbench.models.synthetic import SYNTHETIC_SHAPES
+                from quantbench.models.families import synthetic_shapes
 
                 model.shape = self.typed(item["shape"], str, f"{where}.shape", "a string")
-                if model.shape not in SYNTHETIC_SHAPES:
+                if model.shape not in synthetic_shapes():
                     self.fail(f"{where}.shape", f"unknown shape {model.shape!r}",
-                              f"use one of {', '.join(sorted(SYNTHETIC_SHAPES))}")
+                              f"use one of {', '.join(sorted(synthetic_shapes()))}")
             if "layers" in item:
                 if not model.shape:
                     self.fail(f"{where}.layers", "layers only applies to a synthetic shape", "remove it")

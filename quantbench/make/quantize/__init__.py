@@ -284,14 +284,14 @@ def _synthetic_source(shape: str, layers: int | None, weights_seed: int) -> tupl
     that device's generator's), in host memory, and its identity: no files, so its hash is the recipe's."""
     import torch
 
-    from quantbench.models.synthetic import SYNTHETIC_SHAPES, build_synthetic, synthetic_id
+    from quantbench.models.families import shape_family, supports_multimodal, synthetic_shapes
+    from quantbench.models.synthetic import build_synthetic, synthetic_id
 
-    if shape not in SYNTHETIC_SHAPES:
-        raise ConfigError(f"--shape {shape!r}: use one of {', '.join(sorted(SYNTHETIC_SHAPES))}")
-    from quantbench.models.families.qwen3_omni.synthetic import is_omni_shape
-
-    if is_omni_shape(shape):  # auto-round's omni path wants a checkpoint with a processor, not a model in memory
-        raise ConfigError(f"--shape {shape}: a synthetic Qwen3-Omni thinker is not quantized to a checkpoint; "
+    shapes = synthetic_shapes()
+    if shape not in shapes:
+        raise ConfigError(f"--shape {shape!r}: use one of {', '.join(sorted(shapes))}")
+    if supports_multimodal(shape_family(shape)):  # the multimodal route wants a checkpoint with a processor
+        raise ConfigError(f"--shape {shape}: a synthetic model that reads media is not quantized to a checkpoint; "
                           f"`quantbench run --shape {shape} --backend int4|nvfp4|fp8` quantizes it in memory, "
                           "layer by layer")
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -301,7 +301,7 @@ def _synthetic_source(shape: str, layers: int | None, weights_seed: int) -> tupl
         torch.cuda.empty_cache()
     model_id = synthetic_id(shape, layers, weights_seed)
     made_by = {"shape": shape, "layers": model.config.num_hidden_layers, "seed": weights_seed, "device": device,
-               "dims": SYNTHETIC_SHAPES[shape]}
+               "dims": shapes[shape]}
     digest = hashlib.sha256(json.dumps(made_by, sort_keys=True).encode()).hexdigest()
     return model, tokenizer, {"path": f"synthetic:{model_id} (built in memory on {device})", "hash": f"synthetic:{digest}",
                               "model_id": model_id, "model_revision": None, "weights": "synthetic"}

@@ -28,7 +28,8 @@ import torch
 from quantbench.errors import ConfigError, QuantbenchError
 from quantbench.make.quantize.watch import CalibrationWatch
 from quantbench.models.calibration import calibration_inputs, calibration_texts
-from quantbench.models.checkpoint import load_causal_lm, read_config
+from quantbench.models.checkpoint import read_config
+from quantbench.models.families import family_of
 
 CONFIGS = {"nvfp4": "NVFP4_DEFAULT_CFG", "fp8": "FP8_DEFAULT_CFG"}
 ENCODER_TOWERS = ("audio_tower", "visual")  # a multimodal model's encoders (Qwen3-Omni's thinker): kept BF16 whole
@@ -107,20 +108,11 @@ def plain_disabled_convs(model: torch.nn.Module) -> int:
 
 
 def load_for_calibration(source: str | Path, device: str) -> torch.nn.Module:
-    """The BF16 model on transformers' `eager` experts path (where ModelOpt intercepts fused experts): a causal
-    LM, or a Qwen3-Omni-MoE checkpoint's thinker as quantbench's loader reads it (full or thinker-only, any key
-    layout; the talker and code2wav never read)."""
-    from quantbench.models.families import Qwen3OmniThinkerFamily, family_of
-
+    """The BF16 model on transformers' `eager` experts path (where ModelOpt intercepts fused experts), as its
+    family loads it for calibration: a causal LM, or a Qwen3-Omni-MoE checkpoint's thinker as quantbench's loader
+    reads it (full or thinker-only, any key layout; the talker and code2wav never read)."""
     source = Path(source)
-    family = family_of(read_config(source))
-    if isinstance(family, Qwen3OmniThinkerFamily):
-        model = family.load(source, torch.bfloat16, device)
-        model.set_experts_implementation("eager")
-        # a full checkpoint's thinker config names no class; the export writes it, and ModelOpt reads it
-        model.config.architectures = model.config.architectures or [type(model).__name__]
-        return model.eval()
-    return load_causal_lm(source, dtype=torch.bfloat16, device=device, experts_implementation="eager")
+    return family_of(read_config(source)).load_for_calibration(source, device)
 
 
 def _progress(total: int, enabled: bool):

@@ -1,5 +1,5 @@
-"""The media processor of a Qwen3-Omni-MoE checkpoint, built offline from the checkpoint's own files, and the
-decision engine a backend builds for a loaded model (OmniEngine with this processor, or TransformersEngine).
+"""The media processor of a Qwen3-Omni-MoE checkpoint, built offline from the checkpoint's own files (the family's
+`decision_engine` hands it to OmniEngine).
 
 A real Qwen3-Omni checkpoint ships its tokenizer and `preprocessor_config.json` (one file holding the image
 processor's and the Whisper feature extractor's settings), and may ship `video_preprocessor_config.json`; a
@@ -360,21 +360,3 @@ def _size(settings: dict[str, Any]) -> dict[str, int]:
         raise LoadError("the checkpoint's processor files give no frame size (size.shortest_edge / longest_edge, "
                         "or min_pixels / max_pixels); add them to preprocessor_config.json")
     return {"shortest_edge": int(size["shortest_edge"]), "longest_edge": int(size["longest_edge"])}
-
-
-def decision_engine(model: Any, tokenizer: Any, spec: Any, checkpoint: str | Path | None) -> Any:
-    """The engine every local backend builds for its loaded model: OmniEngine with the checkpoint's media
-    processor for a Qwen3-Omni thinker (a synthetic one with the settings it carries), TransformersEngine otherwise.
-    The one place the choice is made, so no backend carries its own copy."""
-    from quantbench.engine.scoring import TransformersEngine
-    from quantbench.models.families.qwen3_omni.engine import OmniEngine, is_omni_thinker
-
-    if not is_omni_thinker(model):
-        return TransformersEngine.for_spec(model, tokenizer, spec)
-    if checkpoint is None:  # a synthetic thinker (--shape) carries its processor settings; none: text only
-        settings = getattr(model, "quantbench_processor_settings", None)
-        if settings is None:
-            return TransformersEngine.for_spec(model, tokenizer, spec)
-        media = processor_from_settings(settings, tokenizer, model, "synthetic model")
-        return OmniEngine.for_spec(model, tokenizer, spec, media=media)
-    return OmniEngine.for_spec(model, tokenizer, spec, media=omni_processor(checkpoint, tokenizer, model))

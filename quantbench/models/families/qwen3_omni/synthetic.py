@@ -1,6 +1,7 @@
 """The Qwen3-Omni-30B-A3B thinker at its real shape with seeded random weights (`--shape qwen3-omni-30b-a3b`):
 its config, a tokenizer that spells the real media token ids, and the processor settings that make its media
-inputs, all made in memory. quantbench.models.synthetic builds, quantizes and saves it as it does the text shape.
+inputs, all made in memory. quantbench.models.synthetic builds and quantizes it (quantbench.make.synthetic saves
+it) as it does the text shape, from what the family (family.py) says.
 
 The shape is the public `Qwen3-Omni-30B-A3B-Instruct` config.json's thinker (../shared/reference/qwen3-omni.md §1,
 §7): the text decoder is Qwen3-30B-A3B's but with vocab 152064, max position 65536 and interleaved 3-D rope
@@ -52,10 +53,6 @@ IMAGE_PROCESSOR = {"patch_size": 16, "temporal_patch_size": 2, "merge_size": 2,
                    "size": {"shortest_edge": 32 * 32 * 4, "longest_edge": 32 * 32 * 16384}}
 AUDIO_FEATURES = {"feature_size": 128, "sampling_rate": 16000, "hop_length": 160, "chunk_length": 300,
                   "n_fft": 400, "padding_value": 0.0, "return_attention_mask": True}
-
-
-def is_omni_shape(shape: str) -> bool:
-    return shape in OMNI_SHAPES
 
 
 def thinker_config(shape: str, layers: int | None, pad_token_id: int, eos_token_id: int):
@@ -138,11 +135,3 @@ def model_towers(model):
     """(vision tower, audio tower) of a thinker: under `model.model` from transformers 5.21, on the thinker before."""
     owner = model.model if hasattr(model.model, "visual") else model
     return owner.visual, owner.audio_tower
-
-
-def module_prefix(model, module) -> str:
-    """The qualified name of `module` inside `model`, with a trailing dot ('' for the model itself)."""
-    for name, m in model.named_modules():
-        if m is module:
-            return f"{name}." if name else ""
-    raise ValueError("module not in model")
