@@ -261,7 +261,7 @@ def test_a_widened_tensor_is_a_mismatch_unless_restored_exactly():
 
 
 def test_quantize_removes_a_variant_whose_non_expert_tensors_changed(tmp_path, monkeypatch):
-    import quantbench.make.quantize.omni as omni
+    import quantbench.make.quantize.multimodal as multimodal
 
     good = variant("full", "fp8")
 
@@ -269,7 +269,7 @@ def test_quantize_removes_a_variant_whose_non_expert_tensors_changed(tmp_path, m
         shutil.copytree(tampered(good, flip_one_bit("lm_head.weight")), out)
         return {}
 
-    monkeypatch.setattr(omni, "run_child", library)
+    monkeypatch.setattr(multimodal, "run_child", library)
     out = tmp_path / "fp8"
     with pytest.raises(ChangedTensor, match=rf"lm_head\.weight \(source: thinker\.lm_head\.weight\) differs .*"
                                             rf"\({out} was removed\)"):

@@ -11,7 +11,7 @@ its path, sha256, the records used and how many carry image / audio / video). `o
 directory (config.json + *.safetensors + tokenizer) with `quantbench_provenance.json`: the source model's hash,
 the recipe, library versions and the time taken.
 
-A Qwen3-Omni-MoE checkpoint takes its own route (quantbench.make.quantize.omni: the thinker's experts only, a
+A Qwen3-Omni-MoE checkpoint takes its own route (quantbench.make.quantize.multimodal: the thinker's experts only, a
 thinker-only variant, each library in a child process). After every experts-only quantization of a checkpoint,
 every non-expert tensor of the variant is checked byte-identical to the source's and the check is recorded
 (quantbench.make.quantize.unchanged); a variant that fails it is removed.
@@ -154,7 +154,7 @@ def quantize(
     library = "auto-round" if scheme == "int4" else "nvidia-modelopt"
     method = "calibrated" if scheme != "int4" else f"SignRound, {iters} iterations" if iters else \
         "optimized RTN" if opt_rtn else "plain RTN"
-    from quantbench.make.quantize.omni import is_omni, quantize_omni
+    from quantbench.make.quantize.multimodal import is_omni, quantize_omni
 
     omni = source is not None and is_omni(read_config(source))
     if cal is not None and not omni:
@@ -371,7 +371,7 @@ DEFAULT_VARIANT_RECIPE = {"iters": 0, "nsamples": 16, "seqlen": 256}
 
 def default_variant(scheme: str, family: str = "text", **opts: Any) -> Path:
     """The embedded default model's `scheme` variant (RTN unless `opts` say otherwise), cached; `family` "omni":
-    the omni default model's (quantbench.make.omni_fixture; its thinker's experts, quantize/omni.py)."""
+    the omni default model's (quantbench.make.omni_fixture; its thinker's experts, quantize/multimodal.py)."""
     return cached_variant(default_model_dir(family), scheme, **{**DEFAULT_VARIANT_RECIPE, **opts})
 
 

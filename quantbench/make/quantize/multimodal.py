@@ -16,7 +16,7 @@ The libraries' own omni paths do not work with the pinned versions (../shared/re
   fp8    cannot export the full model, which has no `forward`), experts on the `eager` path, the quantizers of
          `*audio_tower*`, `*visual*` and every non-expert Linear disabled (quantize/modelopt.py).
 
-Each library runs in a child process (`python -m quantbench.make.quantize.omni`): importing auto-round changes
+Each library runs in a child process (`python -m quantbench.make.quantize.multimodal`): importing auto-round changes
 how transformers loads MoE checkpoints, and ModelOpt patches module classes, in the process that does it.
 """
 
