@@ -11,10 +11,11 @@ its path, sha256, the records used and how many carry image / audio / video). `o
 directory (config.json + *.safetensors + tokenizer) with `quantbench_provenance.json`: the source model's hash,
 the recipe, library versions and the time taken.
 
-A Qwen3-Omni-MoE checkpoint takes its own route (quantbench.make.quantize.multimodal: the thinker's experts only, a
-thinker-only variant, each library in a child process). After every experts-only quantization of a checkpoint,
-every non-expert tensor of the variant is checked byte-identical to the source's and the check is recorded
-(quantbench.make.quantize.unchanged); a variant that fails it is removed.
+A checkpoint of a family that reads media (a Qwen3-Omni-MoE one) takes its own route
+(quantbench.make.quantize.multimodal: the thinker's experts only, a thinker-only variant, each library in a child
+process). After every experts-only quantization of a checkpoint, every non-expert tensor of the variant is checked
+byte-identical to the source's and the check is recorded (quantbench.make.quantize.unchanged); a variant that fails
+it is removed.
 
 `default_variant(scheme)` is the embedded default model's variant (`default_variant(scheme, "omni")`: the omni
 default model's), made once and cached under `$QUANTBENCH_CACHE` (default ~/.cache/quantbench) in
@@ -30,70 +31,19 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 from quantbench.errors import ConfigError, QuantbenchError
+from quantbench.make.quantize.recipe import SCHEMES, Recipe, library_versions
 from quantbench.models import hub, scorer
 from quantbench.models.calibration import CalibrationFile, calibration_texts, file_samples, load_calibration
 from quantbench.models.checkpoint import PROVENANCE_FILE, fingerprint, model_identity, read_config
 from quantbench.term import libraries_to, load_note, stderr_console
 
-SCHEMES = ("int4", "nvfp4", "fp8")
-LIBRARIES = ("torch", "transformers", "auto-round", "nvidia-modelopt", "quantbench")
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """Everything that changes the quantized weights (and so the cache key)."""
-
-    scheme: str
-    iters: int = 0  # int4: 0 = RTN, 200 = SignRound
-    nsamples: int = 128  # calibration samples of `seqlen` tokens each
-    seqlen: int = 512
-    group_size: int = 128  # int4 only
-    experts_only: bool = True  # attention, router, embeddings, lm_head stay BF16
-    seed: int = 0
-    opt_rtn: bool = True  # int4, iters 0: auto-round's optimized RTN (its default) or plain round-to-nearest
-    calibration_hash: str | None = None  # --calibration FILE: its bytes' and its media files' hash (None: train split)
-
-    def __post_init__(self) -> None:
-        if self.scheme not in SCHEMES:
-            raise ConfigError(f"--scheme {self.scheme!r}: use one of {', '.join(SCHEMES)}")
-        if self.iters < 0 or self.nsamples < 1 or self.seqlen < 8:
-            raise ConfigError(f"recipe {self}: iters must be >= 0, nsamples >= 1 and seqlen >= 8")
-        if not self.opt_rtn and (self.scheme != "int4" or self.iters):
-            raise ConfigError("--plain-rtn: only for --scheme int4 with --iters 0 (SignRound has no RTN to choose)")
-        if not self.opt_rtn and self.calibration_hash is not None:
-            raise ConfigError("--calibration with --plain-rtn: plain round-to-nearest runs no calibration pass; drop "
-                              "one of them")
-        if self.group_size not in (32, 64, 128, 256, -1):
-            raise ConfigError(f"--group-size {self.group_size}: use 32, 64, 128, 256 or -1 (one group per row)")
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        if self.opt_rtn:  # the default, left out: cache keys made before the choice existed stay valid
-            del out["opt_rtn"]
-        if self.calibration_hash is None:  # the same: the built-in train split
-            del out["calibration_hash"]
-        return out
-
-    @property
-    def hash(self) -> str:
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
-
-
-def library_versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for name in LIBRARIES:
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = None
-    return out
+__all__ = ["SCHEMES", "Recipe", "cached_variant", "default_model_dir", "default_variant", "library_log",
+           "library_versions", "quantize", "write_provenance"]
 
 
 # -- the verb ---------------------------------------------------------------------------------------------------
@@ -154,17 +104,18 @@ def quantize(
     library = "auto-round" if scheme == "int4" else "nvidia-modelopt"
     method = "calibrated" if scheme != "int4" else f"SignRound, {iters} iterations" if iters else \
         "optimized RTN" if opt_rtn else "plain RTN"
-    from quantbench.make.quantize.multimodal import is_omni, quantize_omni
+    from quantbench.models.families import family_of, supports_multimodal
 
-    omni = source is not None and is_omni(read_config(source))
-    if cal is not None and not omni:
+    # a family that reads media takes its own route (quantize/multimodal.py: the part a decision reads, experts only)
+    multimodal = source is not None and supports_multimodal(family_of(read_config(source)))
+    if cal is not None and not multimodal:
         cal.refuse_media(frozenset())  # a text-only model: before anything loads
     what = f"{nsamples} samples of {seqlen} tokens" + (f" from {cal.path}" if cal is not None else "")
     busy = load_note()
     say.print(f"{scheme}: quantizing {source or shape} with {library} {library_versions().get(library) or ''} "
               f"({method}, {what}); the libraries' own log: {log}" + (f"; {busy}" if busy else ""), highlight=False)
     started = time.perf_counter()
-    calibrated: dict[str, Any] = {}  # a calibration file's provenance, for a text model (an omni child reports its own)
+    calibrated: dict[str, Any] = {}  # a calibration file's provenance, for a text model (a multimodal child reports its own)
     try:
         with libraries_to(log):
             if shape is not None:
@@ -177,9 +128,11 @@ def quantize(
             else:
                 ident = model_identity(source)
                 origin = {**ident, "path": str(source.resolve()), "hash": ident["model_hash"]}
-                if omni:
-                    details = quantize_omni(source, out, recipe, log, progress=progress,
-                                            calibration=cal.path if cal is not None else None)
+                if multimodal:
+                    from quantbench.make.quantize.multimodal import quantize_multimodal
+
+                    details = quantize_multimodal(source, out, recipe, log, progress=progress,
+                                                  calibration=cal.path if cal is not None else None)
                 elif scheme == "int4":
                     from transformers import AutoTokenizer
 

@@ -40,6 +40,7 @@ class ModelFamily(Protocol):
     LM; the capability interfaces below add what only some families can do."""
 
     name: str  # stored on a run row (`extra.family`) where the family reads part of a checkpoint
+    title: str  # how a message names the family's checkpoints ("Qwen3-Omni-MoE")
     model_types: tuple[str, ...]  # config.json `model_type` values of the family: spelled here, nowhere else
     modeling_modules: tuple[str, ...]  # transformers modeling modules auto-round may patch (backends/int4.py)
 
@@ -89,6 +90,7 @@ class FamilyBase:
     """The answers of a plain transformers causal LM, for every question a family may leave alone."""
 
     name: str
+    title: str
     model_types: tuple[str, ...] = ()
     modeling_modules: tuple[str, ...] = ()
 

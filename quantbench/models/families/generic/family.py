@@ -22,6 +22,7 @@ class GenericMoeFamily(FamilyBase):
     """The family of every checkpoint no other family detects (listed last)."""
 
     name = "transformers"
+    title = "transformers causal LM"
 
     def detect(self, config: dict[str, Any]) -> bool:
         return True

@@ -42,6 +42,7 @@ class Qwen3MoeFamily(FamilyBase, HasSyntheticShapes):
     `norm_topk_prob`, with no router bias and no shared experts."""
 
     name = "qwen3_moe"
+    title = "Qwen3-MoE"
     model_types = ("qwen3_moe",)
     modeling_modules = ("transformers.models.qwen3_moe.modeling_qwen3_moe",)
     synthetic_shapes = SHAPES

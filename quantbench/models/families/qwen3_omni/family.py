@@ -50,6 +50,7 @@ class Qwen3OmniThinkerFamily(FamilyBase, SupportsMultiModal, HasKeyLayouts, Load
     """The Qwen3-Omni-MoE family, run as its thinker (see the module docstring)."""
 
     name = "qwen3_omni_thinker"
+    title = "Qwen3-Omni-MoE"
     model_types = (OMNI_FULL, OMNI_THINKER)
     modeling_modules = ("transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe",)
     towers = {"vision": "visual", "audio": "audio_tower"}
