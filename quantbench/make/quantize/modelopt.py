@@ -32,7 +32,6 @@ from quantbench.models.checkpoint import read_config
 from quantbench.models.families import family_of
 
 CONFIGS = {"nvfp4": "NVFP4_DEFAULT_CFG", "fp8": "FP8_DEFAULT_CFG"}
-ENCODER_TOWERS = ("audio_tower", "visual")  # a multimodal model's encoders (Qwen3-Omni's thinker): kept BF16 whole
 
 
 def modelopt_config(scheme: str, model: torch.nn.Module, experts_only: bool) -> dict[str, Any]:
@@ -52,9 +51,14 @@ def modelopt_config(scheme: str, model: torch.nn.Module, experts_only: bool) -> 
 
 
 def encoder_towers(model: torch.nn.Module) -> list[str]:
-    """The ENCODER_TOWERS `model` has (by module name, at any depth)."""
+    """The encoder towers `model` has (by module name, at any depth): those its family declares (a family that
+    reads media: Qwen3-Omni's thinker's `audio_tower` and `visual`), kept BF16 whole."""
+    from quantbench.models.families import family_of_model, supports_multimodal
+
+    family = family_of_model(model)
+    declared = sorted(family.towers.values()) if supports_multimodal(family) else []
     names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    return [tower for tower in ENCODER_TOWERS if tower in names]
+    return [tower for tower in declared if tower in names]
 
 
 def quantizers_by_part(model: torch.nn.Module) -> dict[str, dict[str, int]]:
@@ -62,12 +66,13 @@ def quantizers_by_part(model: torch.nn.Module) -> dict[str, dict[str, int]]:
     tower, and `other` (attention, router, norms, embeddings, lm_head, ...)."""
     from modelopt.torch.quantization.nn import TensorQuantizer
 
+    towers = encoder_towers(model)
     parts: dict[str, dict[str, int]] = {}
     for name, module in model.named_modules():
         if not isinstance(module, TensorQuantizer):
             continue
         part = "experts" if ".experts." in f".{name}." else next(
-            (t for t in ENCODER_TOWERS if f".{t}." in f".{name}."), "other")
+            (t for t in towers if f".{t}." in f".{name}."), "other")
         counts = parts.setdefault(part, {"enabled": 0, "disabled": 0})
         counts["enabled" if module.is_enabled else "disabled"] += 1
     return parts
