@@ -33,7 +33,7 @@ def set_experts_implementation(model, name: str) -> str:
     block for quantbench's grouped-MoE engine over the same weights); returns what runs, for the kernel path."""
     if name == QUANTBENCH_IMPL:
         from quantbench.engine.moe import DenseExperts, install_grouped_moe
-        from quantbench.models.family import moe_layout
+        from quantbench.models.families import moe_layout
 
         def same_weights(_layer, experts):
             if not hasattr(experts, "gate_up_proj"):
@@ -75,9 +75,8 @@ class Bf16Backend:
         import torch
 
         from quantbench.engine.moe import experts_nbytes
-        from quantbench.models.family import family_of
+        from quantbench.models.families import decision_engine, family_of
         from quantbench.models.modelopt import unread_note
-        from quantbench.models.processor import decision_engine
         from quantbench.models.synthetic import build_synthetic, synthetic_id
         from quantbench.run.placement import dtype_of
 

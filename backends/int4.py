@@ -66,9 +66,10 @@ def transformers_state_restored() -> Iterator[None]:
         "get": conversion_mapping.get_checkpoint_conversion_mapping,
         "get_mu": getattr(modeling_utils, "get_checkpoint_conversion_mapping", None),
     }
+    from quantbench.models.families import modeling_modules
+
     blocks = {}
-    for mod_name in ("transformers.models.qwen3_moe.modeling_qwen3_moe",
-                     "transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe"):  # auto-round patches it too
+    for mod_name in modeling_modules():  # every family's modeling module: auto-round patches the omni one too
         mod = importlib.import_module(mod_name)
         blocks[mod] = {k: v for k, v in vars(mod).items() if isinstance(v, type)}
     try:
@@ -121,9 +122,8 @@ class Int4Backend:
         # for its flags, and `run --help` or a refused --db should not wait for them (README, Adding a backend).
         import torch
 
-        from quantbench.models.family import Qwen3OmniThinkerFamily, family_of
+        from quantbench.models.families import decision_engine, family_of, loads_int4_itself
         from quantbench.models.modelopt import unread_note
-        from quantbench.models.processor import decision_engine
         from quantbench.run.placement import device_of, dtype_of
 
         dtype = dtype_of(spec)
@@ -135,23 +135,22 @@ class Int4Backend:
         qc = read_quant_config(path)
         library_log: list[str] = []  # auto-round's INFO/WARNING lines while loading: kept on the run, not printed
         family = family_of(read_config(path))
-        omni_fast = isinstance(family, Qwen3OmniThinkerFamily) and spec.options.fast_moe
-        if omni_fast:  # transformers cannot load this export: quantbench's loader reads it into the engine
+        own_fast = loads_int4_itself(family) and spec.options.fast_moe
+        if own_fast:  # transformers cannot load this family's export: the family's loader reads it into the engine
             engine_kernel = "grouped_mm" if dtype == torch.float32 and device.startswith("cuda") else "auto"
-            model, omni_kernel = family.load_int4(path, dtype, device, sym=qc.get("sym", True), kernel=engine_kernel,
-                                                  trust_remote_code=spec.trust_remote_code)
+            model, own_kernel = family.load_int4(path, dtype, device, sym=qc.get("sym", True), kernel=engine_kernel,
+                                                 trust_remote_code=spec.trust_remote_code)
         else:
             with transformers_state_restored(), logs_kept("autoround", library_log):
-                load = family.load_per_expert if isinstance(family, Qwen3OmniThinkerFamily) else family.load
-                model = load(path, dtype, device, spec.trust_remote_code)
-        if dtype == torch.float32 and not omni_fast:
+                model = family.load_per_expert(path, dtype, device, spec.trust_remote_code)
+        if dtype == torch.float32 and not own_fast:
             # auto-round casts to fp16 when asked for fp32 (its kernels' dtype list), and transformers forbids
             # .float() on a quantized model; exact CPU comparisons want fp32, so cast through nn.Module's own .to
             torch.nn.Module.to(model, torch.float32)
         if spec.options.fast_moe:
             # the fused kernel computes in bf16/fp16; float32 on a GPU takes the dequantize + grouped_mm path
             engine_kernel = "grouped_mm" if dtype == torch.float32 and device.startswith("cuda") else "auto"
-            kernel = f"quantbench grouped-moe {omni_kernel if omni_fast else install_int4_engine(model, qc, engine_kernel)}"
+            kernel = f"quantbench grouped-moe {own_kernel if own_fast else install_int4_engine(model, qc, engine_kernel)}"
             experts_bytes = _engine_bytes(model)
         else:
             kernel = per_expert_kernel(model)
@@ -184,7 +183,7 @@ class Int4Backend:
             raise ConfigError("--shape with --backend int4 runs the grouped-MoE engine only; drop --no-fast-moe "
                               "(a per-expert synthetic run needs a checkpoint: `quantbench quantize --scheme int4`)")
         from quantbench.engine.moe.int4 import rtn_experts
-        from quantbench.models.processor import decision_engine
+        from quantbench.models.families import decision_engine
         from quantbench.models.synthetic import build_synthetic_quantized, synthetic_id
 
         # built layer by layer: each layer's BF16 experts are quantized and freed before the next layer's exist
@@ -213,7 +212,7 @@ def install_int4_engine(model: torch.nn.Module, qc: dict[str, Any], kernel: str 
     """Regroup every MoE layer's per-expert int4 QuantLinears into stacked tensors and swap in the engine."""
     from quantbench.engine.moe import install_grouped_moe
     from quantbench.engine.moe.int4 import regroup_experts
-    from quantbench.models.family import moe_layout
+    from quantbench.models.families import moe_layout
 
     sym = qc.get("sym", True)
     return install_grouped_moe(model, lambda i, ex: regroup_experts(ex, sym=sym, name=f"layers.{i}.mlp.experts"),

@@ -63,8 +63,8 @@ class Nvfp4Backend:
         # torch and the engine are imported here, not with the module: `quantbench run` imports every backend
         # for its flags, and `run --help` or a refused --db should not wait for them (README, Adding a backend).
         from quantbench.engine.moe.engine import experts_nbytes, kernel_paths
+        from quantbench.models.families import decision_engine
         from quantbench.models.modelopt import load_checkpoint
-        from quantbench.models.processor import decision_engine
         from quantbench.run.placement import device_of, dtype_of
 
         dtype = dtype_of(spec)

@@ -479,7 +479,7 @@ def main() -> int:
     parser.add_argument("--json", help="write the rows and figures here")
     args = parser.parse_args()
     if args.model is None:
-        from quantbench.models.omni_fixture import omni_default_model_dir
+        from quantbench.make.omni_fixture import omni_default_model_dir
 
         args.model = str(omni_default_model_dir(progress=False))
     folder = Path(tempfile.mkdtemp(prefix="quantbench-battery-"))

@@ -11,7 +11,7 @@ import argparse
 import json
 import random
 
-from quantbench.models.fixture import build_tokenizer
+from quantbench.make.fixture import build_tokenizer
 from quantbench.protocol.prompt import render_prompt
 from quantbench.protocol.suite import load_suite
 

@@ -27,7 +27,7 @@ from quantbench.engine import fused  # noqa: E402
 from quantbench.engine.moe import engine, install_grouped_moe  # noqa: E402
 from quantbench.engine.moe.engine import triton_available  # noqa: E402
 from quantbench.engine.moe.int4 import rtn_experts  # noqa: E402
-from quantbench.models.family import moe_layout  # noqa: E402
+from quantbench.models.families import moe_layout  # noqa: E402
 
 
 def graph_ms(model, ids) -> float:

@@ -42,7 +42,7 @@ from quantbench.engine.moe import (  # noqa: E402
 from quantbench.engine.moe.int4 import Int4Experts, rtn_experts  # noqa: E402
 from quantbench.engine.moe.int4_kernels import int4_grouped_mm, pick_config  # noqa: E402
 from quantbench.engine.triton_common import rows_bucket  # noqa: E402
-from quantbench.models.family import moe_layout  # noqa: E402
+from quantbench.models.families import moe_layout  # noqa: E402
 
 SHAPE = {"hidden": 2048, "inter": 768, "experts": 128, "top_k": 8, "group": 128}
 
@@ -307,7 +307,7 @@ def bench_layer(device: str, tokens: int, log: list[str]) -> dict[str, float]:
 
 def build_model(layers: int, device: str):
     from quantbench.models.build import moe_config, new_model
-    from quantbench.models.synthetic import SYNTHETIC_SHAPES
+    from quantbench.models.families.qwen3_moe.family import SHAPES as SYNTHETIC_SHAPES
 
     config = moe_config(dict(SYNTHETIC_SHAPES["qwen3-30b-a3b"], num_hidden_layers=layers))
     return new_model(config, device, torch.bfloat16, seed=0).eval()

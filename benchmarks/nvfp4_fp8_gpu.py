@@ -284,8 +284,8 @@ def whole_model(layers: int) -> None:
     """One 512-token decision forward (batch 1, logits of the last token) of the random-weight 30B-A3B shape."""
     from quantbench.engine.moe.engine import install_grouped_moe
     from quantbench.models.build import moe_config, new_model
-    from quantbench.models.family import moe_layout
-    from quantbench.models.synthetic import SYNTHETIC_SHAPES
+    from quantbench.models.families import moe_layout
+    from quantbench.models.families.qwen3_moe.family import SHAPES as SYNTHETIC_SHAPES
 
     dims = dict(SYNTHETIC_SHAPES["qwen3-30b-a3b"], num_hidden_layers=layers)
     t0 = time.perf_counter()

@@ -28,8 +28,7 @@ SMALL = "omni-prepare-small"
 
 def small_shape() -> str:
     """The real shape's vocabulary, token ids, rope and media settings with small dims, registered as a shape."""
-    from quantbench.models import synthetic as S
-    from quantbench.models import synthetic_omni as SO
+    from quantbench.models.families.qwen3_omni import synthetic as SO
 
     dims = {"text": dict(SO.OMNI_TEXT, hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                          num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128, num_hidden_layers=1,
@@ -41,7 +40,6 @@ def small_shape() -> str:
             **{k: SO.OMNI_SHAPES["qwen3-omni-30b-a3b"][k] for k in ("position_id_per_seconds", "seconds_per_chunk",
                                                                      "user_token_id")}}
     SO.OMNI_SHAPES[SMALL] = dims
-    S.SYNTHETIC_SHAPES[SMALL] = dims["text"]
     return SMALL
 
 
@@ -57,7 +55,8 @@ def median_ms(fn, reps: int) -> float:
 def measure(engine, request, kind: str, device_pixels, args: argparse.Namespace) -> dict:
     """One decision's prepare: the processor call both ways, prepare with host / device pixels, its phases."""
     from benchmarks.omni_shape import PREPARE_PHASES
-    from quantbench.engine.omni import Phases, _video_array
+    from quantbench.models.families.qwen3_omni.engine import Phases
+    from quantbench.models.families.qwen3_omni.media_batch import video_array
     from quantbench.protocol.media import DecodedAudio, DecodedImage, DecodedVideo
     from quantbench.protocol.media_cache import decode_media_once
     from quantbench.protocol.prompt import render_prompt, state_segments
@@ -69,7 +68,7 @@ def measure(engine, request, kind: str, device_pixels, args: argparse.Namespace)
                          state_text="".join(t for t, _ in state_segments(request.state, engine.placeholders)))
     call = {"images": [p.image for p in parts if isinstance(p, DecodedImage)],
             "audio": [p.samples for p in parts if isinstance(p, DecodedAudio)],
-            "videos": [_video_array(p) for p in parts if isinstance(p, DecodedVideo)],
+            "videos": [video_array(p) for p in parts if isinstance(p, DecodedVideo)],
             "fps": [p.fps for p in parts if isinstance(p, DecodedVideo)]}
 
     def sync() -> None:
@@ -114,7 +113,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     from backends.bf16 import Bf16Backend
     from benchmarks.omni_shape import PREPARE_PHASES, decisions
-    from quantbench.models.pixels import DevicePixels
+    from quantbench.models.families.qwen3_omni.pixels import DevicePixels
     from quantbench.run.machine import detect
     from quantbench.run.spec import RunSpec
 

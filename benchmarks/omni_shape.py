@@ -5,7 +5,7 @@ media processor, the 3-D positions), the towers and the decoder, medians over --
 and forward on its own (the device synchronized at each: checks, decode, prompt, processor, positions; ids,
 upload, towers, merge, decoder, head) beside the figures the H200 measured before (commit 9c4bfeb); with the
 pixels made on the GPU, the image and video decisions again with them made on the host (--host-pixels); the
-towers of transformers itself (`get_image_features` ...) beside quantbench's (quantbench.engine.towers), with the
+towers of transformers itself (`get_image_features` ...) beside quantbench's (quantbench.models.families.qwen3_omni.towers), with the
 ratio; the INT4 image decision end to end (prepare + forward); the thinker's weights in memory against the whole
 model's (thinker + talker + code2wav) BF16 weights, counted from its config on the meta device.
 
@@ -156,9 +156,9 @@ def phase_medians(calls: list[dict[str, float]], names: tuple[str, ...]) -> dict
 
 def measure_kind(engine: Any, request: Any, clock: Clock, reps: int, end_to_end: bool) -> dict[str, Any]:
     """One decision kind on one variant: prepare, forward and end-to-end medians over `reps` (unsynchronized, as
-    a run times them), then the same decision again phase by phase (quantbench.engine.omni.Phases: the device
+    a run times them), then the same decision again phase by phase (quantbench.models.families.qwen3_omni.engine.Phases: the device
     synchronized at each mark), and the media parts' decoding without the process's decode cache."""
-    from quantbench.engine.omni import Phases
+    from quantbench.models.families.qwen3_omni.engine import Phases
     from quantbench.protocol.media import decode_media
 
     prepared = engine.prepare(request)  # the first: decodes the media (once per process)
@@ -207,13 +207,13 @@ def measure_towers(engine: Any, requests: dict[str, Any], clock: Clock, reps: in
     """Each tower on each medium: transformers' own (the thinker's get_*_features) and quantbench's, medians."""
     import torch
 
-    from quantbench.engine.omni import _audio_frames, _join
+    from quantbench.models.families.qwen3_omni.media_batch import audio_frames, join_media
 
     model, out = engine.model, {}
     for kind in ("image", "audio", "video"):
-        inputs = _join([engine.prepare(requests[kind]).media[0]], engine.device, model.dtype)
+        inputs = join_media([engine.prepare(requests[kind]).media[0]], engine.device, model.dtype)
         if kind == "audio":
-            frames, lens = _audio_frames(inputs)
+            frames, lens = audio_frames(inputs)
             lens = lens.cpu()  # as the engine's forward hands them: the lengths on the host, no sync
             theirs = lambda i=inputs: model.get_audio_features(  # noqa: E731
                 i["input_features"], i["feature_attention_mask"], return_dict=True)
@@ -250,7 +250,7 @@ def whole_model_bf16_bytes(shape: str) -> int:
     layers), the talker and code2wav as the published total's remainder."""
     import torch
 
-    from quantbench.models.synthetic_omni import meta_thinker, thinker_config
+    from quantbench.models.families.qwen3_omni.synthetic import meta_thinker, thinker_config
 
     thinker = sum(p.numel() for p in meta_thinker(thinker_config(shape, None, 0, 1), torch.bfloat16).parameters())
     rest = WHOLE_MODEL_PARAMETERS - 31_719_205_488 if shape == "qwen3-omni-30b-a3b" else 0

@@ -13,7 +13,7 @@ os.environ["QUANTBENCH_SHIPPED"] = ""
 @pytest.fixture(scope="session")
 def fixture_model_dir() -> Path:
     """The trained default model, from the normal cache (built once, minutes on 2 cores, when absent)."""
-    from quantbench.models.fixture import default_model_dir
+    from quantbench.make.fixture import default_model_dir
 
     return default_model_dir(progress=False)
 

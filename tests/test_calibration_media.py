@@ -30,8 +30,8 @@ import torch
 from safetensors.torch import load_file
 
 from quantbench.errors import ConfigError, QuantbenchError
+from quantbench.make.quantize import Recipe, quantize
 from quantbench.models.calibration import file_samples, load_calibration, media_kinds
-from quantbench.models.quantize import Recipe, quantize
 from tests.omni_tiny import build_thinker, omni_tokenizer
 from tests.test_media import audio_bytes, mp4_bytes, uri
 from tests.test_omni_media import png
@@ -184,8 +184,8 @@ def test_auto_round_feeds_each_media_record_whole_to_the_thinker():
 def test_a_sample_is_what_a_decision_feeds_the_thinker_and_the_watch_refuses_one_run_without_its_media():
     """In-process, on the thinker built in memory: the media sampler's dicts carry the towers' inputs and the
     gold answer's label after the prompt; the watch's check fails when the same samples run as text only."""
+    from quantbench.make.quantize.watch import CalibrationWatch
     from quantbench.models.calibration import media_sampler
-    from quantbench.models.quantize.watch import CalibrationWatch
     from tests.omni_tiny import full_model
 
     model, tokenizer = full_model().thinker, omni_tokenizer()

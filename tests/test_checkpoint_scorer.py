@@ -116,7 +116,7 @@ def variants(scored, tmp_path_factory) -> dict[str, Path]:
     """int4 (auto-round) and fp8 (ModelOpt) made by `quantize`, each in its own process, both at once."""
     out = tmp_path_factory.mktemp("variants")
     jobs = {"int4": dict(nsamples=8, seqlen=64, group_size=64), "fp8": dict(nsamples=4, seqlen=64)}
-    code = ("import json, sys; from quantbench.models.quantize import quantize; "
+    code = ("import json, sys; from quantbench.make.quantize import quantize; "
             "quantize(sys.argv[1], sys.argv[2], sys.argv[3], progress=False, **json.loads(sys.argv[4]))")
     procs = {scheme: subprocess.Popen([sys.executable, "-c", code, str(scored), scheme, str(out / scheme),
                                        json.dumps(opts)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -7,7 +7,7 @@ import torch
 
 from quantbench.engine.cudagraph import GraphedDecoder, bucket
 from quantbench.engine.moe.engine import DenseExperts, install_grouped_moe
-from quantbench.models.family import moe_layout
+from quantbench.models.families import moe_layout
 from tests.tiny import tiny_model
 
 

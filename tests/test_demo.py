@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 import quantbench.cli as cli
 import quantbench.cli.run as cli_run
-import quantbench.models.fixture
+import quantbench.make.fixture
 from quantbench.run.record import RunResult
 from quantbench.store import Store
 from tests import dashboard_store as ds
@@ -52,7 +52,7 @@ def demo_store(tmp_path, monkeypatch):
         return run_id, result.run.status
 
     monkeypatch.setattr(cli_run, "_execute_and_store", execute_and_store)
-    monkeypatch.setattr(quantbench.models.fixture, "default_model_dir", lambda: tmp_path / "fixture")
+    monkeypatch.setattr(quantbench.make.fixture, "default_model_dir", lambda: tmp_path / "fixture")
     return store, old_int4
 
 
@@ -89,7 +89,7 @@ def test_a_demo_where_every_variant_succeeds_exits_0_and_reports_only_its_own_ru
 def test_demo_family_omni_runs_every_variant_on_the_omni_model_and_its_suite(demo_store, monkeypatch, tmp_path):
     """`demo --family omni`: each variant's run gets the omni default model (or its variant for the backend) and the
     built-in media suite, prepared by the parent as `run --family omni` prepares them."""
-    import quantbench.models.omni_fixture
+    import quantbench.make.omni_fixture
     import quantbench.run.resolve
 
     store, _ = demo_store
@@ -107,7 +107,7 @@ def test_demo_family_omni_runs_every_variant_on_the_omni_model_and_its_suite(dem
         return faked(spec, db)
 
     monkeypatch.setattr(quantbench.run.resolve, "family_defaults", family_defaults)
-    monkeypatch.setattr(quantbench.models.omni_fixture, "omni_default_model_dir", lambda: tmp_path / "omni")
+    monkeypatch.setattr(quantbench.make.omni_fixture, "omni_default_model_dir", lambda: tmp_path / "omni")
     monkeypatch.setattr(cli_run, "_execute_and_store", execute_and_store)
     done = CliRunner().invoke(cli.app, ["demo", "--family", "omni", "--db", str(store.path)])
     assert f"embedded default model (omni): {tmp_path / 'omni'}" in " ".join(done.stderr.split())

@@ -11,7 +11,7 @@ from torch import nn
 
 from quantbench.engine.moe.engine import DenseExperts, GroupedMoE, install_grouped_moe
 from quantbench.errors import UnsupportedError
-from quantbench.models.family import GenericMoeFamily, Qwen3MoeFamily, family_of, moe_layout
+from quantbench.models.families import GenericMoeFamily, Qwen3MoeFamily, family_of, moe_layout
 from quantbench.protocol import DecisionRequest
 from quantbench.protocol.prompt import render_prompt
 from tests.tiny import tiny_model, tiny_tokenizer

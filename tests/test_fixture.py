@@ -4,10 +4,12 @@ import json
 import pytest
 import torch
 
+from quantbench.make import fixture as F
+from quantbench.make.synthetic import save_synthetic
 from quantbench.models import build
-from quantbench.models import fixture as F
 from quantbench.models import synthetic as S
 from quantbench.models.checkpoint import SYNTHETIC_FILE, fingerprint, load_causal_lm, model_identity
+from quantbench.models.families.qwen3_moe.family import SHAPES as TEXT_SHAPES
 from quantbench.protocol.prompt import CHOICE_LABELS
 from quantbench.protocol.suite import load_suite
 
@@ -147,9 +149,9 @@ def test_build_synthetic_has_the_real_30b_shape_with_one_layer():
 
 
 def test_synthetic_weights_follow_the_seed(monkeypatch):
-    small = dict(S.SYNTHETIC_SHAPES["qwen3-30b-a3b"], vocab_size=2048, hidden_size=128, num_attention_heads=2,
+    small = dict(TEXT_SHAPES["qwen3-30b-a3b"], vocab_size=2048, hidden_size=128, num_attention_heads=2,
                  num_key_value_heads=1, head_dim=64, num_experts=8, moe_intermediate_size=64)
-    monkeypatch.setitem(S.SYNTHETIC_SHAPES, "small", small)
+    monkeypatch.setitem(TEXT_SHAPES, "small", small)
     a, _ = S.build_synthetic("small", layers=2, seed=0)
     b, _ = S.build_synthetic("small", layers=2, seed=0)
     c, _ = S.build_synthetic("small", layers=2, seed=1)
@@ -162,10 +164,10 @@ def test_synthetic_weights_follow_the_seed(monkeypatch):
 
 
 def test_saved_synthetic_checkpoint_loads_strictly_and_is_marked_synthetic(tmp_path, monkeypatch):
-    small = dict(S.SYNTHETIC_SHAPES["qwen3-30b-a3b"], vocab_size=2048, hidden_size=128, num_attention_heads=2,
+    small = dict(TEXT_SHAPES["qwen3-30b-a3b"], vocab_size=2048, hidden_size=128, num_attention_heads=2,
                  num_key_value_heads=1, head_dim=64, num_experts=8, moe_intermediate_size=64)
-    monkeypatch.setitem(S.SYNTHETIC_SHAPES, "small", small)
-    out = S.save_synthetic("small", tmp_path / "syn", layers=2, seed=3)
+    monkeypatch.setitem(TEXT_SHAPES, "small", small)
+    out = save_synthetic("small", tmp_path / "syn", layers=2, seed=3)
     marker = json.loads((out / SYNTHETIC_FILE).read_text())
     assert marker == {"model_id": S.synthetic_id("small", 2, 3), "shape": "small", "layers": 2, "seed": 3}
     model = load_causal_lm(out, dtype=torch.bfloat16, device="cpu")
@@ -184,9 +186,9 @@ def test_the_fixture_command_writes_a_real_shape_checkpoint_and_refuses_what_it_
 
     from quantbench.cli import app
 
-    small = dict(S.SYNTHETIC_SHAPES["qwen3-30b-a3b"], vocab_size=2048, hidden_size=128, num_attention_heads=2,
+    small = dict(TEXT_SHAPES["qwen3-30b-a3b"], vocab_size=2048, hidden_size=128, num_attention_heads=2,
                  num_key_value_heads=1, head_dim=64, num_experts=8, moe_intermediate_size=64)
-    monkeypatch.setitem(S.SYNTHETIC_SHAPES, "small", small)
+    monkeypatch.setitem(TEXT_SHAPES, "small", small)
     runner = CliRunner()
     done = runner.invoke(app, ["fixture", "--shape", "small", "--layers", "1", "--seed", "2", "--out", str(tmp_path / "s")])
     assert done.exit_code == 0, done.output
@@ -211,7 +213,7 @@ def test_a_real_shape_that_cannot_fit_is_refused_before_allocating_with_the_laye
 HOLD = """
 import fcntl, sys, time
 from pathlib import Path
-from quantbench.models import fixture as F
+from quantbench.make import fixture as F
 path = Path(sys.argv[1])
 if sys.argv[2] == "quantbench":
     with F._locked(path, "building fixture-test"):

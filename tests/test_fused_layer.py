@@ -65,7 +65,7 @@ from quantbench.engine.fused import layer as fused_layer
 from quantbench.engine.fused import ops as fused_ops
 from quantbench.engine.moe import install_grouped_moe
 from quantbench.engine.moe.engine import DenseExperts
-from quantbench.models.family import moe_layout
+from quantbench.models.families import moe_layout
 from tests.tiny import tiny_model
 
 for dtype in (torch.float32, torch.bfloat16):

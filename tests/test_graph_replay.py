@@ -1,4 +1,4 @@
-"""CUDA-graph replays judged and fed on a CPU (quantbench.engine.cudagraph, quantbench.engine.omni_graph).
+"""CUDA-graph replays judged and fed on a CPU (quantbench.engine.cudagraph, quantbench.models.families.qwen3_omni.decoder_graphs).
 
 A graph replays the kernels it captured on its static input buffers: a decoder that forgot to refresh one of them
 (ids, embeddings, 3-D positions, deepstack features) would answer the previous request. The decoders take their
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from quantbench.engine.cudagraph import SPREAD_FACTOR, TV_MARGIN, GraphedDecoder, check_replay
-from quantbench.engine.omni_graph import GraphedMediaDecoder
+from quantbench.models.families.qwen3_omni.decoder_graphs import GraphedMediaDecoder
 from tests.tiny import tiny_model
 
 

@@ -25,7 +25,7 @@ from quantbench.engine.base import EngineBase, Prepared
 from quantbench.engine.scoring import TransformersEngine
 from quantbench.errors import ConfigError, LoadError, RequestError
 from quantbench.limits import Limits
-from quantbench.models.fixture import default_model_dir
+from quantbench.make.fixture import default_model_dir
 from quantbench.protocol import LimitError, QuestionAnswer, parse_request
 from quantbench.protocol.suite import load_suite
 from quantbench.run.backend import LoadedVariant, get_backend

@@ -139,7 +139,7 @@ def test_a_hub_id_missing_from_an_offline_cache_is_a_load_error_with_the_fix(cac
 
 
 def test_quantize_resolves_its_source_through_the_hub_cache(cache, tmp_path):
-    from quantbench.models.quantize import quantize
+    from quantbench.make.quantize import quantize
 
     with pytest.raises(LoadError, match=f"--model {REPO}: no such directory here, and {REPO} is not in"):
         quantize(REPO, "int4", tmp_path / "out", progress=False)
@@ -148,8 +148,8 @@ def test_quantize_resolves_its_source_through_the_hub_cache(cache, tmp_path):
 
 def test_quantize_of_a_hub_id_quantizes_the_cached_snapshot_and_records_its_repo_and_commit(cached, tmp_path,
                                                                                              monkeypatch):
-    import quantbench.models.quantize.autoround as autoround
-    from quantbench.models.quantize import quantize
+    import quantbench.make.quantize.autoround as autoround
+    from quantbench.make.quantize import quantize
 
     given: list[Path] = []
 

@@ -23,9 +23,9 @@ from quantbench.engine.moe.int4 import (
     unpack_rows,
 )
 from quantbench.errors import ConfigError, LoadError
+from quantbench.make.quantize import Recipe, cached_variant, quantize
 from quantbench.models.calibration import calibration_texts
 from quantbench.models.checkpoint import PROVENANCE_FILE, fingerprint, load_causal_lm
-from quantbench.models.quantize import Recipe, cached_variant, quantize
 from quantbench.run.spec import RunSpec
 
 CPU = SimpleNamespace(has_gpu=False, gpu_name=None)
@@ -210,7 +210,7 @@ def test_fused_kernel_matches_the_reference_under_the_triton_interpreter():
 
 # -- calibration and the quantize verb --------------------------------------------------------------------------
 def test_calibration_texts_are_rendered_train_records_of_at_least_seqlen_tokens():
-    from quantbench.models.fixture import build_tokenizer
+    from quantbench.make.fixture import build_tokenizer
     from quantbench.protocol.prompt import answer_text, render_prompt
     from quantbench.protocol.suitegen import generate, split_of
 
@@ -265,16 +265,16 @@ def test_quantize_takes_a_checkpoint_or_a_synthetic_shape_and_says_which_when_ne
 SYNTHETIC_QUANTIZE = """
 import json, sys
 from pathlib import Path
-from quantbench.models import synthetic
+from quantbench.models.families.qwen3_moe.family import SHAPES as TEXT_SHAPES
 from quantbench.models.checkpoint import model_identity
-from quantbench.models.quantize import quantize
+from quantbench.make.quantize import quantize
 import auto_round
 
 made_with, real = {}, auto_round.AutoRound  # what AutoRound was asked for: --plain-rtn must reach it
 auto_round.AutoRound = lambda *args, **kwargs: (made_with.update(kwargs), real(*args, **kwargs))[1]
 
 # a small shape of the same family (the real one is 61 GB): registered for this process only
-synthetic.SYNTHETIC_SHAPES["test-moe"] = dict(synthetic.SYNTHETIC_SHAPES["qwen3-30b-a3b"], hidden_size=256,
+TEXT_SHAPES["test-moe"] = dict(TEXT_SHAPES["qwen3-30b-a3b"], hidden_size=256,
     num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_experts=8, num_experts_per_tok=2,
     moe_intermediate_size=128, intermediate_size=512, vocab_size=2048)
 out = Path(sys.argv[1])
@@ -309,7 +309,7 @@ RECIPE = {"nsamples": 8, "seqlen": 128}
 
 @pytest.fixture(scope="module")
 def source():
-    from quantbench.models.fixture import default_model_dir
+    from quantbench.make.fixture import default_model_dir
 
     return default_model_dir(progress=False)
 

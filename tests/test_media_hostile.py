@@ -157,12 +157,12 @@ def test_a_header_that_lies_is_caught_while_decoding():
 
 
 def test_a_decoded_video_is_one_array_held_once():
-    from quantbench.engine.omni import _video_array
+    from quantbench.models.families.qwen3_omni.media_batch import video_array
 
     video = decode_part("state.clip", {"type": "video", "data": uri("video/mp4", mp4_bytes(6, 2, 32))}, Limits())
     assert isinstance(video, DecodedVideo) and isinstance(video.frames, np.ndarray)
     assert video.frames.shape == (6, 32, 32, 3) and video.frames.dtype == np.uint8
-    assert _video_array(video) is video.frames  # the engine takes it as it is: no stacked copy
+    assert video_array(video) is video.frames  # the engine takes it as it is: no stacked copy
     frames = [uri("image/png", image_bytes("PNG", (8, 4), (i, 0, 0))) for i in range(3)]
     listed = decode_part("state.clip", {"type": "video", "frames": frames, "fps": 2}, Limits())
     assert isinstance(listed.frames, np.ndarray) and listed.frames[:, 0, 0, 0].tolist() == [0, 1, 2]

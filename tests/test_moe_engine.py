@@ -14,7 +14,7 @@ from quantbench.engine.moe import (
     route,
 )
 from quantbench.errors import ConfigError, UnsupportedError
-from quantbench.models.family import moe_layout
+from quantbench.models.families import moe_layout
 from tests.tiny import tiny_model
 
 

@@ -38,7 +38,7 @@ def modelopt_variants() -> dict[str, Path]:
     root = Path(tempfile.mkdtemp(prefix="quantbench-modelopt-"))
     atexit.register(shutil.rmtree, root, True)
     src = save_tiny(root / "bf16")
-    code = ("import sys, json; from quantbench.models.quantize.modelopt import quantize_modelopt\n"
+    code = ("import sys, json; from quantbench.make.quantize.modelopt import quantize_modelopt\n"
             "for out, (scheme, experts_only) in json.loads(sys.argv[2]).items():\n"
             "    quantize_modelopt(sys.argv[1], scheme, out, nsamples=4, seqlen=64, experts_only=experts_only,"
             " progress=False, device='cpu')")

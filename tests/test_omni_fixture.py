@@ -1,4 +1,4 @@
-"""The omni default model (quantbench.models.omni_fixture) and the built-in media suite quantbench-omni-v1
+"""The omni default model (quantbench.make.omni_fixture) and the built-in media suite quantbench-omni-v1
 (quantbench.protocol.omnigen): the suite's size, mix, gold, determinism and disjointness from the training records;
 a short build's determinism and loadability; the cached full build answering every media family above chance."""
 
@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 import torch
 
-from quantbench.models import omni_fixture as OF
+from quantbench.make import omni_fixture as OF
 from quantbench.protocol import omnigen as G
 from quantbench.protocol.suite import load_suite
 from quantbench.protocol.suitegen import FAMILIES, generate, request_text
@@ -88,13 +88,13 @@ def test_suite_is_deterministic_and_loads_by_name(tmp_path, monkeypatch):
 
 
 def test_family_omni_picks_the_omni_model_or_its_variant_and_the_omni_suite(tmp_path, monkeypatch):
-    import quantbench.models.quantize
+    import quantbench.make.quantize
     from quantbench.run.resolve import family_defaults
 
     monkeypatch.setenv("QUANTBENCH_CACHE", str(tmp_path))
     made: list[tuple[str, str]] = []
     monkeypatch.setattr(OF, "omni_default_model_dir", lambda: tmp_path / "omni")
-    monkeypatch.setattr(quantbench.models.quantize, "default_variant",
+    monkeypatch.setattr(quantbench.make.quantize, "default_variant",
                         lambda scheme, family="text": made.append((scheme, family)) or tmp_path / f"{family}-{scheme}")
     from quantbench.protocol import omnisuite
 
@@ -182,7 +182,7 @@ def test_a_short_build_is_deterministic_and_loads(tmp_path):
     assert config.text_config.num_experts >= 8 and config.text_config.hidden_size >= 256
     assert config.text_config.hidden_size % 128 == 0 and config.text_config.moe_intermediate_size % 128 == 0
     # quantbench's processor reads its files: every media kind, the media tokens at the config's ids
-    from quantbench.models.processor import omni_processor
+    from quantbench.models.families.qwen3_omni.processor import omni_processor
 
     media = omni_processor(tmp_path / "a", OF.build_omni_tokenizer(), model)
     assert media.modalities == {"image", "audio", "video"}

@@ -24,7 +24,7 @@ from backends.fp8 import Fp8Backend
 from backends.nvfp4 import Nvfp4Backend
 from quantbench.engine.scoring import TransformersEngine
 from quantbench.errors import LoadError
-from quantbench.models.family import Qwen3OmniThinkerFamily, family_of
+from quantbench.models.families import Qwen3OmniThinkerFamily, family_of
 from quantbench.protocol import parse_request
 from quantbench.run.machine import detect
 from quantbench.run.spec import RunSpec
@@ -122,7 +122,7 @@ import sys
 import torch
 from pathlib import Path
 from quantbench.models.checkpoint import read_config
-from quantbench.models.family import family_of
+from quantbench.models.families import family_of
 def anonymous():  # RssAnon: tensors read into memory, not library or mapped-file pages the kernel may drop
     status = Path("/proc/self/status").read_text()
     return int(next(line.split()[1] for line in status.splitlines() if line.startswith("RssAnon:"))) * 1024

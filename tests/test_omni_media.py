@@ -26,9 +26,9 @@ from transformers import Qwen3OmniMoeThinkerForConditionalGeneration
 from backends.bf16 import Bf16Backend
 from backends.fp8 import Fp8Backend
 from backends.nvfp4 import Nvfp4Backend
-from quantbench.engine.omni import OmniEngine
 from quantbench.engine.scoring import TransformersEngine
 from quantbench.errors import ContextLengthError, RequestError
+from quantbench.models.families.qwen3_omni.engine import OmniEngine
 from quantbench.protocol import parse_request
 from tests.test_media import audio_bytes, mp4_bytes, uri
 from tests.test_omni_load import (

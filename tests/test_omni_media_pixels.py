@@ -1,5 +1,5 @@
 """Issue #25 part 8: the media inputs made without transformers' per-call processor machinery, and the pictures and
-video frames made on the model's device (quantbench.models.pixels), equal what transformers' processor makes.
+video frames made on the model's device (quantbench.models.families.qwen3_omni.pixels), equal what transformers' processor makes.
 
 - DevicePixels equals `Qwen2VLImageProcessorPil` bit for bit (torch.equal) on pictures of several sizes, shrunk,
   enlarged and left alone, under the real checkpoint's settings, the test checkpoint's and CLIP's mean / std; and
@@ -20,9 +20,9 @@ import torch
 from PIL import Image
 from transformers import Qwen2VLImageProcessorPil
 
-from quantbench.models import synthetic_omni as SO
-from quantbench.models.pixels import DevicePixels, pil_resize
-from quantbench.models.processor import NumpyVideoProcessor, processor_from_settings
+from quantbench.models.families.qwen3_omni import synthetic as SO
+from quantbench.models.families.qwen3_omni.pixels import DevicePixels, pil_resize
+from quantbench.models.families.qwen3_omni.processor import NumpyVideoProcessor, processor_from_settings
 from quantbench.protocol import parse_request
 from tests.omni_tiny import AUDIO_FEATURES, IMAGE, omni_tokenizer
 from tests.test_omni_shape_towers import thinker

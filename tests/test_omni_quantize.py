@@ -25,9 +25,9 @@ from backends.bf16 import Bf16Backend
 from backends.fp8 import Fp8Backend
 from backends.int4 import Int4Backend
 from backends.nvfp4 import Nvfp4Backend
-from quantbench.models.family import Qwen3OmniThinkerFamily
-from quantbench.models.quantize import quantize
-from quantbench.models.quantize.unchanged import ChangedTensor, check_unchanged
+from quantbench.make.quantize import quantize
+from quantbench.make.quantize.unchanged import ChangedTensor, check_unchanged
+from quantbench.models.families import Qwen3OmniThinkerFamily
 from quantbench.protocol.suitegen import generate
 from quantbench.run.machine import detect
 from quantbench.run.spec import RunSpec
@@ -176,7 +176,7 @@ import json, sys, torch
 import modelopt.torch.quantization as mtq
 from modelopt.torch.quantization.nn import TensorQuantizer
 from quantbench.errors import QuantbenchError
-from quantbench.models.quantize.modelopt import check_experts_only, load_for_calibration, modelopt_config
+from quantbench.make.quantize.modelopt import check_experts_only, load_for_calibration, modelopt_config
 found = {}
 for case in ("as configured", "without the tower entries"):
     model = load_for_calibration(sys.argv[1], "cpu")
@@ -245,7 +245,7 @@ def test_a_tampered_variant_fails_the_check_naming_the_tensor(kind, scheme, key)
 
 
 def test_a_widened_tensor_is_a_mismatch_unless_restored_exactly():
-    from quantbench.models.quantize.unchanged import restore_source_dtypes
+    from quantbench.make.quantize.unchanged import restore_source_dtypes
 
     out, key = variant("full", "fp8"), "model.language_model.norm.weight"
     widened = tampered(out, lambda t: {k: (v.float() if k == key else v) for k, v in t.items()})
@@ -261,7 +261,7 @@ def test_a_widened_tensor_is_a_mismatch_unless_restored_exactly():
 
 
 def test_quantize_removes_a_variant_whose_non_expert_tensors_changed(tmp_path, monkeypatch):
-    import quantbench.models.quantize.omni as omni
+    import quantbench.make.quantize.multimodal as multimodal
 
     good = variant("full", "fp8")
 
@@ -269,7 +269,7 @@ def test_quantize_removes_a_variant_whose_non_expert_tensors_changed(tmp_path, m
         shutil.copytree(tampered(good, flip_one_bit("lm_head.weight")), out)
         return {}
 
-    monkeypatch.setattr(omni, "run_child", library)
+    monkeypatch.setattr(multimodal, "run_child", library)
     out = tmp_path / "fp8"
     with pytest.raises(ChangedTensor, match=rf"lm_head\.weight \(source: thinker\.lm_head\.weight\) differs .*"
                                             rf"\({out} was removed\)"):

@@ -16,9 +16,10 @@ import duckdb
 import pytest
 import torch
 
-from quantbench.engine.omni import OmniEngine
-from quantbench.models import synthetic as S
-from quantbench.models import synthetic_omni as SO
+from quantbench.make.synthetic import save_synthetic
+from quantbench.models.families import synthetic_shapes
+from quantbench.models.families.qwen3_omni import synthetic as SO
+from quantbench.models.families.qwen3_omni.engine import OmniEngine
 from quantbench.protocol import media_cache, parse_request
 from tests.test_media import audio_bytes, uri
 from tests.test_omni_media import STATES, png
@@ -38,7 +39,6 @@ SMALL = {"text": dict(SO.OMNI_TEXT, hidden_size=256, num_attention_heads=4, num_
 def small_shape(monkeypatch):
     """`omni-small`: the Omni thinker's layout (real vocabulary and token ids) with small dims."""
     monkeypatch.setitem(SO.OMNI_SHAPES, "omni-small", SMALL)
-    monkeypatch.setitem(S.SYNTHETIC_SHAPES, "omni-small", SMALL["text"])
     return "omni-small"
 
 
@@ -57,7 +57,7 @@ def test_the_real_shape_thinker_counts_31_72_b_parameters_with_2048_wide_encoder
     assert (config.vision_config.depth, config.vision_config.deepstack_visual_indexes,
             config.audio_config.encoder_layers) == (27, [8, 16, 24], 32)
     assert (config.image_token_id, config.audio_token_id, config.vision_start_token_id) == (151655, 151675, 151652)
-    assert "qwen3-omni-30b-a3b" in S.SYNTHETIC_SHAPES and "qwen3-omni-30b-a3b-thinker" not in S.SYNTHETIC_SHAPES
+    assert "qwen3-omni-30b-a3b" in synthetic_shapes() and "qwen3-omni-30b-a3b-thinker" not in synthetic_shapes()
     shrunk = SO.meta_thinker(SO.thinker_config("qwen3-omni-30b-a3b", 4, 0, 1), torch.bfloat16)
     assert len(shrunk.get_decoder().layers) == 4
     assert sum(p.numel() for p in SO.model_towers(shrunk)[0].parameters()) == 538_631_408  # the towers stay real
@@ -183,7 +183,7 @@ def test_a_saved_synthetic_omni_checkpoint_loads_and_reads_media(small_shape, tm
     from quantbench.run.machine import detect
     from quantbench.run.spec import RunSpec
 
-    out = S.save_synthetic(small_shape, tmp_path / "omni", layers=1, seed=2)
+    out = save_synthetic(small_shape, tmp_path / "omni", layers=1, seed=2)
     assert (out / "preprocessor_config.json").is_file() and model_identity(out)["weights"] == "synthetic"
     loaded = Bf16Backend().load(RunSpec(backend="bf16", model=str(out), device="cpu"), detect())
     assert isinstance(loaded.engine, OmniEngine) and loaded.engine.modalities == {"image", "audio", "video"}
@@ -193,7 +193,7 @@ def test_a_saved_synthetic_omni_checkpoint_loads_and_reads_media(small_shape, tm
 
 def test_quantize_refuses_a_synthetic_omni_shape_and_names_run_shape():
     from quantbench.errors import ConfigError
-    from quantbench.models.quantize import _synthetic_source
+    from quantbench.make.quantize import _synthetic_source
 
     with pytest.raises(ConfigError, match=r"run --shape qwen3-omni-30b-a3b --backend int4"):
         _synthetic_source("qwen3-omni-30b-a3b", 1, 0)

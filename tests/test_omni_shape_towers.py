@@ -1,4 +1,4 @@
-"""Issue #25 part 8: quantbench's vision and audio towers (quantbench.engine.towers) compute what transformers'
+"""Issue #25 part 8: quantbench's vision and audio towers (quantbench.models.families.qwen3_omni.towers) compute what transformers'
 own Qwen3-Omni towers compute, on CPU (where the CUDA-graph part is off; the body it would capture is what runs):
 one image, two images of different sizes (unequal attention windows: the block-diagonal mask), a video (equal
 windows: the batched path), one audio clip of 10 s (two windows of 104 and 26) and two clips; and the engine's
@@ -13,9 +13,9 @@ from functools import cache
 import pytest
 import torch
 
-from quantbench.engine.omni import OmniEngine
-from quantbench.engine.towers import Towers
-from quantbench.models.processor import processor_from_settings
+from quantbench.models.families.qwen3_omni.engine import OmniEngine
+from quantbench.models.families.qwen3_omni.processor import processor_from_settings
+from quantbench.models.families.qwen3_omni.towers import Towers
 from tests.omni_tiny import AUDIO_FEATURES, IMAGE, full_model, omni_tokenizer
 
 
@@ -102,11 +102,15 @@ def test_the_media_forward_equals_the_thinkers_own():
 
 
 def test_deepstack_added_densely_by_hooks_equals_transformers_path():
-    """What the graphed media decoder captures (quantbench.engine.omni_graph: no attention mask, deepstack as
+    """What the graphed media decoder captures (quantbench.models.families.qwen3_omni.decoder_graphs: no attention mask, deepstack as
     dense adds by forward hooks) computes what the eager decoder with transformers' deepstack path computes; the
     graph itself needs a GPU, this is the forward it records."""
-    from quantbench.engine.omni import _dense, _join, _visual
-    from quantbench.engine.omni_graph import GraphedMediaDecoder
+    from quantbench.models.families.qwen3_omni.decoder_graphs import GraphedMediaDecoder
+    from quantbench.models.families.qwen3_omni.media_batch import (
+        dense_deepstack,
+        join_media,
+        visual_deepstack,
+    )
     from tests.test_omni_media import request
 
     ours = engine()
@@ -119,16 +123,16 @@ def test_deepstack_added_densely_by_hooks_equals_transformers_path():
                                            positions=prepared.positions[:1])
             ids = torch.tensor(prepared.rows)
             media = prepared.media
-            encoded = {id(media[0]): ours._run_towers(_join(media, ours.device, ours.model.dtype, host_meta=True))}
+            encoded = {id(media[0]): ours._run_towers(join_media(media, ours.device, ours.model.dtype, host_meta=True))}
             with torch.inference_mode():
                 layout = ours._layout([prepared], media, ids.shape[1])
                 embeds, deep = ours._merge(ids, layout, media, encoded)
                 positions = layout.positions
-                visual_at, deepstack = _visual(embeds, layout, deep)
+                visual_at, deepstack = visual_deepstack(embeds, layout, deep)
                 want = decoder(inputs_embeds=embeds, attention_mask=layout.mask, position_ids=positions,
                                use_cache=False, visual_pos_masks=visual_at,
                                deepstack_visual_embeds=deepstack).last_hidden_state
-                graphed._deep_now = _dense(embeds, layout, deep)
+                graphed._deep_now = dense_deepstack(embeds, layout, deep)
                 got = decoder(inputs_embeds=embeds, position_ids=positions, use_cache=False).last_hidden_state
                 graphed._deep_now = None
                 plain = decoder(inputs_embeds=embeds, position_ids=positions, use_cache=False).last_hidden_state

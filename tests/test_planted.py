@@ -33,7 +33,7 @@ from safetensors.torch import load_file
 from quantbench import report
 from quantbench.analysis import parity
 from quantbench.analysis import stats as an
-from quantbench.models.plant import PLANTED_FILE, plant, tower_of
+from quantbench.make.plant import PLANTED_FILE, plant, tower_of
 from quantbench.run.runner import execute
 from quantbench.run.spec import RunSpec
 from quantbench.store import Store

@@ -57,8 +57,8 @@ def root() -> Path:
 @cache
 def lab() -> tuple[Store, dict[str, str]]:
     """(the store of BF16, its floor, INT4 and the planted INT4; run ids by name)."""
-    from quantbench.models.omni_fixture import omni_default_model_dir
-    from quantbench.models.quantize import default_variant
+    from quantbench.make.omni_fixture import omni_default_model_dir
+    from quantbench.make.quantize import default_variant
 
     base = root()
     bf16, int4 = omni_default_model_dir(progress=False), default_variant("int4", "omni")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from quantbench.make.quantize import cached_variant, library_log
 from quantbench.models.checkpoint import fingerprint
-from quantbench.models.quantize import cached_variant, library_log
 from quantbench.term import libraries_to
 from tests.tiny import save_tiny
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-import quantbench.models.fixture
-import quantbench.models.quantize
+import quantbench.make.fixture
+import quantbench.make.quantize
 from quantbench.errors import ConfigError, LoadError
 from quantbench.run.backend import EMBEDDED_MODEL, get_backend, model_dir
 from quantbench.run.machine import detect
@@ -58,8 +58,8 @@ def importable_tests(monkeypatch):
 
 def test_resolve_names_the_embedded_model_or_its_variant_and_leaves_the_requested_spec_alone(tmp_path, monkeypatch):
     made: list[str] = []
-    monkeypatch.setattr(quantbench.models.fixture, "default_model_dir", lambda: tmp_path / "fixture")
-    monkeypatch.setattr(quantbench.models.quantize, "default_variant",
+    monkeypatch.setattr(quantbench.make.fixture, "default_model_dir", lambda: tmp_path / "fixture")
+    monkeypatch.setattr(quantbench.make.quantize, "default_variant",
                         lambda scheme: made.append(scheme) or tmp_path / f"variant-{scheme}")
     requested = RunSpec(backend="bf16")
     assert resolve(requested).model == str(tmp_path / "fixture")
@@ -84,7 +84,7 @@ def test_the_parent_prepares_and_the_childs_load_s_times_loading_alone(tmp_path,
         prepared_at.append((time.time(), os.getpid()))
         return prepared
 
-    monkeypatch.setattr(quantbench.models.fixture, "default_model_dir", slow_prepare)
+    monkeypatch.setattr(quantbench.make.fixture, "default_model_dir", slow_prepare)
     requested = RunSpec(backend="tests.test_resolve:PreparedBackend", suite=suite, gpu="cpu", warmup=0,
                         latency_min_decisions=1, latency_min_seconds=0.0)
     result = execute(requested, echo=False)
@@ -103,7 +103,7 @@ def test_a_failure_while_preparing_is_a_failed_row_classified_as_a_childs_would_
     def broken_prepare() -> Path:
         raise LoadError("fixture cache: model.safetensors is truncated")
 
-    monkeypatch.setattr(quantbench.models.fixture, "default_model_dir", broken_prepare)
+    monkeypatch.setattr(quantbench.make.fixture, "default_model_dir", broken_prepare)
     result = execute(RunSpec(backend="tests.test_resolve:PreparedBackend", suite=suite, gpu="cpu"), echo=False)
     run = result.run.model_dump()
     assert (run["status"], run["failure"]) == ("failed", "load_error")
@@ -117,7 +117,7 @@ def test_a_backend_load_refuses_a_spec_that_was_not_resolved(backend, monkeypatc
     def must_not_prepare() -> Path:
         raise AssertionError("load() prepared the embedded model")
 
-    monkeypatch.setattr(quantbench.models.fixture, "default_model_dir", must_not_prepare)
+    monkeypatch.setattr(quantbench.make.fixture, "default_model_dir", must_not_prepare)
     with pytest.raises(ConfigError, match=rf"^--backend {backend}: this spec names neither --model nor --shape; "
                                           "resolve it first"):
         get_backend(backend).load(RunSpec(backend=backend, device="cpu"), detect())

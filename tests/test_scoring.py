@@ -138,7 +138,7 @@ def test_the_direct_rust_tokenizer_gives_the_wrappers_ids_and_steps_aside_when_t
     """_encode calls the Rust tokenizer behind a fast one directly (no wrapper, no offsets); its first calls are
     checked against transformers' call, and a tokenizer whose Python side changes the text loses the direct path."""
     from quantbench.engine.scoring import TransformersEngine
-    from quantbench.models.fixture import build_tokenizer
+    from quantbench.make.fixture import build_tokenizer
     from tests.tiny import tiny_model
 
     tok = build_tokenizer()

@@ -28,7 +28,7 @@ def task_that_can_die(spec, parquet_dir=None):
 
 @pytest.fixture(scope="module")
 def cluster():
-    from quantbench.models.fixture import default_model_dir
+    from quantbench.make.fixture import default_model_dir
 
     default_model_dir(progress=False)  # built (or found) once here, not inside a task
     saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "PYTHONPATH")}

@@ -17,16 +17,17 @@ from quantbench.engine.moe.engine import GroupedMoE
 from quantbench.engine.moe.fp8 import E4M3_MAX, Fp8Experts
 from quantbench.engine.moe.int4 import rtn_experts
 from quantbench.models.calibration import calibration_prompt
-from quantbench.models.family import moe_layout
+from quantbench.models.families import moe_layout
+from quantbench.models.families.qwen3_moe.family import SHAPES as TEXT_SHAPES
 
 # experts dominate, as in the real shape (there 94% of the weights), at a few MB a layer
-TINY = dict(S.SYNTHETIC_SHAPES["qwen3-30b-a3b"], vocab_size=2048, hidden_size=128, num_attention_heads=2,
+TINY = dict(TEXT_SHAPES["qwen3-30b-a3b"], vocab_size=2048, hidden_size=128, num_attention_heads=2,
             num_key_value_heads=1, head_dim=64, num_experts=16, num_experts_per_tok=4, moe_intermediate_size=128)
 
 
 @pytest.fixture
 def tiny(monkeypatch):
-    monkeypatch.setitem(S.SYNTHETIC_SHAPES, "tiny", TINY)
+    monkeypatch.setitem(TEXT_SHAPES, "tiny", TINY)
     return "tiny"
 
 
@@ -94,9 +95,10 @@ import json, resource, sys
 import psutil, torch
 import quantbench.models.synthetic as S
 from quantbench.engine.moe.int4 import rtn_experts
+from quantbench.models.families.qwen3_moe.family import SHAPES as TEXT_SHAPES
 sys.path.insert(0, sys.argv[1])
 from test_synthetic_peak import TINY, _whole_int4
-S.SYNTHETIC_SHAPES["tiny"] = dict(TINY, num_experts=32, moe_intermediate_size=512, hidden_size=512)
+TEXT_SHAPES["tiny"] = dict(TINY, num_experts=32, moe_intermediate_size=512, hidden_size=512)
 torch.set_num_threads(1)
 import threading
 proc = psutil.Process()

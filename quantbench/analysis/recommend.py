@@ -290,7 +290,7 @@ def _short(impl: str) -> str:
     return IMPLEMENTATIONS.get(impl, impl.replace("experts=", ""))
 
 
-FIXTURE_PREFIX = "quantbench-fixture-moe-"  # quantbench.models.fixture.fixture_id: the embedded model, one id per recipe
+FIXTURE_PREFIX = "quantbench-fixture-moe-"  # quantbench.make.fixture.fixture_id: the embedded model, one id per recipe
 
 
 def _superseded_fixtures(runs: list[StoredRun]) -> set[tuple[tuple[str, str], str]]:

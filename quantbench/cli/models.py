@@ -24,8 +24,10 @@ def fixture(
 ) -> None:
     """Build (or show) the embedded default model: a small trained Qwen3-MoE with its own tokenizer (--family omni:
     a small trained Qwen3-Omni thinker that also reads images, audio and video)."""
-    from quantbench.models.fixture import find_or_build  # lazy: a fast --help
-    from quantbench.models.synthetic import SYNTHETIC_SHAPES, save_synthetic, synthetic_id
+    from quantbench.make.fixture import find_or_build  # lazy: a fast --help
+    from quantbench.make.synthetic import save_synthetic
+    from quantbench.models.families import synthetic_shapes
+    from quantbench.models.synthetic import synthetic_id
 
     try:
         if family not in ("text", "omni"):
@@ -34,7 +36,7 @@ def fixture(
             if layers is not None:
                 raise ConfigError("--layers applies to --shape only: the embedded model's layers are part of its recipe")
             if family == "omni":
-                from quantbench.models.omni_fixture import find_or_build_omni  # lazy: a fast --help
+                from quantbench.make.omni_fixture import find_or_build_omni  # lazy: a fast --help
 
                 info = find_or_build_omni(rebuild, out_dir)
             else:
@@ -56,8 +58,8 @@ def fixture(
         if family != "text":
             raise ConfigError("--family omni builds the trained omni default model; --shape builds a random-weight "
                               "model of a real shape: give one of them")
-        if shape not in SYNTHETIC_SHAPES:
-            raise ConfigError(f"--shape {shape!r}: use one of {', '.join(sorted(SYNTHETIC_SHAPES))}")
+        if shape not in synthetic_shapes():
+            raise ConfigError(f"--shape {shape!r}: use one of {', '.join(sorted(synthetic_shapes()))}")
         if out_dir is None:
             raise ConfigError("--shape writes a checkpoint (61 GB at 48 layers): give --out DIR")
         if layers is not None and layers < 1:
@@ -95,13 +97,13 @@ def quantize(
                                                      "vision / audio towers")] = None,
 ) -> None:
     """Make a quantized variant with the library that owns the format (auto-round, nvidia-modelopt)."""
-    from quantbench.models.quantize import quantize as do_quantize  # lazy: a fast --help
+    from quantbench.make.quantize import quantize as do_quantize  # lazy: a fast --help
 
     try:
         if model is not None and shape is not None:
             raise ConfigError("give --model or --shape, not both")
         if model is None and shape is None:
-            from quantbench.models.fixture import default_model_dir  # lazy: a fast --help
+            from quantbench.make.fixture import default_model_dir  # lazy: a fast --help
 
             model = str(default_model_dir())
         path = do_quantize(model, scheme, out_dir, iters=iters, nsamples=nsamples, seqlen=seqlen,

@@ -1,4 +1,4 @@
-"""`quantbench plant`: a planted regression, a variant's copy with one tower broken (quantbench.models.plant)."""
+"""`quantbench plant`: a planted regression, a variant's copy with one tower broken (quantbench.make.plant)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def plant(
     """Plant a regression for the per-modality verdict to catch: copy a variant and break only its vision (or
     audio) tower. The copy says it is planted (quantbench_planted.json); its runs are labelled
     VARIANT+planted-TOWER. Not a variant to use."""
-    from quantbench.models.plant import plant as do_plant  # lazy: a fast --help
+    from quantbench.make.plant import plant as do_plant  # lazy: a fast --help
 
     try:
         record = do_plant(source, out_dir, tower=tower, mode=mode, seed=seed, scale=scale, bits=bits,

@@ -308,7 +308,7 @@ def demo(
                                              "report per modality)")] = "text",
 ) -> None:
     """Build the embedded default model if needed, run every variant on it, store the results, print the table."""
-    from quantbench.models.quantize import default_model_dir
+    from quantbench.make.quantize import default_model_dir
     from quantbench.report.tables import runs_table  # lazy: a fast --help
     from quantbench.run.backend import backend_names
     from quantbench.store import Store, queries

@@ -55,7 +55,7 @@ class Prepared(PreparedBase):
     rows: list[list[int]]  # always seen here: the run's tokenizer_hash is made from them
     request: DecisionRequest
     readers: list[_Reader]
-    media: list[Any] | None = None  # per row, the model's media inputs for it (quantbench.engine.omni); None: text
+    media: list[Any] | None = None  # per row, the model's media inputs for it (quantbench.models.families.qwen3_omni.engine); None: text
 
     @property
     def tokens(self) -> int:
@@ -172,7 +172,7 @@ class TransformersEngine(EngineBase):
 
     def _prompt(self, request: DecisionRequest, name: str, extra: int) -> tuple[list[int], bool, Any]:
         """(token ids, cut, the model's media inputs for them or None) of one question's prompt: the hook an
-        engine for a model that reads media overrides (quantbench.engine.omni)."""
+        engine for a model that reads media overrides (quantbench.models.families.qwen3_omni.engine)."""
         ids, cut = self._prompt_ids(request, name, extra)
         return ids, cut, None
 

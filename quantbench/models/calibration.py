@@ -1,5 +1,6 @@
-"""Calibration inputs for the quantizers (quantbench.models.quantize) and the synthetic shapes' one calibration
-forward (quantbench.models.synthetic): decision records rendered as the runner renders them.
+"""Calibration inputs for the quantizers (quantbench.make.quantize) and the synthetic shapes' one calibration
+forward (quantbench.models.synthetic): decision records rendered as the runner renders them. It is with the readers
+because a `--shape` run's child calibrates its in-memory quantization with calibration_prompt at load time.
 
 By default the records are the suite generator's train split (calibration_texts). With `quantbench quantize
 --calibration FILE.jsonl` they are the user's own suite lines (load_calibration, file_samples): each question of a
@@ -8,8 +9,9 @@ record is its prompt followed by its `gold` answer when the record has one, else
 The quantizers feed the model one batch at a time as keyword inputs (`model(**inputs)`). A text record is packed
 with the records after it into texts of at least `seqlen` tokens, cut to `seqlen`: a text batch is `input_ids` +
 `attention_mask` (calibration_inputs). A record carrying media (a Qwen3-Omni thinker's image, audio or video) is
-one sample per question, made by the decision engine's own path (quantbench.engine.omni.OmniEngine.prepare: the
-state rendered with its placeholders, the parts decoded under the media limits, the checkpoint's processor run):
+one sample per question, made by the model family's decision engine (its `media_engine`: for Qwen3-Omni,
+OmniEngine.prepare: the state rendered with its placeholders, the parts decoded under the media limits, the
+checkpoint's processor run):
 `input_ids` with the media placeholders expanded, `attention_mask`, and the tower inputs the thinker's forward
 needs (`pixel_values` + `image_grid_thw`, `input_features` + `feature_attention_mask`, `pixel_values_videos` +
 `video_grid_thw` + `video_second_per_grid`), so the calibration forward runs the towers exactly as a decision
@@ -200,20 +202,21 @@ def file_samples(cal: CalibrationFile, tokenizer: Any, nsamples: int, seqlen: in
 
 
 def media_sampler(model: Any, tokenizer: Any, checkpoint: Path, cal: CalibrationFile) -> MediaSamples | None:
-    """For a Qwen3-Omni thinker loaded from `checkpoint`: the function making a media record's samples, each
-    question's prompt (+ gold answer) through OmniEngine.prepare (the placeholders, the parts decoded under the
-    default media limits with `path` read from the file's folder, the checkpoint's processor, quantbench's audio
-    check) as the forward's keyword inputs; None when the checkpoint reads text only. The file's records are
-    checked against what the checkpoint reads first (ConfigError naming record and field)."""
-    from quantbench.engine.omni import OmniEngine, _join
-    from quantbench.models.processor import omni_processor
+    """For a model of a family that reads media (a Qwen3-Omni thinker), loaded from `checkpoint`: the function
+    making a media record's samples, each question's prompt (+ gold answer) through the family's engine's prepare
+    (OmniEngine.prepare: the placeholders, the parts decoded under the default media limits with `path` read from
+    the file's folder, the checkpoint's processor, quantbench's audio check) as the forward's keyword inputs; None
+    when the model reads text only. The file's records are checked against what the checkpoint reads first
+    (ConfigError naming record and field)."""
+    from quantbench.models.families import family_of_model, supports_multimodal
 
-    processor = omni_processor(checkpoint, tokenizer, model)
+    family = family_of_model(model)
+    processor = family.media_processor(checkpoint, tokenizer, model) if supports_multimodal(family) else None
     cal.refuse_media(processor.modalities if processor is not None else frozenset())
     if processor is None:
         return None
-    engine = OmniEngine(model, tokenizer, media=processor, limits=Limits(), media_base=cal.path.parent,
-                        cuda_graph="off", fused_ops="off")
+    engine = family.media_engine(model, tokenizer, media=processor, limits=Limits(), media_base=cal.path.parent,
+                                 cuda_graph="off", fused_ops="off")
 
     def samples(rec: SuiteRecord) -> list[dict[str, Any]]:
         import torch
@@ -233,7 +236,7 @@ def media_sampler(model: Any, tokenizer: Any, checkpoint: Path, cal: Calibration
             else:
                 ids = prepared.rows[first][: reader.spans[0][0]]
             row = torch.tensor([ids])
-            media = _join([prepared.media[first]], torch.device("cpu"), model.dtype)
+            media = family.media_inputs(prepared.media[first], torch.device("cpu"), model.dtype)
             out.append({"input_ids": row, "attention_mask": torch.ones_like(row), **media})
         return out
 

@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # only annotations: the parent checks checkpoints (runner.pre
 
 PROVENANCE_FILE = "quantbench_provenance.json"  # written by `quantbench quantize` next to a variant
 SYNTHETIC_FILE = "quantbench_synthetic.json"  # written beside a saved random-weight real-shape model
+PLANTED_FILE = "quantbench_planted.json"  # written by `quantbench plant` into a planted regression
 FULL_HASH_LIMIT = 2 << 30  # above this, fingerprint (sizes + head and tail of each file) instead of full sha256
 _CHUNK = 16 << 20
 
@@ -146,6 +147,14 @@ def unread_tensors(root: Path, prefixes: tuple[str, ...]) -> dict[str, Any]:
             "total_bytes": total}
 
 
+def planted_info(model_path: str | Path | None) -> dict[str, Any] | None:
+    """`quantbench_planted.json` of a checkpoint directory, or None (not planted, or not a local directory)."""
+    if not model_path:
+        return None
+    file = Path(model_path) / PLANTED_FILE
+    return json.loads(file.read_text()) if file.is_file() else None
+
+
 def read_config(root: Path) -> dict[str, Any]:
     """config.json of a checkpoint directory, or a LoadError that names the file and the fix."""
     file = root / "config.json"
@@ -158,21 +167,6 @@ def read_config(root: Path) -> dict[str, Any]:
     if not isinstance(config, dict):
         raise LoadError(f"{file}: must be a JSON object, got {type(config).__name__}; fix or restore the file")
     return config
-
-
-def check_family_config(root: Path, config: dict[str, Any]) -> None:
-    """Refuse, before any model is built, a Qwen3-Omni-MoE config.json without its text decoder's config (else
-    transformers fills in the 30B defaults and the load fails only after building them, naming tensors)."""
-    model_type = config.get("model_type")
-    if model_type == "qwen3_omni_moe":
-        where, text = "thinker_config.text_config", (config.get("thinker_config") or {}).get("text_config")
-    elif model_type == "qwen3_omni_moe_thinker":
-        where, text = "text_config", config.get("text_config")
-    else:
-        return
-    if not isinstance(text, dict) or not text:
-        raise LoadError(f"{root}/config.json: model_type {model_type} without {where}; a Qwen3-Omni-MoE checkpoint's "
-                        "config must describe its thinker's text decoder (restore the checkpoint's own config.json)")
 
 
 def load_causal_lm(path: str | Path, *, dtype: torch.dtype, device: str, trust_remote_code: bool = False,

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from quantbench.engine.moe.engine import DenseExperts, install_grouped_moe
 from quantbench.errors import LoadError
 from quantbench.models.checkpoint import model_identity, read_config, unread_tensors
-from quantbench.models.family import Qwen3OmniThinkerFamily, family_of, moe_layout
+from quantbench.models.families import family_of, has_key_layouts, moe_layout
 from quantbench.models.layout import Layout, read_layout
 from quantbench.models.strict import Checkpoint, finish, stacked_experts
 
@@ -237,32 +237,17 @@ def load_quantized(
 
 def _meta_model(root: Path, dtype: torch.dtype, device: str, trust_remote_code: bool) -> tuple[nn.Module, Checkpoint]:
     """The checkpoint's model on the meta device, and its tensors by the model's module names."""
-    config = read_config(root)
-    family = family_of(config)
-    if isinstance(family, Qwen3OmniThinkerFamily):
-        model = family.build_meta(root, dtype, trust_remote_code)
-        return model, Checkpoint(root, device, rename=family.renamer(config, model))
-    from transformers import (  # lazy: transformers is imported in the child only
-        AutoConfig,
-        AutoModelForCausalLM,
-    )
-
-    hf_config = AutoConfig.from_pretrained(root, trust_remote_code=trust_remote_code)
-    for attr in ("quantization_config",):
-        if hasattr(hf_config, attr):
-            delattr(hf_config, attr)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype, trust_remote_code=trust_remote_code)
-    return model, Checkpoint(root, device)
+    model, rename = family_of(read_config(root)).meta_model(root, dtype, trust_remote_code)
+    return model, Checkpoint(root, device, rename=rename)
 
 
 def unread_note(root: Path) -> tuple[dict[str, Any], str]:
     """What a run records about the checkpoint components it never read: (extra fields, load note)."""
     config = read_config(root)
     family = family_of(config)
-    prefixes = family.unread_prefixes(config) if isinstance(family, Qwen3OmniThinkerFamily) else ()
-    if not isinstance(family, Qwen3OmniThinkerFamily):
-        return {}, ""  # text families: the run row stays as it was
+    if not has_key_layouts(family):
+        return {}, ""  # one key layout, every tensor read: the run row stays as it was
+    prefixes = family.unread_prefixes(config)
     if not prefixes:
         return {"family": family.name}, ""
     skipped = unread_tensors(root, prefixes)

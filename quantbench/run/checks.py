@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from typing import Any
 
 from quantbench.errors import ConfigError
@@ -84,7 +83,9 @@ def check_spec(spec: RunSpec, machine: Machine, backend: Any) -> None:
         raise ConfigError("--layers sets the layer count of a synthetic --shape model; give --shape too (a checkpoint "
                           "has the layers it has)")
     if spec.shape:
-        shapes = _synthetic_shapes(spec.shape)
+        from quantbench.models.families import synthetic_shapes  # every family's, read without torch
+
+        shapes = synthetic_shapes()
         if spec.shape not in shapes:
             raise ConfigError(f"--shape {spec.shape!r}: use one of {', '.join(sorted(shapes))}")
     availability = backend.availability(machine)
@@ -93,19 +94,3 @@ def check_spec(spec: RunSpec, machine: Machine, backend: Any) -> None:
     own = getattr(backend, "check", None)
     if callable(own):
         own(spec, machine)
-
-
-KNOWN_SHAPES = ("qwen3-30b-a3b",)  # quantbench.models.synthetic's text shape; the omni ones come from synthetic_omni
-
-
-def _synthetic_shapes(shape: str) -> Any:
-    """The synthetic shapes quantbench.models.synthetic knows. Its module imports torch (seconds), so a known name
-    passes without it; only another name (a typo, or a shape a caller registered) is looked up there."""
-    from quantbench.models.synthetic_omni import OMNI_SHAPES
-
-    module = sys.modules.get("quantbench.models.synthetic")
-    if module is None and (shape in KNOWN_SHAPES or shape in OMNI_SHAPES):
-        return (*KNOWN_SHAPES, *OMNI_SHAPES)
-    if module is None:
-        from quantbench.models import synthetic as module
-    return module.SYNTHETIC_SHAPES

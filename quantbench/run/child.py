@@ -25,8 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from quantbench.errors import LoadError, RequestError, classify
 from quantbench.models import experts_claim, lineage
-from quantbench.models.checkpoint import tensor_bytes
-from quantbench.models.plant import planted_info
+from quantbench.models.checkpoint import planted_info, tensor_bytes
 from quantbench.protocol import modality_of, refuse_unread_media
 from quantbench.protocol.suite import load_suite
 from quantbench.run.backend import LoadedVariant, get_backend

@@ -8,7 +8,8 @@ the seed is their load, and their rows say so (`load_note`). The runner, `sweep`
 
 from __future__ import annotations
 
-from quantbench.models import hub, quantize
+from quantbench.make import quantize
+from quantbench.models import hub
 from quantbench.run.backend import EMBEDDED_MODEL, get_backend
 from quantbench.run.spec import RunSpec
 
@@ -31,7 +32,7 @@ def resolve(spec: RunSpec) -> RunSpec:
 def prepared_model_dir(default: str, family: str = "text") -> str:
     """The embedded model's directory (`EMBEDDED_MODEL`), or its variant quantized with the scheme `default`;
     trained or quantized on first use, cached (and locked) across processes afterwards. `family` "omni": the omni
-    default model (quantbench.models.omni_fixture) and its variants."""
+    default model (quantbench.make.omni_fixture) and its variants."""
     if family != "text":
         if default == EMBEDDED_MODEL:
             return str(quantize.default_model_dir(family))
@@ -39,7 +40,7 @@ def prepared_model_dir(default: str, family: str = "text") -> str:
     if default == EMBEDDED_MODEL:
         # lazy: fixture imports torch; the runner's parent, which imports this module, checks a given --model
         # without importing torch (runner.preflight) and only needs it here, to build the embedded model
-        from quantbench.models import fixture
+        from quantbench.make import fixture
 
         return str(fixture.default_model_dir())  # through the module: tests replace it
     return str(quantize.default_variant(default))

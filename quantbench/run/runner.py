@@ -116,7 +116,8 @@ def preflight(spec: RunSpec) -> dict[str, Any]:
     repo and commit a hub id resolved to)."""
     notes: dict[str, Any] = {}
     if spec.model and not spec.shape and spec.backend != "http":
-        from quantbench.models.checkpoint import check_family_config, check_safetensors_only, read_config
+        from quantbench.models.checkpoint import check_safetensors_only, read_config
+        from quantbench.models.families import family_of
 
         root = Path(spec.model)
         if hub.is_hub_id(spec.model):
@@ -132,7 +133,7 @@ def preflight(spec: RunSpec) -> dict[str, Any]:
             raise ConfigError(f"--model {spec.model}: a file, not a directory; give the checkpoint's directory "
                               "(config.json + *.safetensors)")
         config = read_config(root)
-        check_family_config(root, config)
+        family_of(config).check_config(root, config)  # a config its family cannot load, before any model is built
         check_safetensors_only(root)
         scorer.require_trust(scorer.describe(root, config), spec.trust_remote_code)  # its own scorer's code
         auto_map = config.get("auto_map")

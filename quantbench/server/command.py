@@ -21,9 +21,9 @@ from quantbench.limits import (
     Limits,
 )
 from quantbench.models import experts_claim
+from quantbench.models.families import synthetic_shapes
 from quantbench.models.scorer import describe as describe_scorer
 from quantbench.models.scorer import require_trust
-from quantbench.models.synthetic import SYNTHETIC_SHAPES
 from quantbench.run.backend import LoadedVariant, get_backend
 from quantbench.run.machine import detect
 from quantbench.run.resolve import resolve
@@ -85,8 +85,8 @@ def cli_serve(
         if model:
             raise ConfigError("--shape serves a synthetic model with random weights; drop --model, or drop --shape "
                               "to serve the checkpoint")
-        if shape not in SYNTHETIC_SHAPES:
-            raise ConfigError(f"--shape {shape!r}: unknown; known shapes: {', '.join(sorted(SYNTHETIC_SHAPES))}")
+        if shape not in synthetic_shapes():
+            raise ConfigError(f"--shape {shape!r}: unknown; known shapes: {', '.join(sorted(synthetic_shapes()))}")
     if layers is not None and (shape is None or layers < 1):
         raise ConfigError("--layers sets the layer count of a --shape model: give --shape, and 1 or more layers")
     if max_queue < 1 or max_batch < 1 or max_queue_ms < 0:

@@ -24,6 +24,7 @@ from quantbench.errors import QuantbenchError
 from quantbench.run.record import AnswerRow, LatencyRow, RunRecord, RunResult
 from quantbench.store import composite
 from quantbench.store.home import GIVEN, Source
+from quantbench.store.nested import copy_nested
 from quantbench.store.schema import MIGRATIONS, SCHEMA_VERSION, VIEWS
 
 if TYPE_CHECKING:  # pandas is imported where rows are read or inserted: `run` refuses a bad --db without it
@@ -312,11 +313,6 @@ class Store:
                 df[col] = df[col].astype(str)
         return df
 
-    def runs(self) -> pd.DataFrame:
-        from quantbench.store.queries import SUMMARY
-
-        return self.read(f"SELECT * FROM {SUMMARY} ORDER BY created_at")
-
 
 def unsaved_folders() -> list[Path]:
     """Where a run that its store could not take is kept, after the store's own folder: the cache, then /tmp."""
@@ -330,8 +326,6 @@ def keep_unsaved(result: RunResult, first: list[Path] | None = None) -> tuple[Pa
     """Write one run, whole, as a `quantbench export` Parquet file (what `quantbench merge` takes) in the first
     folder that can hold it. Built in an in-memory DuckDB: nothing is written to the failing disk but the file.
     Returns (the file or None, why each folder failed)."""
-    from quantbench.store.transfer import copy_nested
-
     run, answers, latencies = _rows(result)
     tried = []
     for folder in [*(first or []), *unsaved_folders()]:

@@ -25,68 +25,22 @@ import duckdb
 import pandas as pd
 
 from quantbench.store import SCHEMA_VERSION, Store, StoreError
+from quantbench.store.nested import (  # the export's layout: written by copy_nested, read back here
+    LOAD_COLUMN,
+    LOAD_TABLES,
+    TABLES,
+    VERSION_KEY,
+    copy_nested,
+)
+from quantbench.store.nested import columns as _columns
+from quantbench.store.nested import has_tables as _has_tables
+from quantbench.store.nested import ident as _ident
+from quantbench.store.nested import quote as _q
 
-VERSION_KEY = "quantbench_schema_version"
-TABLES = ("runs", "answers", "latencies")
-LOAD_TABLES = ("load_runs", "load_steps")
-LOAD_COLUMN = "load_run"  # in an export: a load run's row, with its steps nested
-NESTED_ORDER = {"answers": "record_id, question", "latencies": "seq"}
 SOURCE_SUFFIXES = {".parquet": "parquet", ".duckdb": "duckdb", ".db": "duckdb"}
 
 
-def _q(path: Path | str) -> str:
-    """A path as a SQL string literal (table functions in views cannot take parameters)."""
-    return "'" + str(path).replace("'", "''") + "'"
-
-
-def _columns(con: duckdb.DuckDBPyConnection, relation: str) -> list[str]:
-    return [row[0] for row in con.execute(f"DESCRIBE SELECT * FROM {relation}").fetchall()]
-
-
-def _ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _has_tables(con: duckdb.DuckDBPyConnection, catalog: str, tables: tuple[str, ...]) -> list[str]:
-    """Which of `tables` the database `catalog` (the connection's own when "") holds."""
-    where = "database_name = ?" if catalog else "database_name = current_database()"
-    found = {row[0] for row in con.execute(
-        f"SELECT table_name FROM duckdb_tables() WHERE {where} AND schema_name = 'main'",
-        [catalog] if catalog else []).fetchall()}
-    return [t for t in tables if t in found]
-
-
-def _fields(con: duckdb.DuckDBPyConnection, relation: str, drop: str) -> str:
-    """`name := name, ...` of a relation's columns but `drop`: the inside of a struct_pack."""
-    return ", ".join(f"{_ident(c)} := {_ident(c)}" for c in _columns(con, relation) if c != drop)
-
-
 # -- export --------------------------------------------------------------------------------------------------
-def copy_nested(con: duckdb.DuckDBPyConnection, out: Path, version: int, catalog: str = "") -> int:
-    """Write every run and load run of `catalog` (the connection's own database by default) to `out`; returns the
-    run count. A database from before schema 6 has no load tables: its export has no `load_run` column."""
-    prefix = f"{catalog}." if catalog else ""
-    lists = []
-    for table in ("answers", "latencies"):
-        lists.append(f"LEFT JOIN (SELECT run_id, list(struct_pack({_fields(con, prefix + table, 'run_id')}) "
-                     f"ORDER BY {NESTED_ORDER[table]}) AS {table} FROM {prefix}{table} GROUP BY run_id) USING (run_id)")
-    rows = f"SELECT r.*, answers, latencies FROM {prefix}runs r {' '.join(lists)}"
-    order = "r.created_at, r.run_id"
-    if _has_tables(con, catalog, LOAD_TABLES) == list(LOAD_TABLES):
-        runs_fields = _fields(con, prefix + "load_runs", "")
-        rows = (f"SELECT * FROM ({rows} UNION ALL BY NAME "
-                f"SELECT struct_pack({runs_fields}, steps := steps) AS {LOAD_COLUMN} FROM {prefix}load_runs "
-                f"LEFT JOIN (SELECT load_id, list(struct_pack({_fields(con, prefix + 'load_steps', 'load_id')}) "
-                f"ORDER BY step) AS steps FROM {prefix}load_steps GROUP BY load_id) USING (load_id)) r")
-        order = (f"r.{LOAD_COLUMN} IS NOT NULL, coalesce(r.created_at, r.{LOAD_COLUMN}.created_at), r.run_id, "
-                 f"r.{LOAD_COLUMN}.load_id")  # the runs first, as before load runs were exported
-    con.execute(
-        f"COPY ({rows} ORDER BY {order}) "
-        f"TO {_q(out)} (FORMAT parquet, COMPRESSION zstd, KV_METADATA {{{VERSION_KEY}: '{version}'}})"
-    )
-    return con.execute(f"SELECT count(*) FROM {prefix}runs").fetchone()[0]
-
-
 def _export_path(out: str | os.PathLike[str]) -> Path:
     path = Path(out)
     if path.suffix == ".parquet":

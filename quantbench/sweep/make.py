@@ -28,7 +28,7 @@ def _quantize(source: str, scheme: str, out: str, options: dict[str, Any]) -> No
     checkpoint that a later sweep would take for a finished one)."""
     import shutil
 
-    from quantbench.models.quantize import quantize
+    from quantbench.make.quantize import quantize
 
     target = Path(out)
     staging = target.with_name(f".{target.name}.tmp-{os.getpid()}")

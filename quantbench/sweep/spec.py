@@ -118,7 +118,7 @@ class Sweep:
 
 def made_variant_dir(sweep: Sweep, model: Model, scheme: str) -> Path:
     """variants_dir/<model>-<scheme>-<recipe hash>: another recipe is another checkpoint (and another config)."""
-    from quantbench.models.quantize import Recipe
+    from quantbench.make.quantize import Recipe
 
     return sweep.variants_dir / f"{model.name}-{scheme}-{Recipe(scheme, **sweep.quantize).hash[:8]}"
 
@@ -244,7 +244,7 @@ class _Parser:
                       gpus=self.gpus(data), variants_dir=variants_dir, repeats=repeats,
                       quantize_missing=quantize_missing, quantize=quantize, defaults=defaults, ray=ray)
         if quantize:
-            from quantbench.models.quantize import Recipe
+            from quantbench.make.quantize import Recipe
 
             try:
                 Recipe("int4", **quantize)
@@ -281,12 +281,12 @@ class _Parser:
             elif kinds == ["path"]:
                 model.path = self.checkpoint_dir(item["path"], f"{where}.path", "BF16 checkpoint")
             else:
-                from quantbench.models.synthetic import SYNTHETIC_SHAPES
+                from quantbench.models.families import synthetic_shapes
 
                 model.shape = self.typed(item["shape"], str, f"{where}.shape", "a string")
-                if model.shape not in SYNTHETIC_SHAPES:
+                if model.shape not in synthetic_shapes():
                     self.fail(f"{where}.shape", f"unknown shape {model.shape!r}",
-                              f"use one of {', '.join(sorted(SYNTHETIC_SHAPES))}")
+                              f"use one of {', '.join(sorted(synthetic_shapes()))}")
             if "layers" in item:
                 if not model.shape:
                     self.fail(f"{where}.layers", "layers only applies to a synthetic shape", "remove it")

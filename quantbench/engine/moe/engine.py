@@ -50,7 +50,7 @@ stable: the int4, nvfp4 and fp8 formats (quantbench.engine.moe.int4 / nvfp4 / fp
         kernel_path: str             # what ran last ("cpu-vectorised", "triton-fused-int4", "dequant+grouped_mm")
 
     def install_grouped_moe(model, make_weights, kernel="auto", *, layout: MoeLayout) -> str
-        # layout: where the MoE blocks are and how they route, from the model's family (quantbench.models.family)
+        # layout: where the MoE blocks are and how they route, from the model's family (quantbench.models.families)
         # make_weights(layer_index, experts_module) -> (gate_up, down); swaps every MoE block, returns the path
     MoeLayout(blocks, top_k, norm_topk_prob, hidden_act, gate_bias, shared_experts)  # what the family says
     def experts_nbytes(model) -> int                 # bytes of every GroupedMoE's expert tensors
@@ -397,7 +397,7 @@ class MoEBlockRef:
 
 @dataclass(frozen=True)
 class MoeLayout:
-    """Where a model's MoE blocks are and how they route: what a model family (quantbench.models.family) tells the
+    """Where a model's MoE blocks are and how they route: what a model family (quantbench.models.families) tells the
     engine, so the engine never probes a model or its config."""
 
     blocks: list[MoEBlockRef]
@@ -415,7 +415,7 @@ def install_grouped_moe(
     *,
     layout: MoeLayout,
 ) -> str:
-    """Replace every MoE block of `layout` (the model's family says where they are: quantbench.models.family) with
+    """Replace every MoE block of `layout` (the model's family says where they are: quantbench.models.families) with
     a GroupedMoE built from `make_weights(layer_index, experts)`. Swaps one layer at a time so the old expert
     tensors are freed as it goes. Returns the kernel path."""
     if not layout.blocks:

@@ -72,7 +72,7 @@ def non_expert_linears(model: torch.nn.Module) -> list[str]:
 def expert_projections(model: torch.nn.Module) -> int:
     """How many expert projections (gate, up, down of every expert of every MoE block) an experts-only export of
     `model` must hold in int4, counted before AutoRound unfuses the experts."""
-    from quantbench.models.family import moe_layout
+    from quantbench.models.families import moe_layout
 
     layout = moe_layout(model)
     experts = int(model.config.get_text_config().num_experts)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import datetime as dt
 import fcntl
-import functools
 import hashlib
 import json
 import math
@@ -34,11 +33,10 @@ from typing import Any
 import torch
 
 from quantbench.models.build import moe_config, new_model
+from quantbench.models.tokenizer import CONTEXT, MIX, TOKENIZER, build_tokenizer
 
 FIXTURE_VERSION = 1
 FIXTURE_INFO_FILE = "quantbench_fixture.json"
-LABEL_TOKENS = [" " + chr(ord("A") + i) for i in range(26)] + [" yes", " no"]
-PAD, EOS = "<|pad|>", "<|endoftext|>"
 
 # The recipe: every value here goes into the cache key, so changing one rebuilds the model.
 MODEL = {
@@ -52,16 +50,15 @@ MODEL = {
     "moe_intermediate_size": 256,
     "intermediate_size": 512,
     "norm_topk_prob": True,
-    "max_position_embeddings": 1024,
+    "max_position_embeddings": CONTEXT,
     "rope_theta": 10000.0,
     "rms_norm_eps": 1e-6,
     "tie_word_embeddings": False,
     "initializer_range": 0.02,
 }
-TOKENIZER = {"vocab_size": 3000, "min_frequency": 2, "split_digits": True}  # trained on TRAIN["mix"]
 TRAIN = {
     # train records per family: more for the families a tiny model learns slowly (number order, item facts)
-    "mix": {"intent": 300, "nli": 850, "compare": 2400, "tool": 300, "facts": 1100, "sentiment": 250, "multi": 600},
+    "mix": MIX,  # quantbench.models.tokenizer: the tokenizer is trained on the same records
     "steps": 300,
     "batch_size": 32,
     "lr": 2e-3,
@@ -229,58 +226,6 @@ def find_or_build(rebuild: bool = False, out: Path | None = None) -> FixtureInfo
 def read_info(path: Path) -> FixtureInfo:
     data = json.loads((Path(path) / FIXTURE_INFO_FILE).read_text())
     return FixtureInfo(path=Path(path), **{k: v for k, v in data.items() if k in FixtureInfo.__dataclass_fields__ and k != "path"})
-
-
-# -- tokenizer ------------------------------------------------------------------------------------------------
-def _corpus(records: list[Any]) -> list[str]:
-    from quantbench.protocol.prompt import answer_text, render_prompt
-    from quantbench.protocol.suitegen import world_facts
-
-    texts = []
-    for rec in records:
-        for name, question in rec.request.questions.items():
-            texts.append(render_prompt(None, rec.request, name) + answer_text(None, question, rec.gold[name]))
-    # Every label must be one token: give the trainer each of them often enough to merge.
-    texts += ["".join(LABEL_TOKENS)] * 50 + world_facts()
-    return texts
-
-
-@functools.cache
-def _tokenizer_json() -> str:
-    """Train the fixture's BPE once per process (about 2 s) and keep it as JSON."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    from quantbench.protocol.suitegen import generate
-
-    tok = Tokenizer(models.BPE())
-    # One token per digit: comparing numbers digit by digit is learnable in a minute; 90 number tokens are not.
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
-    )
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=TOKENIZER["vocab_size"],
-        min_frequency=TOKENIZER["min_frequency"],
-        special_tokens=[PAD, EOS],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(_corpus(generate("train", 0, seed=0, families=TRAIN["mix"])), trainer)
-    for label in LABEL_TOKENS:
-        if len(tok.encode(label, add_special_tokens=False).ids) != 1:
-            raise RuntimeError(f"fixture tokenizer: label {label!r} is not one token; raise its count in _corpus")
-    return tok.to_str()
-
-
-def build_tokenizer():
-    """The fixture's byte-level BPE tokenizer, trained on the generator's train split (deterministic), wrapped
-    for transformers: pad and eos tokens, no chat template (the plain template of quantbench.protocol.prompt applies)."""
-    from tokenizers import Tokenizer
-    from transformers import PreTrainedTokenizerFast
-
-    fast = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(_tokenizer_json()), pad_token=PAD, eos_token=EOS)
-    fast.model_max_length = MODEL["max_position_embeddings"]
-    return fast
 
 
 # -- training -------------------------------------------------------------------------------------------------

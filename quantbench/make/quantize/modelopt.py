@@ -26,12 +26,12 @@ from typing import Any
 import torch
 
 from quantbench.errors import ConfigError, QuantbenchError
+from quantbench.make.quantize.watch import CalibrationWatch
 from quantbench.models.calibration import calibration_inputs, calibration_texts
-from quantbench.models.checkpoint import load_causal_lm, read_config
-from quantbench.models.quantize.watch import CalibrationWatch
+from quantbench.models.checkpoint import read_config
+from quantbench.models.families import family_of
 
 CONFIGS = {"nvfp4": "NVFP4_DEFAULT_CFG", "fp8": "FP8_DEFAULT_CFG"}
-ENCODER_TOWERS = ("audio_tower", "visual")  # a multimodal model's encoders (Qwen3-Omni's thinker): kept BF16 whole
 
 
 def modelopt_config(scheme: str, model: torch.nn.Module, experts_only: bool) -> dict[str, Any]:
@@ -39,7 +39,7 @@ def modelopt_config(scheme: str, model: torch.nn.Module, experts_only: bool) -> 
     experts_only (later entries win in ModelOpt's quant_cfg list)."""
     import modelopt.torch.quantization as mtq
 
-    from quantbench.models.quantize.autoround import non_expert_linears
+    from quantbench.make.quantize.autoround import non_expert_linears
 
     if scheme not in CONFIGS:
         raise ConfigError(f"--scheme {scheme!r}: ModelOpt makes {', '.join(CONFIGS)}")
@@ -51,9 +51,14 @@ def modelopt_config(scheme: str, model: torch.nn.Module, experts_only: bool) -> 
 
 
 def encoder_towers(model: torch.nn.Module) -> list[str]:
-    """The ENCODER_TOWERS `model` has (by module name, at any depth)."""
+    """The encoder towers `model` has (by module name, at any depth): those its family declares (a family that
+    reads media: Qwen3-Omni's thinker's `audio_tower` and `visual`), kept BF16 whole."""
+    from quantbench.models.families import family_of_model, supports_multimodal
+
+    family = family_of_model(model)
+    declared = sorted(family.towers.values()) if supports_multimodal(family) else []
     names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    return [tower for tower in ENCODER_TOWERS if tower in names]
+    return [tower for tower in declared if tower in names]
 
 
 def quantizers_by_part(model: torch.nn.Module) -> dict[str, dict[str, int]]:
@@ -61,12 +66,13 @@ def quantizers_by_part(model: torch.nn.Module) -> dict[str, dict[str, int]]:
     tower, and `other` (attention, router, norms, embeddings, lm_head, ...)."""
     from modelopt.torch.quantization.nn import TensorQuantizer
 
+    towers = encoder_towers(model)
     parts: dict[str, dict[str, int]] = {}
     for name, module in model.named_modules():
         if not isinstance(module, TensorQuantizer):
             continue
         part = "experts" if ".experts." in f".{name}." else next(
-            (t for t in ENCODER_TOWERS if f".{t}." in f".{name}."), "other")
+            (t for t in towers if f".{t}." in f".{name}."), "other")
         counts = parts.setdefault(part, {"enabled": 0, "disabled": 0})
         counts["enabled" if module.is_enabled else "disabled"] += 1
     return parts
@@ -81,7 +87,7 @@ def check_experts_only(model: torch.nn.Module) -> None:
     if stray:
         raise QuantbenchError(f"ModelOpt: {len(stray)} quantizers outside the MoE experts are enabled (first: "
                               f"{stray[0]}); experts-only quantizing would fake-quantize them during calibration. "
-                              "Their modules need an `enable: False` entry in quantbench.models.quantize.modelopt")
+                              "Their modules need an `enable: False` entry in quantbench.make.quantize.modelopt")
 
 
 def plain_disabled_convs(model: torch.nn.Module) -> int:
@@ -107,20 +113,11 @@ def plain_disabled_convs(model: torch.nn.Module) -> int:
 
 
 def load_for_calibration(source: str | Path, device: str) -> torch.nn.Module:
-    """The BF16 model on transformers' `eager` experts path (where ModelOpt intercepts fused experts): a causal
-    LM, or a Qwen3-Omni-MoE checkpoint's thinker as quantbench's loader reads it (full or thinker-only, any key
-    layout; the talker and code2wav never read)."""
-    from quantbench.models.family import Qwen3OmniThinkerFamily, family_of
-
+    """The BF16 model on transformers' `eager` experts path (where ModelOpt intercepts fused experts), as its
+    family loads it for calibration: a causal LM, or a Qwen3-Omni-MoE checkpoint's thinker as quantbench's loader
+    reads it (full or thinker-only, any key layout; the talker and code2wav never read)."""
     source = Path(source)
-    family = family_of(read_config(source))
-    if isinstance(family, Qwen3OmniThinkerFamily):
-        model = family.load(source, torch.bfloat16, device)
-        model.set_experts_implementation("eager")
-        # a full checkpoint's thinker config names no class; the export writes it, and ModelOpt reads it
-        model.config.architectures = model.config.architectures or [type(model).__name__]
-        return model.eval()
-    return load_causal_lm(source, dtype=torch.bfloat16, device=device, experts_implementation="eager")
+    return family_of(read_config(source)).load_for_calibration(source, device)
 
 
 def _progress(total: int, enabled: bool):
@@ -183,7 +180,7 @@ def quantize_modelopt(
 
     cfg = modelopt_config(scheme, model, experts_only)
     if seen is not None and experts_only:
-        from quantbench.models.quantize.autoround import non_expert_linears
+        from quantbench.make.quantize.autoround import non_expert_linears
 
         seen["disabled"] = {"non_expert_linears": len(non_expert_linears(model)),
                             "towers": [f"*{t}*" for t in encoder_towers(model)]}

@@ -17,8 +17,9 @@ import torch
 
 from quantbench.errors import QuantbenchError
 from quantbench.models.calibration import media_kinds
+from quantbench.models.families import family_of_model, supports_multimodal
 
-TOWERS = ("visual", "audio_tower")
+MEDIA_OF = {"vision": ("image", "video"), "audio": ("audio",)}  # what a tower of each medium reads
 
 
 class CalibrationWatch:
@@ -26,7 +27,11 @@ class CalibrationWatch:
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
-        self.counts = {"forwards": 0, "reached_decoder": 0, **dict.fromkeys(TOWERS, 0)}
+        family = family_of_model(model)
+        # the encoder towers the model's family declares, by module name (Qwen3-Omni: visual, audio_tower)
+        self.tower_media = {name: MEDIA_OF[medium] for medium, name in family.towers.items()} \
+            if supports_multimodal(family) else {}
+        self.counts = {"forwards": 0, "reached_decoder": 0, **dict.fromkeys(self.tower_media, 0)}
         self._armed = False
         self._handles: list[Any] = []
 
@@ -43,7 +48,7 @@ class CalibrationWatch:
         found: dict[str, torch.nn.Module] = {}
         for name, module in self.model.named_modules():
             last = name.rsplit(".", 1)[-1]
-            if last in TOWERS and last not in found:
+            if last in self.tower_media and last not in found:
                 found[last] = module
         return found
 
@@ -71,11 +76,10 @@ class CalibrationWatch:
         """The counts beside what `batches` (the forward inputs given to `library`) must have made them; a
         QuantbenchError when they differ."""
         kinds = [media_kinds(b) for b in batches]
-        expected = {"forwards": len(batches), "reached_decoder": len(batches),
-                    "visual": sum(("image" in k) + ("video" in k) for k in kinds),
-                    "audio_tower": sum("audio" in k for k in kinds)}
         towers = self.towers()
-        expected = {k: v for k, v in expected.items() if k not in TOWERS or k in towers}
+        expected = {"forwards": len(batches), "reached_decoder": len(batches),
+                    **{name: sum(sum(kind in k for kind in media) for k in kinds)
+                       for name, media in self.tower_media.items() if name in towers}}
         found = {k: self.counts[k] for k in expected}
         if found != expected:
             raise QuantbenchError(

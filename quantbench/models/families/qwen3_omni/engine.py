@@ -2,12 +2,12 @@
 
 It is TransformersEngine with two hooks filled (quantbench.engine.scoring): `_prompt` renders a question whose
 state holds media parts with each part's placeholder, decodes the parts (once per part and process:
-quantbench.protocol.media_cache) and runs the checkpoint's processor (quantbench.models.processor: pictures and
+quantbench.protocol.media_cache) and runs the checkpoint's processor (quantbench.models.families.qwen3_omni.processor: pictures and
 frames made on the model's device on a GPU, each part once per request), which expands each placeholder to the
 part's tokens and makes the tensors the model reads; prepare also makes each row's 3-D rope positions on the host
 (transformers' own `get_rope_index`). `_hidden` runs a batch that carries media with the host work first (where
 each row's media go, the mask, the positions: one upload) and then device work only, no sync: the towers
-(quantbench.engine.towers: transformers' modules, one SDPA call per layer, CUDA graphs per media shape on a GPU)
+(quantbench.models.families.qwen3_omni.towers: transformers' modules, one SDPA call per layer, CUDA graphs per media shape on a GPU)
 once per distinct media of the batch, not once per question row (a record's questions share their media), their
 outputs placed at the placeholders by index as transformers merges them (placeholders, deepstack), then the text
 decoder (a CUDA graph per shape on a GPU); it hands back the last hidden states, so the head is applied only at
@@ -36,22 +36,29 @@ import torch
 from torch import Tensor
 
 from quantbench.engine.base import EngineReport
-from quantbench.engine.media_context import check_media_headers
-from quantbench.engine.omni_graph import GraphedMediaDecoder
 from quantbench.engine.scoring import Prepared, TransformersEngine
-from quantbench.engine.towers import Towers
 from quantbench.errors import ContextLengthError, RequestError
 from quantbench.limits import Limits
+from quantbench.models.families.qwen3_omni.decoder_graphs import GraphedMediaDecoder
+from quantbench.models.families.qwen3_omni.media_batch import (
+    MEDIA_INPUTS,
+    BatchLayout,
+    audio_frames,
+    audio_tokens,
+    dense_deepstack,
+    distinct_media,
+    join_media,
+    on_host,
+    shared_inputs,
+    video_array,
+    visual_deepstack,
+)
+from quantbench.models.families.qwen3_omni.media_context import check_media_headers
+from quantbench.models.families.qwen3_omni.towers import Towers
 from quantbench.protocol import DecisionRequest, is_media_part, refuse_unread_media
 from quantbench.protocol.media import DecodedAudio, DecodedImage, DecodedVideo
 from quantbench.protocol.media_cache import decode_media_once
 from quantbench.protocol.prompt import render_prompt, state_segments
-
-OMNI_THINKER = "qwen3_omni_moe_thinker"
-# The model inputs a media row carries, and how a batch joins them: along the first dimension, except the audio
-# features, which are padded to the longest clip of the batch first.
-MEDIA_INPUTS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "video_second_per_grid",
-                "input_features", "feature_attention_mask")
 
 
 @dataclass(kw_only=True)
@@ -94,11 +101,6 @@ class Phases:
         if self._now is not None:
             self.calls.append(self._now)
         self._now = None
-
-
-def is_omni_thinker(model: Any) -> bool:
-    """Whether `model` is a Qwen3-Omni-MoE thinker (the model class quantbench runs that family as)."""
-    return getattr(getattr(model, "config", None), "model_type", None) == OMNI_THINKER
 
 
 class OmniEngine(TransformersEngine):
@@ -189,7 +191,7 @@ class OmniEngine(TransformersEngine):
             prepared = super().prepare(request)
         finally:
             self._decoded, self._memo = {}, {}
-        media = _shared(prepared.media)
+        media = shared_inputs(prepared.media)
         self._mark("checks")
         positions = [None if m is None else self._row_positions(row, m) for row, m in zip(prepared.rows, media,
                                                                                             strict=True)]
@@ -203,8 +205,8 @@ class OmniEngine(TransformersEngine):
         features = media.get("feature_attention_mask")
         owner = self.model.model if hasattr(self.model.model, "language_model") else self.model
         positions, _ = owner.get_rope_index(
-            ids, _host(media.get("image_grid_thw")), _host(media.get("video_grid_thw")), torch.ones_like(ids), False,
-            _host(features).sum(-1) if features is not None else None, _host(media.get("video_second_per_grid")))
+            ids, on_host(media.get("image_grid_thw")), on_host(media.get("video_grid_thw")), torch.ones_like(ids), False,
+            on_host(features).sum(-1) if features is not None else None, on_host(media.get("video_second_per_grid")))
         return positions[:, 0]
 
     def _refuse_media_tokens(self, request: DecisionRequest) -> None:
@@ -248,7 +250,7 @@ class OmniEngine(TransformersEngine):
         videos = [p for p in parts if isinstance(p, DecodedVideo)]
         for p in videos:  # stacked once a request (setdefault would stack on every question, then drop it)
             if ("frames", id(p)) not in self._memo:
-                self._memo["frames", id(p)] = _video_array(p)
+                self._memo["frames", id(p)] = video_array(p)
         arrays = [self._memo["frames", id(p)] for p in videos]
         out = self.media(
             text,
@@ -269,7 +271,7 @@ class OmniEngine(TransformersEngine):
         scatters a mismatch without a word, qwen3-omni.md §3)."""
         if "feature_attention_mask" not in inputs:
             return
-        lengths = _audio_tokens(inputs["feature_attention_mask"], self.n_window)
+        lengths = audio_tokens(inputs["feature_attention_mask"], self.n_window)
         placed = int((ids == self.audio_token_id).sum())
         if placed != int(lengths.sum()):
             fields = ", ".join(p.field for p in parts if isinstance(p, DecodedAudio))
@@ -285,7 +287,7 @@ class OmniEngine(TransformersEngine):
         images = [int(g.prod()) // m2 for g in inputs.get("image_grid_thw", [])]
         videos = [int(g.prod()) // m2 for g in inputs.get("video_grid_thw", [])]
         mask = inputs.get("feature_attention_mask")
-        audio = _audio_tokens(mask, self.n_window).tolist() if mask is not None else []
+        audio = audio_tokens(mask, self.n_window).tolist() if mask is not None else []
         return images, videos, audio
 
     def _cut(self, segments: list[tuple[str, Any]], over: int, inputs: dict) -> list[tuple[str, Any]] | None:
@@ -316,14 +318,14 @@ class OmniEngine(TransformersEngine):
             super().warm(batch)
             return
         towers = self.towers
-        for m in _distinct(m for p in batch for m in (p.media or []) if m is not None) if towers else []:
-            inputs = _join([m], self.device, self.model.dtype, host_meta=True)
+        for m in distinct_media(m for p in batch for m in (p.media or []) if m is not None) if towers else []:
+            inputs = join_media([m], self.device, self.model.dtype, host_meta=True)
             if "pixel_values" in inputs:
                 towers.warm_vision(inputs["pixel_values"], inputs["image_grid_thw"])
             if "pixel_values_videos" in inputs:
                 towers.warm_vision(inputs["pixel_values_videos"], inputs["video_grid_thw"])
             if "input_features" in inputs:
-                towers.warm_audio(*_audio_frames(inputs))
+                towers.warm_audio(*audio_frames(inputs))
         if self.media_graphs is not None and not self.media_graphs.disabled:
             rows = [r for p in batch for r in p.rows]
             if not self.media_graphs.has(len(rows), max(len(r) for r in rows)):
@@ -346,8 +348,8 @@ class OmniEngine(TransformersEngine):
             return super()._hidden(batch, ids)
         self._mark("ids")
         layout = self._layout(batch, media, ids.shape[1])  # host work first: one upload, then only device work
-        distinct = _distinct(m for m in media if m is not None)
-        inputs = {id(m): _join([m], self.device, self.model.dtype, host_meta=True) for m in distinct}
+        distinct = distinct_media(m for m in media if m is not None)
+        inputs = {id(m): join_media([m], self.device, self.model.dtype, host_meta=True) for m in distinct}
         self._mark("upload")
         # each distinct media once: a record's question rows (and a continuation's option rows) share theirs
         encoded = {id(m): self._run_towers(inputs[id(m)]) for m in distinct}
@@ -361,7 +363,7 @@ class OmniEngine(TransformersEngine):
         out: dict[str, Any] = {}
         if "input_features" in inputs:
             if self.towers is not None:
-                out["audio"] = self.towers.audio(*_audio_frames(inputs))
+                out["audio"] = self.towers.audio(*audio_frames(inputs))
             else:
                 out["audio"] = self.model.get_audio_features(
                     inputs["input_features"], inputs["feature_attention_mask"].to(self.device),
@@ -379,7 +381,7 @@ class OmniEngine(TransformersEngine):
             out[kind] = (torch.cat(list(got.pooler_output)), deep)  # 5.24 splits deepstack per image, 5.17 not
         return out
 
-    def _layout(self, batch: list[Prepared], media: list[Any], width: int) -> _Layout:
+    def _layout(self, batch: list[Prepared], media: list[Any], width: int) -> BatchLayout:
         """Where each row's media go in the flattened [rows * width] batch, its attention mask and 3-D positions,
         all from the rows' token ids on the host and uploaded in one copy (transformers finds them on the device
         with boolean masks, get_rope_index's loops and `.sum()` checks: host syncs between device kernels)."""
@@ -408,29 +410,29 @@ class OmniEngine(TransformersEngine):
             out[key] = packed[start: start + len(value)]
             start += len(value)
         counts = {k: len(v) for k, v in at.items()}
-        return _Layout(mask=out["mask"].view(len(rows), width), positions=out["positions"].view(3, len(rows), width),
+        return BatchLayout(mask=out["mask"].view(len(rows), width), positions=out["positions"].view(3, len(rows), width),
                        at={k: out[k] for k in at}, visual=out["visual"], rank={k: out[f"{k}_rank"] for k in ("image", "video")},
                        counts=counts, n_visual=len(visual))
 
-    def _decode(self, ids: Tensor, layout: _Layout, media: list[Any], encoded: dict[int, dict[str, Any]]) -> Tensor:
+    def _decode(self, ids: Tensor, layout: BatchLayout, media: list[Any], encoded: dict[int, dict[str, Any]]) -> Tensor:
         """The text decoder over the merged embeddings (`_merge`): from a CUDA graph per padded shape on a GPU
-        (quantbench.engine.omni_graph: deepstack added densely), else eagerly with transformers' deepstack path."""
+        (quantbench.models.families.qwen3_omni.decoder_graphs: deepstack added densely), else eagerly with transformers' deepstack path."""
         embeds, deep = self._merge(ids, layout, media, encoded)
         self._mark("merge")
 
         def eager() -> Tensor:
-            visual_at, deepstack = _visual(embeds, layout, deep)
+            visual_at, deepstack = visual_deepstack(embeds, layout, deep)
             return self.model.get_decoder()(inputs_embeds=embeds, attention_mask=layout.mask,
                                             position_ids=layout.positions, use_cache=False,
                                             visual_pos_masks=visual_at, deepstack_visual_embeds=deepstack).last_hidden_state
 
         if self.media_graphs is not None and not self.media_graphs.disabled:
-            hidden = self.media_graphs(embeds, layout.positions, _dense(embeds, layout, deep), eager)
+            hidden = self.media_graphs(embeds, layout.positions, dense_deepstack(embeds, layout, deep), eager)
             if hidden is not None:
                 return hidden
         return eager()
 
-    def _merge(self, ids: Tensor, layout: _Layout, media: list[Any],
+    def _merge(self, ids: Tensor, layout: BatchLayout, media: list[Any],
                encoded: dict[int, dict[str, Any]]) -> tuple[Tensor, dict[str, list[Tensor]]]:
         """(embeddings, deepstack features per kind): the embeddings of `ids` with each row's tower outputs at its
         placeholders, in transformers' order (rows, then parts within a row), by index (no host sync); the
@@ -450,125 +452,6 @@ class OmniEngine(TransformersEngine):
             if kind != "audio":
                 deep[kind] = [torch.cat([g[1][level] for g in got]).to(embeds.dtype) for level in range(len(got[0][1]))]
         return embeds, deep
-
-def _dense(embeds: Tensor, layout: _Layout, deep: dict[str, list[Tensor]]) -> Tensor | None:
-    """Deepstack features as one [layers, rows, width, hidden] tensor, zero off the visual positions (what the
-    graphed decoder adds after each deepstack layer); None without pictures."""
-    if not deep:
-        return None
-    levels = len(next(iter(deep.values())))
-    dense = embeds.new_zeros(levels, embeds.shape[0] * embeds.shape[1], embeds.shape[-1])
-    for kind, features in deep.items():
-        dense.index_copy_(1, layout.at[kind], torch.stack(features))
-    return dense.view(levels, *embeds.shape)
-
-
-def _visual(embeds: Tensor, layout: _Layout, deep: dict[str, list[Tensor]]) -> tuple[Tensor | None, list[Tensor] | None]:
-    """(visual positions mask [rows, width], deepstack features per layer over the visual positions in row-major
-    order): what transformers' decoder takes for its deepstack path; (None, None) without pictures."""
-    if not deep:
-        return None, None
-    mask = torch.zeros(embeds.shape[0] * embeds.shape[1], dtype=torch.bool, device=embeds.device)
-    mask[layout.visual] = True
-    levels = len(next(iter(deep.values())))
-    joint = [embeds.new_zeros(layout.n_visual, embeds.shape[-1]) for _ in range(levels)]
-    for kind, features in deep.items():
-        for level in range(levels):
-            joint[level].index_copy_(0, layout.rank[kind], features[level])
-    return mask.view(embeds.shape[:2]), joint
-
-
-@dataclass
-class _Layout:
-    """A media batch's host-made index tensors, on the device (OmniEngine._layout)."""
-
-    mask: Tensor  # [rows, width] 1 on real tokens
-    positions: Tensor  # [3, rows, width]
-    at: dict[str, Tensor]  # kind -> flat positions of its placeholders, in order
-    visual: Tensor  # flat positions of image and video placeholders, sorted
-    rank: dict[str, Tensor]  # image / video -> each placeholder's index among `visual`
-    counts: dict[str, int]
-    n_visual: int
-
-
-def _distinct(items: Any) -> list[Any]:
-    """The distinct objects of `items` (by identity), in order of first appearance."""
-    seen: dict[int, Any] = {}
-    for item in items:
-        seen.setdefault(id(item), item)
-    return list(seen.values())
-
-
-def _shared(media: list[Any] | None) -> list[Any] | None:
-    """A request's per-row media inputs with equal ones made one object: its questions see the same parts, and
-    the forward runs the towers once per distinct object (the processor made each question's tensors anew)."""
-    if media is None:
-        return None
-    kept: list[dict] = []
-    out = []
-    for m in media:
-        same = None if m is None else next((k for k in kept if k is m or _equal(k, m)), None)
-        if m is not None and same is None:
-            kept.append(m)
-            same = m
-        out.append(same)
-    return out
-
-
-def _equal(a: dict, b: dict) -> bool:
-    """Equal inputs: the same tensors (a request's questions share them: no device compare, no sync), or equal
-    values."""
-    return a.keys() == b.keys() and all(a[k] is b[k] or torch.equal(torch.as_tensor(a[k]), torch.as_tensor(b[k]))
-                                        for k in a)
-
-
-def _host(value: Any) -> Tensor | None:
-    return None if value is None else torch.as_tensor(value).cpu()
-
-
-def _audio_frames(inputs: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-    """The clips' real feature frames [mel, frames] one after another, and each clip's length, as transformers'
-    get_audio_features hands them to the audio tower."""
-    mask, features = inputs["feature_attention_mask"], inputs["input_features"]
-    if mask.device != features.device:  # the mask on the host (_join's host_meta): gather by index, no sync
-        real = torch.nonzero(mask.reshape(-1).bool()).squeeze(1).to(features.device)
-        frames = features.permute(0, 2, 1).reshape(-1, features.shape[1]).index_select(0, real)
-        return frames.permute(1, 0), mask.sum(-1)
-    return features.permute(0, 2, 1)[mask.bool()].permute(1, 0), mask.sum(-1)
-
-
-def _audio_tokens(feature_mask: Tensor, n_window: int) -> Tensor:
-    """What the thinker's audio encoder outputs per clip for these features: transformers' own length rule."""
-    from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as omni  # lazy: in the child only
-
-    return omni._get_feat_extract_output_lengths(feature_mask.sum(-1), n_window)
-
-
-def _video_array(video: DecodedVideo) -> Any:
-    return np.asarray(video.frames)  # [frames, height, width, 3] uint8: decoded as one array, not copied again
-
-
-def _join(rows: list[dict], device: torch.device, dtype: torch.dtype, host_meta: bool = False) -> dict[str, Tensor]:
-    """The media inputs of a batch's rows as the model takes them: concatenated in row order (the order of the
-    placeholders in the flattened batch); audio features padded to the batch's longest clip, its mask with them.
-    `host_meta`: the grids, the audio mask and the video timing stay on the host (quantbench's towers read them
-    there: a device copy would be read back with a sync); the features go to `device` in `dtype`."""
-    out: dict[str, Tensor] = {}
-    for key in MEDIA_INPUTS:
-        parts = [torch.as_tensor(r[key]) for r in rows if key in r]
-        if not parts:
-            continue
-        if key in ("input_features", "feature_attention_mask"):
-            width = max(p.shape[-1] for p in parts)
-            parts = [torch.nn.functional.pad(p, (0, width - p.shape[-1])) for p in parts]
-        joined = torch.cat(parts, dim=0) if len(parts) > 1 else parts[0]
-        meta = key in ("image_grid_thw", "video_grid_thw", "video_second_per_grid", "feature_attention_mask")
-        if host_meta and meta:
-            out[key] = joined.cpu()
-            continue
-        out[key] = joined.to(device, dtype) if joined.is_floating_point() and key != "video_second_per_grid" \
-            else joined.to(device)
-    return out
 
 
 def _texts(request: DecisionRequest) -> list[tuple[str, str]]:

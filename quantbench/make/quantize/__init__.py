@@ -2,7 +2,7 @@
 
     quantize(source_dir, "int4", out_dir, iters=0, nsamples=128, group_size=128, experts_only=True) -> Path
 
-int4 wraps AutoRound (quantbench.models.quantize.autoround); nvfp4 and fp8 wrap ModelOpt (quantbench.models.quantize.modelopt,
+int4 wraps AutoRound (quantbench.make.quantize.autoround); nvfp4 and fp8 wrap ModelOpt (quantbench.make.quantize.modelopt,
 called as `quantize_modelopt(source_dir, scheme, out_dir, texts=..., nsamples=..., seqlen=..., experts_only=...,
 progress=...)`). Both calibrate on decision records from the suite generator's *train* split, rendered exactly
 as the runner renders them (prompt + answer) — never a hub dataset — or, with `calibration=FILE.jsonl`, on the
@@ -11,10 +11,11 @@ its path, sha256, the records used and how many carry image / audio / video). `o
 directory (config.json + *.safetensors + tokenizer) with `quantbench_provenance.json`: the source model's hash,
 the recipe, library versions and the time taken.
 
-A Qwen3-Omni-MoE checkpoint takes its own route (quantbench.models.quantize.omni: the thinker's experts only, a
-thinker-only variant, each library in a child process). After every experts-only quantization of a checkpoint,
-every non-expert tensor of the variant is checked byte-identical to the source's and the check is recorded
-(quantbench.models.quantize.unchanged); a variant that fails it is removed.
+A checkpoint of a family that reads media (a Qwen3-Omni-MoE one) takes its own route
+(quantbench.make.quantize.multimodal: the thinker's experts only, a thinker-only variant, each library in a child
+process). After every experts-only quantization of a checkpoint, every non-expert tensor of the variant is checked
+byte-identical to the source's and the check is recorded (quantbench.make.quantize.unchanged); a variant that fails
+it is removed.
 
 `default_variant(scheme)` is the embedded default model's variant (`default_variant(scheme, "omni")`: the omni
 default model's), made once and cached under `$QUANTBENCH_CACHE` (default ~/.cache/quantbench) in
@@ -30,70 +31,19 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 from quantbench.errors import ConfigError, QuantbenchError
+from quantbench.make.quantize.recipe import SCHEMES, Recipe, library_versions
 from quantbench.models import hub, scorer
 from quantbench.models.calibration import CalibrationFile, calibration_texts, file_samples, load_calibration
 from quantbench.models.checkpoint import PROVENANCE_FILE, fingerprint, model_identity, read_config
 from quantbench.term import libraries_to, load_note, stderr_console
 
-SCHEMES = ("int4", "nvfp4", "fp8")
-LIBRARIES = ("torch", "transformers", "auto-round", "nvidia-modelopt", "quantbench")
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """Everything that changes the quantized weights (and so the cache key)."""
-
-    scheme: str
-    iters: int = 0  # int4: 0 = RTN, 200 = SignRound
-    nsamples: int = 128  # calibration samples of `seqlen` tokens each
-    seqlen: int = 512
-    group_size: int = 128  # int4 only
-    experts_only: bool = True  # attention, router, embeddings, lm_head stay BF16
-    seed: int = 0
-    opt_rtn: bool = True  # int4, iters 0: auto-round's optimized RTN (its default) or plain round-to-nearest
-    calibration_hash: str | None = None  # --calibration FILE: its bytes' and its media files' hash (None: train split)
-
-    def __post_init__(self) -> None:
-        if self.scheme not in SCHEMES:
-            raise ConfigError(f"--scheme {self.scheme!r}: use one of {', '.join(SCHEMES)}")
-        if self.iters < 0 or self.nsamples < 1 or self.seqlen < 8:
-            raise ConfigError(f"recipe {self}: iters must be >= 0, nsamples >= 1 and seqlen >= 8")
-        if not self.opt_rtn and (self.scheme != "int4" or self.iters):
-            raise ConfigError("--plain-rtn: only for --scheme int4 with --iters 0 (SignRound has no RTN to choose)")
-        if not self.opt_rtn and self.calibration_hash is not None:
-            raise ConfigError("--calibration with --plain-rtn: plain round-to-nearest runs no calibration pass; drop "
-                              "one of them")
-        if self.group_size not in (32, 64, 128, 256, -1):
-            raise ConfigError(f"--group-size {self.group_size}: use 32, 64, 128, 256 or -1 (one group per row)")
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        if self.opt_rtn:  # the default, left out: cache keys made before the choice existed stay valid
-            del out["opt_rtn"]
-        if self.calibration_hash is None:  # the same: the built-in train split
-            del out["calibration_hash"]
-        return out
-
-    @property
-    def hash(self) -> str:
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
-
-
-def library_versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for name in LIBRARIES:
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = None
-    return out
+__all__ = ["SCHEMES", "Recipe", "cached_variant", "default_model_dir", "default_variant", "library_log",
+           "library_versions", "quantize", "write_provenance"]
 
 
 # -- the verb ---------------------------------------------------------------------------------------------------
@@ -154,22 +104,23 @@ def quantize(
     library = "auto-round" if scheme == "int4" else "nvidia-modelopt"
     method = "calibrated" if scheme != "int4" else f"SignRound, {iters} iterations" if iters else \
         "optimized RTN" if opt_rtn else "plain RTN"
-    from quantbench.models.quantize.omni import is_omni, quantize_omni
+    from quantbench.models.families import family_of, supports_multimodal
 
-    omni = source is not None and is_omni(read_config(source))
-    if cal is not None and not omni:
+    # a family that reads media takes its own route (quantize/multimodal.py: the part a decision reads, experts only)
+    multimodal = source is not None and supports_multimodal(family_of(read_config(source)))
+    if cal is not None and not multimodal:
         cal.refuse_media(frozenset())  # a text-only model: before anything loads
     what = f"{nsamples} samples of {seqlen} tokens" + (f" from {cal.path}" if cal is not None else "")
     busy = load_note()
     say.print(f"{scheme}: quantizing {source or shape} with {library} {library_versions().get(library) or ''} "
               f"({method}, {what}); the libraries' own log: {log}" + (f"; {busy}" if busy else ""), highlight=False)
     started = time.perf_counter()
-    calibrated: dict[str, Any] = {}  # a calibration file's provenance, for a text model (an omni child reports its own)
+    calibrated: dict[str, Any] = {}  # a calibration file's provenance, for a text model (a multimodal child reports its own)
     try:
         with libraries_to(log):
             if shape is not None:
                 model, tokenizer, origin = _synthetic_source(shape, layers, weights_seed)
-                from quantbench.models.quantize.autoround import quantize_autoround
+                from quantbench.make.quantize.autoround import quantize_autoround
 
                 texts = _file_texts(cal, tokenizer, recipe, calibrated)
                 details = quantize_autoround(None, out, recipe, progress=progress, model=model, tokenizer=tokenizer,
@@ -177,13 +128,15 @@ def quantize(
             else:
                 ident = model_identity(source)
                 origin = {**ident, "path": str(source.resolve()), "hash": ident["model_hash"]}
-                if omni:
-                    details = quantize_omni(source, out, recipe, log, progress=progress,
-                                            calibration=cal.path if cal is not None else None)
+                if multimodal:
+                    from quantbench.make.quantize.multimodal import quantize_multimodal
+
+                    details = quantize_multimodal(source, out, recipe, log, progress=progress,
+                                                  calibration=cal.path if cal is not None else None)
                 elif scheme == "int4":
                     from transformers import AutoTokenizer
 
-                    from quantbench.models.quantize.autoround import quantize_autoround
+                    from quantbench.make.quantize.autoround import quantize_autoround
 
                     texts = _file_texts(cal, AutoTokenizer.from_pretrained(source), recipe, calibrated)
                     file = {"dataset": texts} if texts is not None else {}  # else its default, the train split
@@ -191,7 +144,7 @@ def quantize(
                 else:
                     from transformers import AutoTokenizer
 
-                    from quantbench.models.quantize.modelopt import quantize_modelopt
+                    from quantbench.make.quantize.modelopt import quantize_modelopt
 
                     tokenizer = AutoTokenizer.from_pretrained(source)
                     texts = _file_texts(cal, tokenizer, recipe, calibrated) or calibration_texts(
@@ -205,7 +158,7 @@ def quantize(
         raise
     restored = {}
     if source is not None and scheme == "int4":
-        from quantbench.models.quantize.unchanged import restore_source_dtypes
+        from quantbench.make.quantize.unchanged import restore_source_dtypes
 
         restored = restore_source_dtypes(source, out)
     details["tokenizer"] = _tokenizer_as_source(source, out)
@@ -258,7 +211,7 @@ def _file_texts(cal: CalibrationFile | None, tokenizer: Any, recipe: Recipe,
 def _check_unchanged(source: Path, out: Path, scheme: str, say: Any) -> dict[str, Any]:
     """quantize/unchanged.py's check of every non-expert tensor against the source; a variant that fails it is
     removed (it is not the experts-only variant it claims to be) and the error names the first differing tensor."""
-    from quantbench.models.quantize.unchanged import ChangedTensor, check_unchanged
+    from quantbench.make.quantize.unchanged import ChangedTensor, check_unchanged
 
     started = time.perf_counter()
     try:
@@ -284,14 +237,14 @@ def _synthetic_source(shape: str, layers: int | None, weights_seed: int) -> tupl
     that device's generator's), in host memory, and its identity: no files, so its hash is the recipe's."""
     import torch
 
-    from quantbench.models.synthetic import SYNTHETIC_SHAPES, build_synthetic, synthetic_id
+    from quantbench.models.families import shape_family, supports_multimodal, synthetic_shapes
+    from quantbench.models.synthetic import build_synthetic, synthetic_id
 
-    if shape not in SYNTHETIC_SHAPES:
-        raise ConfigError(f"--shape {shape!r}: use one of {', '.join(sorted(SYNTHETIC_SHAPES))}")
-    from quantbench.models.synthetic_omni import is_omni_shape
-
-    if is_omni_shape(shape):  # auto-round's omni path wants a checkpoint with a processor, not a model in memory
-        raise ConfigError(f"--shape {shape}: a synthetic Qwen3-Omni thinker is not quantized to a checkpoint; "
+    shapes = synthetic_shapes()
+    if shape not in shapes:
+        raise ConfigError(f"--shape {shape!r}: use one of {', '.join(sorted(shapes))}")
+    if supports_multimodal(shape_family(shape)):  # the multimodal route wants a checkpoint with a processor
+        raise ConfigError(f"--shape {shape}: a synthetic model that reads media is not quantized to a checkpoint; "
                           f"`quantbench run --shape {shape} --backend int4|nvfp4|fp8` quantizes it in memory, "
                           "layer by layer")
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -301,7 +254,7 @@ def _synthetic_source(shape: str, layers: int | None, weights_seed: int) -> tupl
         torch.cuda.empty_cache()
     model_id = synthetic_id(shape, layers, weights_seed)
     made_by = {"shape": shape, "layers": model.config.num_hidden_layers, "seed": weights_seed, "device": device,
-               "dims": SYNTHETIC_SHAPES[shape]}
+               "dims": shapes[shape]}
     digest = hashlib.sha256(json.dumps(made_by, sort_keys=True).encode()).hexdigest()
     return model, tokenizer, {"path": f"synthetic:{model_id} (built in memory on {device})", "hash": f"synthetic:{digest}",
                               "model_id": model_id, "model_revision": None, "weights": "synthetic"}
@@ -351,7 +304,7 @@ def cached_variant(source_dir: str | Path, scheme: str, **opts: Any) -> Path:
     log = library_log(target)  # beside the variant's final place: the staging folder's name is never shown
     log.unlink(missing_ok=True)
     args = {"source_dir": str(source_dir), "out_dir": str(staging), "log": str(log), **recipe.to_dict()}
-    code = "import json, sys; from quantbench.models.quantize import quantize; quantize(**json.loads(sys.argv[1]))"
+    code = "import json, sys; from quantbench.make.quantize import quantize; quantize(**json.loads(sys.argv[1]))"
     done = subprocess.run([sys.executable, "-c", code, json.dumps(args)], stdout=sys.stderr, check=False)
     if done.returncode != 0 or not (staging / PROVENANCE_FILE).is_file():
         shutil.rmtree(staging, ignore_errors=True)
@@ -371,7 +324,7 @@ DEFAULT_VARIANT_RECIPE = {"iters": 0, "nsamples": 16, "seqlen": 256}
 
 def default_variant(scheme: str, family: str = "text", **opts: Any) -> Path:
     """The embedded default model's `scheme` variant (RTN unless `opts` say otherwise), cached; `family` "omni":
-    the omni default model's (quantbench.models.omni_fixture; its thinker's experts, quantize/omni.py)."""
+    the omni default model's (quantbench.make.omni_fixture; its thinker's experts, quantize/multimodal.py)."""
     return cached_variant(default_model_dir(family), scheme, **{**DEFAULT_VARIANT_RECIPE, **opts})
 
 
@@ -381,11 +334,11 @@ FAMILIES = ("text", "omni")  # the embedded default models: `--family`
 def default_model_dir(family: str = "text") -> Path:
     """The embedded default model of `family` (built and cached on first use)."""
     if family == "omni":
-        from quantbench.models.omni_fixture import omni_default_model_dir
+        from quantbench.make.omni_fixture import omni_default_model_dir
 
         return omni_default_model_dir()
     if family != "text":
         raise ConfigError(f"--family {family!r}: use one of {', '.join(FAMILIES)}")
-    from quantbench.models.fixture import default_model_dir as text_model_dir
+    from quantbench.make.fixture import default_model_dir as text_model_dir
 
     return text_model_dir()

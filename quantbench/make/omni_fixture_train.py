@@ -1,4 +1,4 @@
-"""Training the omni default model (quantbench.models.omni_fixture): examples made by the engine that will score
+"""Training the omni default model (quantbench.make.omni_fixture): examples made by the engine that will score
 the model, and the training loop.
 
 Every example is one question of a decision record prepared by `OmniEngine.prepare` itself (the prompt's token
@@ -78,8 +78,8 @@ def train(model: Any, examples: list[Example], pad_id: int, train: dict[str, Any
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
-    from quantbench.engine.omni import _join
-    from quantbench.models.fixture import _batches
+    from quantbench.make.fixture import _batches
+    from quantbench.models.families.qwen3_omni.media_batch import join_media
     from quantbench.term import LineProgress, Pace
 
     vision, audio = [], []
@@ -110,7 +110,7 @@ def train(model: Any, examples: list[Example], pad_id: int, train: dict[str, Any
         for step in range(steps):
             batch = next(batches)
             ids, mask, positions, labels, gold = _batch(batch, pad_id)
-            media = _join([ex.media for ex in batch], torch.device("cpu"), torch.float32)
+            media = join_media([ex.media for ex in batch], torch.device("cpu"), torch.float32)
             out = model.model(input_ids=ids, attention_mask=mask, use_cache=False, **media)
             rows = torch.arange(len(batch))
             logits = model.lm_head(out.last_hidden_state[rows, positions]).float()

@@ -6,15 +6,15 @@ transformers (`AutoModelForImageTextToText`) both load: the text fixture's decod
 experts top-2, QK-norm; interleaved 3-D rope), a 2-block vision tower (patch 16, merge 2, deepstack after layer 0)
 and a 2-layer audio encoder, with the text fixture's byte-level BPE tokenizer plus Qwen-Omni's media special
 tokens, and `preprocessor_config.json` (the image processor's and the Whisper feature extractor's settings), so
-`quantbench.models.processor` builds its processor offline. Pictures are 32 wide and 64 tall (2 tokens), a second
+`quantbench.models.families.qwen3_omni.processor` builds its processor offline. Pictures are 32 wide and 64 tall (2 tokens), a second
 of audio 13 tokens, a 4-frame clip 4 tokens: the towers cost little.
 
-Its text decoder and head are the trained text fixture's (quantbench.models.fixture, built first if not cached;
+Its text decoder and head are the trained text fixture's (quantbench.make.fixture, built first if not cached;
 its recipe hash is part of this one's) and stay frozen, so the text families keep what the text
 fixture learned; the vision and audio towers are trained from scratch on CPU on the media families' train
 split (quantbench.protocol.omnigen), so that on the held-out suite `quantbench-omni-v1` every family is answered well
 above chance; `quantbench fixture --family omni` prints the accuracy per family. Built like the text fixture
-(quantbench.models.fixture: the same lock, cache folder, deterministic training), under its own recipe hash, in
+(quantbench.make.fixture: the same lock, cache folder, deterministic training), under its own recipe hash, in
 `$QUANTBENCH_CACHE/models/omni-fixture-<hash>`; the text fixture is never rebuilt for it.
 """
 
@@ -30,8 +30,9 @@ from typing import Any
 
 import torch
 
-from quantbench.models import fixture
-from quantbench.models.fixture import FIXTURE_INFO_FILE, FixtureInfo, cache_dir, read_info
+from quantbench.make import fixture
+from quantbench.make.fixture import FIXTURE_INFO_FILE, FixtureInfo, cache_dir, read_info
+from quantbench.models.tokenizer import TOKENIZER, build_tokenizer
 
 OMNI_FIXTURE_VERSION = 2
 MEDIA_TOKENS = {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>", "audio_token_id": "<|audio_pad|>",
@@ -84,7 +85,7 @@ def _recipe(seed: int = 0, steps: int | None = None, train: dict[str, Any] | Non
     return {"version": OMNI_FIXTURE_VERSION, "generators_source": source, "text_fixture": fixture.recipe_hash(),
             "text": TEXT, "vision": VISION,
             "audio": AUDIO, "image_processor": IMAGE_PROCESSOR, "audio_features": AUDIO_FEATURES,
-            "tokenizer": fixture.TOKENIZER, "train": _train_settings(steps, train),
+            "tokenizer": TOKENIZER, "train": _train_settings(steps, train),
             "seed": seed, "dtype": "bfloat16"}
 
 
@@ -136,7 +137,7 @@ def _build_into(target: Path, *, rebuild: bool, progress: bool, seed: int = 0,
 # -- tokenizer, config, processor files ------------------------------------------------------------------------
 def build_omni_tokenizer():
     """The text fixture's tokenizer with Qwen-Omni's media special tokens added after its vocabulary."""
-    tok = fixture.build_tokenizer()
+    tok = build_tokenizer()
     tok.add_special_tokens({"additional_special_tokens": list(MEDIA_TOKENS.values())})
     return tok
 
@@ -196,8 +197,8 @@ def start_from_text_fixture(model: Any, text_dir: Path) -> None:
 
 # -- build and evaluate ------------------------------------------------------------------------------------------
 def _engine(model: Any, tokenizer: Any, checkpoint: Path) -> Any:
-    from quantbench.engine.omni import OmniEngine
-    from quantbench.models.processor import omni_processor
+    from quantbench.models.families.qwen3_omni.engine import OmniEngine
+    from quantbench.models.families.qwen3_omni.processor import omni_processor
 
     return OmniEngine(model, tokenizer, media=omni_processor(checkpoint, tokenizer, model))
 
@@ -209,8 +210,8 @@ def build_omni_fixture(out_dir: Path, *, seed: int = 0, steps: int | None = None
     accuracy is measured on (default: the built-in omni suite)."""
     from transformers import Qwen3OmniMoeThinkerForConditionalGeneration
 
-    from quantbench.models.omni_fixture_train import record_examples
-    from quantbench.models.omni_fixture_train import train as train_model
+    from quantbench.make.omni_fixture_train import record_examples
+    from quantbench.make.omni_fixture_train import train as train_model
     from quantbench.protocol.omnigen import MEDIA_FAMILIES, generate_media
 
     out_dir = Path(out_dir)

@@ -2,7 +2,7 @@
 
 quantbench.protocol.media_cache reads every part's header before decoding anything and hands the headers to the
 engine's check: here, for OmniEngine. Each part's tokens are counted as the checkpoint's processor will count them
-(quantbench.models.processor.MediaProcessor.header_tokens: transformers' own patch count for a picture or frame, the
+(quantbench.models.families.qwen3_omni.processor.MediaProcessor.header_tokens: transformers' own patch count for a picture or frame, the
 audio encoder's output length for a clip), so a request whose media alone are over the model's context is refused
 having decoded nothing: a 30 KB mp4 of 256 frames was decoded to 7.35 GB before its refusal came (issue #33).
 """

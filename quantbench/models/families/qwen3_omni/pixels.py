@@ -180,7 +180,7 @@ class DevicePixels:
     def videos(self, videos: list[np.ndarray]) -> dict[str, Tensor]:
         """{"pixel_values_videos", "video_grid_thw"} of uint8 [frames, H, W, 3] videos: every frame resized to
         the video size, frames padded to a multiple of the temporal patch by repeating the last, Qwen2-VL's
-        video patch order (quantbench.models.processor.NumpyVideoProcessor's, on the device)."""
+        video patch order (quantbench.models.families.qwen3_omni.processor.NumpyVideoProcessor's, on the device)."""
         ps, m, tps = self.patch_size, self.merge_size, self.temporal_patch_size
         patches, grids = [], []
         for video in videos:

@@ -31,10 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from quantbench.errors import ConfigError
-from quantbench.models.checkpoint import PROVENANCE_FILE, check_safetensors_only, model_identity
+from quantbench.models.checkpoint import PLANTED_FILE, PROVENANCE_FILE, check_safetensors_only, model_identity
 from quantbench.models.lineage import canonical_tensor_name
 
-PLANTED_FILE = "quantbench_planted.json"
 TOWERS = {"vision": "visual.", "audio": "audio_tower."}  # the tower's canonical tensor-name prefix
 MODES = ("perturb", "quantize")
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
@@ -140,11 +139,3 @@ def plant(src: Path, out: Path, *, tower: str = "vision", mode: str = "perturb",
         shutil.rmtree(out)
     tmp.replace(out)
     return record
-
-
-def planted_info(model_path: str | Path | None) -> dict[str, Any] | None:
-    """`quantbench_planted.json` of a checkpoint directory, or None (not planted, or not a local directory)."""
-    if not model_path:
-        return None
-    file = Path(model_path) / PLANTED_FILE
-    return json.loads(file.read_text()) if file.is_file() else None

@@ -1,8 +1,9 @@
-"""Quantizing the Qwen3-Omni-MoE family (`qwen3_omni_moe`: thinker + talker + code2wav; `qwen3_omni_moe_thinker`)
-as the reference card did: only the thinker's MoE experts; attention, router, norms, embeddings, lm_head and the
-vision and audio towers stay BF16 (checked byte-identical afterwards by quantize/unchanged.py). The variant is a
-thinker-only checkpoint: a decision reads the thinker alone, and the talker and code2wav are dropped (their size is
-recorded).
+"""Quantizing a model family that reads media (`supports_multimodal(family)`: today Qwen3-Omni-MoE, a full
+checkpoint or its thinker alone) as the reference card did: only the MoE experts of the part a decision reads (the
+thinker); attention, router, norms, embeddings, lm_head and the vision and audio towers stay BF16 (checked
+byte-identical afterwards by quantize/unchanged.py). The variant is a checkpoint of that part alone (the family's
+`standalone_config`): a decision reads the thinker alone, and what it never reads (the family's `unread_prefixes`:
+the talker and code2wav) is dropped, its size recorded. What is Qwen3-Omni's below is named by its family, not here.
 
 The libraries' own omni paths do not work with the pinned versions (../shared/reference/qwen3-omni.md §5, §6), so:
 
@@ -16,7 +17,7 @@ The libraries' own omni paths do not work with the pinned versions (../shared/re
   fp8    cannot export the full model, which has no `forward`), experts on the `eager` path, the quantizers of
          `*audio_tower*`, `*visual*` and every non-expert Linear disabled (quantize/modelopt.py).
 
-Each library runs in a child process (`python -m quantbench.models.quantize.omni`): importing auto-round changes
+Each library runs in a child process (`python -m quantbench.make.quantize.multimodal`): importing auto-round changes
 how transformers loads MoE checkpoints, and ModelOpt patches module classes, in the process that does it.
 """
 
@@ -32,9 +33,8 @@ from typing import Any
 
 from quantbench.errors import ConfigError, QuantbenchError
 from quantbench.models.checkpoint import read_config, unread_tensors
+from quantbench.models.families import family_of, has_key_layouts
 
-OMNI_FULL, OMNI_THINKER = "qwen3_omni_moe", "qwen3_omni_moe_thinker"  # as quantbench.models.family names them
-UNREAD = ("talker.", "code2wav.")
 # The files a thinker-only variant keeps from its source besides the weights and config: tokenizer and processor
 # (the media a decision carries is prepared by the checkpoint's own processor files).
 SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
@@ -42,27 +42,25 @@ SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.t
               "video_preprocessor_config.json", "processor_config.json")
 
 
-def is_omni(config: dict[str, Any]) -> bool:
-    return config.get("model_type") in (OMNI_FULL, OMNI_THINKER)
-
-
-def quantize_omni(source: Path, out: Path, recipe: Any, log: Path, *, progress: bool = True,
-                  calibration: Path | None = None) -> dict[str, Any]:
-    """Quantize the thinker of the omni checkpoint `source` into `out` (a thinker-only checkpoint); returns the
-    provenance details: the route taken, what was dropped, what the library step reported (with `calibration`, a
-    calibration file: what it fed, media records through the thinker's towers)."""
-    from quantbench.models.quantize import library_versions
+def quantize_multimodal(source: Path, out: Path, recipe: Any, log: Path, *, progress: bool = True,
+                        calibration: Path | None = None) -> dict[str, Any]:
+    """Quantize the part a decision reads of the checkpoint `source` (a family that reads media) into `out` (a
+    checkpoint of that part alone); returns the provenance details: the route taken, what was dropped, what the
+    library step reported (with `calibration`, a calibration file: what it fed, media records through the towers)."""
+    from quantbench.make.quantize.recipe import library_versions
     from quantbench.term import stderr_console
 
-    if not recipe.experts_only:
-        raise ConfigError("--all: Qwen3-Omni-MoE checkpoints are quantized experts only (the card's recipe; quantbench "
-                          "runs this family with quantized experts and everything else BF16); drop --all")
     config = read_config(source)
+    family = family_of(config)
+    if not recipe.experts_only:
+        raise ConfigError(f"--all: {family.title} checkpoints are quantized experts only (the card's recipe; quantbench "
+                          "runs this family with quantized experts and everything else BF16); drop --all")
     say = stderr_console()
     versions = library_versions()
-    details: dict[str, Any] = {"family": "qwen3_omni_thinker", "source_model_type": config.get("model_type")}
-    if config.get("model_type") == OMNI_FULL:
-        dropped = unread_tensors(source, UNREAD)
+    details: dict[str, Any] = {"family": family.name, "source_model_type": config.get("model_type")}
+    unread = family.unread_prefixes(config) if has_key_layouts(family) else ()
+    if unread:
+        dropped = unread_tensors(source, unread)
         details["dropped"] = {**dropped, "why": "a decision reads the thinker alone; the variant is thinker-only"}
         say.print(f"{recipe.scheme}: the thinker only: talker + code2wav dropped ({dropped['tensors']} tensors, "
                   f"{dropped['bytes']:,} bytes)", highlight=False)
@@ -101,17 +99,18 @@ def quantize_omni(source: Path, out: Path, recipe: Any, log: Path, *, progress: 
 def thinker_copy(source: Path, dst: Path) -> dict[str, Any] | None:
     """A thinker-only BF16 checkpoint at `dst` in hub names (`model.layers.N…`, `visual.…`, `audio_tower.…`,
     `lm_head.…`), shard by shard, each tensor's bytes untouched; None when `source` is one already. The config is
-    the thinker's own (`qwen3_omni_moe_thinker`)."""
+    the thinker's own (its family's `standalone_config`)."""
     from safetensors import safe_open
     from safetensors.torch import save_file
 
     from quantbench.models.lineage import canonical_tensor_name
 
     config = read_config(source)
+    standalone = family_of(config).standalone_config(config)
     files = sorted(source.glob("*.safetensors"))
     keys = {f: list(safe_open(str(f), framework="pt").keys()) for f in files}
-    if config.get("model_type") == OMNI_THINKER and all(canonical_tensor_name(k) == k for ks in keys.values()
-                                                         for k in ks):
+    if standalone.get("model_type") == config.get("model_type") and all(canonical_tensor_name(k) == k
+                                                                         for ks in keys.values() for k in ks):
         return None
     dst.mkdir(parents=True)
     shards = [f for f in files if any(canonical_tensor_name(k) is not None for k in keys[f])]
@@ -127,11 +126,7 @@ def thinker_copy(source: Path, dst: Path) -> dict[str, Any] | None:
     if len(shards) > 1:
         index = {"metadata": {"total_size": nbytes}, "weight_map": dict(sorted(weight_map.items()))}
         (dst / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-    thinker = dict(config["thinker_config"]) if config.get("model_type") == OMNI_FULL else dict(config)
-    thinker.pop("quantization_config", None)
-    thinker.update(model_type=OMNI_THINKER, architectures=["Qwen3OmniMoeThinkerForConditionalGeneration"])
-    thinker.setdefault("dtype", config.get("dtype") or config.get("torch_dtype") or "bfloat16")
-    (dst / "config.json").write_text(json.dumps(thinker, indent=2) + "\n")
+    (dst / "config.json").write_text(json.dumps(standalone, indent=2) + "\n")
     copy_side_files(source, dst)
     return {"tensors": len(weight_map), "bytes": nbytes}
 
@@ -200,16 +195,16 @@ def autoround_thinker(source: Path, out: Path, recipe: Any, progress: bool, cali
     one sample per batch (samples differ in length; auto-round does the same for media calibration, accumulating
     gradients over 8 instead), and the forwards are counted against the samples (quantize/watch.py)."""
     import torch
-    from transformers import AutoTokenizer, Qwen3OmniMoeThinkerForConditionalGeneration
+    from transformers import AutoTokenizer
 
+    from quantbench.make.quantize.autoround import quantize_autoround
+    from quantbench.make.quantize.watch import CalibrationWatch
     from quantbench.models.checkpoint import load_causal_lm
     from quantbench.models.lineage import canonical_tensor_name
-    from quantbench.models.quantize.autoround import quantize_autoround
-    from quantbench.models.quantize.watch import CalibrationWatch
 
     # loaded before auto_round is imported (it changes transformers' MoE loading), refused unless filled exactly
     model = load_causal_lm(source, dtype=torch.bfloat16, device="cpu",
-                           model_class=Qwen3OmniMoeThinkerForConditionalGeneration)
+                           model_class=family_of(read_config(source)).model_class())
     tokenizer = AutoTokenizer.from_pretrained(source)
     samples, made = calibration_batches(model, tokenizer, source, recipe, calibration, batch=1)
     with CalibrationWatch(model) as watch:
@@ -224,7 +219,7 @@ def autoround_thinker(source: Path, out: Path, recipe: Any, progress: bool, cali
 
 def modelopt_thinker(source: Path, out: Path, recipe: Any, progress: bool, calibration: str | None) -> dict[str, Any]:
     """In the child: ModelOpt on the thinker of `source` (any omni layout)."""
-    from quantbench.models.quantize.modelopt import quantize_modelopt
+    from quantbench.make.quantize.modelopt import quantize_modelopt
 
     seen: dict[str, Any] = {}
     made: dict[str, Any] = {}
@@ -239,7 +234,7 @@ def modelopt_thinker(source: Path, out: Path, recipe: Any, progress: bool, calib
 
 
 def main() -> None:
-    from quantbench.models.quantize import Recipe
+    from quantbench.make.quantize.recipe import Recipe
 
     job = json.loads(sys.argv[1])
     recipe = Recipe(**job["recipe"])

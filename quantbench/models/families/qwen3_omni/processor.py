@@ -1,5 +1,5 @@
-"""The media processor of a Qwen3-Omni-MoE checkpoint, built offline from the checkpoint's own files, and the
-decision engine a backend builds for a loaded model (OmniEngine with this processor, or TransformersEngine).
+"""The media processor of a Qwen3-Omni-MoE checkpoint, built offline from the checkpoint's own files (the family's
+`decision_engine` hands it to OmniEngine).
 
 A real Qwen3-Omni checkpoint ships its tokenizer and `preprocessor_config.json` (one file holding the image
 processor's and the Whisper feature extractor's settings), and may ship `video_preprocessor_config.json`; a
@@ -110,7 +110,7 @@ def _processor_class() -> type:
 class MediaProcessor:
     """A checkpoint's processor and what quantbench passes it on every call (the video size from the
     checkpoint's files, never the processor class's default; the audio encoder's window from the model).
-    `pixels`: pictures and video frames made on the model's device (quantbench.models.pixels, bit-equal to the
+    `pixels`: pictures and video frames made on the model's device (quantbench.models.families.qwen3_omni.pixels, bit-equal to the
     PIL processor); None: by the checkpoint's image / video processor on the host."""
 
     processor: Any
@@ -297,7 +297,7 @@ def omni_processor(path: str | Path, tokenizer: Any, model: Any) -> MediaProcess
 def processor_from_settings(settings: dict[str, dict[str, Any]], tokenizer: Any, model: Any,
                             root: str | Path, pixels: str = "auto") -> MediaProcessor | None:
     """The media processor from the image / audio / video settings a checkpoint's files hold (`_settings`), or a
-    synthetic model carries (quantbench.models.synthetic_omni); `root` names where they came from in errors.
+    synthetic model carries (quantbench.models.families.qwen3_omni.synthetic); `root` names where they came from in errors.
     `pixels`: where pictures and frames are made: "auto" on the model's device when that is a GPU (bit-equal to
     the PIL processor, and faster there), else on the host by the checkpoint's processors; "device" on the
     model's device always; "host" by the checkpoint's processors always."""
@@ -333,7 +333,7 @@ def processor_from_settings(settings: dict[str, dict[str, Any]], tokenizer: Any,
     device = next(model.parameters()).device
     on_device, note = None, None
     if pixels == "device" or (pixels == "auto" and device.type == "cuda"):
-        from quantbench.models.pixels import DevicePixels
+        from quantbench.models.families.qwen3_omni.pixels import DevicePixels
 
         try:
             on_device = DevicePixels(image, device, video_size)
@@ -360,21 +360,3 @@ def _size(settings: dict[str, Any]) -> dict[str, int]:
         raise LoadError("the checkpoint's processor files give no frame size (size.shortest_edge / longest_edge, "
                         "or min_pixels / max_pixels); add them to preprocessor_config.json")
     return {"shortest_edge": int(size["shortest_edge"]), "longest_edge": int(size["longest_edge"])}
-
-
-def decision_engine(model: Any, tokenizer: Any, spec: Any, checkpoint: str | Path | None) -> Any:
-    """The engine every local backend builds for its loaded model: OmniEngine with the checkpoint's media
-    processor for a Qwen3-Omni thinker (a synthetic one with the settings it carries), TransformersEngine otherwise.
-    The one place the choice is made, so no backend carries its own copy."""
-    from quantbench.engine.omni import OmniEngine, is_omni_thinker
-    from quantbench.engine.scoring import TransformersEngine
-
-    if not is_omni_thinker(model):
-        return TransformersEngine.for_spec(model, tokenizer, spec)
-    if checkpoint is None:  # a synthetic thinker (--shape) carries its processor settings; none: text only
-        settings = getattr(model, "quantbench_processor_settings", None)
-        if settings is None:
-            return TransformersEngine.for_spec(model, tokenizer, spec)
-        media = processor_from_settings(settings, tokenizer, model, "synthetic model")
-        return OmniEngine.for_spec(model, tokenizer, spec, media=media)
-    return OmniEngine.for_spec(model, tokenizer, spec, media=omni_processor(checkpoint, tokenizer, model))

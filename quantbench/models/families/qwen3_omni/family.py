@@ -1,85 +1,42 @@
-"""Model families: the one seam between quantbench and a kind of checkpoint. A family says how to detect a checkpoint
-of its kind (its config.json), load it in BF16, render a decision prompt for it, and where its MoE blocks are and how
-they route (`MoeLayout`, which the grouped-MoE engine installs from instead of probing the model).
+"""Qwen3-Omni-MoE (`qwen3_omni_moe`: thinker + talker + code2wav; `qwen3_omni_moe_thinker`: thinker only), run as
+`Qwen3OmniMoeThinkerForConditionalGeneration`. transformers has no causal-LM class for it, and cannot load
+auto-round's per-expert export of it, so every tensor is read by quantbench's meta-device loader (models/strict.py,
+models/modelopt.py), which maps the three key layouts that exist onto the thinker's module names:
 
-`Qwen3MoeFamily` covers the embedded fixture and Qwen3-30B-A3B (and the synthetic real shapes). Any other
-transformers causal LM falls to `GenericMoeFamily`, which finds MoE blocks by their structure (a router `gate` and
-`experts`), as quantbench always has. `Qwen3OmniThinkerFamily` runs Qwen3-Omni-MoE checkpoints (full, or thinker
-only) as their thinker, read by quantbench's own strict loader. Adding a family is a class here, listed in FAMILIES
-ahead of the generic one, and its tests.
+    transformers / hub save, auto-round      [thinker.]model.layers.N…, [thinker.]visual.…, audio_tower.…, lm_head
+    ModelOpt export (module names)           model.language_model.layers.N…, model.visual.…, model.audio_tower.…
+
+Its text decoder layer is Qwen3-MoE's (same forward source), so the MoE blocks route as Qwen3-MoE's. It reads
+images, audio and video (this folder's engine.py, processor.py, towers.py), and has a real shape with random
+weights (synthetic.py: `--shape qwen3-omni-30b-a3b`).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import Tensor, nn
+from quantbench.errors import LoadError
+from quantbench.models.families.base import (
+    FamilyBase,
+    HasKeyLayouts,
+    HasSyntheticShapes,
+    LoadsInt4Itself,
+    Rename,
+    SupportsMultiModal,
+)
+from quantbench.models.families.qwen3_omni.synthetic import OMNI_SHAPES
 
-from quantbench.engine.moe.engine import ExpertsBase, MoEBlockRef, MoeLayout, install_grouped_moe
-from quantbench.engine.moe.int4 import regroup_experts
-from quantbench.errors import ConfigError, LoadError, UnsupportedError
-from quantbench.models.checkpoint import load_causal_lm, read_config
-from quantbench.models.strict import Checkpoint, finish, stacked_experts
-from quantbench.protocol import DecisionRequest
-from quantbench.protocol.prompt import render_prompt
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
-
-class ModelFamily(Protocol):
-    name: str
-
-    def detect(self, config: dict[str, Any]) -> bool:
-        """Whether a checkpoint with this config.json belongs to the family."""
-        ...
-
-    def load(self, path: str | Path, dtype: torch.dtype, device: str, trust_remote_code: bool = False) -> nn.Module:
-        """The checkpoint as a causal LM in `dtype` on `device`, filled exactly or refused (LoadError)."""
-        ...
-
-    def render(self, request: DecisionRequest, tokenizer: Any, question: str) -> str:
-        """The prompt for `question` of `request`."""
-        ...
-
-    def moe_layout(self, model: nn.Module) -> MoeLayout:
-        """Where `model`'s MoE blocks are and how they route."""
-        ...
-
-
-class _TransformersCausalLM:
-    """Loading and prompting shared by the families that are plain transformers causal LMs."""
-
-    def load(self, path: str | Path, dtype: torch.dtype, device: str, trust_remote_code: bool = False) -> nn.Module:
-        return load_causal_lm(path, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
-
-    def render(self, request: DecisionRequest, tokenizer: Any, question: str) -> str:
-        return render_prompt(tokenizer, request, question)
-
-
-class Qwen3MoeFamily(_TransformersCausalLM):
-    """Qwen3-MoE (`Qwen3MoeForCausalLM`): the fixture, Qwen3-30B-A3B. Every decoder layer's `mlp` is a sparse MoE
-    block unless the config lists it in `mlp_only_layers` or `decoder_sparse_step` skips it (transformers' rule);
-    routing is softmax top-k, renormalised when `norm_topk_prob`, with no router bias and no shared experts."""
-
-    name = "qwen3_moe"
-
-    def detect(self, config: dict[str, Any]) -> bool:
-        return config.get("model_type") == "qwen3_moe"
-
-    def moe_layout(self, model: nn.Module) -> MoeLayout:
-        config = model.config
-        blocks = []
-        for i, layer in enumerate(model.model.layers):
-            sparse = i not in config.mlp_only_layers and config.num_experts > 0 and (i + 1) % config.decoder_sparse_step == 0
-            if sparse:
-                blocks.append(MoEBlockRef(f"model.layers.{i}.mlp", i, layer, "mlp", layer.mlp))
-        return MoeLayout(blocks=blocks, top_k=config.num_experts_per_tok, norm_topk_prob=config.norm_topk_prob,
-                         hidden_act=config.hidden_act)
-
+    from quantbench.engine.moe.engine import MoeLayout
+    from quantbench.models.strict import Checkpoint
 
 OMNI_FULL = "qwen3_omni_moe"  # thinker + talker + code2wav, thinker keys under `thinker.`
 OMNI_THINKER = "qwen3_omni_moe_thinker"
@@ -89,22 +46,29 @@ _HUB_TOWER = re.compile(r"^(visual|audio_tower)\.")
 _TOP_LEVEL = (("model.language_model.", "model."), ("model.visual.", "visual."), ("model.audio_tower.", "audio_tower."))
 
 
-class Qwen3OmniThinkerFamily:
-    """Qwen3-Omni-MoE (`qwen3_omni_moe`: thinker + talker + code2wav; `qwen3_omni_moe_thinker`: thinker only), run
-    as `Qwen3OmniMoeThinkerForConditionalGeneration`. transformers has no causal-LM class for it, and cannot load
-    auto-round's per-expert export of it, so every tensor is read by quantbench's meta-device loader
-    (models/modelopt.py), which maps the three key layouts that exist onto the thinker's module names:
-
-        transformers / hub save, auto-round      [thinker.]model.layers.N…, [thinker.]visual.…, audio_tower.…, lm_head
-        ModelOpt export (module names)           model.language_model.layers.N…, model.visual.…, model.audio_tower.…
-
-    Its text decoder layer is Qwen3-MoE's (same forward source), so the MoE blocks route as Qwen3-MoE's."""
+class Qwen3OmniThinkerFamily(FamilyBase, SupportsMultiModal, HasKeyLayouts, LoadsInt4Itself, HasSyntheticShapes):
+    """The Qwen3-Omni-MoE family, run as its thinker (see the module docstring)."""
 
     name = "qwen3_omni_thinker"
+    title = "Qwen3-Omni-MoE"
+    model_types = (OMNI_FULL, OMNI_THINKER)
+    modeling_modules = ("transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe",)
+    towers = {"vision": "visual", "audio": "audio_tower"}
 
-    def detect(self, config: dict[str, Any]) -> bool:
-        return config.get("model_type") in (OMNI_FULL, OMNI_THINKER)
+    def check_config(self, root: Path, config: dict[str, Any]) -> None:
+        """A config.json without its text decoder's config is refused before any model is built (else
+        transformers fills in the 30B defaults and the load fails only after building them, naming tensors)."""
+        model_type = config.get("model_type")
+        if model_type == OMNI_FULL:
+            where, text = "thinker_config.text_config", (config.get("thinker_config") or {}).get("text_config")
+        else:
+            where, text = "text_config", config.get("text_config")
+        if not isinstance(text, dict) or not text:
+            raise LoadError(f"{root}/config.json: model_type {model_type} without {where}; a Qwen3-Omni-MoE "
+                            "checkpoint's config must describe its thinker's text decoder (restore the checkpoint's "
+                            "own config.json)")
 
+    # -- key layouts ----------------------------------------------------------------------------------------
     def unread_prefixes(self, config: dict[str, Any]) -> tuple[str, ...]:
         """Checkpoint key prefixes of the components a decision never reads (talker, code2wav of a full one)."""
         return OMNI_UNREAD if config.get("model_type") == OMNI_FULL else ()
@@ -126,7 +90,7 @@ class Qwen3OmniThinkerFamily:
             return "model." + key
         return key
 
-    def renamer(self, config: dict[str, Any], model: nn.Module) -> Callable[[str], str | None]:
+    def renamer(self, config: dict[str, Any], model: nn.Module) -> Rename:
         """Checkpoint key -> `model`'s own module name. `module_name` gives transformers >= 5.21's names (text
         decoder and towers under `model.`); 5.17-5.20 build them at the thinker's top (`model.layers`, `visual`,
         `audio_tower`: the hub layout), as the H200's image (5.17) does."""
@@ -143,29 +107,53 @@ class Qwen3OmniThinkerFamily:
 
         return rename
 
+    # -- loading --------------------------------------------------------------------------------------------
+    def model_class(self) -> type:
+        from transformers import (  # lazy: transformers is imported in the child only
+            Qwen3OmniMoeThinkerForConditionalGeneration,
+        )
+
+        return Qwen3OmniMoeThinkerForConditionalGeneration
+
+    def standalone_config(self, config: dict[str, Any]) -> dict[str, Any]:
+        """The thinker's own config.json (`qwen3_omni_moe_thinker`) of a full or a thinker-only config."""
+        thinker = dict(config["thinker_config"]) if config.get("model_type") == OMNI_FULL else dict(config)
+        thinker.pop("quantization_config", None)
+        thinker.update(model_type=OMNI_THINKER, architectures=["Qwen3OmniMoeThinkerForConditionalGeneration"])
+        thinker.setdefault("dtype", config.get("dtype") or config.get("torch_dtype") or "bfloat16")
+        return thinker
+
     def build_meta(self, path: str | Path, dtype: torch.dtype, trust_remote_code: bool = False) -> nn.Module:
         """The thinker on the meta device (no weights made); rotary and sinusoid buffers stay fp32 as
         transformers builds them (`_from_config(dtype=)`, not `.to(dtype)`)."""
-        from transformers import (  # lazy: transformers is imported in the child only
-            AutoConfig,
-            Qwen3OmniMoeThinkerForConditionalGeneration,
-        )
+        import torch
+        from transformers import AutoConfig  # lazy: transformers is imported in the child only
 
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
         thinker = config.thinker_config if config.model_type == OMNI_FULL else config
         if hasattr(thinker, "quantization_config"):
             delattr(thinker, "quantization_config")
         with torch.device("meta"):
-            return Qwen3OmniMoeThinkerForConditionalGeneration._from_config(thinker, dtype=dtype)
+            return self.model_class()._from_config(thinker, dtype=dtype)
+
+    def meta_model(self, root: Path, dtype: torch.dtype, trust_remote_code: bool = False) -> tuple[nn.Module, Rename]:
+        from quantbench.models.checkpoint import read_config
+
+        config = read_config(root)  # first: a missing or broken config.json is named as such
+        model = self.build_meta(root, dtype, trust_remote_code)
+        return model, self.renamer(config, model)
 
     def load(self, path: str | Path, dtype: torch.dtype, device: str, trust_remote_code: bool = False) -> nn.Module:
         """The thinker in `dtype`, every tensor from the checkpoint (models/strict.py) or a LoadError. Per-expert
         tensors are stacked into transformers' fused experts (`gate_up_proj` [E, 2I, H], `down_proj` [E, H, I]),
         so transformers' experts kernels (grouped_mm, eager) and quantbench's engine all run them."""
+        from torch import nn
+
+        from quantbench.models.strict import Checkpoint, finish, stacked_experts
+
         root = Path(path)
-        config = read_config(root)
-        model = self.build_meta(root, dtype, trust_remote_code)
-        ck = Checkpoint(root, device, rename=self.renamer(config, model))
+        model, rename = self.meta_model(root, dtype, trust_remote_code)
+        ck = Checkpoint(root, device, rename=rename)
         built: set[int] = set()
         for ref in self.moe_layout(model).blocks:
             experts, prefix = ref.block.experts, f"{ref.name}.experts"
@@ -187,11 +175,18 @@ class Qwen3OmniThinkerFamily:
         (`…experts.E.{gate,up,down}_proj.{qweight,qzeros,scales}`), straight into quantbench's grouped-MoE engine;
         (model, kernel path). transformers cannot load this export itself (its `_init_weights` assumes fused
         experts); every tensor comes from the checkpoint, checked as auto-round's own QuantLinears are."""
+        from torch import nn
+
+        from quantbench.engine.moe.engine import ExpertsBase, install_grouped_moe
+        from quantbench.engine.moe.int4 import regroup_experts
+        from quantbench.models.checkpoint import read_config
+        from quantbench.models.strict import Checkpoint, finish
+
         root = Path(path)
         config = read_config(root)
         group_size = int((config.get("quantization_config") or {}).get("group_size", 128))
-        model = self.build_meta(root, dtype, trust_remote_code)
-        ck = Checkpoint(root, device, rename=self.renamer(config, model))
+        model, rename = self.meta_model(root, dtype, trust_remote_code)
+        ck = Checkpoint(root, device, rename=rename)
         layout = self.moe_layout(model)
         experts_count = int(model.config.get_text_config().num_experts)
         built: dict[int, tuple[nn.Module, nn.Module]] = {}
@@ -216,23 +211,32 @@ class Qwen3OmniThinkerFamily:
                         trust_remote_code: bool = False) -> nn.Module:
         """The thinker of a quantized export as transformers + its quantizer load it (auto-round's per-expert
         QuantLinears: `--no-fast-moe`), refused unless it fills the model exactly (load_causal_lm's check)."""
-        from transformers import (  # lazy: transformers is imported in the child only
-            Qwen3OmniMoeThinkerForConditionalGeneration,
-        )
+        from quantbench.models.checkpoint import load_causal_lm
 
         with _per_expert_init():
             return load_causal_lm(path, dtype=dtype, device=device, trust_remote_code=trust_remote_code,
-                                  model_class=Qwen3OmniMoeThinkerForConditionalGeneration)
+                                  model_class=self.model_class())
 
-    def render(self, request: DecisionRequest, tokenizer: Any, question: str) -> str:
-        return render_prompt(tokenizer, request, question)
+    def load_for_calibration(self, source: Path, device: str) -> nn.Module:
+        """The thinker as quantbench's loader reads it (full or thinker-only, any key layout; the talker and
+        code2wav never read), on the `eager` experts path."""
+        import torch
 
+        model = self.load(source, torch.bfloat16, device)
+        model.set_experts_implementation("eager")
+        # a full checkpoint's thinker config names no class; the export writes it, and ModelOpt reads it
+        model.config.architectures = model.config.architectures or [type(model).__name__]
+        return model.eval()
+
+    # -- the MoE blocks -------------------------------------------------------------------------------------
     def text_root(self, model: nn.Module) -> nn.Module:
         """The text decoder (embeddings, layers, norm): where MoE blocks, fused ops and CUDA graphs apply."""
         inner = model.model
         return inner.language_model if hasattr(inner, "language_model") else inner
 
     def moe_layout(self, model: nn.Module) -> MoeLayout:
+        from quantbench.engine.moe.engine import MoEBlockRef, MoeLayout
+
         config = model.config.get_text_config()
         names = {id(m): n for n, m in model.named_modules()}
         blocks = []
@@ -243,6 +247,71 @@ class Qwen3OmniThinkerFamily:
                 blocks.append(MoEBlockRef(names[id(layer.mlp)], i, layer, "mlp", layer.mlp))
         return MoeLayout(blocks=blocks, top_k=config.num_experts_per_tok, norm_topk_prob=config.norm_topk_prob,
                          hidden_act=config.hidden_act)
+
+    # -- media ----------------------------------------------------------------------------------------------
+    def decision_engine(self, model: nn.Module, tokenizer: Any, spec: Any, checkpoint: str | Path | None) -> Any:
+        """OmniEngine with the checkpoint's media processor (a synthetic thinker: the settings it carries; none:
+        it reads text only, through TransformersEngine)."""
+        from quantbench.models.families.qwen3_omni.engine import OmniEngine
+        from quantbench.models.families.qwen3_omni.processor import processor_from_settings
+
+        if checkpoint is None:  # a synthetic thinker (--shape) carries its processor settings; none: text only
+            settings = getattr(model, "quantbench_processor_settings", None)
+            if settings is None:
+                return super().decision_engine(model, tokenizer, spec, checkpoint)
+            media = processor_from_settings(settings, tokenizer, model, "synthetic model")
+            return OmniEngine.for_spec(model, tokenizer, spec, media=media)
+        return OmniEngine.for_spec(model, tokenizer, spec, media=self.media_processor(checkpoint, tokenizer, model))
+
+    def media_processor(self, checkpoint: str | Path, tokenizer: Any, model: Any) -> Any:
+        from quantbench.models.families.qwen3_omni.processor import omni_processor
+
+        return omni_processor(checkpoint, tokenizer, model)
+
+    def media_engine(self, model: Any, tokenizer: Any, **settings: Any) -> Any:
+        from quantbench.models.families.qwen3_omni.engine import OmniEngine
+
+        return OmniEngine(model, tokenizer, **settings)
+
+    def media_inputs(self, media: dict[str, Any], device: Any, dtype: Any) -> dict[str, Any]:
+        from quantbench.models.families.qwen3_omni.media_batch import join_media
+
+        return join_media([media], device, dtype)
+
+    # -- the real shape, random weights ---------------------------------------------------------------------
+    @property
+    def synthetic_shapes(self) -> dict[str, dict[str, Any]]:  # read anew: synthetic.OMNI_SHAPES is the registry
+        """Each real shape's text decoder dims (what --layers and the names read); the whole thinker (vocab 152064,
+        3-D rope, the vision and audio towers) is synthetic.py's."""
+        return {name: dims["text"] for name, dims in OMNI_SHAPES.items()}
+
+    def synthetic_config(self, shape: str, layers: int | None) -> tuple[Any, Any]:
+        from quantbench.models.families.qwen3_omni.synthetic import omni_tokenizer, thinker_config
+
+        tokenizer = omni_tokenizer()
+        return thinker_config(shape, layers, tokenizer.pad_token_id, tokenizer.eos_token_id), tokenizer
+
+    def synthetic_meta(self, config: Any, dtype: torch.dtype) -> nn.Module:
+        from quantbench.models.families.qwen3_omni.synthetic import meta_thinker
+
+        return meta_thinker(config, dtype)
+
+    def synthetic_buffers(self, model: nn.Module, device: Any) -> None:
+        from quantbench.models.families.qwen3_omni.synthetic import new_buffers
+
+        new_buffers(model, device)
+
+    def synthetic_marks(self) -> dict[str, Any]:
+        """The processor settings decision_engine builds the media processor from (no checkpoint files)."""
+        from quantbench.models.families.qwen3_omni.synthetic import processor_settings
+
+        return {"quantbench_processor_settings": processor_settings()}
+
+    def synthetic_files(self) -> dict[str, str]:
+        """The processor file a real Omni checkpoint ships: media reads from a saved one as from that one."""
+        from quantbench.models.families.qwen3_omni.synthetic import preprocessor_json
+
+        return {"preprocessor_config.json": preprocessor_json()}
 
 
 @contextmanager
@@ -277,74 +346,3 @@ def _int4_projection(ck: Checkpoint, name: str, group_size: int, dtype: torch.dt
     qweight = ck.take(f"{name}.qweight", what)
     return SimpleNamespace(qweight=qweight, qzeros=ck.take(f"{name}.qzeros", what), scales=ck.take(f"{name}.scales", what),
                            bits=4, group_size=group_size, infeatures=qweight.shape[0] * 8, outfeatures=qweight.shape[1])
-
-
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
-
-
-class GenericMoeFamily(_TransformersCausalLM):
-    """Any other transformers causal LM: MoE blocks found by their structure (a module with a router `gate` that
-    has a weight, and `experts`: a ModuleList or transformers' fused experts), routing read from the block or the
-    (text) config. A model without such blocks still loads and answers through transformers."""
-
-    name = "transformers"
-
-    def detect(self, config: dict[str, Any]) -> bool:
-        return True
-
-    def moe_layout(self, model: nn.Module) -> MoeLayout:
-        blocks = []
-        for name, module in model.named_modules():
-            if not _is_moe_block(module):
-                continue
-            match = _LAYER.search(name)
-            parent_name, _, attr = name.rpartition(".")
-            blocks.append(MoEBlockRef(name, int(match.group(1)) if match else len(blocks),
-                                      model.get_submodule(parent_name), attr, module))
-        if not blocks:
-            raise UnsupportedError(f"{type(model).__name__} has no MoE block (a module with `gate` and `experts`)")
-        config = getattr(model, "config", None)
-        config = getattr(config, "get_text_config", lambda: config)()
-        first = blocks[0].block
-        shared = next((f"{ref.name}.{extra}" for ref in blocks for extra in ("shared_expert", "shared_experts")
-                       if getattr(ref.block, extra, None) is not None), None)
-        return MoeLayout(
-            blocks=blocks,
-            top_k=int(_setting(first, config, "top_k", "num_experts_per_tok")),
-            norm_topk_prob=bool(_setting(first, config, "norm_topk_prob")),
-            hidden_act=getattr(config, "hidden_act", "silu") if config is not None else "silu",
-            gate_bias=isinstance(getattr(first.gate, "bias", None), Tensor),
-            shared_experts=shared,
-        )
-
-
-def _is_moe_block(module: nn.Module) -> bool:
-    gate, experts = getattr(module, "gate", None), getattr(module, "experts", None)
-    if gate is None or experts is None or not isinstance(getattr(gate, "weight", None), Tensor):
-        return False
-    return isinstance(experts, nn.ModuleList) or hasattr(experts, "gate_up_proj")
-
-
-def _setting(block: nn.Module, config: Any, *names: str) -> Any:
-    for owner in (block, getattr(block, "gate", None), getattr(block, "experts", None)):
-        for n in names:
-            if owner is not None and getattr(owner, n, None) is not None:
-                return getattr(owner, n)
-    for n in names:
-        if getattr(config, n, None) is not None:
-            return getattr(config, n)
-    raise ConfigError(f"cannot tell the MoE block's {names[0]} (neither the block nor the config has {' / '.join(names)})")
-
-
-FAMILIES: tuple[ModelFamily, ...] = (Qwen3MoeFamily(), Qwen3OmniThinkerFamily(), GenericMoeFamily())  # first match wins: generic last
-
-
-def family_of(config: dict[str, Any]) -> ModelFamily:
-    """The family of a checkpoint with this config.json (or a model's `config.to_dict()`)."""
-    return next(f for f in FAMILIES if f.detect(config))
-
-
-def moe_layout(model: nn.Module) -> MoeLayout:
-    """The MoE layout of a loaded transformers model, from its family."""
-    config = getattr(model, "config", None)
-    return family_of(config.to_dict() if config is not None else {}).moe_layout(model)

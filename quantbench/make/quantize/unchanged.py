@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 from quantbench.errors import QuantbenchError
 from quantbench.models.checkpoint import read_config
+from quantbench.models.families import family_of, has_key_layouts
 from quantbench.models.scorer import weight_files
 
 _CHUNK = 16 << 20
@@ -45,12 +46,11 @@ def is_expert_tensor(name: str) -> bool:
 def checkpoint_names(root: Path) -> Callable[[str], str | None]:
     """The map from `root`'s checkpoint keys to one name per tensor: its family's `module_name` (None: a component
     never read) when the family has several key layouts, else the key itself."""
-    from quantbench.models.family import family_of  # lazy: torch is imported only by the quantizers
-
     config = read_config(root)
     family = family_of(config)
-    module_name = getattr(family, "module_name", None)
-    return (lambda key: module_name(key, config)) if module_name else (lambda key: key)
+    if has_key_layouts(family):
+        return lambda key: family.module_name(key, config)
+    return lambda key: key
 
 
 def non_expert_tensors(root: Path) -> dict[str, StoredTensor]:

@@ -1,6 +1,7 @@
 """The Qwen3-Omni-30B-A3B thinker at its real shape with seeded random weights (`--shape qwen3-omni-30b-a3b`):
 its config, a tokenizer that spells the real media token ids, and the processor settings that make its media
-inputs, all made in memory. quantbench.models.synthetic builds, quantizes and saves it as it does the text shape.
+inputs, all made in memory. quantbench.models.synthetic builds and quantizes it (quantbench.make.synthetic saves
+it) as it does the text shape, from what the family (family.py) says.
 
 The shape is the public `Qwen3-Omni-30B-A3B-Instruct` config.json's thinker (../shared/reference/qwen3-omni.md §1,
 §7): the text decoder is Qwen3-30B-A3B's but with vocab 152064, max position 65536 and interleaved 3-D rope
@@ -54,10 +55,6 @@ AUDIO_FEATURES = {"feature_size": 128, "sampling_rate": 16000, "hop_length": 160
                   "n_fft": 400, "padding_value": 0.0, "return_attention_mask": True}
 
 
-def is_omni_shape(shape: str) -> bool:
-    return shape in OMNI_SHAPES
-
-
 def thinker_config(shape: str, layers: int | None, pad_token_id: int, eos_token_id: int):
     """The Qwen3OmniMoeThinkerConfig of `shape`; `layers` shrinks the text decoder only (the towers stay real)."""
     from transformers import Qwen3OmniMoeThinkerConfig  # lazy: as models.build.moe_config
@@ -83,9 +80,9 @@ def omni_tokenizer():
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    from quantbench.models.fixture import EOS, PAD, _tokenizer_json
+    from quantbench.models.tokenizer import EOS, PAD, tokenizer_json
 
-    spec = json.loads(_tokenizer_json())
+    spec = json.loads(tokenizer_json())
     vocab = spec["model"]["vocab"]
     by_id = {token_id: text for text, token_id in MEDIA_TOKEN_IDS.values()}
     for i in range(len(vocab), max(by_id) + 1):
@@ -138,11 +135,3 @@ def model_towers(model):
     """(vision tower, audio tower) of a thinker: under `model.model` from transformers 5.21, on the thinker before."""
     owner = model.model if hasattr(model.model, "visual") else model
     return owner.visual, owner.audio_tower
-
-
-def module_prefix(model, module) -> str:
-    """The qualified name of `module` inside `model`, with a trailing dot ('' for the model itself)."""
-    for name, m in model.named_modules():
-        if m is module:
-            return f"{name}." if name else ""
-    raise ValueError("module not in model")
