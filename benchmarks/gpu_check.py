@@ -29,6 +29,7 @@ import pandas as pd  # noqa: E402
 
 from quantbench.store import Store, queries  # noqa: E402
 from quantbench.store.load import has_load_tables, load_steps  # noqa: E402
+from quantbench.store.records import frame  # noqa: E402
 
 
 def _extra(value: Any) -> dict:
@@ -95,8 +96,7 @@ def serve_figures(store: Store) -> list[dict[str, Any]]:
 
 
 def figures(store: Store) -> list[dict[str, Any]]:
-    runs = queries.runs_with_latency(store)
-    runs = runs.merge(queries.runs_with_percentiles(store)[["run_id", "p99_ms"]], on="run_id", how="left")
+    runs = frame(queries.stored_runs(store))  # every run with its latency (p50, p99, batch), as a table
     return text_figures(runs) + media_figures(runs) + serve_figures(store)
 
 
