@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from quantbench.analysis.parity import gpu_key
 from quantbench.run.machine import detect
 from quantbench.run.record import RunResult
 from quantbench.run.runner import execute
@@ -27,7 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 APP = str(ROOT / "dashboard" / "streamlit_app.py")
 PAGES = ["page_report.py", "page_latency.py", "page_parity.py", "page_runs.py"]
 TITLES = ["Which quant should I use?", "Latency", "Parity detail", "Runs"]
-HERE = f"cpu:{detect().host}"  # the machine id the dashboard gives this host's CPU runs
+HERE = f"cpu:{detect().host}"  # what a user types: this host's name
+# the machine the dashboard chooses for it: host, CPU model, logical CPUs and machine id (quantbench.analysis.parity)
+HERE_KEY = "cpu:" + gpu_key({"device": "cpu", **detect().as_row()})[1]
 
 # failure kind → (backend, extra spec fields, the failure label stored, words of the stored error)
 KINDS: dict[str, tuple[str, dict, str, str]] = {
@@ -120,7 +123,7 @@ def test_every_page_renders_beside_failed_runs_on_the_default_view_and_each_mach
     for machine in ("NVIDIA H200", "cpu:ci-runner", HERE):
         every_page(app(gpu=machine))
     at = app(gpu=HERE)
-    assert at.selectbox(key="gpu").value == HERE
+    assert at.selectbox(key="gpu").value == HERE_KEY
     # Only one of this host's runs got as far as loading a model: that model is the one to choose.
     assert at.selectbox(key="model").options == ["tiny-test"]
     at.switch_page("page_runs.py").run()
@@ -136,7 +139,7 @@ def test_a_machine_whose_every_run_failed_before_loading_says_so(failed_runs, tm
     monkeypatch.setenv("QUANTBENCH_DB", str(store.path))
     at = app(gpu=HERE)
     assert not at.exception, at.exception[0].message
-    assert at.selectbox(key="gpu").value == HERE
+    assert at.selectbox(key="gpu").value == HERE_KEY
     assert not [s for s in at.selectbox if s.key == "model"]  # no model to choose here
     warnings = " ".join(w.value for w in at.warning)
     assert "Every run on" in warnings and "failed before loading a model" in warnings
