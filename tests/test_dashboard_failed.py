@@ -23,6 +23,7 @@ from quantbench.run.spec import RunSpec
 from quantbench.store import Store
 from tests import dashboard_store as ds
 from tests.failing_backends import model_less_load_error
+from tests.stored import stored_run
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = str(ROOT / "dashboard" / "streamlit_app.py")
@@ -30,7 +31,7 @@ PAGES = ["page_report.py", "page_latency.py", "page_parity.py", "page_runs.py"]
 TITLES = ["Which quant should I use?", "Latency", "Parity detail", "Runs"]
 HERE = f"cpu:{detect().host}"  # what a user types: this host's name
 # the machine the dashboard chooses for it: host, CPU model, logical CPUs and machine id (quantbench.analysis.parity)
-HERE_KEY = "cpu:" + gpu_key({"device": "cpu", **detect().as_row()})[1]
+HERE_KEY = "cpu:" + gpu_key(stored_run(**{"device": "cpu", **detect().as_row()}))[1]
 
 # failure kind → (backend, extra spec fields, the failure label stored, words of the stored error)
 KINDS: dict[str, tuple[str, dict, str, str]] = {
