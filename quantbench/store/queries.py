@@ -113,16 +113,6 @@ def noise_floor_runs(store: Store, model_id: Any, suite_hash: Any, other_than: s
         "CAST(r.run_id AS VARCHAR) <> ?", [model_id, suite_hash, other_than])
 
 
-def run_error(store: Store, run_id: str) -> pd.DataFrame:
-    """The `error` column of one run."""
-    return store.read("SELECT error FROM runs WHERE run_id = ?", [run_id])
-
-
-def run_failure(store: Store, run_id: str) -> pd.DataFrame:
-    """The `failure` and `error` columns of one run."""
-    return store.read("SELECT failure, error FROM runs WHERE run_id = ?", [run_id])
-
-
 # -- the report and parity ----------------------------------------------------------------------------------
 def confident_flips(store: Store, reference_run: str, candidate_run: str, min_margin: float) -> pd.DataFrame:
     """The questions the reference answered with a margin (its stored p(top) − p(second)) of at least
