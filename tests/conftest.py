@@ -1,4 +1,6 @@
+import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -20,10 +22,22 @@ def fixture_model_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def made_elsewhere(tmp_path_factory) -> dict[str, Path]:
-    """Checkpoints made by transformers, auto-round and ModelOpt themselves (tests/elsewhere.py), once a session."""
+    """Checkpoints made by transformers, auto-round and ModelOpt themselves (tests/elsewhere.py), once a test run:
+    under pytest-xdist the workers share one build (the first to take the lock makes it, the others read it)."""
+    from filelock import FileLock
+
     from tests.elsewhere import make
 
-    return make(tmp_path_factory.mktemp("elsewhere"))
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # xdist gives each worker a folder under this run's own
+    out, done = root / "elsewhere", root / "elsewhere.json"
+    with FileLock(str(root / "elsewhere.lock")):
+        if not done.exists():
+            shutil.rmtree(out, ignore_errors=True)  # what a failed build left
+            paths = make(out)
+            done.write_text(json.dumps({name: str(path) for name, path in paths.items()}))
+    return {name: Path(path) for name, path in json.loads(done.read_text()).items()}
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from quantbench.engine.scoring import TransformersEngine
 from quantbench.run.backend import LoadedVariant
 from quantbench.run.record import VariantInfo
 from quantbench.server import create_app
-from quantbench.server.app import warm_sizes
+from quantbench.server.warm import warm_sizes
 from tests.test_server import request_for, wait_until
 from tests.tiny import tiny_model, tiny_tokenizer
 
@@ -47,9 +47,13 @@ class SlowEngine:
         return self.inner.prepare(request)
 
     def forward_many(self, batch):
-        time.sleep(self.forward_s)
+        # forward_s in all, the tiny model's own forward included: on a loaded CPU that alone took up to ~0.6 s,
+        # which on top of a fixed sleep moved the admission test's expected waits across its bound
+        t0 = time.perf_counter()
         self.batches.append(len(batch))
-        return self.inner.forward_many(batch)
+        out = self.inner.forward_many(batch)
+        time.sleep(max(0.0, self.forward_s - (time.perf_counter() - t0)))
+        return out
 
     def report(self) -> EngineReport:
         return self.fake_report or self.inner.report()
@@ -224,8 +228,8 @@ def test_threads_left_behind_are_none():
 
 # -- admission by expected wait, Server-Timing, one send a response -------------------------------------------------
 def test_a_request_whose_expected_wait_is_over_max_queue_ms_gets_503_at_admission_and_is_never_tokenized(tiny_engine):
-    # The forward time the server learns is the sleep plus the tiny model's own forward (up to ~0.4 s on a loaded
-    # CPU): with 1.0 s + that, one pass ahead stays under 1,500 ms and two passes ahead are always over it.
+    # The forward time the server learns is 1.0 s (SlowEngine's, the tiny model's own forward inside it): one pass
+    # ahead stays under 1,500 ms and two passes ahead are always over it.
     slow = SlowEngine(tiny_engine, forward_s=1.0)
     client = started(create_app(lambda: loaded_with(slow), max_batch=1, max_queue=64, max_queue_ms=1500))
     try:

@@ -59,7 +59,7 @@ def serve(
     max_queue_ms: Annotated[float, typer.Option(help="Queue deadline: a request whose expected wait (the forward passes ahead of it) is over this many ms gets 503 with Retry-After at once, and an admitted one still waiting after it gets it then (0: none)")] = DEFAULT_MAX_QUEUE_MS,
     max_wait_ms: Annotated[float, typer.Option(help="How long a forward pass waits for more requests to batch (0: it takes what queued meanwhile)")] = DEFAULT_MAX_WAIT_MS,
     warm: Annotated[bool, typer.Option(help="Before /healthz says ok, answer the demo request (on a GPU at batches 1, 2, 4 … --max-batch: compiles, captures graphs, reports the kernel that ran)")] = True,
-    warm_tokens: Annotated[list[int] | None, typer.Option(help="On a GPU the warm-up also captures each batch size padded to this many tokens (repeatable; default 512: the reference workload), so no client's first request of that shape waits for a capture")] = None,
+    warm_tokens: Annotated[list[int] | None, typer.Option(help="On a GPU the warm-up also captures each batch size padded to this many tokens (repeatable; default 512: the reference workload), and for a model that reads pictures this many tokens plus a 448 x 448 picture's, so no client's first request of that shape waits for a capture")] = None,
     trust_remote_code: Annotated[bool, typer.Option(help="Allow the checkpoint's own Python code")] = False,
     max_body_bytes: Annotated[int, typer.Option(help="Largest request body (413 past it)")] = limits.DEFAULT_MAX_BODY_BYTES,
     max_questions: Annotated[int, typer.Option(help="Most questions per request (413 past it)")] = limits.DEFAULT_MAX_QUESTIONS,

@@ -5,7 +5,6 @@ decision without a server."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import re
 import threading
@@ -52,6 +51,7 @@ from quantbench.server.endpoint import PATH, ServerState, SystemOneEndpoint
 from quantbench.server.guard import LOOPBACK_HOSTS, HostGuard
 from quantbench.server.prepare import DEFAULT_HEAVY_THREADS, DEFAULT_LIGHT_THREADS, PreparePool
 from quantbench.server.schema import DEMO_REQUEST, ERROR_RESPONSES
+from quantbench.server.warm import warm_up
 
 log = logging.getLogger("quantbench.server")
 
@@ -118,51 +118,6 @@ def public_health(body: dict[str, Any]) -> dict[str, Any]:
     if isinstance(out.get("info"), dict):
         out["info"] = _without_paths({k: v for k, v in out["info"].items() if k != "model_path"})
     return out
-
-
-def warm_sizes(max_batch: int, cuda: bool) -> list[int]:
-    """The batches the warm-up runs: on a GPU 1, 2, 4 … max_batch (a CUDA graph bucket each); on a CPU one pass
-    (no graphs to capture; at the 30B shape a CPU pass takes tens of seconds)."""
-    if not cuda:
-        return [1]
-    return sorted({min(1 << i, max_batch) for i in range(max_batch.bit_length() + 1)})
-
-
-def warm_prepared(prepared: Any, widths: tuple[int, ...], pad_id: int) -> list[Any]:
-    """The demo request as prepared, and again with its rows padded to each of `widths` tokens (wider than it):
-    the warm-up's shapes. A padded copy is only a shape to capture: its answers are never read."""
-    longest = max(len(r) for r in prepared.rows)
-    return [prepared] + [dataclasses.replace(prepared, rows=[r + [pad_id] * (w - len(r)) for r in prepared.rows])
-                         for w in sorted(set(widths)) if w > longest]
-
-
-def _warm_up(loaded: LoadedVariant, state: ServerState, max_batch: int, warm_tokens: tuple[int, ...]) -> int:
-    """On the loading thread: the demo request at each of `warm_sizes`, and on a GPU again at each of
-    `warm_tokens` widths (a CUDA graph per batch size and width, captured here and not in a client's first request
-    of that shape: on the H200 those captures were the p99 of 8 clients, 1,560 ms against a p50 of 89), untimed
-    and uncounted. Returns the forward passes run. A failure is logged and reported in /healthz (warm_error);
-    serving goes on."""
-    engine = loaded.engine
-    cuda = str(getattr(engine, "device", "cpu")).startswith("cuda")
-    sizes = warm_sizes(max_batch, cuda)
-    t0, done = time.perf_counter(), 0
-    try:
-        prepared = engine.prepare(parse_request(DEMO_REQUEST))
-        shapes = warm_prepared(prepared, warm_tokens, getattr(engine, "pad_id", 0)) if cuda else [prepared]
-        warm = getattr(engine, "warm", None)  # an engine without CUDA graphs may not have it
-        for one in shapes:
-            for n in sizes:
-                batch = [one] * n
-                if warm is not None:
-                    warm(batch)
-                engine.forward_many(batch)
-                done += 1
-        engine.synchronize()
-    except Exception as e:  # noqa: BLE001 - a warm-up that fails leaves a server that may still answer
-        state.warm_error = f"{type(e).__name__}: {e}"
-        log.warning("the warm-up forward passes failed (serving anyway): %s", state.warm_error)
-    state.warm_s = time.perf_counter() - t0
-    return done
 
 
 def create_app(
@@ -236,7 +191,7 @@ def create_app(
                 if loaded.model is not None:
                     state.planned = planned_kernel(loaded)  # before any forward changes what the layers report
                 if warm:
-                    warmed = _warm_up(loaded, state, max_batch, tuple(warm_tokens))
+                    warmed = warm_up(loaded, state, max_batch, tuple(warm_tokens))
             except BaseException as e:  # noqa: B036 - any failure is reported through /healthz
                 message = f"{type(e).__name__}: {e}"
                 log.debug("loader failed", exc_info=True)

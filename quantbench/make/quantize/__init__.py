@@ -299,6 +299,16 @@ def cached_variant(source_dir: str | Path, scheme: str, **opts: Any) -> Path:
     target = variant_dir(source_dir, recipe)
     if (target / PROVENANCE_FILE).is_file():
         return target
+    from quantbench.make import fixture
+
+    # Two processes wanting the same variant (two runs, two test workers) quantize it once: the second waits.
+    with fixture._locked(target.parent / f".{target.name}.lock", f"quantizing {target.name} to {scheme}"):
+        if (target / PROVENANCE_FILE).is_file():
+            return target
+        return _quantize_into(target, source_dir, scheme, recipe)
+
+
+def _quantize_into(target: Path, source_dir: str | Path, scheme: str, recipe: Recipe) -> Path:
     staging = target.with_name(f"{target.name}.tmp-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     log = library_log(target)  # beside the variant's final place: the staging folder's name is never shown
@@ -311,8 +321,8 @@ def cached_variant(source_dir: str | Path, scheme: str, **opts: Any) -> Path:
         raise QuantbenchError(f"quantizing {source_dir} to {scheme} failed (exit {done.returncode}); see the lines "
                               f"above and the libraries' own log, {log}")
     try:
-        staging.rename(target)  # atomic: a concurrent run that finished first wins, this copy is dropped
-    except OSError:
+        staging.rename(target)  # atomic: a reader never sees half a variant
+    except OSError:  # another host on a shared cache (where the lock may not hold) finished first: keep its copy
         shutil.rmtree(staging, ignore_errors=True)
     return target
 
