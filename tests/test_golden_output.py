@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -101,8 +103,12 @@ COMMANDS = {
 
 
 @pytest.fixture(scope="module")
-def stores(tmp_path_factory) -> tuple[Path, Path]:
-    return build(tmp_path_factory.mktemp("golden"))
+def stores():
+    """The stores, in a folder whose path has the same length on every machine and pytest-xdist worker: the runs
+    table pads its title (which names the store) to the table's width, so a longer path changes the padding."""
+    folder = Path(tempfile.mkdtemp(prefix="qb-golden-", dir="/tmp"))  # /tmp/qb-golden-XXXXXXXX
+    yield build(folder)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.mark.parametrize("name", list(COMMANDS))
