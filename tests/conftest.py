@@ -10,6 +10,21 @@ import pytest
 # a home of its own for the whole session, and no shipped store unless a test names one.
 os.environ["QUANTBENCH_HOME"] = tempfile.mkdtemp(prefix="quantbench-test-home-")
 os.environ["QUANTBENCH_SHIPPED"] = ""
+# Several workers and their children share two cores: OpenMP threads that spin while they wait starve the others
+# (the default model's 2-thread build took 40 minutes beside two busy workers instead of 3). Waiting changes no result.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def pytest_configure(config):
+    """Before any worker starts, build the default models most tests read (text, then omni) once, with the machine
+    to themselves: a build beside busy workers is many times slower. A no-op once they are in $QUANTBENCH_CACHE."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or config.option.collectonly or config.option.help:
+        return
+    from quantbench.make.fixture import default_model_dir
+    from quantbench.make.omni_fixture import omni_default_model_dir
+
+    default_model_dir(progress=True)
+    omni_default_model_dir(progress=True)
 
 
 @pytest.fixture(scope="session")

@@ -157,7 +157,7 @@ import quantbench.store as store
 from quantbench.cli.run import _execute_and_store
 from quantbench.run.record import RunResult, uuid7
 
-def finished(spec):
+def finished(spec, repeat=None):
     return RunResult(run={"run_id": str(uuid7()), "status": "ok", "created_at": dt.datetime.now(dt.UTC),
                           "backend": "bf16"})
 runner.execute = finished
