@@ -1,6 +1,7 @@
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -25,6 +26,17 @@ def pytest_configure(config):
 
     default_model_dir(progress=True)
     omni_default_model_dir(progress=True)
+
+
+_MAIN = sys.modules["__main__"]
+
+
+@pytest.fixture(autouse=True)
+def _main_module_restored():
+    """Streamlit's AppTest leaves the app's script as __main__: a process spawned afterwards (`load --processes`)
+    would run that script instead of its target, die, and leave its parent blocked writing to it (a test hung CI)."""
+    yield
+    sys.modules["__main__"] = _MAIN
 
 
 @pytest.fixture(scope="session")
