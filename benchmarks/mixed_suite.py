@@ -12,20 +12,9 @@ text). Each picture differs (seeded), so the server decodes and encodes every on
 from __future__ import annotations
 
 import argparse
-import base64
-import io
 import json
 
-import numpy as np
-from PIL import Image
-
-
-def picture(side: int, seed: int) -> str:
-    """A side x side PNG of 16-pixel blocks (seeded), as a data URI."""
-    blocks = (np.random.RandomState(seed).rand(side // 16, side // 16, 3) * 255).astype(np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(blocks).resize((side, side), Image.NEAREST).save(buf, "PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+from quantbench.server.warm import block_picture
 
 
 def main() -> None:
@@ -43,7 +32,7 @@ def main() -> None:
             record = json.loads(line)
             if i % args.image_every == 0:
                 record["id"] = f"{record['id']}-image"
-                record["request"]["state"]["camera"] = {"type": "image", "data": picture(args.side, i)}
+                record["request"]["state"]["camera"] = {"type": "image", "data": block_picture(args.side, i)}
                 pictures += 1
             out.write(json.dumps(record) + "\n")
             n += 1

@@ -42,15 +42,20 @@ def warm_prepared(prepared: Any, widths: tuple[int, ...], pad_id: int) -> list[A
                          for w in sorted(set(widths)) if w > longest]
 
 
-def demo_picture_request(side: int = DEMO_PICTURE_SIDE) -> dict[str, Any]:
-    """The demo request with a `side` x `side` PNG of 16-pixel blocks (fixed seed) in its state."""
+def block_picture(side: int, seed: int = 0) -> str:
+    """A `side` x `side` PNG of 16-pixel blocks (seeded), as a data URI (also benchmarks/mixed_suite.py's pictures)."""
     import numpy as np
     from PIL import Image
 
-    blocks = (np.random.RandomState(0).rand(side // 16, side // 16, 3) * 255).astype(np.uint8)
+    blocks = (np.random.RandomState(seed).rand(side // 16, side // 16, 3) * 255).astype(np.uint8)
     buf = io.BytesIO()
     Image.fromarray(blocks).resize((side, side), Image.NEAREST).save(buf, format="PNG")
-    picture = {"type": "image", "data": "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()}
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def demo_picture_request(side: int = DEMO_PICTURE_SIDE) -> dict[str, Any]:
+    """The demo request with a `side` x `side` block picture (seed 0) in its state."""
+    picture = {"type": "image", "data": block_picture(side)}
     return {**DEMO_REQUEST, "state": {**DEMO_REQUEST["state"], "camera": picture}}
 
 
