@@ -6,7 +6,8 @@
 #      engine), INT4, NVFP4 packed, FP8; p50 per decision and J per decision (NVML over a >= 4 s phase);
 #   2. the media decisions of the Qwen3-Omni-30B-A3B thinker (48 layers): INT4 text / image / audio / video and
 #      NVFP4 packed image, end to end (prepare + forward), and whether the media decoder ran from CUDA graphs;
-#   3. `quantbench serve` of INT4 at the 30B shape under `quantbench load`, 1 and 8 clients; then the INT4
+#   3. `quantbench serve` of INT4 at the 30B shape under `quantbench load`, 1, 8 and 32 clients (32: past
+#      saturation, the peak decisions/s of full batches of 16); then the INT4
 #      Qwen3-Omni thinker served under a load of mixed text and picture decisions (half of them with a 448 x 448
 #      picture: benchmarks/mixed_suite.py), 1 and 8 clients;
 #   4. every figure beside the newest stored row of the same measurement on this GPU (benchmarks/gpu_check.py),
@@ -69,7 +70,7 @@ if [[ " $parts " == *" serve "* ]]; then
     sleep 1
   done
   timeout 150 python3 -m quantbench load --endpoint http://127.0.0.1:$port --suite "$out/s$tokens.jsonl" \
-    --concurrency 1,8 --requests 600 --seconds 5 --processes 4 --ready-timeout 120 --db "$db" > "$out/load.txt" 2>&1
+    --concurrency 1,8,32 --requests 900 --seconds 5 --processes 4 --ready-timeout 120 --db "$db" > "$out/load.txt" 2>&1
   echo "   load: rc $?"; grep -E "│|saturation|Error" "$out/load.txt" | head -n 12
   curl -s http://127.0.0.1:$port/metrics > "$out/metrics.json"
   kill $server; wait $server 2>/dev/null

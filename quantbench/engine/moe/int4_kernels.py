@@ -73,11 +73,15 @@ def dequantize_instead(kernel: str, n: int, k: int, rows: int, experts: int) -> 
 # weight, as dequantize() rounds; no partial sum per block, 166 registers instead of 234) so that with AHEAD 1
 # three programs fit on an SM instead of two: 2.181 ms with both (-7.9%), 11.085 against 11.565 ms at batch 8, and
 # the 48-layer decision through `quantbench run` 11.0 against 11.8 ms on one machine.
+# Since 2026-12-03 (benchmarks/batch_tiles.py, batches of 8 and 16 decisions, 8 layers, one H200): large takes
+# 128-token tiles (each dequantized weight feeds twice the tokens; same bits: a token tile does not change any
+# output's sum order): 10.56 against 11.06 ms at batch 8, 20.12 against 21.03 at batch 16 (-4.3%); 8 warps (two
+# warpgroups) lost or crashed ptxas, 256 weight rows did not compile.
 # short-k: mid and large below gluon_common.PLAN_MIN_K inputs keep the tiles before (the fixture, K 256).
 WGMMA_TILES: dict[str, dict[str, Any]] = {
     "small": dict(BLOCK_M=16, BLOCK_N=128, AHEAD=2),
     "mid": dict(BLOCK_M=64, BLOCK_N=128, AHEAD=1, SCALED=2, SMALL_M=16, MID_M=32),
-    "large": dict(BLOCK_M=64, BLOCK_N=128, AHEAD=1, SCALED=2, SMALL_M=16, MID_M=32),
+    "large": dict(BLOCK_M=128, BLOCK_N=128, AHEAD=1, SCALED=2, SMALL_M=16, MID_M=32),
     "short-k": dict(BLOCK_M=64, BLOCK_N=128, AHEAD=2),
 }
 
