@@ -303,6 +303,7 @@ class HttpOptions(BackendOptions):
 
 class HttpBackend:
     name = "http"
+    remote = True  # answers through --endpoint: no local weights (quantbench.run.backend.Backend.remote)
     default_model = None  # a remote server: nothing to prepare here
     summary = (
         "any SystemOne HTTP server (quantbench serve, serve_clef.py): client-side latency, server's answers"

@@ -212,13 +212,17 @@ def test_serve_refuses_bad_flags_before_loading(args, text):
     assert text in " ".join(result.output.split()), result.output
 
 
-def test_the_cli_spells_the_servers_defaults():
-    from quantbench.cli import serve as cli_serve
+def test_the_serve_flags_default_to_the_servers_defaults():
+    # the flags derive from the server's declared settings (quantbench.server.settings); the batcher's defaults are
+    # the same names
+    import typer
+
     from quantbench.server import batcher
 
-    assert (cli_serve.DEFAULT_MAX_BATCH, cli_serve.DEFAULT_MAX_QUEUE, cli_serve.DEFAULT_MAX_QUEUE_MS,
-            cli_serve.DEFAULT_MAX_WAIT_MS) == (batcher.DEFAULT_MAX_BATCH, batcher.DEFAULT_MAX_QUEUE,
-                                               batcher.DEFAULT_MAX_QUEUE_MS, batcher.DEFAULT_MAX_WAIT_MS)
+    command = typer.main.get_command(cli_app).commands["serve"]
+    defaults = {p.name: p.default for p in command.get_params(command.make_context("serve", []))}
+    assert (defaults["max_batch"], defaults["max_queue"], defaults["max_queue_ms"], defaults["max_wait_ms"]) == (
+        batcher.DEFAULT_MAX_BATCH, batcher.DEFAULT_MAX_QUEUE, batcher.DEFAULT_MAX_QUEUE_MS, batcher.DEFAULT_MAX_WAIT_MS)
 
 
 def test_threads_left_behind_are_none():

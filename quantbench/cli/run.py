@@ -24,7 +24,13 @@ from quantbench.cli.media_flags import (
     media_limits,
 )
 from quantbench.errors import ConfigError, QuantbenchError
+from quantbench.run.settings import GENERIC
 from quantbench.term import rule
+
+
+def generic_flag(name: str) -> typer.models.OptionInfo:
+    """The `run` flag of a generic setting as quantbench.run.settings declares it (its flag and help)."""
+    return typer.Option(GENERIC[name].flag, help=GENERIC[name].help)
 
 
 def _spec(**kw):
@@ -109,17 +115,23 @@ class RunCommand(typer.core.TyperCommand):
             self._options = list(typer.main.get_command(built).params)
         return self._options
 
-    def get_params(self, ctx):
-        """The command's own flags with each backend flag after the flag its declaration names."""
+    def anchored_params(self) -> list:
+        """(flag, the flag it follows) of every flag placed among the command's own: here the backend flags."""
         from quantbench.run.spec import declared  # lazy: a fast --help
 
-        anchors = {name: declared(info).get("after") for name, info in self.backend_declarations().items()}
-        pending = list(self.option_params())
+        declarations = self.backend_declarations()
+        return [(param, declared(declarations[param.name]).get("after")) for param in self.option_params()]
+
+    def get_params(self, ctx):
+        """The command's own flags with each anchored flag after the flag its declaration names."""
+        placed = self.anchored_params()
+        anchors = {id(param): after for param, after in placed}
+        pending = [param for param, _ in placed]
         out = []
 
         def place(param) -> None:
             out.append(param)
-            for option in [o for o in pending if anchors.get(o.name) in param.opts]:
+            for option in [o for o in pending if anchors[id(o)] in param.opts]:
                 pending.remove(option)
                 place(option)
 
@@ -169,23 +181,23 @@ def run(
     gpu: Annotated[str, typer.Option(help="auto | cpu | ampere | ada | hopper | blackwell | part of a GPU name")] = "auto",
     db: DbOpt = None,
     device: Annotated[str | None, typer.Option(help="torch device (default cuda:0 when there is a GPU)")] = None,
-    dtype: Annotated[str, typer.Option(help="bfloat16 | float32 | float16 (compute dtype)")] = "bfloat16",
-    concurrency: Annotated[int, typer.Option(help="Requests in flight (http) or batched per forward pass (throughput mode)")] = 1,
+    dtype: Annotated[str, generic_flag("dtype")] = GENERIC["dtype"].default,
+    concurrency: Annotated[int, generic_flag("concurrency")] = GENERIC["concurrency"].default,
     shape: Annotated[str | None, typer.Option(help="Synthetic real-shape model, e.g. qwen3-30b-a3b (random weights)")] = None,
-    layers: Annotated[int | None, typer.Option(help="Synthetic shape: number of layers")] = None,
+    layers: Annotated[int | None, generic_flag("layers")] = GENERIC["layers"].default,
     noise_floor: Annotated[bool, typer.Option(help="Run the BF16 reference under the second kernel (eager) as the noise floor")] = False,
     reference: Annotated[bool, typer.Option(help="Mark this run as the reference for parity")] = False,
     base_model: Annotated[str | None, typer.Option(help="The BF16 model this variant was made from (its checkpoint dir or model id): the report compares the variant with that model's BF16 run")] = None,
     trust_remote_code: Annotated[bool, typer.Option(help="Allow the checkpoint's own Python code (off by default)")] = False,
-    max_options: Annotated[int, typer.Option(help="Largest number of options a question may have (past 26 they are numbered and scored by continuation)")] = limits.DEFAULT_MAX_OPTIONS,
-    max_tokens: Annotated[int | None, typer.Option(help="Prompt token limit (default: the model's context)")] = None,
+    max_options: Annotated[int, generic_flag("max_options")] = GENERIC["max_options"].default,
+    max_tokens: Annotated[int | None, generic_flag("max_tokens")] = GENERIC["max_tokens"].default,
     truncate: Annotated[bool, typer.Option(help="Cut over-long states to fit (recorded per answer) instead of failing")] = False,
-    method: Annotated[str, typer.Option(help="auto (label logits when possible) | continuation")] = "auto",
-    warmup: Annotated[int, typer.Option(help="Untimed warm-up decisions")] = 3,
-    latency_min_decisions: Annotated[int, typer.Option(help="Latency phase: at least this many timed decisions")] = 20,
-    latency_min_seconds: Annotated[float, typer.Option(help="Latency phase: and at least this many seconds")] = 2.0,
-    limit: Annotated[int | None, typer.Option(help="Only the first N records of the suite")] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds before the run is killed (a `timeout` row)")] = 1800.0,
+    method: Annotated[str, generic_flag("method")] = GENERIC["method"].default,
+    warmup: Annotated[int, generic_flag("warmup")] = GENERIC["warmup"].default,
+    latency_min_decisions: Annotated[int, generic_flag("latency_min_decisions")] = GENERIC["latency_min_decisions"].default,
+    latency_min_seconds: Annotated[float, generic_flag("latency_min_seconds")] = GENERIC["latency_min_seconds"].default,
+    limit: Annotated[int | None, generic_flag("limit")] = GENERIC["limit"].default,
+    timeout: Annotated[float, generic_flag("timeout_s")] = GENERIC["timeout_s"].default,
     repeat: Annotated[int, typer.Option(help="Run it N times, each in a fresh process on the same questions: the report gives latency p50 and energy per decision as mean ± a 95% t interval over the N, with their CV")] = 1,
     max_media_parts: MaxMediaParts = limits.DEFAULT_MAX_MEDIA_PARTS,
     max_media_bytes: MaxMediaBytes = limits.DEFAULT_MAX_MEDIA_BYTES,

@@ -1,7 +1,12 @@
-"""`serve`: the flags of the decision server; the server itself is quantbench.server."""
+"""`serve`: the flags of the decision server; the server itself is quantbench.server.
+
+The server's own flags (--host … --access-log) derive from its declared settings (quantbench.server.settings), the
+backend flags from the backends' declared Options (as `run`'s), the media limit flags from quantbench.limits."""
 
 from __future__ import annotations
 
+import inspect
+import typing
 from typing import Annotated
 
 import typer
@@ -17,58 +22,78 @@ from quantbench.cli.media_flags import (
     MaxRequestDecodedBytes,
     MaxVideoFrames,
     MaxVideoSeconds,
+    media_limits,
 )
-from quantbench.cli.run import RunCommand, backend_settings
+from quantbench.cli.run import RunCommand, backend_settings, generic_flag
 from quantbench.errors import QuantbenchError
-
-# quantbench.server's defaults, spelled here so that `--help` does not import the server (torch, fastapi)
-DEFAULT_MAX_BATCH = 16
-DEFAULT_MAX_QUEUE = 64
-DEFAULT_MAX_QUEUE_MS = 10000.0
-DEFAULT_MAX_WAIT_MS = 0.0
+from quantbench.run.settings import GENERIC
+from quantbench.server.settings import ServerSettings, declared
 
 
-# The http backend's settings name a server to call, not a model to serve.
-CLIENT_ONLY = ("endpoint", "api_key")
+def settings_params() -> list[tuple[typer.core.click.Parameter, str | None]]:
+    """The server settings' flags, each with the flag it follows: made by typer from a signature built from the
+    declarations (the same help rendering as a hand-written flag). A tuple setting is a repeatable flag."""
+    hints = typing.get_type_hints(ServerSettings)
+    params, anchors = [], []
+    for f, default, after in declared():
+        hint = hints[f.name]
+        if typing.get_origin(hint) is tuple:  # a repeatable flag; left out: the declared default
+            hint, default = list[typing.get_args(hint)[0]] | None, None
+        how = f.metadata
+        option = typer.Option(*([how["flag"]] if how["flag"] else []), help=how["help"], envvar=how["envvar"])
+        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                        annotation=Annotated[hint, option]))
+        anchors.append(after)
+
+    def server_settings(**_: object) -> None: ...
+
+    server_settings.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    built = typer.Typer(add_completion=False)
+    built.command()(server_settings)
+    return list(zip(typer.main.get_command(built).params, anchors, strict=True))
 
 
 class ServeCommand(RunCommand):
     """`serve`, with the flags of every setting a local backend declares (as `run`: --cuda-graph, --fused-ops,
-    --experts-impl, --nvfp4 …), checked against the chosen backend the same way."""
+    --experts-impl, --nvfp4 …), checked against the chosen backend the same way, and the server's own settings'."""
+
+    _settings: list | None = None
 
     def option_params(self) -> list:
-        return [p for p in super().option_params() if p.name not in CLIENT_ONLY]
+        """The backend flags but those only remote backends declare: they name a server to call, not a model to
+        serve (http's --endpoint, --api-key)."""
+        from quantbench.run.spec import installed_backends, is_remote, options_class  # lazy: a fast --help
+
+        installed = installed_backends()
+        local = {name for backend in installed if not is_remote(backend, installed)
+                 for name in options_class(backend, installed).model_fields}
+        return [p for p in super().option_params() if p.name in local]
+
+    def settings_params(self) -> list:
+        """settings_params(), once per command: click asks for the params several times per invocation."""
+        if self._settings is None:
+            self._settings = settings_params()
+        return self._settings
+
+    def anchored_params(self) -> list:
+        return super().anchored_params() + self.settings_params()
+
+    def invoke(self, ctx):
+        names = {param.name for param, _ in self.settings_params()}
+        ctx.meta["server_settings"] = {name: ctx.params.pop(name) for name in list(ctx.params) if name in names}
+        return super().invoke(ctx)
 
 
 def serve(
     ctx: typer.Context,
     model: Annotated[str | None, typer.Option(help="Checkpoint dir or hub id org/name[@revision]. Default: the embedded fixture (or its variant)")] = None,
     backend: Annotated[str, typer.Option(help="bf16 | int4 | nvfp4 | fp8")] = "bf16",
-    host: Annotated[str, typer.Option(help="Address to bind (loopback unless told otherwise)")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port")] = 8000,
-    api_key: Annotated[str | None, typer.Option(envvar="QUANTBENCH_API_KEY", help="Require this key on every request")] = None,
-    allowed_host: Annotated[list[str] | None, typer.Option(help="A Host name the server answers besides the loopback names and --host (repeatable; '*': any). Requests addressed to any other name get 400: a web page cannot reach the server by DNS rebinding")] = None,
     demo: Annotated[bool, typer.Option(help="Answer one built-in decision, print it, exit")] = False,
-    allow_truncation: Annotated[bool, typer.Option(help="Cut over-long states instead of answering 413")] = False,
     shape: Annotated[str | None, typer.Option(help="Synthetic real-shape model, e.g. qwen3-30b-a3b (random weights, as `run --shape`)")] = None,
-    layers: Annotated[int | None, typer.Option(help="Synthetic shape: number of layers")] = None,
+    layers: Annotated[int | None, generic_flag("layers")] = GENERIC["layers"].default,
     seed: Annotated[int, typer.Option(help="Synthetic shape: seed of its random weights")] = 0,
-    dtype: Annotated[str, typer.Option(help="bfloat16 | float32 | float16 (compute dtype)")] = "bfloat16",
-    max_batch: Annotated[int, typer.Option(help="Most requests batched into one forward pass")] = DEFAULT_MAX_BATCH,
-    max_queue: Annotated[int, typer.Option(help="Most requests admitted at once (being prepared, queued or answered); past it a request gets 503 with Retry-After at once")] = DEFAULT_MAX_QUEUE,
-    max_queue_ms: Annotated[float, typer.Option(help="Queue deadline: a request whose expected wait (the forward passes ahead of it) is over this many ms gets 503 with Retry-After at once, and an admitted one still waiting after it gets it then (0: none)")] = DEFAULT_MAX_QUEUE_MS,
-    max_wait_ms: Annotated[float, typer.Option(help="How long a forward pass waits for more requests to batch (0: it takes what queued meanwhile)")] = DEFAULT_MAX_WAIT_MS,
-    warm: Annotated[bool, typer.Option(help="Before /healthz says ok, answer the demo request (on a GPU at batches 1, 2, 4 … --max-batch: compiles, captures graphs, reports the kernel that ran)")] = True,
-    warm_tokens: Annotated[list[int] | None, typer.Option(help="On a GPU the warm-up also captures each batch size padded to this many tokens (repeatable; default 512: the reference workload), and for a model that reads pictures this many tokens plus a 448 x 448 picture's, so no client's first request of that shape waits for a capture")] = None,
+    dtype: Annotated[str, generic_flag("dtype")] = GENERIC["dtype"].default,
     trust_remote_code: Annotated[bool, typer.Option(help="Allow the checkpoint's own Python code")] = False,
-    max_body_bytes: Annotated[int, typer.Option(help="Largest request body (413 past it)")] = limits.DEFAULT_MAX_BODY_BYTES,
-    max_questions: Annotated[int, typer.Option(help="Most questions per request (413 past it)")] = limits.DEFAULT_MAX_QUESTIONS,
-    max_options: Annotated[int, typer.Option(help="Most options of one question (422 past it; past 26 they are numbered and scored by continuation)")] = limits.DEFAULT_MAX_OPTIONS,
-    max_total_options: Annotated[int, typer.Option(help="Most options over all questions of a request, yes/no counting two (413 past it)")] = limits.DEFAULT_MAX_TOTAL_OPTIONS,
-    max_request_tokens: Annotated[int, typer.Option(help="Most tokens of a request's sequences, padded (413 past it); also the most per batched forward pass")] = limits.DEFAULT_MAX_REQUEST_TOKENS,
-    request_timeout: Annotated[float, typer.Option(help="Seconds from a request's headers to its answer: 408 while its body is read, 504 after (the request is dropped)")] = limits.DEFAULT_REQUEST_TIMEOUT_S,
-    header_timeout: Annotated[float, typer.Option(help="Seconds a connection may take to send a request's headers before it is closed")] = limits.DEFAULT_HEADER_TIMEOUT_S,
-    access_log: Annotated[bool, typer.Option(help="Log a line per request on stderr (off: at hundreds a second it is work on the loop that answers them)")] = False,
     max_media_parts: MaxMediaParts = limits.DEFAULT_MAX_MEDIA_PARTS,
     max_media_bytes: MaxMediaBytes = limits.DEFAULT_MAX_MEDIA_BYTES,
     max_image_pixels: MaxImagePixels = limits.DEFAULT_MAX_IMAGE_PIXELS,
@@ -82,22 +107,15 @@ def serve(
     from quantbench.server import cli_serve  # lazy: a fast --help
 
     try:
+        # a repeatable flag left out (typer gives an empty tuple) takes its declared default
+        given = {name: value for name, value in ctx.meta["server_settings"].items() if value not in (None, ())}
+        settings = ServerSettings(**given, media_limits=media_limits(
+            max_media_parts=max_media_parts, max_media_bytes=max_media_bytes, max_image_pixels=max_image_pixels,
+            max_audio_seconds=max_audio_seconds, max_video_frames=max_video_frames,
+            max_video_seconds=max_video_seconds, max_part_decoded_bytes=max_part_decoded_bytes,
+            max_request_decoded_bytes=max_request_decoded_bytes))
         options = backend_settings(backend, ctx.meta["backend_options"])
-        raise typer.Exit(cli_serve(model, backend, host, port, api_key, demo, allow_truncation, max_batch,
-                                   trust_remote_code, max_wait_ms, options=options, shape=shape, layers=layers,
-                                   seed=seed, dtype=dtype, max_queue=max_queue, max_queue_ms=max_queue_ms, warm=warm,
-                                   warm_tokens=tuple(warm_tokens) if warm_tokens else limits.DEFAULT_WARM_TOKENS,
-                                   max_body_bytes=max_body_bytes, max_questions=max_questions,
-                                   max_options=max_options, max_total_options=max_total_options,
-                                   max_request_tokens=max_request_tokens, request_timeout_s=request_timeout,
-                                   header_timeout_s=header_timeout, access_log=access_log,
-                                   allowed_hosts=allowed_host or [],
-                                   media_limits={"max_media_parts": max_media_parts, "max_media_bytes": max_media_bytes,
-                                                 "max_image_pixels": max_image_pixels,
-                                                 "max_audio_seconds": max_audio_seconds,
-                                                 "max_video_frames": max_video_frames,
-                                                 "max_video_seconds": max_video_seconds,
-                                                 "max_part_decoded_bytes": max_part_decoded_bytes,
-                                                 "max_request_decoded_bytes": max_request_decoded_bytes}) or 0)
+        run = dict(shape=shape, layers=layers, seed=seed, dtype=dtype, trust_remote_code=trust_remote_code, **options)
+        raise typer.Exit(cli_serve(model, backend, settings, demo=demo, run=run) or 0)
     except QuantbenchError as e:
         _fail(e)

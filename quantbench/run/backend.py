@@ -51,6 +51,12 @@ class Backend(Protocol):
     # What `quantbench.run.resolve` prepares, in the parent, for a spec with neither --model nor --shape:
     # EMBEDDED_MODEL, a `quantbench quantize --scheme` of its variant ("int4"), or None (nothing local: http)
     default_model: ClassVar[str | None]
+    # What sets a backend apart is declared, and the code that cares asks the declaration (quantbench.run.spec.
+    # is_remote), never the backend's name. `remote = True` (default False): it answers through a server at its
+    # `endpoint` (an option its Options declare), so it loads no local weights: no --model to resolve or check, no
+    # checkpoint scorer to trust, a sweep variant of it needs `endpoint` and names the one model its server serves,
+    # and `serve` has nothing to serve with it (its options are not `serve` flags).
+    remote: ClassVar[bool]
 
     def availability(self, machine: Any) -> Availability: ...
 

@@ -16,10 +16,9 @@ from typing import Any
 
 from quantbench.errors import ConfigError
 from quantbench.run.machine import Machine, check_gpu
+from quantbench.run.settings import GENERIC, refusal
 from quantbench.run.spec import RunSpec
 
-DTYPES = ("bfloat16", "float16", "float32")  # quantbench.run.placement.DTYPES, without importing torch
-METHODS = ("auto", "continuation")
 DEVICE = re.compile(r"^(cpu|cuda)(:(\d+))?$")
 
 
@@ -67,18 +66,9 @@ def check_spec(spec: RunSpec, machine: Machine, backend: Any) -> None:
     `backend` is the backend's instance (quantbench.run.backend.get_backend)."""
     check_gpu(spec.gpu, machine)  # a GpuMismatchError names --gpu and what is here
     check_device(spec.device, spec.gpu, machine)
-    if spec.dtype not in DTYPES:
-        raise ConfigError(f"--dtype {spec.dtype!r}: use one of {', '.join(DTYPES)}")
-    if spec.method not in METHODS:
-        raise ConfigError(f"--method {spec.method!r}: use auto or continuation")
-    for flag, value, least in (("--concurrency", spec.concurrency, 1), ("--warmup", spec.warmup, 0),
-                               ("--latency-min-decisions", spec.latency_min_decisions, 0),
-                               ("--max-options", spec.max_options, 2), ("--limit", spec.limit, 1),
-                               ("--max-tokens", spec.max_tokens, 1), ("--layers", spec.layers, 1)):
-        if value is not None and value < least:
-            raise ConfigError(f"{flag} {value}: give {least} or more")
-    if spec.latency_min_seconds < 0:
-        raise ConfigError(f"--latency-min-seconds {spec.latency_min_seconds:g}: give 0 or more seconds")
+    for name in GENERIC:  # --dtype, --method, the counts and bounds: as quantbench.run.settings declares them
+        if why := refusal(name, getattr(spec, name)):
+            raise ConfigError(why)
     if spec.layers is not None and not spec.shape:
         raise ConfigError("--layers sets the layer count of a synthetic --shape model; give --shape too (a checkpoint "
                           "has the layers it has)")

@@ -11,14 +11,14 @@ from __future__ import annotations
 from quantbench.make import quantize
 from quantbench.models import hub
 from quantbench.run.backend import EMBEDDED_MODEL, get_backend
-from quantbench.run.spec import RunSpec
+from quantbench.run.spec import RunSpec, is_remote
 
 
 def resolve(spec: RunSpec) -> RunSpec:
     """The spec the child runs: a copy of `spec` whose `model` names the directory to load, or `spec` itself when
-    it names one already, asks for a synthetic shape, or its backend has nothing local to prepare (http). A hub
+    it names one already, asks for a synthetic shape, or its backend has nothing local to prepare (a remote one: http). A hub
     id (`org/name[@revision]`, quantbench.models.hub) becomes its snapshot directory in the Hugging Face cache."""
-    if spec.model and not spec.shape and spec.backend != "http" and hub.is_hub_id(spec.model):
+    if spec.model and not spec.shape and hub.is_hub_id(spec.model) and not is_remote(spec.backend):
         return spec.model_copy(update={"model": str(hub.resolve(spec.model).path)})
     if spec.model or spec.shape:
         return spec

@@ -35,7 +35,8 @@ from quantbench.models import hub, scorer
 from quantbench.run.machine import Machine, check_gpu, detect
 from quantbench.run.record import MachineFacts, Measured, Provenance, RunIdentity, RunRecord, RunResult, uuid7
 from quantbench.run.resolve import resolve
-from quantbench.run.spec import RunSpec
+from quantbench.run.settings import refusal
+from quantbench.run.spec import RunSpec, is_remote
 
 # The settings that decide what a run measures; sweeps skip a run whose hash is already stored. Frozen (read from
 # the flat spec) so every stored row keeps its hash; a backend option declared `hashed` joins the hash only when it
@@ -115,7 +116,7 @@ def preflight(spec: RunSpec) -> dict[str, Any]:
     flag or file and the fix. Returns notes for the run's `extra` (an `auto_map` that was not followed, the hub
     repo and commit a hub id resolved to)."""
     notes: dict[str, Any] = {}
-    if spec.model and not spec.shape and spec.backend != "http":
+    if spec.model and not spec.shape and not is_remote(spec.backend):  # a remote backend reads no --model
         from quantbench.models.checkpoint import check_safetensors_only, read_config
         from quantbench.models.families import family_of
 
@@ -148,8 +149,8 @@ def preflight(spec: RunSpec) -> dict[str, Any]:
         from quantbench.protocol.suite import load_suite
 
         load_suite(spec.suite, limits=spec.limits())
-    if spec.timeout_s <= 0:
-        raise ConfigError(f"--timeout {spec.timeout_s:g}: give a positive number of seconds")
+    if why := refusal("timeout_s", spec.timeout_s):  # a spec that check_spec did not see (sweep, API)
+        raise ConfigError(why)
     return notes
 
 

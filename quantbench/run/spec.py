@@ -23,7 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic.fields import FieldInfo
 
 from quantbench.errors import ConfigError
-from quantbench.limits import DEFAULT_MAX_OPTIONS, MEDIA_LIMITS, Limits
+from quantbench.limits import MEDIA_LIMITS, Limits
+from quantbench.run.settings import GENERIC
 
 # The stored `spec` column, the export parquet and every spec.json were written in this flat layout before the
 # options moved into the backends. `RunSpec.flat()` keeps it, so stored rows, their hashes and `from_dict` of an
@@ -55,6 +56,11 @@ def opt(default: Any, help: str, *, flag: str | None = None, label: str | None =
     extra = dict(flag=flag, label=label, label_always=label_always, after=after, envvar=envvar, hashed=hashed,
                  secret=secret)
     return Field(default, description=help, json_schema_extra=extra, **constraints)
+
+
+def generic(name: str) -> Any:
+    """A generic RunSpec field as quantbench.run.settings declares it (its default; its flag's help)."""
+    return Field(GENERIC[name].default, description=GENERIC[name].help)
 
 
 def declared(info: FieldInfo) -> dict[str, Any]:
@@ -136,6 +142,16 @@ def backend_class(name: str, installed: dict[str, Any] | None = None) -> type:
     return eps[name].load()
 
 
+def is_remote(backend: str | None, installed: dict[str, Any] | None = None) -> bool:
+    """Whether a backend declares `remote = True` (quantbench.run.backend.Backend): it answers through a server at
+    its `endpoint` and loads no local weights. Asked by what it changes, never by the backend's name. False for a
+    backend that does not import (it fails where it is loaded)."""
+    try:
+        return getattr(backend_class(backend or "", installed), "remote", False) is True
+    except ConfigError:
+        return False
+
+
 def options_class(backend: str | None, installed: dict[str, Any] | None = None) -> type[BackendOptions]:
     """The Options a backend declares (imports the backend's module)."""
     cls = backend_class(backend or "", installed)
@@ -170,27 +186,27 @@ class RunSpec(BaseModel):
     suite: str | None = None  # JSONL path; None = the built-in suite
     gpu: str = "auto"  # auto | cpu | a family (ampere, ada, hopper, blackwell) | a GPU name substring
     device: str | None = None  # torch device; None = cuda:0 when there is a GPU, else cpu
-    dtype: str = "bfloat16"  # compute dtype (float32 only when asked, e.g. for exact CPU comparisons)
-    concurrency: int = 1  # records per forward_many: requests in flight (http) or batched per forward pass
+    dtype: str = generic("dtype")  # compute dtype (float32 only when asked, e.g. for exact CPU comparisons)
+    concurrency: int = generic("concurrency")  # records per forward_many: requests in flight (http) or batched
     base_model: str | None = None  # the BF16 model this variant was made from (model id; `run --base-model`)
     shape: str | None = None  # synthetic real-shape model (e.g. "qwen3-30b-a3b") instead of the fixture
-    layers: int | None = None  # synthetic shape: override the layer count (smaller speed runs)
-    role: str = "candidate"  # candidate | reference | noise_floor
+    layers: int | None = generic("layers")  # synthetic shape: override the layer count (smaller speed runs)
+    role: str = generic("role")  # candidate | reference | noise_floor
     trust_remote_code: bool = False
-    max_options: int = DEFAULT_MAX_OPTIONS  # quantbench.limits
+    max_options: int = generic("max_options")  # quantbench.limits
     # the media limits a suite's parts are checked and decoded with (quantbench.limits.MEDIA_LIMITS: `run
     # --max-media-bytes` ...), only those that differ from their default; a limit only refuses, never changes an
     # answer, so it is not part of the config hash
     media_limits: dict[str, int] = Field(default_factory=dict)
-    max_tokens: int | None = None
+    max_tokens: int | None = generic("max_tokens")
     truncate: bool = False
-    method: str = "auto"  # auto | continuation
-    warmup: int = 3
-    latency_min_decisions: int = 20
-    latency_min_seconds: float = 2.0
-    limit: int | None = None  # answer only the first N records of the suite
-    timeout_s: float = 1800.0
-    seed: int = 0
+    method: str = generic("method")  # auto | continuation
+    warmup: int = generic("warmup")
+    latency_min_decisions: int = generic("latency_min_decisions")
+    latency_min_seconds: float = generic("latency_min_seconds")
+    limit: int | None = generic("limit")  # answer only the first N records of the suite
+    timeout_s: float = generic("timeout_s")
+    seed: int = generic("seed")
     notes: str = ""
     extra: dict[str, Any] = Field(default_factory=dict)
     options: BackendOptions = Field(default_factory=BackendOptions)  # the backend's own settings (its Options)

@@ -27,6 +27,7 @@ The model worker gives memory that malloc kept back to the OS when the queue emp
 batcher.TRIM_MIN_INTERVAL_S).
 
 The package, one responsibility a module (each imports only those listed before it):
+    settings.py ServerSettings: every setting of the server declared once (the `serve` flags derive from it)
     schema.py   the wire schema: request decoding, error bodies, the state's prefix and bound
     batcher.py  the micro-batcher (its own model thread), its metrics, admission and queue, malloc_trim
     auth.py     the API key check

@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict, is_dataclass, replace
 from typing import Any
 
 import uvicorn
@@ -23,34 +23,18 @@ from fastapi.routing import APIRoute
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 import quantbench
-from quantbench.limits import (
-    DEFAULT_HEADER_TIMEOUT_S,
-    DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_MAX_OPTIONS,
-    DEFAULT_MAX_QUESTIONS,
-    DEFAULT_MAX_REQUEST_TOKENS,
-    DEFAULT_MAX_TOTAL_OPTIONS,
-    DEFAULT_REQUEST_TIMEOUT_S,
-    DEFAULT_WARM_TOKENS,
-    MEDIA_LIMITS,
-    Limits,
-)
+from quantbench.limits import DEFAULT_HEADER_TIMEOUT_S, MEDIA_LIMITS, Limits
 from quantbench.protocol import DecisionRequest, DecisionResponse, parse_request
 from quantbench.run.backend import LoadedVariant
 from quantbench.run.kernel import kernel_ran, planned_kernel
 from quantbench.run.record import KernelPath
 from quantbench.server.auth import require_api_key
-from quantbench.server.batcher import (
-    DEFAULT_MAX_BATCH,
-    DEFAULT_MAX_QUEUE,
-    DEFAULT_MAX_QUEUE_MS,
-    DEFAULT_MAX_WAIT_MS,
-    MicroBatcher,
-)
+from quantbench.server.batcher import MicroBatcher
 from quantbench.server.endpoint import PATH, ServerState, SystemOneEndpoint
-from quantbench.server.guard import LOOPBACK_HOSTS, HostGuard
+from quantbench.server.guard import HostGuard, allowed_hosts
 from quantbench.server.prepare import DEFAULT_HEAVY_THREADS, DEFAULT_LIGHT_THREADS, PreparePool
 from quantbench.server.schema import DEMO_REQUEST, ERROR_RESPONSES
+from quantbench.server.settings import ServerSettings
 from quantbench.server.warm import warm_up
 
 log = logging.getLogger("quantbench.server")
@@ -120,52 +104,40 @@ def public_health(body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# An app made in code (a test, a benchmark) answers at once; `quantbench serve` warms up first (--warm, its default).
+APP_DEFAULTS = ServerSettings(warm=False)
+
+
 def create_app(
     loader: Callable[[], LoadedVariant],
+    settings: ServerSettings | None = None,
     *,
-    api_key: str | None = None,
-    max_batch: int = DEFAULT_MAX_BATCH,
-    max_wait_ms: float = DEFAULT_MAX_WAIT_MS,
-    max_queue: int = DEFAULT_MAX_QUEUE,
-    max_queue_ms: float = DEFAULT_MAX_QUEUE_MS,
-    warm: bool = False,
-    warm_tokens: tuple[int, ...] = DEFAULT_WARM_TOKENS,
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    allow_truncation: bool = False,
-    max_options: int = DEFAULT_MAX_OPTIONS,
-    max_questions: int = DEFAULT_MAX_QUESTIONS,
-    max_total_options: int = DEFAULT_MAX_TOTAL_OPTIONS,
-    max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS,
-    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
     machine: Any = None,
-    media_limits: dict[str, int] | None = None,
-    allowed_hosts: frozenset[str] | None = LOOPBACK_HOSTS,
     prepare_threads: int = DEFAULT_LIGHT_THREADS,
     heavy_prepare_threads: int = DEFAULT_HEAVY_THREADS,
+    **changes: Any,
 ) -> FastAPI:
-    """The SystemOne app. `loader` runs in a background thread when the app starts (the port is open meanwhile).
-    With `warm`, the loaded model answers the demo request (on a GPU at each power-of-two batch up to `max_batch`,
-    at its own width and padded to each of `warm_tokens`) before /healthz says ok (first-call costs, CUDA graph captures and the kernel report come before any client).
-    `allowed_hosts`: the Host names it answers (guard.py; None: any). Requests are prepared on a PreparePool of
-    `prepare_threads` light and `heavy_prepare_threads` heavy threads (prepare.py)."""
-    if max_batch < 1 or max_queue < 1 or max_wait_ms < 0 or max_body_bytes < 1 or max_queue_ms < 0:
-        raise ValueError("max_batch, max_queue and max_body_bytes must be >= 1, max_wait_ms and max_queue_ms >= 0")
-    if max_request_tokens < 1 or not request_timeout_s > 0:
-        raise ValueError("max_request_tokens must be >= 1 and request_timeout_s > 0")
-    limits = Limits(max_options=max_options, max_questions=max_questions, max_total_options=max_total_options,
-                    **(media_limits or {}))  # max_media_bytes, max_image_pixels, ... (quantbench.limits)
+    """The SystemOne app, serving with `settings` (quantbench.server.settings; None: APP_DEFAULTS), each of
+    `changes` a setting by name over them (`create_app(load, max_batch=8)`). `loader` runs in a background thread
+    when the app starts (the port is open meanwhile). With `warm`, the loaded model answers the demo request (on a
+    GPU at each power-of-two batch up to `max_batch`, at its own width and padded to each of `warm_tokens`) before
+    /healthz says ok (first-call costs, CUDA graph captures and the kernel report come before any client). It
+    answers requests addressed to the Host names of `host` and `allowed_hosts` (guard.py). Requests are prepared on
+    a PreparePool of `prepare_threads` light and `heavy_prepare_threads` heavy threads (prepare.py)."""
+    s = replace(settings or APP_DEFAULTS, **changes)  # a bad value is refused here, naming its flag
+    limits = s.limits()  # questions, options, media (quantbench.limits)
     state = ServerState()
     warmed = 0  # forward passes of the warm-up
 
     def loaded_ok(loaded: LoadedVariant) -> None:
         if hasattr(loaded.engine, "truncate"):
-            loaded.engine.truncate = allow_truncation  # the server's flag decides, whatever the loader set
+            loaded.engine.truncate = s.allow_truncation  # the server's flag decides, whatever the loader set
         if isinstance(getattr(loaded.engine, "limits", None), Limits):
             loaded.engine.limits = limits  # media is decoded under the server's limits (an engine that reads it)
         state.loaded = loaded  # load_s was taken when the loader returned: the warm-up is warm_s, apart
         state.batcher = MicroBatcher(
-            loaded, max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue, metrics=state.metrics,
-            max_batch_tokens=max_request_tokens, max_queue_ms=max_queue_ms,
+            loaded, max_batch=s.max_batch, max_wait_ms=s.max_wait_ms, max_queue=s.max_queue, metrics=state.metrics,
+            max_batch_tokens=s.max_request_tokens, max_queue_ms=s.max_queue_ms,
         )
         state.batcher.forwards = warmed
         state.pool = PreparePool(prepare_threads, heavy_prepare_threads)
@@ -190,8 +162,8 @@ def create_app(
                 state.load_s = time.monotonic() - state.started
                 if loaded.model is not None:
                     state.planned = planned_kernel(loaded)  # before any forward changes what the layers report
-                if warm:
-                    warmed = warm_up(loaded, state, max_batch, tuple(warm_tokens))
+                if s.warm:
+                    warmed = warm_up(loaded, state, s.max_batch, s.warm_tokens)
             except BaseException as e:  # noqa: B036 - any failure is reported through /healthz
                 message = f"{type(e).__name__}: {e}"
                 log.debug("loader failed", exc_info=True)
@@ -219,10 +191,11 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.qb = state
-    if api_key:
-        require_api_key(app, api_key)
-    if allowed_hosts is not None:  # added last, so it runs first: no other layer sees a foreign Host
-        app.add_middleware(HostGuard, allowed=allowed_hosts, on_reject=lambda: state.metrics.rejected.update([400]))
+    if s.api_key:
+        require_api_key(app, s.api_key)
+    allowed = allowed_hosts(s.host, s.allowed_hosts)  # None: any
+    if allowed is not None:  # added last, so it runs first: no other layer sees a foreign Host
+        app.add_middleware(HostGuard, allowed=allowed, on_reject=lambda: state.metrics.rejected.update([400]))
 
     @app.get("/healthz", responses={503: {"description": "The model is still loading, or failed to load."}})
     async def healthz() -> JSONResponse:
@@ -239,32 +212,32 @@ def create_app(
             **_identity(state.loaded, machine, state),
             "load_s": state.load_s,
             "quantbench_version": quantbench.__version__,
-            "max_batch": max_batch,
-            "max_wait_ms": max_wait_ms,
-            "max_queue": max_queue,
-            "max_queue_ms": max_queue_ms,
+            "max_batch": s.max_batch,
+            "max_wait_ms": s.max_wait_ms,
+            "max_queue": s.max_queue,
+            "max_queue_ms": s.max_queue_ms,
             "warm_s": state.warm_s,
-            "warm_tokens": list(warm_tokens),
+            "warm_tokens": list(s.warm_tokens),
             "warm_error": state.warm_error,
-            "allow_truncation": allow_truncation,
+            "allow_truncation": s.allow_truncation,
             "limits": {
-                "max_body_bytes": max_body_bytes,
-                "max_questions": max_questions,
-                "max_options": max_options,
-                "max_total_options": max_total_options,
-                "max_request_tokens": max_request_tokens,
-                "request_timeout_s": request_timeout_s,
+                "max_body_bytes": s.max_body_bytes,
+                "max_questions": s.max_questions,
+                "max_options": s.max_options,
+                "max_total_options": s.max_total_options,
+                "max_request_tokens": s.max_request_tokens,
+                "request_timeout_s": s.request_timeout_s,
                 **{name: getattr(limits, name) for name in MEDIA_LIMITS},
             },
             "metrics": state.metrics.to_dict(),
         }
-        return JSONResponse(body if api_key else public_health(body))
+        return JSONResponse(body if s.api_key else public_health(body))
 
     @app.get("/metrics")
     async def metrics() -> JSONResponse:
         queued = state.batcher.pending if state.batcher else 0
         prepare = state.pool.counts.to_dict() if state.pool else None
-        return JSONResponse({**state.metrics.to_dict(), "pending": queued, "max_queue": max_queue,
+        return JSONResponse({**state.metrics.to_dict(), "pending": queued, "max_queue": s.max_queue,
                              "prepare": prepare})
 
     @app.post(
@@ -285,8 +258,8 @@ def create_app(
     # app, without FastAPI's request handling in between (endpoint.py says what that saves).
     route = next(r for r in app.router.routes if isinstance(r, APIRoute) and r.path == PATH)
     route.app = SystemOneEndpoint(
-        state, limits=limits, max_body_bytes=max_body_bytes, max_request_tokens=max_request_tokens,
-        request_timeout_s=request_timeout_s, max_queue=max_queue, max_queue_ms=max_queue_ms,
+        state, limits=limits, max_body_bytes=s.max_body_bytes, max_request_tokens=s.max_request_tokens,
+        request_timeout_s=s.request_timeout_s, max_queue=s.max_queue, max_queue_ms=s.max_queue_ms,
     )
 
     def openapi() -> dict[str, Any]:

@@ -13,8 +13,6 @@ from fastapi import FastAPI
 
 from quantbench.server.schema import ErrorBody
 
-API_KEY_ENV = "QUANTBENCH_API_KEY"
-
 UNAUTHORIZED = ErrorBody(
     detail="missing or wrong API key",
     field="Authorization",

@@ -34,20 +34,15 @@ from typing import Any
 from quantbench.limits import DEFAULT_MAX_REQUEST_TOKENS
 from quantbench.protocol import DecisionResponse
 from quantbench.run.backend import LoadedVariant
+from quantbench.server.settings import (  # noqa: F401 - the batcher's defaults, declared with the settings
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_QUEUE,
+    DEFAULT_MAX_QUEUE_MS,
+    DEFAULT_MAX_WAIT_MS,
+)
 
 log = logging.getLogger("quantbench.server")  # the whole server logs under one name (app.py uses it too)
 
-DEFAULT_MAX_BATCH = 16
-# 0: a batch is whatever queued while the previous forward pass ran. Measured with benchmarks/serve_load.py on
-# the fixture: waiting 5 ms for company cost 1 client ~5 ms and bought no throughput at 4 or 16 clients.
-DEFAULT_MAX_WAIT_MS = 0.0
-DEFAULT_MAX_QUEUE = 64
-# An admitted request that has waited this long in the queue is refused (503 with Retry-After) instead of answered
-# late, and a request whose expected wait is longer is refused at admission. The queue bound alone already bounds
-# the wait (a full queue is max_queue / max_batch forward passes deep: 4 with the defaults, ~0.6 s at the 30B shape
-# on an H200); this deadline is the backstop for slow forward passes (a CPU's take seconds), and `--max-queue-ms`
-# makes it a latency objective.
-DEFAULT_MAX_QUEUE_MS = 10000.0
 # The longest a batch waits for requests already admitted but still being parsed and tokenized (also at most
 # half the mean forward pass): the preparing thread turns a request around in about a millisecond.
 FILL_WAIT_MAX_S = 0.02

@@ -22,6 +22,7 @@ from quantbench.models.scorer import require_trust
 from quantbench.report import report_for_this_machine
 from quantbench.report.tables import runs_table
 from quantbench.run.record import RunResult
+from quantbench.run.spec import is_remote
 from quantbench.store import Store, queries
 from quantbench.sweep.executor import Event, failed_result
 from quantbench.sweep.local import LocalExecutor
@@ -135,7 +136,7 @@ def refuse_untrusted_scorers(sweep: Sweep, runs: list[PlannedRun]) -> None:
     """ConfigError naming the sweep file's model when a checkpoint a run loads (or quantizes from) names its own
     scorer (quantbench.models.scorer) and the model does not set trust_remote_code."""
     for run in runs:
-        if run.spec.shape or run.spec.backend == "http":
+        if run.spec.shape or is_remote(run.spec.backend):  # random weights, or a server's own model
             continue
         for path in (run.spec.model, run.make.source if run.make else None):
             if path is not None and Path(path, "config.json").is_file():

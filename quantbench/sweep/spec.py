@@ -25,7 +25,8 @@ from quantbench.errors import ConfigError, QuantbenchError
 from quantbench.models import hub
 from quantbench.run.backend import backend_names, get_backend
 from quantbench.run.machine import KNOWN_FAMILIES
-from quantbench.run.spec import BackendOptions, RunSpec, choices, declared, options_class
+from quantbench.run.settings import GENERIC
+from quantbench.run.spec import BackendOptions, RunSpec, choices, declared, is_remote, options_class
 
 # Backends whose checkpoint `quantbench quantize --scheme <scheme>` makes from a BF16 checkpoint.
 SCHEMES = {"int4": "int4", "nvfp4": "nvfp4", "fp8": "fp8"}
@@ -39,13 +40,6 @@ MODEL_KEYS = {"name", "fixture", "path", "shape", "layers", "trust_remote_code",
 VARIANT_KEYS = {"name", "backend", "models"}
 RAY_KEYS = {"num_cpus", "max_retries"}
 QUANTIZE_KEYS = {"iters": int, "nsamples": int, "seqlen": int, "group_size": int, "experts_only": bool, "seed": int}
-CHOICES = {  # the generic settings'; a backend option's come from its Literal
-    "role": ("candidate", "reference", "noise_floor"),
-    "method": ("auto", "continuation"),
-    "dtype": ("bfloat16", "float32", "float16"),
-}
-POSITIVE = {"limit", "timeout_s", "concurrency", "max_tokens", "max_options"}
-NON_NEGATIVE = {"warmup", "latency_min_decisions", "latency_min_seconds", "seed"}
 HINTS = {name: RunSpec.model_fields[name].annotation for name in RunSpec.GENERIC}
 
 
@@ -69,16 +63,27 @@ def _declared_by(backend: Any) -> dict[str, FieldInfo]:
     return {name: info for name, info in fields.items() if not declared(info).get("secret")}
 
 
-def _rule(key: str, info: FieldInfo | None) -> tuple[Any, tuple[Any, ...] | None, str | None]:
-    """(type hint, allowed values, "positive" | "zero or more" | None) of a generic setting or a backend option."""
+def _rule(key: str, info: FieldInfo | None) -> tuple[Any, tuple[Any, ...] | None, float | None, float | None]:
+    """(type hint, allowed values, least value, the value it must be above) of a generic setting (as
+    quantbench.run.settings declares it) or a backend option (its Literal, its ge= / gt=)."""
     if info is None:
-        sign = "positive" if key in POSITIVE else "zero or more" if key in NON_NEGATIVE else None
-        return HINTS[key], CHOICES.get(key), sign
+        how = GENERIC.get(key)
+        if how is None:
+            return HINTS[key], None, None, None
+        return HINTS[key], how.choices or None, how.least, how.above
     allowed = choices(info)
-    sign = None
-    for m in info.metadata:
-        sign = "positive" if getattr(m, "gt", None) == 0 else "zero or more" if getattr(m, "ge", None) == 0 else sign
-    return (type(allowed[0]) if allowed else info.annotation), allowed, sign
+    least = next((m.ge for m in info.metadata if getattr(m, "ge", None) is not None), None)
+    above = next((m.gt for m in info.metadata if getattr(m, "gt", None) is not None), None)
+    return (type(allowed[0]) if allowed else info.annotation), allowed, least, above
+
+
+def _bound(least: float | None, above: float | None) -> str:
+    """How the sweep file's refusal names a bound: "positive", "zero or more", "2 or more"."""
+    if above == 0 or least == 1:
+        return "positive"
+    if least == 0:
+        return "zero or more"
+    return f"{least:g} or more" if least is not None else f"above {above:g}"
 
 
 @dataclass
@@ -187,13 +192,13 @@ class _Parser:
             if key not in SETTINGS and key not in options:
                 continue
             loc = f"{where}.{key}"
-            hint, allowed, sign = _rule(key, options.get(key))
+            hint, allowed, least, above = _rule(key, options.get(key))
             if not _hint_ok(value, hint):
                 self.fail(loc, f"expected {_hint_name(hint)}, got {value!r} ({_kind(value)})")
             if allowed and value not in allowed:
                 self.fail(loc, f"{value!r} is not one of {', '.join(map(str, allowed))}")
-            if sign == "positive" and value <= 0 or sign == "zero or more" and value < 0:
-                self.fail(loc, f"must be {sign}, got {value}")
+            if value is not None and (least is not None and value < least or above is not None and value <= above):
+                self.fail(loc, f"must be {_bound(least, above)}, got {value}")
             out[key] = float(value) if hint is float else value
         return out
 
@@ -353,11 +358,11 @@ class _Parser:
                     if m not in model_names:
                         self.fail(f"{where}.models", f"no model named {m!r}",
                                   f"use names from [[models]]: {', '.join(sorted(model_names))}")
-            if backend == "http":
+            if is_remote(backend):  # it answers through a server (quantbench.run.backend.Backend.remote)
                 if not settings.get("endpoint"):
-                    self.fail(where, 'backend "http" needs endpoint = "http://HOST:PORT"')
+                    self.fail(where, f'backend "{backend}" needs endpoint = "http://HOST:PORT"')
                 if models is None and len(model_names) > 1:
-                    self.fail(f"{where}.models", "an http variant measures the model its server serves",
+                    self.fail(f"{where}.models", f"a {backend} variant measures the model its server serves",
                               'say which with models = ["NAME"]')
             label = item.get("name") or _default_label(backend, settings, chosen)
             out.append(Variant(label=self.typed(label, str, f"{where}.name", "a string"), backend=backend,

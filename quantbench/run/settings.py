@@ -1,0 +1,77 @@
+"""The generic run settings that have allowed values or bounds, declared once: their default, the `run` flag and
+its help, the values allowed, the least value. RunSpec's fields (quantbench.run.spec), the `run` flags
+(quantbench.cli.run), the checks before a run (quantbench.run.checks) and the sweep file's checks
+(quantbench.sweep.spec) derive from these declarations, as a backend's settings derive from its `Options`.
+
+A module of its own, importing nothing heavy, so `quantbench --help` reads it without loading pydantic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from quantbench.limits import DEFAULT_MAX_OPTIONS
+
+
+@dataclass(frozen=True)
+class Generic:
+    """One generic run setting. `flag` None: no `run` flag of its own (role: --reference / --noise-floor);
+    `least`: values below it are refused (`above`: values at or below it); `unit`: what a refusal calls the
+    bound's units ("seconds")."""
+
+    default: Any
+    help: str | None
+    flag: str | None
+    choices: tuple[str, ...] = ()
+    least: float | None = None
+    above: float | None = None
+    unit: str = ""
+
+
+GENERIC: dict[str, Generic] = {
+    "dtype": Generic("bfloat16", "bfloat16 | float32 | float16 (compute dtype)", "--dtype",
+                     choices=("bfloat16", "float16", "float32")),
+    "method": Generic("auto", "auto (label logits when possible) | continuation", "--method",
+                      choices=("auto", "continuation")),
+    "role": Generic("candidate", None, None, choices=("candidate", "reference", "noise_floor")),
+    "concurrency": Generic(1, "Requests in flight (http) or batched per forward pass (throughput mode)",
+                           "--concurrency", least=1),
+    "layers": Generic(None, "Synthetic shape: number of layers", "--layers", least=1),
+    "max_options": Generic(DEFAULT_MAX_OPTIONS, "Largest number of options a question may have (past 26 they are "
+                           "numbered and scored by continuation)", "--max-options", least=2),
+    "max_tokens": Generic(None, "Prompt token limit (default: the model's context)", "--max-tokens", least=1),
+    "warmup": Generic(3, "Untimed warm-up decisions", "--warmup", least=0),
+    "latency_min_decisions": Generic(20, "Latency phase: at least this many timed decisions",
+                                     "--latency-min-decisions", least=0),
+    "latency_min_seconds": Generic(2.0, "Latency phase: and at least this many seconds", "--latency-min-seconds",
+                                   least=0, unit="seconds"),
+    "limit": Generic(None, "Only the first N records of the suite", "--limit", least=1),
+    "timeout_s": Generic(1800.0, "Seconds before the run is killed (a `timeout` row)", "--timeout", above=0,
+                         unit="seconds"),
+    "seed": Generic(0, None, None, least=0),
+}
+
+
+def one_of(choices: tuple[str, ...]) -> str:
+    """How a refusal lists the allowed values: "auto or continuation", "one of bfloat16, float16, float32"."""
+    return " or ".join(choices) if len(choices) == 2 else f"one of {', '.join(choices)}"
+
+
+def refusal(name: str, value: Any) -> str | None:
+    """Why `value` is refused for the generic setting `name`, naming its flag (or its name) and the fix; None when
+    it is allowed (None itself is: an unset optional setting)."""
+    how = GENERIC[name]
+    where = how.flag or name
+    if value is None:
+        return None
+    if how.choices and value not in how.choices:
+        return f"{where} {value!r}: use {one_of(how.choices)}"
+    shown = f"{value:g}" if isinstance(value, float) else str(value)
+    unit = f" {how.unit}" if how.unit else ""
+    if how.least is not None and value < how.least:
+        return f"{where} {shown}: give {how.least:g} or more{unit}"
+    if how.above is not None and not value > how.above:
+        number = "a positive number" if how.above == 0 else f"a number above {how.above:g}"
+        return f"{where} {shown}: give {number}{' of ' + how.unit if how.unit else ''}"
+    return None
