@@ -37,7 +37,9 @@ from benchmarks import tile_plans as tp  # noqa: E402
 PLANS = {
     "int4": {
         "current": {},
+        "m64": {"BLOCK_M": 64},  # the tile before 2026-12-03 evening (the default is now m128)
         "m128": {"BLOCK_M": 128},
+        "m128-a2": {"BLOCK_M": 128, "AHEAD": 2},
         "m128-w8": {"BLOCK_M": 128, "num_warps": 8},
         "m128-a2-w8": {"BLOCK_M": 128, "num_warps": 8, "AHEAD": 2},
         "n256-w8": {"BLOCK_N": 256, "num_warps": 8},

@@ -67,6 +67,9 @@ PLANS = {
         "scaled-a1": {**ONE_SIZE, "AHEAD": 1, "SCALED": 2},
         "scaled-a1+mixed16/32": {**ONE_SIZE, "AHEAD": 1, "SCALED": 2, "SMALL_M": 16, "MID_M": 32},
         "tile32": {**ONE_SIZE, "BLOCK_M": 32, "AHEAD": 2, "SCALED": 0},
+        # 128-token tiles for the experts with more than MID_M rows (the batch-1 decision's dozen heavy experts)
+        "scaled-a1+mixed16/32+m128": {**ONE_SIZE, "AHEAD": 1, "SCALED": 2, "SMALL_M": 16, "MID_M": 32, "BLOCK_M": 128},
+        "scaled-a1+mixed16/64+m128": {**ONE_SIZE, "AHEAD": 1, "SCALED": 2, "SMALL_M": 16, "MID_M": 64, "BLOCK_M": 128},
     },
     "nvfp4": {
         "one-size": {**ONE_SIZE, "AHEAD": 1},
