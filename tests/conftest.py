@@ -11,21 +11,34 @@ import pytest
 # a home of its own for the whole session, and no shipped store unless a test names one.
 os.environ["QUANTBENCH_HOME"] = tempfile.mkdtemp(prefix="quantbench-test-home-")
 os.environ["QUANTBENCH_SHIPPED"] = ""
-# Several workers and their children share two cores: OpenMP threads that spin while they wait starve the others
-# (the default model's 2-thread build took 40 minutes beside two busy workers instead of 3). Waiting changes no result.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Several workers and their children share two cores. OpenMP threads that spin while they wait starve the others
+# (the default model's 2-thread build took 40 minutes beside two busy workers instead of 3), and a second thread
+# per process buys nothing when every core already has a process: the tests run one OpenMP thread each, waiting
+# passively (14% less CPU than two passive threads for test_planted's runs, the same wall time). Set only once
+# the default models are built: the build, alone on the machine, trains with its own 2 threads, and a passive
+# wait there costs a quarter of each step (0.38-0.39 s against 0.31 s here; CI measured 0.73 s with it). The
+# default models' builds set their own thread count, so their bytes do not depend on these.
+TEST_THREADS = {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
+
+
+def _test_threads() -> None:
+    for key, value in TEST_THREADS.items():
+        os.environ.setdefault(key, value)
 
 
 def pytest_configure(config):
     """Before any worker starts, build the default models most tests read (text, then omni) once, with the machine
-    to themselves: a build beside busy workers is many times slower. A no-op once they are in $QUANTBENCH_CACHE."""
+    to themselves: a build beside busy workers is many times slower. A no-op once they are in $QUANTBENCH_CACHE.
+    Then the workers (started after this) and every child inherit TEST_THREADS."""
     if os.environ.get("PYTEST_XDIST_WORKER") or config.option.collectonly or config.option.help:
+        _test_threads()
         return
     from quantbench.make.fixture import default_model_dir
     from quantbench.make.omni_fixture import omni_default_model_dir
 
     default_model_dir(progress=True)
     omni_default_model_dir(progress=True)
+    _test_threads()
 
 
 _MAIN = sys.modules["__main__"]
