@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from quantbench.errors import GpuMismatchError
+from quantbench.run.record import RunResult
 from quantbench.run.runner import execute
 from quantbench.run.spec import RunSpec
 from quantbench.store import Store
@@ -14,15 +15,20 @@ from quantbench.store import Store
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(autouse=True)
-def importable_tests(monkeypatch):
+def _importable_tests(monkeypatch):
     # The child imports test backends by path (tests.tiny:...): make the repo root importable there.
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
 
 
-@pytest.fixture
-def suite(tmp_path):
-    path = tmp_path / "mini.jsonl"
+@pytest.fixture(autouse=True)
+def importable_tests(monkeypatch):
+    _importable_tests(monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory):
+    """Read only: one file for the module, so the runs below can be shared."""
+    path = tmp_path_factory.mktemp("suite") / "mini.jsonl"
     records = [
         {"id": f"r{i}", "benchmark": "mini", "gold": {"q": "yes" if i % 2 else "no"},
          "request": {"state": {"observation": f"wall {i}"}, "questions": {"q": {"type": "boolean"}}}}
@@ -38,10 +44,21 @@ def spec(backend, suite, **kw):
                    latency_min_seconds=0.0, **kw)
 
 
-def test_a_run_answers_every_question_and_times_every_decision(tmp_path, suite):
+@pytest.fixture(scope="module")
+def tiny_runs(suite) -> dict[int, RunResult]:
+    """The TinyBackend run of `suite` one record at a time (1) and two at a time (2), each made once for the
+    module: three tests read the first and two the second (a child costs seconds, mostly importing torch and
+    transformers). A test reads a result and never changes it."""
+    with pytest.MonkeyPatch.context() as mp:
+        _importable_tests(mp)
+        return {1: execute(spec("TinyBackend", suite), echo=False),
+                2: execute(spec("TinyBackend", suite, concurrency=2), echo=False)}
+
+
+def test_a_run_answers_every_question_and_times_every_decision(tmp_path, suite, tiny_runs):
     from tests.tiny import answers_in_process
 
-    result = execute(spec("TinyBackend", suite), echo=False)
+    result = tiny_runs[1]
     assert result.run.status == "ok", result.run.error
     expected = answers_in_process(suite)  # 4 single-question records + one with two questions
     assert sorted((a.record_id, a.question) for a in result.answers) == sorted(expected)
@@ -123,19 +140,19 @@ def test_an_api_key_is_never_stored(suite):
     assert "s3cret" not in str(result.run)
 
 
-def test_throughput_mode_batches_decisions_into_one_forward(suite):
-    result = execute(spec("TinyBackend", suite, concurrency=2), echo=False)
+def test_throughput_mode_batches_decisions_into_one_forward(tiny_runs):
+    result = tiny_runs[2]
     assert result.run.status == "ok", result.run.error
     suite_rows = [lat for lat in result.latencies if lat.phase == "suite"]
     assert [lat.batch for lat in suite_rows] == [2, 2, 2, 2, 1]  # 5 records, two at a time
     assert len(result.answers) == 6
-    single = execute(spec("TinyBackend", suite), echo=False)
+    single = tiny_runs[1]
     probs = {(a.record_id, a.question): a.probs for a in single.answers}
     for a in result.answers:  # batching changes no answer
         assert a.probs == pytest.approx(probs[(a.record_id, a.question)], abs=1e-4)
 
 
-def test_tokenizer_hash_is_the_sha256_of_the_token_ids_the_model_was_given(suite):
+def test_tokenizer_hash_is_the_sha256_of_the_token_ids_the_model_was_given(suite, tiny_runs):
     import hashlib
 
     from quantbench.engine.scoring import TransformersEngine
@@ -146,8 +163,7 @@ def test_tokenizer_hash_is_the_sha256_of_the_token_ids_the_model_was_given(suite
     digest = hashlib.sha256()
     for record in load_suite(suite).records:
         digest.update(json.dumps([record.id, engine.prepare(record.request).rows], separators=(",", ":")).encode())
-    single = execute(spec("TinyBackend", suite), echo=False)
-    batched = execute(spec("TinyBackend", suite, concurrency=2), echo=False)
+    single, batched = tiny_runs[1], tiny_runs[2]
     assert single.run.tokenizer_hash == batched.run.tokenizer_hash == digest.hexdigest()  # batching: same inputs
 
 
