@@ -58,16 +58,24 @@ class ServeCommand(RunCommand):
     --experts-impl, --nvfp4 …), checked against the chosen backend the same way, and the server's own settings'."""
 
     _settings: list | None = None
+    _local: list | None = None
 
     def option_params(self) -> list:
         """The backend flags but those only remote backends declare: they name a server to call, not a model to
-        serve (http's --endpoint, --api-key)."""
-        from quantbench.run.spec import installed_backends, is_remote, options_class  # lazy: a fast --help
+        serve (http's --endpoint, --api-key). Once per command, as the flags they filter: click asks for the
+        params several times per invocation, and each look-up reads every distribution's metadata."""
+        if self._local is None:
+            from quantbench.run.spec import (  # lazy: a fast --help
+                installed_backends,
+                is_remote,
+                options_class,
+            )
 
-        installed = installed_backends()
-        local = {name for backend in installed if not is_remote(backend, installed)
-                 for name in options_class(backend, installed).model_fields}
-        return [p for p in super().option_params() if p.name in local]
+            installed = installed_backends()
+            local = {name for backend in installed if not is_remote(backend, installed)
+                     for name in options_class(backend, installed).model_fields}
+            self._local = [p for p in super().option_params() if p.name in local]
+        return self._local
 
     def settings_params(self) -> list:
         """settings_params(), once per command: click asks for the params several times per invocation."""
