@@ -55,45 +55,6 @@ PLANS = {
 }
 
 
-def large_config(fmt: str, plan: dict) -> dict:
-    return {**tp.TILES[fmt]["large"], **plan, "KERNEL": "gluon"}
-
-
-def run_cases(fmt: str, plan: dict, case_list: list, base_h: dict) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(h, y) of every case under the plan, outputs poisoned; down reads the current tile's h (same input)."""
-    out = []
-    cfg = large_config(fmt, plan)
-    for name, i, (gu, dn), x, g in case_list:
-        rows = g.row_token.shape[0]
-        h_out = torch.full((rows, gu.out_features // 2), float("nan"), dtype=x.dtype, device="cuda")
-        h = tp.project(fmt, gu, x, g, "gate_up", cfg, h_out)
-        h_in = base_h.setdefault((name, i), h)
-        y_out = torch.full((rows, dn.out_features), float("nan"), dtype=x.dtype, device="cuda")
-        out.append((h, tp.project(fmt, dn, h_in, g, "down", cfg, y_out)))
-    return out
-
-
-def kernel_us(fmt: str, plan: dict, case_list: list, base_h: dict, routing: str) -> dict[str, float]:
-    from triton.testing import do_bench_cudagraph
-
-    cfg = large_config(fmt, plan)
-    sel = [(gu, dn, x, g, base_h[(name, i)]) for name, i, (gu, dn), x, g in case_list if name == routing]
-    outs = [(torch.empty(g.row_token.shape[0], gu.out_features // 2, dtype=x.dtype, device="cuda"),
-             torch.empty(g.row_token.shape[0], dn.out_features, dtype=x.dtype, device="cuda"))
-            for gu, dn, x, g, _h in sel]
-    got = {}
-    for which in ("gate_up", "down"):
-        def fn(which=which):
-            for (gu, dn, x, g, h), (ho, yo) in zip(sel, outs, strict=True):
-                if which == "gate_up":
-                    tp.project(fmt, gu, x, g, "gate_up", cfg, ho)
-                else:
-                    tp.project(fmt, dn, h, g, "down", cfg, yo)
-        fn()
-        got[which] = do_bench_cudagraph(fn, rep=100, return_mode="median") * 1e3 / len(sel)
-    return got
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
@@ -115,21 +76,22 @@ def main() -> int:
             ids = {b: torch.randint(0, 151936, (b, tp.TOKENS), device="cuda", generator=gen) for b in batches}
             inputs = {f"batch{b}": tp.record_inputs(model, i) for b, i in ids.items()}
             case_list = tp.cases(inputs, tp.experts_of(model))
-            base_h: dict = {}
-            base = run_cases(fmt, {}, case_list, base_h)
+            # tile_plans' runs and timings: both projections per case (down on the same h for every plan), the
+            # large bucket's tile with the plan's keys over it (batches of 8 and more are all "large")
+            base = tp.run_plan(fmt, {}, case_list, poison=True)
             r: dict = {"checks": {}, "kernel_us": {}, "model_ms": {}}
             names = [n for n in PLANS[fmt] if not args.plans or n in args.plans.split(",") or n == "current"]
             logits0: dict = {}
             for name in names:
                 plan = PLANS[fmt][name]
                 try:
-                    got = base if name == "current" else run_cases(fmt, plan, case_list, base_h)
+                    got = base if name == "current" else tp.run_plan(fmt, plan, case_list, poison=True)
                     unwritten = sum(int(t.isnan().any(dim=-1).sum()) for pair in got for t in pair)
                     same = all(torch.equal(a, b) for pa, pb in zip(base, got, strict=True)
                                for a, b in zip(pa, pb, strict=True))
                     r["checks"][name] = {"unwritten_rows": unwritten, "bit_identical": same}
-                    r["kernel_us"][name] = {f"batch{b}": kernel_us(fmt, plan, case_list, base_h, f"batch{b}")
-                                            for b in batches}
+                    r["kernel_us"][name] = {f"batch{b}": {which: tp.time_plan(fmt, plan, case_list, f"batch{b}", which)
+                                                          for which in ("gate_up", "down")} for b in batches}
                     if unwritten or not same:
                         raise ValueError(f"not the current tile's outputs: {r['checks'][name]}")
                     saved = dict(tp.TILES[fmt]["large"])
@@ -155,7 +117,8 @@ def main() -> int:
             ok = {n: v[top]["ms"] for n, v in r["model_ms"].items()}
             name = min(ok, key=ok.get)
             best[fmt] = {"plan": name, "tiles": {"large": {**tp.TILES[fmt]["large"], **PLANS[fmt][name]}}}
-            del model, inputs, case_list, base, base_h
+            del model, inputs, case_list, base
+            tp._H.clear()
             torch.cuda.empty_cache()
     (args.out / "batch_tiles.json").write_text(json.dumps(result, indent=1))
     (args.out / "best.json").write_text(json.dumps({f: b["tiles"] for f, b in best.items()}))
