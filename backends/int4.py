@@ -5,6 +5,10 @@ elsewhere). `fast_moe=False` keeps auto-round's own
 per-expert QuantLinear loop, for comparison. Dense int4 linears (if a checkpoint has them) keep auto-round's
 kernels either way.
 
+`--int4-activations int8`: W4A8, a variant of its own ("int4-w4a8"): the same int4 weights with int8 activations
+per row per 128 inputs (quantbench.engine.moe.w4a8; a Gluon kernel on sm_90, emulated elsewhere). Never W4A16's
+stand-in: its answers differ, so it is recorded as its own variant and weight format.
+
 `--model` unset: the embedded default model's INT4 variant, quantized once (RTN) and cached.
 `--shape`: a real-shape model with random weights, RTN-quantized in memory (speed and memory only).
 """
@@ -18,13 +22,13 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from quantbench.errors import ConfigError, LoadError
 from quantbench.models.checkpoint import experts_tensor_bytes, model_identity, read_config
 from quantbench.run.backend import Availability, LoadedVariant, dir_bytes, model_dir
 from quantbench.run.record import VariantInfo
-from quantbench.run.spec import GroupedMoeOptions, RunSpec
+from quantbench.run.spec import GroupedMoeOptions, RunSpec, opt
 from quantbench.term import logs_kept
 
 if TYPE_CHECKING:
@@ -99,11 +103,28 @@ def per_expert_kernel(model: torch.nn.Module) -> str:
     return "auto-round per-expert loop " + "+".join(sorted(kinds))
 
 
+W4A8_FORMAT = "; activations int8 per row per 128 inputs (quantbench)"
+NO_LIBRARY_W4A8 = ("--int4-activations int8 with --no-fast-moe: auto-round's own per-expert path is W4A16 only; "
+                   "W4A8 runs in quantbench's grouped-MoE engine (drop --no-fast-moe)")
+
+
+class Int4Options(GroupedMoeOptions):
+    # after --nvfp4-activations: the two activation flags side by side in `run --help`
+    int4_activations: Literal["bf16", "int8"] = opt(
+        "bf16", "INT4 activations: bf16 (W4A16, the checkpoint's arithmetic) | int8 (W4A8: a labelled variant, "
+        "int8 per row per 128 inputs)", flag="--int4-activations", after="--nvfp4-activations", label="-w4a8")
+
+
+def w4a8_asked(spec: RunSpec) -> bool:
+    # getattr: a subclass of this backend may declare Options without it (W4A16 then)
+    return getattr(spec.options, "int4_activations", "bf16") == "int8"
+
+
 class Int4Backend:
     name = "int4"
     default_model = "int4"
     summary = "INT4 W4A16 AutoRound checkpoint; quantbench grouped-MoE engine (fused Gluon / Triton kernels on CUDA)"
-    Options = GroupedMoeOptions
+    Options = Int4Options
 
     def availability(self, machine) -> Availability:
         # Whether it is installed, not imported: importing auto-round takes seconds (`quantbench backends`).
@@ -117,7 +138,13 @@ class Int4Backend:
             return Availability(True, "native", f"{machine.gpu_name}: grouped-MoE {path}; --no-fast-moe: per-expert")
         return Availability(True, "native", "CPU: grouped-MoE cpu-vectorised; --no-fast-moe: per-expert")
 
+    def check(self, spec: RunSpec, machine) -> None:
+        """In the parent, before a child starts: W4A8 needs quantbench's engine."""
+        if w4a8_asked(spec) and not spec.options.fast_moe:
+            raise ConfigError(NO_LIBRARY_W4A8)
+
     def load(self, spec: RunSpec, machine) -> LoadedVariant:
+        self.check(spec, machine)
         # torch and the model code are imported here, not with the module: `quantbench run` imports every backend
         # for its flags, and `run --help` or a refused --db should not wait for them (README, Adding a backend).
         import torch
@@ -151,6 +178,8 @@ class Int4Backend:
             # the fused kernel computes in bf16/fp16; float32 on a GPU takes the dequantize + grouped_mm path
             engine_kernel = "grouped_mm" if dtype == torch.float32 and device.startswith("cuda") else "auto"
             kernel = f"quantbench grouped-moe {own_kernel if own_fast else install_int4_engine(model, qc, engine_kernel)}"
+            if w4a8_asked(spec):  # the same int4 experts, repacked for int8 activations (the omni family's too)
+                kernel = f"quantbench grouped-moe {_install_w4a8(model)}"
             experts_bytes = _engine_bytes(model)
         else:
             kernel = per_expert_kernel(model)
@@ -176,6 +205,8 @@ class Int4Backend:
             load_note=note,
             **ident,
         )
+        if w4a8_asked(spec):
+            _label_w4a8(info, model, device)
         return LoadedVariant(engine=engine, info=info, model=model)
 
     def _load_synthetic(self, spec: RunSpec, dtype: torch.dtype, device: str) -> LoadedVariant:
@@ -191,6 +222,8 @@ class Int4Backend:
         model, tokenizer, path = build_synthetic_quantized(
             spec.shape, lambda weight, _amax: rtn_experts(weight), layers=spec.layers, seed=spec.seed, device=device,
             dtype=dtype, expert_bits=4 + (16 + 8) / 128, calibrate=False)
+        if w4a8_asked(spec):
+            path = _install_w4a8(model)
         engine = decision_engine(model, tokenizer, spec, None)  # a synthetic Omni thinker reads media too
         info = VariantInfo(
             variant="int4",
@@ -205,6 +238,8 @@ class Int4Backend:
             load_note="random weights built in memory and RTN-quantized by quantbench (not AutoRound); "
                       "speed and memory only, load time is not a disk load",
         )
+        if w4a8_asked(spec):
+            _label_w4a8(info, model, device)
         return LoadedVariant(engine=engine, info=info, model=model)
 
 
@@ -217,6 +252,31 @@ def install_int4_engine(model: torch.nn.Module, qc: dict[str, Any], kernel: str 
     sym = qc.get("sym", True)
     return install_grouped_moe(model, lambda i, ex: regroup_experts(ex, sym=sym, name=f"layers.{i}.mlp.experts"),
                                kernel=kernel, layout=moe_layout(model))
+
+
+def _install_w4a8(model: torch.nn.Module) -> str:
+    """Every GroupedMoE's int4 experts as W4A8 (quantbench.engine.moe.w4a8); the kernel path they plan."""
+    from quantbench.engine.moe import kernel_paths
+    from quantbench.engine.moe.w4a8 import install_w4a8
+
+    install_w4a8(model)
+    return kernel_paths(model)
+
+
+def _label_w4a8(info: VariantInfo, model: torch.nn.Module, device: str) -> None:
+    """A W4A8 run's own variant and format (never pooled with W4A16's), and whether its kernel runs here: where
+    it does not (a CPU, a GPU other than sm_90, float32 compute) the int8 activations are emulated (fake-quantized,
+    times the dequantized weights), and the kernel path says so."""
+    from quantbench.engine.moe.w4a8 import KERNEL, Int4W4A8Experts
+
+    native = KERNEL in info.kernel_path and any(
+        m.quantizes_input_in_kernel(device) for m in model.modules() if isinstance(m, Int4W4A8Experts))
+    info.variant = "int4-w4a8"
+    info.weight_format = info.weight_format.replace("w4a16", "w4a8") + W4A8_FORMAT
+    info.native = "native" if native else "emulated"
+    if not native:
+        info.kernel_path += ", int8 activations emulated"
+    info.extra = {**info.extra, "int4_activations": "int8"}
 
 
 def _engine_bytes(model: torch.nn.Module) -> int:

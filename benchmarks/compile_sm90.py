@@ -25,7 +25,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from quantbench.engine.moe import fp8, gluon_common, int4_kernels, int4_wgmma, nvfp4, nvfp4_wgmma  # noqa: E402
+from quantbench.engine.moe import (  # noqa: E402
+    fp8,
+    gluon_common,
+    int4_kernels,
+    int4_wgmma,
+    nvfp4,
+    nvfp4_wgmma,
+    w4a8_kernels,
+)
 from quantbench.engine.triton_common import rows_bucket  # noqa: E402
 
 E, H, INTER, TOP_K = 128, 2048, 768, 8
@@ -65,6 +73,7 @@ def compile_sm90(fn, pointer_types: dict[str, str], constexprs: dict, num_warps:
     waits = [int(w) for w in re.findall(r"warp_group_dot_wait.*pendings = (\d+)", ttgir)]
     out = dict(mma="+".join(sorted(set(re.findall(r"versionMajor = (\d)", ttgir)))) or "-",
                wgmma=ptx.count("wgmma.mma_async"), mma_sync=ptx.count("mma.sync"), waits=len(waits),
+               int8_mma=ptx.count(".s32.s8.s8"),
                in_flight=max(waits, default=0), async_copies=ttgir.count("async_copy_global_to_local"),
                shared_kb=k.metadata.shared / 1024)
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
@@ -160,6 +169,13 @@ def kernels(tokens: int):
         cfg = dict(gluon_constexprs(tiles, scaled=False), num_warps=4, num_stages=1)
         yield ("nvfp4 wgmma", proj, cfg, nvfp4_wgmma._kernel(),
                dict(x_ptr="*bf16", pw_ptr="*i32", bs_ptr="*fp8e4nv", gs_ptr="*fp32", y_ptr="*bf16", **common),
+               dict(K=k, **FEATURES[proj], E=E, E_P2=E), ("N_OUT", "HALF"))
+        # W4A8 (--int4-activations int8): int8 token codes, their scales and zero-point terms, the packed bytes
+        tiles = w4a8_kernels.tiles_for(rows, E, k)
+        cfg = {"SMALL_M": 0, "MID_M": 0, "PIPE": 0, **tiles, "num_warps": tiles.get("num_warps", 4), "num_stages": 1}
+        yield ("int4 w4a8", proj, cfg, w4a8_kernels._kernel(),
+               dict(xq_ptr="*i8", sx_ptr="*fp32", xs_ptr="*fp32", pw_ptr="*u8", s_ptr="*fp16", z_ptr="*u8",
+                    y_ptr="*bf16", **common),
                dict(K=k, **FEATURES[proj], E=E, E_P2=E), ("N_OUT", "HALF"))
 
 

@@ -101,3 +101,11 @@ def test_every_other_kernel_waits_before_touching_memory(tool):
         assert r["pdl"] == "first", (fn.__name__, r["pdl"])
         seen += 1
     assert seen == 11
+
+
+def test_the_w4a8_kernel_multiplies_integers(compiled):
+    """W4A8's reason to exist: its MMAs take the int4 codes and the int8 activation codes as they are (wgmma
+    s32.s8.s8, twice the bf16 rate), with no float MMA left."""
+    for proj in ("gate_up", "down"):
+        r = compiled["int4 w4a8", proj]
+        assert r["int8_mma"] > 0 and r["int8_mma"] == r["wgmma"] and r["mma_sync"] == 0, (proj, r)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import socket
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,8 @@ ALL = "all"
 class RunFilter:
     """Which runs: each field None for any. `gpu` as `report --gpu` takes it (cpu, a family, part of a GPU's name);
     `variant` a variant (int4, nvfp4-unpacked) or a backend (nvfp4: both of its variants); `model` the model id or
-    part of it; `status` ok or failed; `host` the machine's host name."""
+    part of it; `status` ok or failed; `host` the machine's host name. A name that is both names the variant alone
+    (`matches`' `variants`): int4 is W4A16's runs, never the int4 backend's int4-w4a8 ones."""
 
     model: str | None = None
     gpu: str | None = None
@@ -44,7 +46,8 @@ class RunFilter:
                                             ("status", self.status), ("host", self.host)) if v]
         return " ".join(parts) or "no filter"
 
-    def matches(self, run: StoredRun) -> bool:
+    def matches(self, run: StoredRun, variants: Collection[str] = ()) -> bool:
+        """Whether `run` passes; `variants`: the variants of the runs being chosen from (variant_names)."""
         if self.status and run.status != self.status:
             return False
         if self.gpu and self.gpu != ALL and not matches_gpu(run, self.gpu):
@@ -55,9 +58,14 @@ class RunFilter:
             return False
         if self.variant:
             v = self.variant.strip().lower()
-            if v not in (str(run.variant or "").lower(), str(run.backend or "").lower()):
+            if v != str(run.variant or "").lower() and (v in variants or v != str(run.backend or "").lower()):
                 return False
         return True
+
+
+def variant_names(runs: list[StoredRun]) -> set[str]:
+    """The variants `runs` hold, lower-case: a selector among them names that variant, not its backend."""
+    return {str(r.variant).lower() for r in runs if r.variant}
 
 
 def this_machine() -> tuple[str, str | None, str]:
@@ -74,7 +82,9 @@ def this_machine() -> tuple[str, str | None, str]:
 
 def summaries(store: Store, run_filter: RunFilter) -> list[StoredRun]:
     """The runs (with their sources) that pass `run_filter`, oldest first."""
-    return [r for r in queries.stored_runs(store) if run_filter.matches(r)]
+    runs = queries.stored_runs(store)
+    variants = variant_names(runs)
+    return [r for r in runs if run_filter.matches(r, variants)]
 
 
 def select_run(store: Store, selector: str, run_filter: RunFilter | None = None, prefer_here: bool = True,
@@ -96,7 +106,9 @@ def select_run(store: Store, selector: str, run_filter: RunFilter | None = None,
     floor = key in ("noise-floor", "noise_floor", "floor")
     wanted = RunFilter(model=run_filter.model, gpu=run_filter.gpu, variant=None if floor else key,
                        status=run_filter.status or "ok", host=run_filter.host)
-    runs = [r for r in queries.stored_runs(store) if wanted.matches(r) and ((r.role == "noise_floor") == floor)]
+    stored = queries.stored_runs(store)
+    variants = variant_names(stored)
+    runs = [r for r in stored if wanted.matches(r, variants) and ((r.role == "noise_floor") == floor)]
     if trained_only and any(r.weights != "synthetic" for r in runs):  # random weights have no quality
         runs = [r for r in runs if r.weights != "synthetic"]
     where = ""
@@ -157,8 +169,9 @@ def bundle_choice(store: Store, run_filter: RunFilter, *, suite: str | None = No
     name = sweep_name(sweep) if sweep else None
     chosen = []
     every = queries.stored_runs(store)
+    variants = variant_names(every)
     for run in every:
-        if not run_filter.matches(run) or (run.status != "ok" and not with_failed):
+        if not run_filter.matches(run, variants) or (run.status != "ok" and not with_failed):
             continue
         if suite and suite != run.suite_id and not str(run.suite_hash or "").startswith(suite):
             continue
