@@ -48,9 +48,12 @@ TUNED: dict[tuple[int, int, bool, str], dict[str, Any]] = {
 }
 # That comparison was the Triton kernel's. The Gluon kernel (int4_wgmma) beats dequantize + grouped_mm where it
 # was measured against it (H200, `benchmarks/kernel_sweep.py --tokens 2048,8192 --formats int4`, 2026-12-02):
-# gate_up 300.7 against 729.5 us at 128 rows per expert, 975.5 against 1,407.9 us at 512; so on sm_90 the
-# engine dequantizes only from 1,024 rows per expert, where the two were not compared (the Triton crossover kept).
-DEQUANT_FROM_ROWS: dict[tuple[str, int, int], int] = {("triton", 1536, 2048): 512, ("gluon", 1536, 2048): 1024}
+# gate_up 300.7 against 729.5 us at 128 rows per expert, 975.5 against 1,407.9 us at 512. From 2026-12-02 to
+# 2026-12-03 it still dequantized from 1,024 rows per expert, where the two had not been compared: a pass of 32
+# decisions of 512 tokens (1,024 rows per expert) then took 261.7 ms at the 30B shape, 2.33x the 112.3 ms of 16
+# (`quantbench run --concurrency 32 / 16`, H200). Measured since (benchmarks/dequant_threshold.py, docs/
+# BENCHMARKS.md), the Gluon kernel wins at 512 to 2,048 rows per expert: on sm_90 the engine never dequantizes.
+DEQUANT_FROM_ROWS: dict[tuple[str, int, int], int] = {("triton", 1536, 2048): 512}
 
 
 def dequantize_instead(kernel: str, n: int, k: int, rows: int, experts: int) -> bool:
