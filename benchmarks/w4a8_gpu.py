@@ -67,33 +67,13 @@ def project(w, x, g, which: str, cfg: dict | None, out: torch.Tensor) -> torch.T
 
 
 def reference(w, x, g, which: str) -> torch.Tensor:
-    """The W4A8 formula in float64 on the torch codes: Σ_g s·sx·(P_g − z·Σ codes), then SwiGLU or the routing
-    weights and the scatter."""
-    xq, sx, _ = w4a8.quantize_rows(x)
+    """The W4A8 formula in float64 on the torch codes (w4a8.reference_grouped_mm; x in float64, so nothing is
+    rounded back to bf16), with the projection's fused steps."""
     if which == "gate_up":
-        xq, sx = xq[g.row_token.long()], sx[g.row_token.long()]
-    q = w4a8.unpack_w4a8(w.packed).double()  # [E, N, K]
-    e_count, n, k = q.shape
-    groups = k // 128
-    offs = [0] + g.offsets.tolist()
-    y = torch.zeros(xq.shape[0], n, dtype=torch.float64, device=x.device)
-    s, z = w.scales.double(), w.zeros.double()  # [E, G, N]
-    for e in range(e_count):
-        a, b = offs[e], offs[e + 1]
-        if b == a:
-            continue
-        xe = xq[a:b].double().view(b - a, groups, 128)
-        qe = q[e].view(n, groups, 128)
-        part = torch.einsum("rgk,ngk->rgn", xe, qe)  # exact: integers below 2^53
-        xsum = xe.sum(-1)  # [r, G]
-        y[a:b] = (s[e][None] * sx[a:b].double()[..., None] * (part - z[e][None] * xsum[..., None])).sum(1)
-    if which == "gate_up":
-        gate, up = y.chunk(2, dim=-1)
-        return torch.nn.functional.silu(gate) * up
-    y = y * g.row_scale.double()[:, None]
-    back = torch.empty_like(y)
-    back[g.row_pair.long()] = y
-    return back
+        extra = dict(row_index=g.row_token, act="swiglu")
+    else:
+        extra = dict(row_scale=g.row_scale, row_dest=g.row_pair)
+    return w4a8.reference_grouped_mm(x.double(), w.packed, w.scales, w.zeros, g.offsets, **extra)
 
 
 def warm_one(name: str) -> str:

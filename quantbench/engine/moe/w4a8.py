@@ -213,8 +213,8 @@ class Int4W4A8Experts(ExpertsBase):
         self.ran_kernel = KERNEL
         if rows == 0:
             return y
-        xq, sx, xsum = w4a8_kernels.quantize_rows(x_sorted.contiguous(), TINY)
-        w4a8_kernels.launch(xq, sx, xsum, self.packed, self.scales, self.zeros, y, offsets, row_index=row_index,
+        xq, sx, sxs = w4a8_kernels.quantize_rows(x_sorted.contiguous(), TINY)  # sxs: sx · Σ codes a group
+        w4a8_kernels.launch(xq, sx, sxs, self.packed, self.scales, self.zeros, y, offsets, row_index=row_index,
                             swiglu=act == "swiglu", row_scale=row_scale, row_dest=row_dest)
         return y
 

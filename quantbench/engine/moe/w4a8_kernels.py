@@ -38,9 +38,8 @@ from torch import Tensor
 
 from quantbench.engine import pdl
 from quantbench.engine.moe import gluon_common
-from quantbench.engine.triton_common import tl, triton
+from quantbench.engine.triton_common import rows_bucket, tl, triton
 
-KERNEL = "gluon-wgmma-int4-w4a8"
 K_BLOCK = 128  # inputs per block: one quantization group of the weights and of the activations
 # Tiles per rows-per-expert bucket (BLOCK_N weight rows, gate and up stacked for SwiGLU, x BLOCK_M tokens; AHEAD
 # blocks copied ahead), measured on an H200 at the Qwen3-30B-A3B shape over the random-weight model's own routing
@@ -355,16 +354,14 @@ def _kernel() -> Any:
 def tiles_for(rows: int, experts: int, k: int) -> dict[str, Any]:
     """The tile plan for `rows` sorted rows over `experts` (TILES by the rows-per-expert bucket; a benchmark's
     QUANTBENCH_WGMMA_TILES entry "w4a8" over it)."""
-    from quantbench.engine.triton_common import rows_bucket
-
     return gluon_common.tiles_for("w4a8", rows_bucket(rows, experts), TILES)
 
 
-def launch(xq: Tensor, sx: Tensor, xsum: Tensor, packed: Tensor, scales: Tensor, zeros: Tensor, y: Tensor,
+def launch(xq: Tensor, sx: Tensor, sxs: Tensor, packed: Tensor, scales: Tensor, zeros: Tensor, y: Tensor,
            offsets: Tensor, config: dict[str, Any] | None = None, *, row_index: Tensor | None, swiglu: bool,
            row_scale: Tensor | None, row_dest: Tensor | None) -> Any:
-    """y (rows sorted by expert, or scattered by row_dest) = the W4A8 product of quantize_rows' codes of x and the
-    experts' packed codes (w4a8.pack_w4a8), with the int4 kernel's fused steps (row_index: gather; swiglu;
+    """y (rows sorted by expert, or scattered by row_dest) = the W4A8 product of quantize_rows' codes of x (with
+    their scales sx and zero-point terms sxs = sx · Σ codes) and the experts' packed codes (w4a8.pack_w4a8), with the int4 kernel's fused steps (row_index: gather; swiglu;
     row_scale; row_dest). packed [E, N, K/2] uint8; scales [E, K/128, N] fp16; zeros [E, K/128, N] uint8."""
     e, n, half_k = packed.shape
     k = half_k * 2
@@ -379,7 +376,7 @@ def launch(xq: Tensor, sx: Tensor, xsum: Tensor, packed: Tensor, scales: Tensor,
     block_n = cfg["BLOCK_N"]
     grid = (triton.cdiv(n_out, block_n // 2 if swiglu else block_n), gluon_common.m_tiles(s_rows, e, cfg, -1))
     return _kernel()[grid](
-        xq, sx, xsum, packed, scales, zeros, y, offsets,
+        xq, sx, sxs, packed, scales, zeros, y, offsets,
         offsets if row_index is None else row_index, offsets if row_scale is None else row_scale,
         offsets if row_dest is None else row_dest, n_out, n // 2,
         xq.stride(0), sx.stride(0), packed.stride(0), packed.stride(1), scales.stride(0), scales.stride(1),
