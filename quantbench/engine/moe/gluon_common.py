@@ -1,10 +1,12 @@
-"""Gluon helpers the Hopper grouped kernels share (int4_wgmma, nvfp4_wgmma): which expert and rows an M tile
-covers (one tile size, or a size per expert by its rows: tile_map), the weight rows of a program (gate and up
-stacked for SwiGLU), the tokens' row pointers, a block's copies into shared memory, the engine's fused steps after
-the K loop, bfloat16 rounding that no compiler pass folds away. A Gluon kernel cannot call a Triton function, so
-some are triton_common's Triton helpers again, with layouts; `helpers()` returns them for a kernel module's globals
-(Gluon resolves a callee's name there). On the host: the grids (m_tiles), the launches of a plan (kinds), which
-tiles a projection takes (plan_bucket, tiles_for) and the name a run records for them (kernel_name)."""
+"""Gluon helpers the Hopper grouped kernels share (int4_wgmma, nvfp4_wgmma, w4a8_kernels): which expert and rows an
+M tile covers (one tile size, or a size per expert by its rows: tile_map) and the call of a kernel's tile function
+with that tile's size (run_tile: each kernel is its tile function behind this one dispatch), the weight rows of a
+program (gate and up stacked for SwiGLU), the tokens' row pointers, a block's copies into shared memory, the
+engine's fused steps after the K loop, bfloat16 rounding that no compiler pass folds away. A Gluon kernel cannot
+call a Triton function, so some are triton_common's Triton helpers again, with layouts; `helpers()` returns them
+for a kernel module's globals (Gluon resolves a callee's name there). On the host: the grids (m_tiles), the
+launches of a plan (kinds), which tiles a projection takes (plan_bucket, tiles_for) and the name a run records for
+them (kernel_name)."""
 
 from __future__ import annotations
 
@@ -166,6 +168,47 @@ def helpers() -> dict[str, Any]:
         row_end = gl.sum(gl.where(sel, ends, 0), 0)
         return e, row_start, row_end, gl.sum(gl.where(sel, kind, 0), 0)
 
+    globals().update(expert_tile=expert_tile, expert_tile_sized=expert_tile_sized)
+
+    @gluon.jit
+    def tile_place(offs_ptr, E: gl.constexpr, E_P2: gl.constexpr, BLOCK_M: gl.constexpr, SMALL_M: gl.constexpr,
+                   MID_M: gl.constexpr, ONLY: gl.constexpr, num_warps: gl.constexpr):
+        """(expert, first row, end of its rows, kind) of program (…, program_id(1))'s M tile: SMALL_M 0, BLOCK_M
+        rows for every expert (expert_tile; kind 2), otherwise a size per expert (expert_tile_sized); e == E past
+        the last expert's rows."""
+        if SMALL_M == 0:
+            e, row_start, row_end = expert_tile(offs_ptr, gl.program_id(1), E, E_P2, BLOCK_M, num_warps)
+            return e, row_start, row_end, 2
+        else:
+            return expert_tile_sized(offs_ptr, gl.program_id(1), E, E_P2, BLOCK_M, SMALL_M, MID_M, ONLY, num_warps)
+
+    @gluon.jit
+    def run_tile(tile, place, args, BLOCK_M: gl.constexpr, SMALL_M: gl.constexpr, MID_M: gl.constexpr,
+                 ONLY: gl.constexpr):
+        """`tile(e, row_start, row_end, rows of the tile, *args)` for the M tile at `place` (tile_place's): `tile`
+        a kernel's tile function (a Gluon function passed in is a constexpr), `args` its other arguments. With
+        SMALL_M each size is a call of its own, so the kernel is compiled once per size (its registers the
+        largest's); ONLY >= 0: this launch's kind alone. The kernel returns for a spare tile (e == E) before this:
+        a return in here is a branch to the kernel's end, which LLVM lays out otherwise (ISETP.GT against 127 in
+        place of ISETP.GE against 128 in the SASS: the same test, not the same machine code)."""
+        e, row_start, row_end, kind = place
+        if SMALL_M == 0:
+            tile(e, row_start, row_end, BLOCK_M, *args)
+        elif ONLY == 0:
+            tile(e, row_start, row_end, SMALL_M, *args)
+        elif ONLY == 1:
+            tile(e, row_start, row_end, MID_M, *args)
+        elif ONLY == 2:
+            tile(e, row_start, row_end, BLOCK_M, *args)
+        else:  # every kind in this launch, by a branch per program
+            if kind == 0:
+                tile(e, row_start, row_end, SMALL_M, *args)
+            elif kind == 2:
+                tile(e, row_start, row_end, BLOCK_M, *args)
+            else:
+                if MID_M > 0:
+                    tile(e, row_start, row_end, MID_M, *args)
+
     @gluon.jit
     def weight_columns(pid_n, BLOCK_N: gl.constexpr, OUT_N: gl.constexpr, HALF, SWIGLU: gl.constexpr,
                        layout: gl.constexpr):
@@ -251,5 +294,5 @@ def helpers() -> dict[str, Any]:
         y_ptrs = y_ptr + y_rows[None, :] * stride_ym + ocols[:, None]
         gl.store(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=ormask[None, :] & (ocols < N_OUT)[:, None])
 
-    return dict(expert_tile=expert_tile, expert_tile_sized=expert_tile_sized, weight_columns=weight_columns,
-                token_pointers=token_pointers, copy_block=copy_block, store_outputs=store_outputs)
+    return dict(tile_place=tile_place, run_tile=run_tile, weight_columns=weight_columns, token_pointers=token_pointers,
+                copy_block=copy_block, store_outputs=store_outputs)

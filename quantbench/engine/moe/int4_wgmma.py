@@ -31,10 +31,10 @@ BENCHMARKS.md).
 
 Two options of the tile (gluon_common.tile_map; WGMMA_TILES in int4_kernels says which the engine takes):
 - SMALL_M / MID_M: an expert with at most that many rows gets one tile of that many tokens instead of BLOCK_M, in
-  the same launch (a branch per program; the kernel is compiled for every size, its registers the largest's). The
-  random-weight 30B model sends most rows to ~13 experts and 1 to 16 rows to ~20 to 50 others, whose 64-token
-  tiles were three quarters padding. Same arithmetic per row: bit-identical outputs. SPLIT (a launch per size)
-  was slower on the H200.
+  the same launch (a branch per program, gluon_common.run_tile; the kernel is compiled for every size, its
+  registers the largest's). The random-weight 30B model sends most rows to ~13 experts and 1 to 16 rows to ~20 to
+  50 others, whose 64-token tiles were three quarters padding. Same arithmetic per row: bit-identical outputs.
+  SPLIT (a launch per size) was slower on the H200.
 - SCALED: the weights are (q − z) · s in the MMA's dtype, rounded once (fp16: the scale as stored, so exactly the
   weight dequantize() writes; bf16: the fp16 scale rounded to bf16 first, then the product: at most about one
   bf16 step from dequantize()'s), and the MMAs run on across blocks into one accumulator: no float32 partial sum
@@ -114,10 +114,9 @@ def _kernel() -> Any:
                      word_halves_asm=word_halves_asm, pdl_open=pdl_open)
 
     shared = gluon_common.helpers()
-    expert_tile, weight_columns = shared["expert_tile"], shared["weight_columns"]
-    expert_tile_sized = shared["expert_tile_sized"]
+    tile_place, run_tile, weight_columns = shared["tile_place"], shared["run_tile"], shared["weight_columns"]
     token_pointers, copy_block, store_outputs = shared["token_pointers"], shared["copy_block"], shared["store_outputs"]
-    globals().update(expert_tile=expert_tile, expert_tile_sized=expert_tile_sized, weight_columns=weight_columns,
+    globals().update(tile_place=tile_place, run_tile=run_tile, weight_columns=weight_columns,
                      token_pointers=token_pointers, scaled_asm_c=scaled_asm_c,
                      copy_block=copy_block, store_outputs=store_outputs)
 
@@ -155,13 +154,15 @@ def _kernel() -> Any:
 
     @gluon.jit
     def int4_tile(
+        e, row_start, row_end, BLOCK_M: gl.constexpr,
         x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr, N_OUT, HALF,
-        stride_xm, stride_qe, stride_qk, stride_se, stride_sg, stride_ym, e, row_start, row_end, pid_n,
-        K: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, AHEAD: gl.constexpr,
+        stride_xm, stride_qe, stride_qk, stride_se, stride_sg, stride_ym, pid_n,
+        K: gl.constexpr, BLOCK_N: gl.constexpr, AHEAD: gl.constexpr,
         GATHER: gl.constexpr, SWIGLU: gl.constexpr, ROW_SCALE: gl.constexpr, SCATTER: gl.constexpr,
         SCALED: gl.constexpr, num_warps: gl.constexpr,
     ):
-        """One program's tile: BLOCK_N weight rows of expert e times its rows row_start .. (at most BLOCK_M)."""
+        """One program's tile: BLOCK_N weight rows of expert e times its rows row_start .. (at most BLOCK_M; the
+        tile's place and size first, as gluon_common.run_tile calls it)."""
         KB: gl.constexpr = 128  # rows per packed block, and per quantization group (available())
         SUB: gl.constexpr = 16
         # AHEAD blocks in flight while one is computed; a stage is rewritten one block after its MMAs retired
@@ -286,47 +287,13 @@ def _kernel() -> Any:
     ):
         pdl_open(PDL)  # launched early (quantbench.engine.pdl): wait for the kernel before, first
         pid_n = gl.program_id(0)
-        if SMALL_M == 0:  # one tile size for every expert
-            e, row_start, row_end = expert_tile(offs_ptr, gl.program_id(1), E, E_P2, BLOCK_M, num_warps)
-            if e >= E:  # a spare M tile past the last expert's rows
-                return
-            int4_tile(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr, N_OUT, HALF,
-                      stride_xm, stride_qe, stride_qk, stride_se, stride_sg, stride_ym, e, row_start, row_end, pid_n,
-                      K, BLOCK_M, BLOCK_N, AHEAD, GATHER, SWIGLU, ROW_SCALE, SCATTER, SCALED, num_warps)
-        else:  # a tile size per expert by its rows (gluon_common.tile_map); ONLY >= 0: this launch's kind alone
-            e, row_start, row_end, kind = expert_tile_sized(offs_ptr, gl.program_id(1), E, E_P2, BLOCK_M,
-                                                            SMALL_M, MID_M, ONLY, num_warps)
-            if e >= E:
-                return
-            if ONLY == 0:
-                int4_tile(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr, N_OUT, HALF,
-                          stride_xm, stride_qe, stride_qk, stride_se, stride_sg, stride_ym, e, row_start, row_end,
-                          pid_n, K, SMALL_M, BLOCK_N, AHEAD, GATHER, SWIGLU, ROW_SCALE, SCATTER, SCALED, num_warps)
-            elif ONLY == 1:
-                int4_tile(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr, N_OUT, HALF,
-                          stride_xm, stride_qe, stride_qk, stride_se, stride_sg, stride_ym, e, row_start, row_end,
-                          pid_n, K, MID_M, BLOCK_N, AHEAD, GATHER, SWIGLU, ROW_SCALE, SCATTER, SCALED, num_warps)
-            elif ONLY == 2:
-                int4_tile(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr, N_OUT, HALF,
-                          stride_xm, stride_qe, stride_qk, stride_se, stride_sg, stride_ym, e, row_start, row_end,
-                          pid_n, K, BLOCK_M, BLOCK_N, AHEAD, GATHER, SWIGLU, ROW_SCALE, SCATTER, SCALED, num_warps)
-            else:  # every kind in this launch, by a branch per program
-                if kind == 0:
-                    int4_tile(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr, N_OUT,
-                              HALF, stride_xm, stride_qe, stride_qk, stride_se, stride_sg, stride_ym, e, row_start,
-                              row_end, pid_n, K, SMALL_M, BLOCK_N, AHEAD, GATHER, SWIGLU, ROW_SCALE, SCATTER, SCALED,
-                              num_warps)
-                elif kind == 2:
-                    int4_tile(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr, N_OUT,
-                              HALF, stride_xm, stride_qe, stride_qk, stride_se, stride_sg, stride_ym, e, row_start,
-                              row_end, pid_n, K, BLOCK_M, BLOCK_N, AHEAD, GATHER, SWIGLU, ROW_SCALE, SCATTER, SCALED,
-                              num_warps)
-                else:
-                    if MID_M > 0:
-                        int4_tile(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr, N_OUT,
-                                  HALF, stride_xm, stride_qe, stride_qk, stride_se, stride_sg, stride_ym, e,
-                                  row_start, row_end, pid_n, K, MID_M, BLOCK_N, AHEAD, GATHER, SWIGLU, ROW_SCALE,
-                                  SCATTER, SCALED, num_warps)
+        place = tile_place(offs_ptr, E, E_P2, BLOCK_M, SMALL_M, MID_M, ONLY, num_warps)
+        if place[0] >= E:  # a spare M tile past the last expert's rows
+            return
+        run_tile(int4_tile, place, (x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr, N_OUT,
+                                    HALF, stride_xm, stride_qe, stride_qk, stride_se, stride_sg, stride_ym, pid_n, K,
+                                    BLOCK_N, AHEAD, GATHER, SWIGLU, ROW_SCALE, SCATTER, SCALED, num_warps),
+                 BLOCK_M, SMALL_M, MID_M, ONLY)
 
     return int4_wgmma_kernel
 
@@ -336,7 +303,8 @@ def launch(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, y: Tensor,
            row_dest: Tensor | None) -> Any:
     """Run the kernel over y's rows (int4_kernels.int4_grouped_mm checks the arguments, available() included, and calls
     this). config: BLOCK_M tokens x BLOCK_N weight rows, AHEAD; optional SMALL_M / MID_M (a tile size per expert:
-    gluon_common.tile_map), SPLIT (a launch per kind of tile), SCALED (the scale multiplied into the weights)."""
+    gluon_common.tile_map), SPLIT (a launch per kind of tile), SCALED (the scale multiplied into the weights),
+    maxnreg (ptxas's register cap: more programs an SM where registers are what limits them)."""
     e, _, n = qweight.shape
     s_rows = y.shape[0]
     n_out = n // 2 if swiglu else n
@@ -355,6 +323,7 @@ def launch(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, y: Tensor,
             GATHER=row_index is not None, SWIGLU=swiglu, ROW_SCALE=row_scale is not None,
             SCATTER=row_dest is not None,
             num_warps=config.get("num_warps", 4),  # one warpgroup: a 128-row tile is two MMAs per slice
+            **({"maxnreg": config["maxnreg"]} if config.get("maxnreg") else {}),  # registers a thread, at most
             **pdl.launch_args(x.device),
         )
     return compiled

@@ -183,14 +183,13 @@ def _kernel() -> Any:
     decode_asm_c = constexpr_function(decode_asm)  # called at compile time, with constexpr arguments
     scale_mul_c, out_mul_c = constexpr_function(scale_multiplier), constexpr_function(out_multiplier)
     shared = gluon_common.helpers()
-    expert_tile, weight_columns = shared["expert_tile"], shared["weight_columns"]
-    expert_tile_sized = shared["expert_tile_sized"]
+    tile_place, run_tile, weight_columns = shared["tile_place"], shared["run_tile"], shared["weight_columns"]
     token_pointers, copy_block, store_outputs = shared["token_pointers"], shared["copy_block"], shared["store_outputs"]
     # Gluon resolves names (annotations, callees, builtins) through the module's globals, not this closure
     pdl_open = pdl.gluon_open()  # the first statement of each kernel here (quantbench.engine.pdl)
     globals().update(gl=gl, cp=cp, fence_async_shared=fence_async_shared, warpgroup_mma=warpgroup_mma,
                      warpgroup_mma_wait=warpgroup_mma_wait, decode_asm_c=decode_asm_c,
-                     expert_tile=expert_tile, expert_tile_sized=expert_tile_sized, weight_columns=weight_columns,
+                     tile_place=tile_place, run_tile=run_tile, weight_columns=weight_columns,
                      token_pointers=token_pointers, copy_block=copy_block, store_outputs=store_outputs,
                      scale_mul_c=scale_mul_c, out_mul_c=out_mul_c, pdl_open=pdl_open)
 
@@ -208,13 +207,15 @@ def _kernel() -> Any:
 
     @gluon.jit
     def nvfp4_tile(
+        e, row_start, row_end, BLOCK_M: gl.constexpr,
         x_ptr, pw_ptr, bs_ptr, gs_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr, N_OUT, HALF,
-        stride_xm, stride_pe, stride_pn, stride_be, stride_bn, stride_ge, stride_ym, e, row_start, row_end, pid_n,
-        K: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, AHEAD: gl.constexpr,
+        stride_xm, stride_pe, stride_pn, stride_be, stride_bn, stride_ge, stride_ym, pid_n,
+        K: gl.constexpr, BLOCK_N: gl.constexpr, AHEAD: gl.constexpr,
         GATHER: gl.constexpr, SWIGLU: gl.constexpr, ROW_SCALE: gl.constexpr, SCATTER: gl.constexpr,
         num_warps: gl.constexpr,
     ):
-        """One program's tile: BLOCK_N weight rows of expert e times its rows row_start .. (at most BLOCK_M)."""
+        """One program's tile: BLOCK_N weight rows of expert e times its rows row_start .. (at most BLOCK_M; the
+        tile's place and size first, as gluon_common.run_tile calls it)."""
         SUB: gl.constexpr = 16
         STAGES: gl.constexpr = AHEAD + 2  # block i rewrites block i-2's stage (block i-1's last MMA may still run)
         K16: gl.constexpr = K // 16  # block scales per row
@@ -316,50 +317,14 @@ def _kernel() -> Any:
     ):
         pdl_open(PDL)  # launched early (quantbench.engine.pdl): wait for the kernel before, first
         pid_n = gl.program_id(0)
-        if SMALL_M == 0:  # one tile size for every expert
-            e, row_start, row_end = expert_tile(offs_ptr, gl.program_id(1), E, E_P2, BLOCK_M, num_warps)
-            if e >= E:  # a spare M tile past the last expert's rows
-                return
-            nvfp4_tile(x_ptr, pw_ptr, bs_ptr, gs_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr, N_OUT, HALF,
-                       stride_xm, stride_pe, stride_pn, stride_be, stride_bn, stride_ge, stride_ym, e, row_start,
-                       row_end, pid_n, K, BLOCK_M, BLOCK_N, AHEAD, GATHER, SWIGLU, ROW_SCALE, SCATTER, num_warps)
-        else:  # a tile size per expert by its rows (gluon_common.kinds); ONLY >= 0: that kind alone
-            e, row_start, row_end, kind = expert_tile_sized(offs_ptr, gl.program_id(1), E, E_P2, BLOCK_M,
-                                                            SMALL_M, MID_M, ONLY, num_warps)
-            if e >= E:
-                return
-            if ONLY == 0:
-                nvfp4_tile(x_ptr, pw_ptr, bs_ptr, gs_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr, N_OUT,
-                           HALF, stride_xm, stride_pe, stride_pn, stride_be, stride_bn, stride_ge, stride_ym, e,
-                           row_start, row_end, pid_n, K, SMALL_M, BLOCK_N, AHEAD, GATHER, SWIGLU, ROW_SCALE,
-                           SCATTER, num_warps)
-            elif ONLY == 1:
-                nvfp4_tile(x_ptr, pw_ptr, bs_ptr, gs_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr, N_OUT,
-                           HALF, stride_xm, stride_pe, stride_pn, stride_be, stride_bn, stride_ge, stride_ym, e,
-                           row_start, row_end, pid_n, K, MID_M, BLOCK_N, AHEAD, GATHER, SWIGLU, ROW_SCALE,
-                           SCATTER, num_warps)
-            elif ONLY == 2:
-                nvfp4_tile(x_ptr, pw_ptr, bs_ptr, gs_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr, N_OUT,
-                           HALF, stride_xm, stride_pe, stride_pn, stride_be, stride_bn, stride_ge, stride_ym, e,
-                           row_start, row_end, pid_n, K, BLOCK_M, BLOCK_N, AHEAD, GATHER, SWIGLU, ROW_SCALE,
-                           SCATTER, num_warps)
-            else:  # every kind in this launch, by a branch per program
-                if kind == 0:
-                    nvfp4_tile(x_ptr, pw_ptr, bs_ptr, gs_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr, N_OUT,
-                               HALF, stride_xm, stride_pe, stride_pn, stride_be, stride_bn, stride_ge, stride_ym, e,
-                               row_start, row_end, pid_n, K, SMALL_M, BLOCK_N, AHEAD, GATHER, SWIGLU, ROW_SCALE,
-                               SCATTER, num_warps)
-                elif kind == 2:
-                    nvfp4_tile(x_ptr, pw_ptr, bs_ptr, gs_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr, N_OUT,
-                               HALF, stride_xm, stride_pe, stride_pn, stride_be, stride_bn, stride_ge, stride_ym, e,
-                               row_start, row_end, pid_n, K, BLOCK_M, BLOCK_N, AHEAD, GATHER, SWIGLU, ROW_SCALE,
-                               SCATTER, num_warps)
-                else:
-                    if MID_M > 0:
-                        nvfp4_tile(x_ptr, pw_ptr, bs_ptr, gs_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr,
-                                   N_OUT, HALF, stride_xm, stride_pe, stride_pn, stride_be, stride_bn, stride_ge,
-                                   stride_ym, e, row_start, row_end, pid_n, K, MID_M, BLOCK_N, AHEAD, GATHER, SWIGLU,
-                                   ROW_SCALE, SCATTER, num_warps)
+        place = tile_place(offs_ptr, E, E_P2, BLOCK_M, SMALL_M, MID_M, ONLY, num_warps)
+        if place[0] >= E:  # a spare M tile past the last expert's rows
+            return
+        run_tile(nvfp4_tile, place, (x_ptr, pw_ptr, bs_ptr, gs_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr,
+                                     N_OUT, HALF, stride_xm, stride_pe, stride_pn, stride_be, stride_bn, stride_ge,
+                                     stride_ym, pid_n, K, BLOCK_N, AHEAD, GATHER, SWIGLU, ROW_SCALE, SCATTER,
+                                     num_warps),
+                 BLOCK_M, SMALL_M, MID_M, ONLY)
 
     return nvfp4_wgmma_kernel
 

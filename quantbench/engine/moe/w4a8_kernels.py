@@ -132,14 +132,14 @@ def _kernel() -> Any:
 
     pdl_open = pdl.gluon_open()  # the first statement of the kernel (quantbench.engine.pdl)
     shared = gluon_common.helpers()
-    expert_tile, expert_tile_sized = shared["expert_tile"], shared["expert_tile_sized"]
+    tile_place, run_tile = shared["tile_place"], shared["run_tile"]
     weight_columns, store_outputs = shared["weight_columns"], shared["store_outputs"]
     low_asm, high_asm, keep_asm = (gl.constexpr(LOW_CODES_ASM), gl.constexpr(HIGH_CODES_ASM),
                                    gl.constexpr("mov.b32 $0, $1;"))
     # Gluon resolves names (callees, builtins, constants) through the module's globals, not this closure
     globals().update(gl=gl, cp=cp, fence_async_shared=fence_async_shared, warpgroup_mma=warpgroup_mma,
                      warpgroup_mma_wait=warpgroup_mma_wait, pdl_open=pdl_open, low_asm=low_asm, high_asm=high_asm,
-                     keep_asm=keep_asm, expert_tile=expert_tile, expert_tile_sized=expert_tile_sized,
+                     keep_asm=keep_asm, tile_place=tile_place, run_tile=run_tile,
                      weight_columns=weight_columns, store_outputs=store_outputs)
 
     @gluon.jit
@@ -195,13 +195,15 @@ def _kernel() -> Any:
 
     @gluon.jit
     def w4a8_tile(
+        e, row_start, row_end, BLOCK_M: gl.constexpr,
         xq_ptr, sx_ptr, xs_ptr, pw_ptr, s_ptr, z_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr, N_OUT, HALF,
-        stride_xm, stride_sxm, stride_pe, stride_pn, stride_se, stride_sg, stride_ym, e, row_start, row_end, pid_n,
-        K: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, AHEAD: gl.constexpr, PIPE: gl.constexpr,
+        stride_xm, stride_sxm, stride_pe, stride_pn, stride_se, stride_sg, stride_ym, pid_n,
+        K: gl.constexpr, BLOCK_N: gl.constexpr, AHEAD: gl.constexpr, PIPE: gl.constexpr,
         GATHER: gl.constexpr, SWIGLU: gl.constexpr, ROW_SCALE: gl.constexpr, SCATTER: gl.constexpr,
         num_warps: gl.constexpr,
     ):
-        """One program's tile: BLOCK_N weight rows of expert e times its rows row_start .. (at most BLOCK_M)."""
+        """One program's tile: BLOCK_N weight rows of expert e times its rows row_start .. (at most BLOCK_M; the
+        tile's place and size first, as gluon_common.run_tile calls it)."""
         KB: gl.constexpr = 128
         # a stage is rewritten once the MMAs that read it retired: PIPE keeps one more block's MMAs in flight
         STAGES: gl.constexpr = AHEAD + 1 + PIPE
@@ -318,35 +320,14 @@ def _kernel() -> Any:
     ):
         pdl_open(PDL)  # launched early (quantbench.engine.pdl): wait for the kernel before, first
         pid_n = gl.program_id(0)
-        if SMALL_M == 0:  # one tile size for every expert
-            e, row_start, row_end = expert_tile(offs_ptr, gl.program_id(1), E, E_P2, BLOCK_M, num_warps)
-            if e >= E:
-                return
-            w4a8_tile(xq_ptr, sx_ptr, xs_ptr, pw_ptr, s_ptr, z_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr,
-                      N_OUT, HALF, stride_xm, stride_sxm, stride_pe, stride_pn, stride_se, stride_sg, stride_ym, e,
-                      row_start, row_end, pid_n, K, BLOCK_M, BLOCK_N, AHEAD, PIPE, GATHER, SWIGLU, ROW_SCALE,
-                      SCATTER, num_warps)
-        else:  # a tile size per expert by its rows (gluon_common.tile_map), one launch
-            e, row_start, row_end, kind = expert_tile_sized(offs_ptr, gl.program_id(1), E, E_P2, BLOCK_M,
-                                                            SMALL_M, MID_M, -1, num_warps)
-            if e >= E:
-                return
-            if kind == 0:
-                w4a8_tile(xq_ptr, sx_ptr, xs_ptr, pw_ptr, s_ptr, z_ptr, y_ptr, rowidx_ptr, rowscale_ptr,
-                          rowdest_ptr, N_OUT, HALF, stride_xm, stride_sxm, stride_pe, stride_pn, stride_se,
-                          stride_sg, stride_ym, e, row_start, row_end, pid_n, K, SMALL_M, BLOCK_N, AHEAD, PIPE,
-                          GATHER, SWIGLU, ROW_SCALE, SCATTER, num_warps)
-            elif kind == 2:
-                w4a8_tile(xq_ptr, sx_ptr, xs_ptr, pw_ptr, s_ptr, z_ptr, y_ptr, rowidx_ptr, rowscale_ptr,
-                          rowdest_ptr, N_OUT, HALF, stride_xm, stride_sxm, stride_pe, stride_pn, stride_se,
-                          stride_sg, stride_ym, e, row_start, row_end, pid_n, K, BLOCK_M, BLOCK_N, AHEAD, PIPE,
-                          GATHER, SWIGLU, ROW_SCALE, SCATTER, num_warps)
-            else:
-                if MID_M > 0:
-                    w4a8_tile(xq_ptr, sx_ptr, xs_ptr, pw_ptr, s_ptr, z_ptr, y_ptr, rowidx_ptr, rowscale_ptr,
-                              rowdest_ptr, N_OUT, HALF, stride_xm, stride_sxm, stride_pe, stride_pn, stride_se,
-                              stride_sg, stride_ym, e, row_start, row_end, pid_n, K, MID_M, BLOCK_N, AHEAD, PIPE,
-                              GATHER, SWIGLU, ROW_SCALE, SCATTER, num_warps)
+        place = tile_place(offs_ptr, E, E_P2, BLOCK_M, SMALL_M, MID_M, -1, num_warps)  # -1: every kind, one launch
+        if place[0] >= E:  # a spare M tile past the last expert's rows
+            return
+        run_tile(w4a8_tile, place, (xq_ptr, sx_ptr, xs_ptr, pw_ptr, s_ptr, z_ptr, y_ptr, rowidx_ptr, rowscale_ptr,
+                                    rowdest_ptr, N_OUT, HALF, stride_xm, stride_sxm, stride_pe, stride_pn, stride_se,
+                                    stride_sg, stride_ym, pid_n, K, BLOCK_N, AHEAD, PIPE, GATHER, SWIGLU, ROW_SCALE,
+                                    SCATTER, num_warps),
+                 BLOCK_M, SMALL_M, MID_M, -1)
 
     return w4a8_kernel
 
