@@ -45,6 +45,11 @@ PLANS = {
         "n256-w8": {"BLOCK_N": 256, "num_warps": 8},
         "m128-n256-w8": {"BLOCK_M": 128, "BLOCK_N": 256, "num_warps": 8},
         "m256-w8": {"BLOCK_M": 256, "num_warps": 8},
+        # 64 weight rows a program: 142 registers, 76 KB (128 tokens) / 94, 44 KB (64 tokens) at sm_90
+        "m128-n64": {"BLOCK_M": 128, "BLOCK_N": 64},
+        "m64-n64": {"BLOCK_M": 64, "BLOCK_N": 64},
+        # 64 tokens capped at 128 registers: four programs an SM (the 128-token tile: two, by registers and memory)
+        "m64-r128": {"BLOCK_M": 64, "maxnreg": 128},
     },
     "nvfp4": {
         "current": {},

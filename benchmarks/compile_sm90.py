@@ -45,7 +45,7 @@ SHAPES = {"gate_up": (2 * INTER, H), "down": (H, INTER)}  # (N, K)
 
 
 def compile_sm90(fn, pointer_types: dict[str, str], constexprs: dict, num_warps: int, num_stages: int,
-                 ints_by_16: tuple[str, ...] = ()) -> dict:
+                 ints_by_16: tuple[str, ...] = (), maxnreg: int | None = None) -> dict:
     # lazy: Triton is optional (not on CPU installs) and takes about 1 s to import; only the GPU runs use it
     import triton
     from triton.backends.compiler import GPUTarget
@@ -68,7 +68,8 @@ def compile_sm90(fn, pointer_types: dict[str, str], constexprs: dict, num_warps:
         if name in pointer_types or name.startswith("stride") or name in ints_by_16:
             attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, num_stages=num_stages))
+    options = dict(num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}))
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     ttgir, ptx = k.asm["ttgir"], k.asm["ptx"]
     waits = [int(w) for w in re.findall(r"warp_group_dot_wait.*pendings = (\d+)", ttgir)]
     out = dict(mma="+".join(sorted(set(re.findall(r"versionMajor = (\d)", ttgir)))) or "-",
@@ -84,7 +85,7 @@ def compile_sm90(fn, pointer_types: dict[str, str], constexprs: dict, num_warps:
         sass = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True).stdout
     regs, stack = re.search(r"REG:(\d+)", usage), re.search(r"STACK:(\d+)", usage)
     out.update(registers=int(regs.group(1)) if regs else None, spill_bytes=int(stack.group(1)) if stack else None,
-               loop=loop_length(sass), pdl=pdl_order(sass))
+               loop=loop_length(sass), loop_spills=loop_spills(sass), pdl=pdl_order(sass))
     return out
 
 
@@ -110,17 +111,27 @@ def pdl_order(sass: str) -> str:
     return "first" if not before else f"after {before[0]}"
 
 
-def loop_length(sass: str) -> int:
-    """SASS instructions in the kernel's longest loop (a backward branch's span): the K loop, whose length per
-    block is what the unpacking costs (NVFP4's fell from 648 to 372 when its codes were repacked); 0: no loop
-    left (unrolled)."""
+def loops(sass: str) -> list[list[str]]:
+    """The instructions of each loop (a backward branch's span), in the order of their branches."""
     ins = sass_instructions(sass)
-    best = 0
+    spans = []
     for addr, text in ins:
         target = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
         if target and int(target.group(1), 16) < addr:
-            best = max(best, sum(1 for a, _ in ins if int(target.group(1), 16) <= a <= addr))
-    return best
+            spans.append([t for a, t in ins if int(target.group(1), 16) <= a <= addr])
+    return spans
+
+
+def loop_length(sass: str) -> int:
+    """SASS instructions in the kernel's longest loop: the K loop, whose length per block is what the unpacking
+    costs (NVFP4's fell from 648 to 372 when its codes were repacked); 0: no loop left (unrolled)."""
+    return max((len(body) for body in loops(sass)), default=0)
+
+
+def loop_spills(sass: str) -> int:
+    """Local-memory loads and stores (spills) inside any loop: a register cap (maxnreg) may leave a few around a
+    loop, never one in it."""
+    return sum(1 for body in loops(sass) for text in body if re.search(r"\b(LDL|STL)\b", text))
 
 
 def gluon_constexprs(tiles: dict, scaled: bool = True) -> dict:
@@ -187,8 +198,8 @@ def main() -> None:
           f"{'regs':>4s} {'spill':>5s} {'smem KB':>7s} {'loop':>4s} {'pdl wait':>8s}  configuration at {args.tokens} tokens")
     for fmt, proj, cfg, fn, types, consts, ints_by_16 in kernels(args.tokens):
         cfg = dict(cfg)
-        warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
-        r = compile_sm90(fn, types, {**consts, **cfg}, warps, stages, ints_by_16)
+        warps, stages, maxnreg = cfg.pop("num_warps"), cfg.pop("num_stages"), cfg.pop("maxnreg", None)
+        r = compile_sm90(fn, types, {**consts, **cfg}, warps, stages, ints_by_16, maxnreg)
         print(f"{fmt + ' ' + proj:20s} {r['mma']:>3s} {r['wgmma']:5d} {r['mma_sync']:4d} {r['waits']:5d} "
               f"{r['in_flight']:6d} {r['async_copies']:5d} {r['registers'] or 0:4d} {r['spill_bytes'] or 0:5d} "
               f"{r['shared_kb']:7.1f} {r['loop'] or '-':>4} {r['pdl']:>8s}  {cfg} warps {warps} stages {stages}", flush=True)

@@ -70,6 +70,14 @@ PLANS = {
         # 128-token tiles for the experts with more than MID_M rows (the batch-1 decision's dozen heavy experts)
         "scaled-a1+mixed16/32+m128": {**ONE_SIZE, "AHEAD": 1, "SCALED": 2, "SMALL_M": 16, "MID_M": 32, "BLOCK_M": 128},
         "scaled-a1+mixed16/64+m128": {**ONE_SIZE, "AHEAD": 1, "SCALED": 2, "SMALL_M": 16, "MID_M": 64, "BLOCK_M": 128},
+        # 64 weight rows a program (one wgmma M): 94 / 80 registers and 44 / 42 KB of shared memory at sm_90
+        # (compile_sm90), so five programs an SM where 64 x 128 fits three: more warps for a latency-bound loop
+        "scaled-a1+mixed16/32+n64": {**ONE_SIZE, "AHEAD": 1, "SCALED": 2, "SMALL_M": 16, "MID_M": 32, "BLOCK_N": 64},
+        "scaled-a1+mixed16/32+m128n64": {**ONE_SIZE, "AHEAD": 1, "SCALED": 2, "SMALL_M": 16, "MID_M": 32,
+                                         "BLOCK_M": 128, "BLOCK_N": 64},
+        # the committed plan capped at 128 registers (145 / 166 without): four programs an SM instead of three, as
+        # its 56 / 52 KB of shared memory allow; ptxas keeps the K loops free of spills (8 bytes stored around one)
+        "scaled-a1+mixed16/32+r128": {**ONE_SIZE, "AHEAD": 1, "SCALED": 2, "SMALL_M": 16, "MID_M": 32, "maxnreg": 128},
     },
     "nvfp4": {
         "one-size": {**ONE_SIZE, "AHEAD": 1},

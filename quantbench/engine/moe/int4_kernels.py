@@ -81,9 +81,13 @@ def dequantize_instead(kernel: str, n: int, k: int, rows: int, experts: int) -> 
 # output's sum order): 10.56 against 11.06 ms at batch 8, 20.12 against 21.03 at batch 16 (-4.3%); 8 warps (two
 # warpgroups) lost or crashed ptxas, 256 weight rows did not compile.
 # short-k: mid and large below gluon_common.PLAN_MIN_K inputs keep the tiles before (the fixture, K 256).
+# Since 2026-12-04 (benchmarks/tile_probe.sh, one H200): mid caps the registers at 128 (ptxas: 145 / 166 without;
+# with the cap no spill in a K loop, 8 bytes stored around one), so four programs fit an SM instead of three, as
+# their 56 / 52 KB of shared memory allow: the 48-layer decision 10.86 against 11.10 ms p50, the same answers bit
+# for bit. 64 weight rows a program (five programs an SM) lost at every batch: 28% more instructions a weight.
 WGMMA_TILES: dict[str, dict[str, Any]] = {
     "small": dict(BLOCK_M=16, BLOCK_N=128, AHEAD=2),
-    "mid": dict(BLOCK_M=64, BLOCK_N=128, AHEAD=1, SCALED=2, SMALL_M=16, MID_M=32),
+    "mid": dict(BLOCK_M=64, BLOCK_N=128, AHEAD=1, SCALED=2, SMALL_M=16, MID_M=32, maxnreg=128),
     "large": dict(BLOCK_M=128, BLOCK_N=128, AHEAD=1, SCALED=2, SMALL_M=16, MID_M=32),
     "short-k": dict(BLOCK_M=64, BLOCK_N=128, AHEAD=2),
 }
