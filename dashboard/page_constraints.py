@@ -87,6 +87,8 @@ for ans in here + [a for a in answers if a not in here]:
         st.success(f"**⭐ {ans.pick.label}** — {ans.verdict.removeprefix(f'{ans.pick.label}: ')}")
     else:
         st.warning(ans.verdict[:1].upper() + ans.verdict[1:])
+    if not ans.candidates:  # a table of batched runs alone: the verdict says why there is nothing to judge
+        continue
     st.dataframe([{
         "Variant": ("⭐ " if k is ans.pick else "") + k.label,
         "Meets every constraint": "yes" if k.passes else "no",

@@ -13,13 +13,21 @@ reports = store_cache.reports_for(db, mtime, url_state.rules(), sel.since, price
 mine = [rep for rep in reports if store_cache.report_key(rep) == sel.gpu and rep.model_id == sel.model]
 rows = [row for rep in mine for row in rep.rows if row.ok]
 suite_of = {row.run.run_id: rep.suite_id for rep in mine for row in rep.rows}
+batched = sorted({str(rep.suite_id) for rep in mine if rep.throughput})  # suites with batched runs
+if not rows and any(rep.batched_only for rep in mine):
+    st.info(f"Only batched runs of {sel.model} on {sel.gpu_label}: each timed a whole pass of several decisions, "
+            "never one decision. The report page shows their decisions per second; run at batch 1 for per-decision "
+            "latency.", icon="📦")
+    st.stop()
 if not rows:
     st.info(f"No successful run of {sel.model} on {sel.gpu_label}: nothing was timed. See the Runs page.", icon="ℹ️")
     st.stop()
 
 st.caption(f"{sel.model} on {sel.gpu_label}: the runs in the report (the latest successful run of each variant). "
            "Model time is the forward pass alone (CUDA events on a GPU, perf_counter on a CPU); tokenization is "
-           "reported apart as prep.")
+           "reported apart as prep."
+           + (" Batched runs (several decisions a pass) are not here: the report page shows their decisions per "
+              f"second (suite{'s' * (len(batched) > 1)} {', '.join(batched)})." if batched else ""))
 # One report per suite: with several (e.g. 128-, 512- and 2048-token decisions) a variant appears once per suite
 several = len({rep.suite_hash for rep in mine}) > 1
 label = {r.run.run_id: f"{r.label} · {suite_of[r.run.run_id]}" if several else r.label for r in rows}

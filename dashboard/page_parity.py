@@ -38,6 +38,7 @@ mine = [rep for rep in reports if store_cache.report_key(rep) == sel.gpu and rep
 compared = [(rep, row) for rep in mine for row in rep.rows if row.comparison is not None]
 if not compared:
     why = {row.quality for rep in mine for row in rep.rows if row.quality and row.quality != "reference"}
+    why |= {f"suite {rep.suite_id}: {rep.no_table_note}" for rep in mine if rep.batched_only}
     if SYNTHETIC_NOTE in why:
         st.info("These runs use synthetic (random) weights: they measure speed and memory only, so there is no "
                 "parity to show. See the Latency page.", icon="🎲")

@@ -1,5 +1,7 @@
 """Which quant should I use? The report table for the selected GPU and model, its chart, and every GPU's pick."""
 
+from collections import Counter
+
 import streamlit as st
 
 from dashboard import figures, report_table, store_cache, url_state
@@ -56,9 +58,38 @@ def is_synthetic(rep: GpuReport) -> bool:
     return any(r.quality == SYNTHETIC_NOTE for r in rep.rows)
 
 
+def throughput_table(rep: GpuReport) -> None:
+    """Batched runs: decisions/s, one row per variant and batch size (beside the per-decision table, or alone)."""
+    st.caption("Throughput: decisions per second with several decisions in one forward pass"
+               + ("." if rep.batched_only else " (the table above is one decision at a time)."))
+    st.dataframe([{"Variant": t["variant"], "Decisions per pass": t["batch"], "Decisions/s": t["decisions_per_s"],
+                   "Mean ms per pass": t["ms_per_pass"],
+                   "Energy per decision": efficiency.energy_text(t["efficiency"]),
+                   **({"Cost per 1M decisions": efficiency.cost_text(t["efficiency"])} if price else {}),
+                   "Run": t["run_id"][:13]}
+                  for t in rep.throughput], hide_index=True, width="stretch",
+                 column_config={"Decisions/s": st.column_config.NumberColumn(format="%.1f"),
+                                "Mean ms per pass": st.column_config.NumberColumn(format="%.1f")},
+                 key=f"throughput-{store_cache.report_key(rep)}-{rep.suite_hash}")
+
+
+def batched_only(rep: GpuReport) -> None:
+    """A group of batched runs alone: why there is no per-decision table, and its throughput."""
+    st.info(f"**No per-decision table:** {rep.no_table_note}.", icon="📦")
+    throughput_table(rep)
+    for note in rep.notes:
+        st.caption(note)
+    with st.expander("This table as markdown (what `quantbench report` prints, for a model card)"):
+        st.code(render([rep], "markdown", rules), language="markdown")
+
+
 for rep in mine:
-    st.subheader(f"{rep.model_id} on {rep.gpu}")
+    # several suites of one model on one GPU: headings that differ only in the caption below them read as repeats
+    st.subheader(f"{rep.model_id} on {rep.gpu}" + (f" · suite {rep.suite_id}" if len(mine) > 1 else ""))
     st.caption(f"Suite {rep.suite_id} (hash {rep.suite_hash})")
+    if rep.batched_only:
+        batched_only(rep)
+        continue
     if is_synthetic(rep):
         st.info("Synthetic (random) weights: these runs measure **speed and memory only** — their answers say "
                 "nothing about quality, so no agreement and no recommendation are shown for them.", icon="🎲")
@@ -75,17 +106,7 @@ for rep in mine:
     st.dataframe(report_table.styled(rep, df), hide_index=True, width="stretch", column_config=report_table.column_config(rep),
                  column_order=report_table.column_order(df), key=f"table-{store_cache.report_key(rep)}-{rep.suite_hash}")
     if rep.throughput:  # batched runs: decisions/s beside the per-decision table, one row each
-        st.caption("Throughput: decisions per second with several decisions in one forward pass (the table above "
-                   "is one decision at a time).")
-        st.dataframe([{"Variant": t["variant"], "Decisions per pass": t["batch"], "Decisions/s": t["decisions_per_s"],
-                       "Mean ms per pass": t["ms_per_pass"],
-                       "Energy per decision": efficiency.energy_text(t["efficiency"]),
-                       **({"Cost per 1M decisions": efficiency.cost_text(t["efficiency"])} if price else {}),
-                       "Run": t["run_id"][:13]}
-                      for t in rep.throughput], hide_index=True, width="stretch",
-                     column_config={"Decisions/s": st.column_config.NumberColumn(format="%.1f"),
-                                    "Mean ms per pass": st.column_config.NumberColumn(format="%.1f")},
-                     key=f"throughput-{store_cache.report_key(rep)}-{rep.suite_hash}")
+        throughput_table(rep)
     for note in rep.notes:
         st.caption(note)
     flat = flat_rows([rep])
@@ -101,20 +122,26 @@ for rep in mine:
         st.code(render([rep], "markdown", rules), language="markdown")
 
 shown = bases[0] if bases and not any(r.model_id == sel.model for r in reports) else sel.model
+# A table of batched runs alone has no pick by construction: its note and throughput are above, not a card here.
+everywhere = [r for r in reports if r.model_id == shown and not r.batched_only]
+if not everywhere:
+    st.stop()
 st.subheader(f"{shown}: the recommendation on every GPU")
-everywhere = [r for r in reports if r.model_id == shown]
 for matrix in gpu_matrices(everywhere):
     st.markdown(f"**Which quant on which GPU** (suite {matrix.suite_id}): p50 latency per decision · weights in "
                 "memory · agreement with that GPU's BF16; ⭐ the pick on that GPU.")
     st.dataframe(report_table.matrix_frame(matrix), hide_index=True, width="stretch",
                  column_config=report_table.matrix_column_config(matrix),
                  key=f"matrix-{matrix.model_id}-{matrix.suite_id}")
+tables_on = Counter(r.gpu for r in everywhere)  # a GPU with several suites gets a card per suite, named by it
 per_row = max(3, min(4, len(everywhere)))
 for start in range(0, len(everywhere), per_row):
     for col, rep in zip(st.columns(per_row), everywhere[start:start + per_row], strict=False):
         box = col.container(border=True)
         here = " (selected)" if store_cache.report_key(rep) == sel.gpu else ""
         pick = rep.recommended
+        if tables_on[rep.gpu] > 1:  # a caption, not the metric's label: a long label is cut to the card's width
+            box.caption(f"Suite {rep.suite_id}")
         box.metric(rep.gpu + here, pick.label if pick else "none")
         if pick is not None:
             c = cells(pick, rep)

@@ -168,7 +168,13 @@ def runs(db: str, mtime: Stamp) -> pd.DataFrame:
 def machine_id(run: StoredRun) -> str:
     """The value the GPU selector (and the URL) uses: the GPU's name, or cpu:MACHINE for a CPU run (its host name,
     and the CPU model, logical CPUs and machine id where the run recorded them: parity.gpu_key)."""
-    return f"cpu:{parity.gpu_key(run)[1]}" if run.is_cpu else str(run.gpu_name)
+    return key_id(parity.gpu_key(run))
+
+
+def key_id(gpu_key: tuple[str, str]) -> str:
+    """machine_id of a parity.gpu_key: the GPU's name, or cpu:MACHINE."""
+    kind, name = gpu_key
+    return f"cpu:{name}" if kind == "cpu" else name
 
 
 @st.cache_data(show_spinner="Comparing every variant with BF16…", max_entries=16)
@@ -230,8 +236,9 @@ def this_machine_id() -> str:
 
 
 def report_key(rep: GpuReport) -> str:
-    """The machine id of a report, matching `machine_id` of its runs."""
-    return machine_id(rep.rows[0].run)
+    """The machine id of a report, matching `machine_id` of its runs (a table of batched runs alone has no rows to
+    read it from: the report carries its runs' machine)."""
+    return key_id(rep.gpu_key)
 
 
 def env_db_note() -> str:

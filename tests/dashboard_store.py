@@ -168,6 +168,33 @@ def build(path: str | Path) -> Store:
     return store
 
 
+BATCHED_SUITE = ("s64", "suitehash0064")  # a suite the H200 ran only batched (`run --concurrency N`)
+BATCHED_MODEL = "teststore/batched-only-moe"  # a model whose every run is batched
+# (model, suite, variant, kernel, decisions a pass, ms a pass, weights GiB)
+BATCHED: list[tuple] = [
+    (MODEL, BATCHED_SUITE, "int4", "grouped_int4", 16, 112.0, 16.4),
+    (MODEL, BATCHED_SUITE, "int4", "grouped_int4", 32, 220.0, 16.4),
+    (MODEL, BATCHED_SUITE, "fp8", "fp8_blockwise", 16, 131.0, 29.8),
+    (BATCHED_MODEL, SUITE, "int4", "grouped_int4", 16, 112.0, 16.4),
+]
+
+
+def add_batched_only(store: Store, minutes: int = 400) -> list[str]:
+    """Groups with only batched runs on the H200: the test model on BATCHED_SUITE, and BATCHED_MODEL on the usual
+    suite. Each latency row is a decision timed by its whole pass, as a batched run stores it."""
+    ids = []
+    for i, (model, suite, variant, kernel, batch, pass_ms, weights) in enumerate(BATCHED):
+        lat = [{**row, "batch": batch} for row in latencies(pass_ms, seed=500 + i)]
+        energy = {"energy_j_per_decision": 450.0 * pass_ms / 1e3 / batch, "energy_mean_w": 450.0,
+                  "energy_phase_s": 3.0, "energy_decisions": len(lat), "energy_idle_w": 120.0}
+        run = run_row(H200, minutes + 10 * i, model_id=model, suite_id=suite[0], suite_hash=suite[1],
+                      backend=variant, variant=variant, kernel_path=kernel, weight_format=variant, native="native",
+                      role="candidate", **_memory(H200, weights, weights), **energy)
+        ids.append(store.write_run(RunResult(run=run, answers=candidate_answers(reference_answers(), 3, seed=600 + i),
+                                             latencies=lat)))
+    return ids
+
+
 def append_run(store: Store, minutes: int = 300) -> str:
     """One more run, as a concurrent `quantbench run` would write it."""
     return store.write_run(RunResult(

@@ -131,3 +131,22 @@ def test_synthetic_tables_never_have_a_pick(store):
     synthetic = [a for a in answer(store, Constraints()) if a.synthetic]
     assert synthetic and all(a.pick is None for a in synthetic)
     assert all("no quality evidence" in k.failed.get("quality", "") for a in synthetic for k in a.candidates if k.row.ok)
+
+
+def test_a_table_of_batched_runs_alone_has_no_candidate_and_says_why(tmp_path):
+    """Its throughput judges no quality: no pick, an empty candidate list, and the report's note as the verdict."""
+    from quantbench.report.constraints_text import answers_text
+
+    store = ds.build(tmp_path / "results.duckdb")
+    ds.add_batched_only(store)
+    answers = answer(store, Constraints(max_latency_ms=500, concurrency=16), gpu="NVIDIA H200")
+    alone = [a for a in answers if a.report.batched_only]
+    assert {(a.report.model_id, a.report.suite_id) for a in alone} == {(ds.MODEL, ds.BATCHED_SUITE[0]),
+                                                                      (ds.BATCHED_MODEL, ds.SUITE[0])}
+    assert all(a.pick is None and a.candidates == [] and not a.synthetic for a in alone)
+    assert all(a.verdict == f"nothing to pick from: {a.report.no_table_note}" for a in alone)
+    text = answers_text(answers)
+    assert f"· suite {ds.BATCHED_SUITE[0]}\nnothing to pick from: only batched runs (16 and 32 decisions a pass)" in text
+    # the batch-1 table of the same model still picks, its latency at 16 clients from its own suite's runs only
+    [table] = [a for a in answers if a.report.model_id == ds.MODEL and a.report.suite_id == ds.SUITE[0]]
+    assert table.pick is not None and table.pick.latency.basis != "batched"

@@ -325,6 +325,56 @@ def test_a_batched_run_never_replaces_the_batch_1_row_and_is_reported_as_decisio
     assert "bf16 (quantbench engine) at batch 8: 391.2/s" in note and "/s; bf16 (" in note
 
 
+def section(md: str, heading_line: str) -> str:
+    """The part of a markdown report from the table whose lines include `heading_line` to the next heading."""
+    parts = md.split("\n### ")
+    return next(p for p in parts if heading_line in p)
+
+
+def test_a_suite_run_only_batched_is_its_throughput_table_with_the_reason_and_no_pick(tmp_path):
+    """A suite run only with `run --concurrency N` has no batch-1 run to make rows of: its report is the throughput
+    table alone, and a note says why there is no latency or parity table (such a group used to be left out)."""
+    lab = Lab(tmp_path / "r.duckdb", n=30)
+    lab.run(**GPU, mem_weights_bytes=60 * MB)  # one decision at a time on suite s1: a table, as ever
+    batched = dict(suite_id="s64", suite_hash="s64-hash", backend="int4", variant="int4", **GPU,
+                   mem_weights_bytes=20 * MB)
+    ids = [lab.run(ms=100, batch=16, **batched), lab.run(ms=190, batch=32, energy_j_per_decision=5.4, **batched)]
+    table, alone = report.build_report(lab.store)  # by suite id: builtin, s64
+    assert table.rows and not table.batched_only
+    assert alone.batched_only and alone.rows == [] and alone.recommended is None
+    assert alone.rule == recommend.BATCHED_ONLY_RULE and alone.suite_id == "s64"
+    note = ("only batched runs (16 and 32 decisions a pass) in this group: run it at batch 1 for per-decision "
+            "latency and parity")
+    assert alone.no_table_note == note
+    assert [(t["variant"], t["batch"], t["run_id"]) for t in alone.throughput] == [("int4", 16, ids[0]),
+                                                                                    ("int4", 32, ids[1])]
+    md = report.render([table, alone], "markdown")
+    s64 = section(md, "Suite s64 (hash s64-hash).")
+    assert s64.startswith("tiny-moe on NVIDIA H200 (hopper)")
+    assert f"**No per-decision table:** {note}." in s64
+    assert "Throughput, several decisions in one forward pass:\n" in s64 and "the table above" not in s64
+    assert "| int4 | 16 | 159.3 | " in s64 and "| int4 | 32 | " in s64 and "| 5.4 J |" in s64
+    assert "| Variant | Format |" not in s64 and "Recommendation:" not in s64  # no empty latency table
+    assert f"| NVIDIA H200 (hopper) | tiny-moe | s64 | none | {recommend.BATCHED_ONLY_RULE} |" in md
+    assert "Which quant on which GPU" not in md  # one GPU: no matrix, and a batched-only table never joins one
+    data = json.loads(report.render([table, alone], "json"))
+    [s64_json] = [r for r in data["reports"] if r["suite_id"] == "s64"]
+    assert s64_json["batched_only"] and s64_json["rows"] == [] and s64_json["recommended"] is None
+    assert s64_json["notes"][0] == note and [t["run_id"] for t in s64_json["throughput"]] == ids
+    assert s64_json["throughput"][1]["j_per_decision"] == 5.4
+    assert "s64" not in report.render([table, alone], "csv")  # the csv is per-decision rows only
+
+
+def test_a_batched_only_table_of_synthetic_weights_does_not_promise_parity(tmp_path):
+    lab = Lab(tmp_path / "r.duckdb", n=30)
+    lab.run(ms=100, batch=16, weights="synthetic", model_id="synthetic-qwen3-30b-a3b", **GPU)
+    [alone] = report.build_report(lab.store)
+    assert alone.synthetic and alone.no_table_note == (
+        "only batched runs (16 decisions a pass) in this group: run it at batch 1 for per-decision latency (its "
+        "synthetic weights give no parity)")
+    assert report.report_for_this_machine(lab.store, "NVIDIA H200").startswith("### synthetic-qwen3-30b-a3b on")
+
+
 def test_one_table_per_gpu_with_a_summary_and_gpu_filters(cpu_lab):
     lab, ids = cpu_lab
     lab.run(**GPU, mem_weights_bytes=60 * MB, mem_nvml_peak_bytes=None, mem_peak_reserved_bytes=70 * MB)

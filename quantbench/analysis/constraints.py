@@ -15,7 +15,8 @@ Constraints (each optional but the quality rule):
   - quality: agreement with BF16 ≥ `min_agreement`, and no modality `worse` than the noise floor beyond `margin`
     (the verdict of quantbench.analysis.parity with Margins(agreement=margin); the same rule as the report).
 Among the variants that meet every constraint, a native one is preferred (as the report does), then the
-`objective`: the smallest weights in memory, the lowest latency, or the least energy.
+`objective`: the smallest weights in memory, the lowest latency, or the least energy. A table of batched runs alone
+(GpuReport.batched_only) has no candidate: its answer says why, and that it needs runs at batch 1.
 """
 
 from __future__ import annotations
@@ -143,7 +144,7 @@ class Answer:
     @property
     def synthetic(self) -> bool:
         """Random weights: speed and memory only, so no pick on quality can exist."""
-        return any(r.quality == SYNTHETIC_NOTE for r in self.report.rows)
+        return self.report.synthetic or any(r.quality == SYNTHETIC_NOTE for r in self.report.rows)
 
     def as_dict(self) -> dict[str, Any]:
         r = self.report
@@ -167,6 +168,8 @@ def answer(store: Store, constraints: Constraints, *, gpu: str | None = None, ho
 
 
 def _answer_one(rep: GpuReport, c: Constraints, steps: pd.DataFrame) -> Answer:
+    if rep.batched_only:  # its throughput alone judges no quality: no candidate, and the reason
+        return Answer(rep, c, [], None, f"nothing to pick from: {rep.no_table_note}")
     rules = c.rules()
     synthetic = any(r.quality == SYNTHETIC_NOTE for r in rep.rows)
     candidates = []

@@ -3,6 +3,9 @@
 Rows are the latest run of each variant (backend, variant, kernel, format) on that GPU — a failed run only when
 the variant never succeeded there, so an out-of-memory shows up as what it is. Quality columns compare each row
 with the BF16 reference (see quantbench.analysis.parity); runs with synthetic weights show speed and memory only.
+Rows are one decision at a time (batch 1); batched runs (`run --concurrency N`) are a throughput table beside them,
+and a group of batched runs alone is a report of that table only: no rows, no recommendation, and a note saying why
+(GpuReport.batched_only).
 
 "Best for" follows `Rules`, applied in this order, and the report prints which rule picked the recommendation:
   1. quality: agreement with BF16 ≥ `min_agreement`, and (with `use_noise_floor`) not `worse` than the noise
@@ -36,6 +39,7 @@ from quantbench.store.records import StoredRun
 GIB = 1 << 30
 OBJECTIVES = ("memory", "latency")
 SYNTHETIC_NOTE = "synthetic weights: speed/memory only"
+BATCHED_ONLY_RULE = "no recommendation: only batched runs here (throughput), no per-decision latency or parity"
 
 
 @dataclass
@@ -104,6 +108,7 @@ class GpuReport:
     gpu: str  # label: "NVIDIA H200 (hopper)" or "CPU (host)"
     gpu_family: str | None
     cpu: bool
+    gpu_key: tuple[str, str]  # parity.gpu_key of its runs: what "this GPU" (or this CPU machine) is
     model_id: str | None
     suite_id: str | None
     suite_hash: str | None
@@ -117,6 +122,13 @@ class GpuReport:
     throughput: list[dict[str, Any]] = field(default_factory=list)  # batched runs: throughput()
     price_per_gpu_hour: float | None = None  # USD: the rows' efficiency carries cost per 1M decisions
     modality_counts: dict[str, int] = field(default_factory=dict)  # the reference's questions per modality
+    synthetic: bool = False  # every successful run has synthetic (random) weights: speed and memory only
+    no_table_note: str | None = None  # why there are no per-decision rows (only batched runs); None: there are
+
+    @property
+    def batched_only(self) -> bool:
+        """Only batched runs: a throughput table and `no_table_note`, no rows to compare or recommend from."""
+        return self.no_table_note is not None
 
 
 class Reports(list[GpuReport]):
@@ -352,6 +364,8 @@ def build_report(store: Store, gpu: str | None = None, model: str | None = None,
         if rows_runs:
             reports.append(_build_one(store, group, rows_runs, rules, answers_of, cross_gpu_reference, seed,
                                       history, price))
+        elif batched := throughput(group, history, price):
+            reports.append(_batched_only(group, batched, price))
     reports.sort(key=lambda r: (r.cpu, r.gpu, str(r.model_id), str(r.suite_id)))
     reports.adjust()
     return reports
@@ -407,6 +421,7 @@ def _build_one(store, group, rows_runs, rules, answers_of, cross_gpu_reference, 
     counts = parity.modality_counts(answers_of(reference)) if reference is not None and not synthetic else {}
     report = GpuReport(
         modality_counts=counts, gpu=parity.gpu_label(first), gpu_family=first.gpu_family, cpu=cpu,
+        gpu_key=parity.gpu_key(first), synthetic=synthetic,
         model_id=first.model_id, suite_id=next((r.suite_id for r in group if r.suite_id), None),
         suite_hash=next((r.suite_hash for r in group if r.suite_hash), None),
         rows=rows, reference=reference, floor=floor, recommended=None, rule="", reference_accuracy=ref_acc,
@@ -414,6 +429,29 @@ def _build_one(store, group, rows_runs, rules, answers_of, cross_gpu_reference, 
     )
     _recommend(report, rules, synthetic)
     return report
+
+
+def _batched_only(group: list[StoredRun], batched: list[dict[str, Any]], price: float | None) -> GpuReport:
+    """The report of a group without a batch-1 run to make rows of: its throughput table, and a note saying why
+    there is nothing else (its runs timed whole passes, never one decision; parity is judged at batch 1)."""
+    first = group[0]
+    synthetic = all(r.weights == "synthetic" for r in group if r.status == "ok")
+    return GpuReport(
+        gpu=parity.gpu_label(first), gpu_family=first.gpu_family, cpu=first.is_cpu, gpu_key=parity.gpu_key(first),
+        model_id=first.model_id, suite_id=next((r.suite_id for r in group if r.suite_id), None),
+        suite_hash=next((r.suite_hash for r in group if r.suite_hash), None), rows=[], reference=None, floor=None,
+        recommended=None, rule=BATCHED_ONLY_RULE, throughput=batched, price_per_gpu_hour=price, synthetic=synthetic,
+        no_table_note=batched_only_note(group, batched, synthetic))
+
+
+def batched_only_note(group: list[StoredRun], batched: list[dict[str, Any]], synthetic: bool) -> str:
+    """`only batched runs (16 and 32 decisions a pass) in this group: run it at batch 1 for ...`."""
+    sizes = [str(b) for b in sorted({t["batch"] for t in batched})]
+    per_pass = " and ".join([", ".join(sizes[:-1]), sizes[-1]] if len(sizes) > 1 else sizes)
+    floors = " and noise-floor runs" if any(r.forward_batch == 1 and r.role == "noise_floor" for r in group) else ""
+    what = "per-decision latency (its synthetic weights give no parity)" if synthetic else \
+        "per-decision latency and parity"
+    return f"only batched runs ({per_pass} decisions a pass){floors} in this group: run it at batch 1 for {what}"
 
 
 def _fill_quality(row: Row, reference, floor, answers_of, seed, margins: an.Margins | None = None) -> None:

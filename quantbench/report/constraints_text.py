@@ -17,7 +17,7 @@ def answers_text(answers: list[Answer], synthetic: bool = False) -> str:
         r = a.report
         lines.append(f"## {r.gpu} · {r.model_id} · suite {r.suite_id}")
         lines.append(("Pick: " if a.pick else "") + a.verdict)
-        width = max(len(k.label) for k in a.candidates)
+        width = max((len(k.label) for k in a.candidates), default=0)  # none in a table of batched runs alone
         for k in a.candidates:
             status = "meets every constraint" if k.passes else "fails " + "; ".join(
                 f"{name}: {why}" for name, why in k.failed.items())

@@ -44,16 +44,18 @@ def throughput_notes(rows: list[dict[str, Any]]) -> list[str]:
     return ["Throughput (decisions per second, several decisions in one forward pass): " + "; ".join(parts) + "."]
 
 
-def throughput_markdown(rows: list[dict[str, Any]]) -> list[str]:
+def throughput_markdown(rows: list[dict[str, Any]], under_table: bool = True) -> list[str]:
     """throughput()'s rows as the small table `quantbench report` prints under the latency table (one row per
-    variant and batch size: a list of them in one sentence was unreadable past a few)."""
+    variant and batch size: a list of them in one sentence was unreadable past a few); `under_table` False: the
+    table of a group of batched runs alone, with no latency table above it."""
     if not rows:
         return []
     priced = rows[0]["efficiency"].price_per_gpu_hour is not None
     head = ["Variant", "Decisions per pass", "Decisions/s", "Mean ms per pass", "Energy per decision",
             *(["Cost per 1M decisions"] if priced else []), "Run"]
-    lines = ["Throughput, several decisions in one forward pass (the table above is one decision at a time):", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    title = "Throughput, several decisions in one forward pass" + (
+        " (the table above is one decision at a time):" if under_table else ":")
+    lines = [title, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for t in rows:
         e = t["efficiency"]
         cost = f" {efficiency.cost_text(e)} |" if priced else ""
@@ -146,7 +148,19 @@ def _md_escape(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def _markdown_batched_only(report: GpuReport) -> str:
+    """A group of batched runs alone: its heading, why it has no latency table, and its throughput table."""
+    lines = [f"### {report.model_id} on {report.gpu}", "", f"Suite {report.suite_id} (hash {report.suite_hash}).", "",
+             f"**No per-decision table:** {report.no_table_note}.", ""]
+    lines += throughput_markdown(report.throughput, under_table=False)
+    notes = report.notes + efficiency.energy_note(report.price_per_gpu_hour, report.cpu)
+    lines += [f"- {_md_escape(n)}" for n in notes]
+    return "\n".join(lines)
+
+
 def _markdown_one(report: GpuReport, n_cells: int = 0) -> str:
+    if report.batched_only:
+        return _markdown_batched_only(report)
     title = f"### {report.model_id} on {report.gpu}"
     lines = [title, "", f"Suite {report.suite_id} (hash {report.suite_hash})."]
     if report.modality_counts:
@@ -314,10 +328,12 @@ def matrix_cell(row: Row, report: GpuReport) -> str:
 
 
 def gpu_matrices(reports: list[GpuReport]) -> list[GpuMatrix]:
-    """One matrix per (model, suite) that ran on more than one GPU (or CPU host), variants in the order the
-    tables list them."""
+    """One matrix per (model, suite) that ran one decision at a time on more than one GPU (or CPU host), variants
+    in the order the tables list them."""
     by_model: dict[tuple, list[GpuReport]] = {}
     for rep in reports:
+        if rep.batched_only:  # no per-decision figures to set beside another GPU's (its own table has them)
+            continue
         by_model.setdefault((rep.model_id, rep.suite_hash), []).append(rep)
     out = []
     for reps in by_model.values():
@@ -475,7 +491,9 @@ def to_json(reports: list[GpuReport], rules: Rules | None = None) -> dict[str, A
                 "run_id": f.run.run_id, "kernel_path": f.run.kernel_path,
                 "agreement": asdict(f.agreement), "tv": asdict(f.tv)}),
             "recommended": rep.recommended.label if rep.recommended else None, "rule": rep.rule,
-            "notes": throughput_notes(rep.throughput) + rep.notes, "throughput": _throughput_json(rep.throughput),
+            "batched_only": rep.batched_only,
+            "notes": ([rep.no_table_note] if rep.no_table_note else []) + throughput_notes(rep.throughput) + rep.notes,
+            "throughput": _throughput_json(rep.throughput),
             "price_per_gpu_hour": rep.price_per_gpu_hour,
             "modality_counts": rep.modality_counts,
             "rows": [{**r, "by_modality": per_modality.get(r["run_id"], [])} for r in records
