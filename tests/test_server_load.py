@@ -95,6 +95,49 @@ def test_a_burst_is_answered_in_about_n_over_max_batch_forward_passes(tiny_engin
     assert sum(slow.batches) == 24 and max(slow.batches) == 8
 
 
+def test_a_closed_loop_of_clients_settles_into_full_batches(tiny_engine, monkeypatch):
+    """8 clients each sending their next request as soon as they have an answer: once the first requests are
+    answered, every pass holds all 8. Before, a pass left behind the clients it had just answered (they came back
+    while the next pass was being collected), and the loop settled into alternating passes (1 and 7, or 3 and 5
+    on the H200). The wait for returning clients is scaled up here: this in-process client turns around in
+    milliseconds to tens of them on a loaded CPU, the H200's load generator in well under one."""
+    from quantbench.server import batcher
+
+    monkeypatch.setattr(batcher, "RETURN_WAIT_MAX_S", 0.25)
+    monkeypatch.setattr(batcher, "RETURN_WAIT_SHARE", 0.5)
+    slow = SlowEngine(tiny_engine, forward_s=0.5)
+    client = started(create_app(lambda: loaded_with(slow), max_batch=8, max_queue=64))
+    try:
+        def loop(c: int) -> list[int]:
+            return [client.post("/v1/systemone", json=request_for(c * 10 + i)).status_code for i in range(5)]
+
+        with ThreadPoolExecutor(8) as pool:
+            codes = [code for codes in pool.map(loop, range(8)) for code in codes]
+    finally:
+        client.__exit__(None, None, None)
+    assert codes == [200] * 40
+    # the first request finds the model idle and goes alone, the other 7 meet in the next pass; from then on, 8
+    assert sum(slow.batches) == 40 and slow.batches[2:].count(8) >= 3, slow.batches
+    assert 1 not in slow.batches[2:], slow.batches
+
+
+def test_one_client_never_waits_for_company(tiny_engine, monkeypatch):
+    """The wait for returning clients (scaled up as above, 100 ms here) costs one client nothing: the only client
+    the last pass answered is the one whose request starts the next."""
+    from quantbench.server import batcher
+
+    monkeypatch.setattr(batcher, "RETURN_WAIT_MAX_S", 0.25)
+    monkeypatch.setattr(batcher, "RETURN_WAIT_SHARE", 0.5)
+    slow = SlowEngine(tiny_engine, forward_s=0.2)
+    client = started(create_app(lambda: loaded_with(slow)))
+    try:
+        rs = [client.post("/v1/systemone", json=request_for(i)) for i in range(5)]
+    finally:
+        client.__exit__(None, None, None)
+    queue_ms = [float(r.headers["server-timing"].split("queue;dur=")[1].split(",")[0]) for r in rs]
+    assert slow.batches == [1] * 5 and max(queue_ms) < 50.0, queue_ms
+
+
 def test_past_the_queue_bound_requests_get_503_with_retry_after_and_are_never_tokenized(tiny_engine):
     slow = SlowEngine(tiny_engine, forward_s=0.5, prepare_s=0.05)
     client = started(create_app(lambda: loaded_with(slow), max_batch=4, max_queue=4))
