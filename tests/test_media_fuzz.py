@@ -11,7 +11,7 @@ import math
 from collections import Counter
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from quantbench.errors import RequestError
@@ -93,9 +93,21 @@ def states(draw, seeds: list[tuple[str, str, bytes]]):
 
 def test_any_media_part_decodes_or_is_refused_naming_a_field(seeds):
     outcomes = Counter()
+    # Each valid seed as it is, always: what Hypothesis generates depends on the modules already imported (it
+    # draws constants from them), so in a worker that ran other test files first the same 300 examples held 5
+    # decodable parts where alone they held 19; these six keep the "decodes" side exercised whatever it draws.
+    valid = [{"cam": {"type": kind, "data": f"data:{mime};base64,{base64.b64encode(raw).decode()}"}}
+             for kind, mime, raw in seeds[:6]]
+
     @settings(max_examples=300, deadline=None, derandomize=True, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(state=states(seeds))
+    @example(state=valid[0])
+    @example(state=valid[1])
+    @example(state=valid[2])
+    @example(state=valid[3])
+    @example(state=valid[4])
+    @example(state=valid[5])
     def check(state: dict) -> None:
         try:
             request = parse_request({"state": state, "questions": {"q": {"type": "boolean"}}}, limits=LIMITS)
@@ -113,4 +125,4 @@ def test_any_media_part_decodes_or_is_refused_naming_a_field(seeds):
                 assert item.samples.ndim == 1 and len(item.samples) > 0
 
     check()
-    assert outcomes["decoded"] >= 8 and outcomes["refused"] >= 100, outcomes  # both ways were exercised
+    assert outcomes["decoded"] >= 6 and outcomes["refused"] >= 100, outcomes  # both ways were exercised
