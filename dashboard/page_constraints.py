@@ -2,11 +2,14 @@
 with its evidence, or which constraint no variant meets. The same answers as `quantbench recommend`
 (quantbench.analysis.constraints)."""
 
+from collections import Counter
+
 import streamlit as st
 
 from dashboard import store_cache, url_state
 from quantbench.analysis.constraints import OBJECTIVES, PERCENTILES, Constraints
 from quantbench.errors import QuantbenchError
+from quantbench.report import GpuReport
 
 st.title("Constraints")
 st.caption("Which quant meets your constraints on each GPU? Latency is taken from load runs (`quantbench load`) of "
@@ -78,10 +81,40 @@ if not answers:
     st.info("No table of trained weights to answer from: runs of synthetic (random) weights measure speed and memory "
             "only.", icon="ℹ️")
     st.stop()
-here = [a for a in answers if store_cache.report_key(a.report) == sel.gpu]
-for ans in here + [a for a in answers if a not in here]:
+
+
+def is_selected(rep: GpuReport) -> bool:
+    """The sidebar's GPU and model: the model's own table, or its BF16 base's where it is a variant made elsewhere
+    (quantbench.models.lineage pairs it into that table, as the report page shows it)."""
+    runs = [row.run for row in rep.rows] + [t["run"] for t in rep.throughput]
+    return store_cache.report_key(rep) == sel.gpu and (
+        rep.model_id == sel.model or any(run.own_model_id == sel.model for run in runs))
+
+
+def machine_and_model(rep: GpuReport) -> tuple[str, str]:
+    return store_cache.report_key(rep), str(rep.model_id)
+
+
+# several suites of one model on one GPU: headings that differ only in the caption below them read as repeats
+suites_per_table = Counter(machine_and_model(a.report) for a in answers)
+same_suite_id = Counter((*machine_and_model(a.report), a.report.suite_id) for a in answers)
+
+
+def heading(rep: GpuReport) -> str:
+    """`GPU · model`, with ` · suite ID` where that model has several suites on that GPU (and the suite's hash
+    where two of them share an id: a suite edited since), and ` (selected)` for the sidebar's GPU and model."""
+    suite = ""
+    if suites_per_table[machine_and_model(rep)] > 1:
+        suite = f" · suite {rep.suite_id}"
+        if same_suite_id[(*machine_and_model(rep), rep.suite_id)] > 1:
+            suite += f" (hash {rep.suite_hash})"
+    return f"{rep.gpu} · {rep.model_id}{suite}" + (" (selected)" if is_selected(rep) else "")
+
+
+# the sidebar's model first, then the other models on its GPU, then every other GPU (each in the report's order)
+for ans in sorted(answers, key=lambda a: (not is_selected(a.report), store_cache.report_key(a.report) != sel.gpu)):
     rep = ans.report
-    st.subheader(f"{rep.gpu} · {rep.model_id}" + (" (selected)" if ans in here else ""))
+    st.subheader(heading(rep))
     st.caption(f"Suite {rep.suite_id} (hash {rep.suite_hash})")
     if ans.pick is not None:
         st.success(f"**⭐ {ans.pick.label}** — {ans.verdict.removeprefix(f'{ans.pick.label}: ')}")

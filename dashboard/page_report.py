@@ -83,9 +83,12 @@ def batched_only(rep: GpuReport) -> None:
         st.code(render([rep], "markdown", rules), language="markdown")
 
 
+suite_ids = Counter((r.model_id, r.suite_id) for r in mine)  # one id twice: the suite was edited between runs (a new hash)
 for rep in mine:
     # several suites of one model on one GPU: headings that differ only in the caption below them read as repeats
-    st.subheader(f"{rep.model_id} on {rep.gpu}" + (f" · suite {rep.suite_id}" if len(mine) > 1 else ""))
+    suite = "" if len(mine) == 1 else f" · suite {rep.suite_id}" + (
+        f" (hash {rep.suite_hash})" if suite_ids[(rep.model_id, rep.suite_id)] > 1 else "")
+    st.subheader(f"{rep.model_id} on {rep.gpu}{suite}")
     st.caption(f"Suite {rep.suite_id} (hash {rep.suite_hash})")
     if rep.batched_only:
         batched_only(rep)

@@ -150,3 +150,18 @@ def test_a_table_of_batched_runs_alone_has_no_candidate_and_says_why(tmp_path):
     # the batch-1 table of the same model still picks, its latency at 16 clients from its own suite's runs only
     [table] = [a for a in answers if a.report.model_id == ds.MODEL and a.report.suite_id == ds.SUITE[0]]
     assert table.pick is not None and table.pick.latency.basis != "batched"
+
+
+def test_two_tables_of_one_suite_id_on_one_gpu_are_told_apart_by_the_suite_hash(tmp_path):
+    """A suite edited between runs keeps its id and gets a new hash: two tables whose headings would be the same."""
+    from quantbench.report.constraints_text import answers_text
+    from quantbench.run.record import RunResult
+
+    store = ds.build(tmp_path / "results.duckdb")
+    edited = ds.run_row(ds.H200, 500, suite_hash="suitehash0002", backend="int4", variant="int4",
+                        kernel_path="grouped_int4", weight_format="int4-g128", native="native", role="candidate")
+    store.write_run(RunResult(run=edited, answers=ds.reference_answers(), latencies=ds.latencies(60.0, seed=7)))
+    text = answers_text(answer(store, Constraints(), gpu="NVIDIA H200"))
+    heads = [line for line in text.splitlines() if line.startswith(f"## NVIDIA H200 (hopper) · {ds.MODEL}")]
+    assert heads == [f"## NVIDIA H200 (hopper) · {ds.MODEL} · suite {ds.SUITE[0]} (hash {h})"
+                     for h in (ds.SUITE[1], "suitehash0002")]

@@ -89,3 +89,19 @@ def test_the_constraints_page_says_why_a_batched_only_table_has_no_pick_and_draw
 def test_the_latency_page_names_the_suites_whose_batched_runs_it_leaves_out(store):
     at = app("page_latency.py", gpu=H200, model=ds.MODEL)
     assert any(f"(suite {ds.BATCHED_SUITE[0]})" in s for s in texts(at.caption))
+
+
+def test_the_constraints_page_names_the_suite_where_a_model_has_several_on_that_gpu_and_marks_the_selected_model(store):
+    """Two H200 answers for one model (suites default and s64) used to share the heading `GPU · model`, the suite only
+    in a caption; and every answer on the selected GPU was marked selected, another model's too."""
+    at = app("page_constraints.py", gpu=H200, model=ds.MODEL)
+    h200 = "NVIDIA H200 (hopper)"
+    assert texts(at.subheader) == [f"{h200} · {ds.MODEL} · suite {ds.SUITE[0]} (selected)",
+                                   f"{h200} · {ds.MODEL} · suite {ds.BATCHED_SUITE[0]} (selected)",
+                                   f"{h200} · {ds.BATCHED_MODEL}",  # one suite: the caption names it
+                                   f"NVIDIA RTX PRO 6000 Blackwell (blackwell) · {ds.MODEL}",
+                                   f"CPU (ci-runner) · {ds.MODEL}"]
+    other = app("page_constraints.py", gpu=H200, model=ds.BATCHED_MODEL)
+    heads = texts(other.subheader)
+    assert heads[0] == f"{h200} · {ds.BATCHED_MODEL} (selected)"
+    assert [h for h in heads if h.endswith("(selected)")] == heads[:1]

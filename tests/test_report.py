@@ -17,7 +17,6 @@ from quantbench.errors import ConfigError, QuantbenchError
 from quantbench.report import Rules
 from quantbench.run.record import RunResult, uuid7
 from quantbench.store import Store
-from tests.stored import stored_run
 
 T0 = dt.datetime(2026, 11, 29, 12, tzinfo=dt.UTC)
 MB = 1_000_000
@@ -305,76 +304,6 @@ def test_synthetic_weights_show_speed_and_memory_but_no_quality(tmp_path):
     assert "| 57.2 MiB | 114.4 MiB |" in text  # VRAM (weights), Peak VRAM of bf16
 
 
-def test_a_batched_run_never_replaces_the_batch_1_row_and_is_reported_as_decisions_per_second(tmp_path):
-    lab = Lab(tmp_path / "r.duckdb", n=30)
-    kw = dict(weights="synthetic", model_id="synthetic-qwen3-30b-a3b", **GPU, mem_weights_bytes=60 * MB)
-    lab.run(ms=10, **kw)
-    lab.run(ms=40, batch=8, **kw)  # newer: 8 decisions per 40 ms forward pass
-    [rep] = report.build_report(lab.store)
-    [row] = rep.rows
-    assert row.p50 == pytest.approx(10.45)  # the batch-1 run's median, not the batch time
-    # 10 timed decisions whose forward passes took 40 + 0.1 i ms for 8 each: 10 / (404.5 / 8 / 1000) per second
-    [t] = rep.throughput
-    assert (t["variant"], t["batch"], round(t["decisions_per_s"], 1)) == ("bf16", 8, 197.8)
-    md = report.render([rep], "markdown")
-    assert "| bf16 | 8 | 197.8 | 40.5 | " in md and "at batch 8" not in md  # a table row: 8 / 197.8 per s
-    # the same variant under a second kernel at the same batch size is a second figure, named by its kernel:
-    # 10 / (204.5 / 8 / 1000) per second
-    lab.run(ms=20, batch=8, kernel_path="quantbench grouped-moe", **kw)
-    [note] = report.throughput_notes(report.build_report(lab.store)[0].throughput)
-    assert "bf16 (quantbench engine) at batch 8: 391.2/s" in note and "/s; bf16 (" in note
-
-
-def section(md: str, heading_line: str) -> str:
-    """The part of a markdown report from the table whose lines include `heading_line` to the next heading."""
-    parts = md.split("\n### ")
-    return next(p for p in parts if heading_line in p)
-
-
-def test_a_suite_run_only_batched_is_its_throughput_table_with_the_reason_and_no_pick(tmp_path):
-    """A suite run only with `run --concurrency N` has no batch-1 run to make rows of: its report is the throughput
-    table alone, and a note says why there is no latency or parity table (such a group used to be left out)."""
-    lab = Lab(tmp_path / "r.duckdb", n=30)
-    lab.run(**GPU, mem_weights_bytes=60 * MB)  # one decision at a time on suite s1: a table, as ever
-    batched = dict(suite_id="s64", suite_hash="s64-hash", backend="int4", variant="int4", **GPU,
-                   mem_weights_bytes=20 * MB)
-    ids = [lab.run(ms=100, batch=16, **batched), lab.run(ms=190, batch=32, energy_j_per_decision=5.4, **batched)]
-    table, alone = report.build_report(lab.store)  # by suite id: builtin, s64
-    assert table.rows and not table.batched_only
-    assert alone.batched_only and alone.rows == [] and alone.recommended is None
-    assert alone.rule == recommend.BATCHED_ONLY_RULE and alone.suite_id == "s64"
-    note = ("only batched runs (16 and 32 decisions a pass) in this group: run it at batch 1 for per-decision "
-            "latency and parity")
-    assert alone.no_table_note == note
-    assert [(t["variant"], t["batch"], t["run_id"]) for t in alone.throughput] == [("int4", 16, ids[0]),
-                                                                                    ("int4", 32, ids[1])]
-    md = report.render([table, alone], "markdown")
-    s64 = section(md, "Suite s64 (hash s64-hash).")
-    assert s64.startswith("tiny-moe on NVIDIA H200 (hopper)")
-    assert f"**No per-decision table:** {note}." in s64
-    assert "Throughput, several decisions in one forward pass:\n" in s64 and "the table above" not in s64
-    assert "| int4 | 16 | 159.3 | " in s64 and "| int4 | 32 | " in s64 and "| 5.4 J |" in s64
-    assert "| Variant | Format |" not in s64 and "Recommendation:" not in s64  # no empty latency table
-    assert f"| NVIDIA H200 (hopper) | tiny-moe | s64 | none | {recommend.BATCHED_ONLY_RULE} |" in md
-    assert "Which quant on which GPU" not in md  # one GPU: no matrix, and a batched-only table never joins one
-    data = json.loads(report.render([table, alone], "json"))
-    [s64_json] = [r for r in data["reports"] if r["suite_id"] == "s64"]
-    assert s64_json["batched_only"] and s64_json["rows"] == [] and s64_json["recommended"] is None
-    assert s64_json["notes"][0] == note and [t["run_id"] for t in s64_json["throughput"]] == ids
-    assert s64_json["throughput"][1]["j_per_decision"] == 5.4
-    assert "s64" not in report.render([table, alone], "csv")  # the csv is per-decision rows only
-
-
-def test_a_batched_only_table_of_synthetic_weights_does_not_promise_parity(tmp_path):
-    lab = Lab(tmp_path / "r.duckdb", n=30)
-    lab.run(ms=100, batch=16, weights="synthetic", model_id="synthetic-qwen3-30b-a3b", **GPU)
-    [alone] = report.build_report(lab.store)
-    assert alone.synthetic and alone.no_table_note == (
-        "only batched runs (16 decisions a pass) in this group: run it at batch 1 for per-decision latency (its "
-        "synthetic weights give no parity)")
-    assert report.report_for_this_machine(lab.store, "NVIDIA H200").startswith("### synthetic-qwen3-30b-a3b on")
-
-
 def test_one_table_per_gpu_with_a_summary_and_gpu_filters(cpu_lab):
     lab, ids = cpu_lab
     lab.run(**GPU, mem_weights_bytes=60 * MB, mem_nvml_peak_bytes=None, mem_peak_reserved_bytes=70 * MB)
@@ -472,25 +401,6 @@ def test_since_leaves_out_older_runs_and_a_bad_date_names_the_flag(cpu_lab):
     assert [r.label for r in same.rows] == [r.label for r in everything.rows]
     with pytest.raises(ConfigError, match="--since 'last week'"):
         report.build_report(lab.store, since="last week")
-
-
-def test_throughput_keeps_the_newest_batched_run_and_names_the_kernel_only_where_it_differs():
-    from quantbench.report import throughput, throughput_notes
-
-    def run(rid, variant, kernel, batch, per_s, status="ok"):
-        return stored_run(run_id=rid, variant=variant, kernel_path=kernel, batch=batch, decisions_per_s=per_s,
-                          status=status)
-
-    group = [run("r1", "fp8", "k", 32, 150.0), run("r2", "int4", "a", 8, 100.0), run("r3", "int4", "b", 8, 120.0),
-             run("r4", "fp8", "k", 1, 80.0), run("r5", "fp8", "k", 32, 157.7), run("r6", "bf16", "k", 8, 99.0, "failed")]
-    rows = throughput(group)
-    assert [(t["variant"], t["batch"], t["decisions_per_s"], t["run_id"]) for t in rows] == [
-        ("fp8", 32, 157.7, "r5"), ("int4 (a)", 8, 100.0, "r2"), ("int4 (b)", 8, 120.0, "r3")]
-    assert [t["ms_per_pass"] for t in rows] == pytest.approx([1000 * 32 / 157.7, 80.0, 1000 * 8 / 120.0])
-    assert throughput_notes(rows) == ["Throughput (decisions per second, several decisions in one forward pass): "
-                                      "fp8 at batch 32: 157.7/s; int4 (a) at batch 8: 100.0/s; int4 (b) at batch 8: "
-                                      "120.0/s."]
-    assert throughput([run("r4", "fp8", "k", 1, 80.0)]) == [] and throughput_notes([]) == []
 
 
 def test_latency_cells_keep_tenths_below_100_ms():

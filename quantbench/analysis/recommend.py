@@ -263,7 +263,7 @@ def throughput(group: list[StoredRun], history: bool = True,
     each variant, kernel (implementation, without `history`) and batch: the table itself is per-decision latency
     at batch 1, so they never replace its rows. The kernel is named only where one variant ran under several.
     Each row carries its run's energy per decision and, given a price, its cost per 1M decisions (from its
-    decisions/s)."""
+    decisions/s), and the run itself (`run`: the csv names its backend, kernel and machine; json leaves it out)."""
     latest: dict[tuple, StoredRun] = {}
     for run in group:
         if run.status == "ok" and run.forward_batch > 1 and run.decisions_per_s:
@@ -282,7 +282,7 @@ def throughput(group: list[StoredRun], history: bool = True,
 
     rows = [{"variant": label(r), "batch": r.forward_batch, "decisions_per_s": r.decisions_per_s,
              "ms_per_pass": 1000 * r.forward_batch / r.decisions_per_s,  # the mean over full batches
-             "run_id": r.run_id, "efficiency": efficiency.of_run(r, price_per_gpu_hour)}
+             "run_id": r.run_id, "efficiency": efficiency.of_run(r, price_per_gpu_hour), "run": r}
             for r in latest.values()]
     return sorted(rows, key=lambda t: (t["variant"], t["batch"]))
 

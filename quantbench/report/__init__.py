@@ -1,5 +1,5 @@
 """The "Which quant should I use?" report: the rule lives in quantbench.analysis.recommend, the text in
-quantbench.report.render, the rich tables of the CLI in quantbench.report.tables. The names the dashboard and the
+quantbench.report.render (its flat table quantbench.report.flat), the rich tables of the CLI in quantbench.report.tables. The names the dashboard and the
 tests use are importable from here."""
 
 from quantbench.analysis.recommend import (
@@ -12,10 +12,10 @@ from quantbench.analysis.recommend import (
     since_filter,
     throughput,
 )
+from quantbench.report.flat import flat_rows
 from quantbench.report.render import (
     GpuMatrix,
     cells,
-    flat_rows,
     fmt_ms,
     gpu_matrices,
     render,

@@ -3,6 +3,8 @@ qualifies), then every variant and the constraints it fails. The decisions are q
 
 from __future__ import annotations
 
+from collections import Counter
+
 from quantbench.analysis.constraints import Answer
 
 
@@ -13,9 +15,13 @@ def answers_text(answers: list[Answer], synthetic: bool = False) -> str:
     c = answers[0].constraints
     lines = [f"Constraints: {c.describe(cpu=all(a.report.cpu for a in answers))}.", ""]
     random = [a for a in answers if a.synthetic]
-    for a in answers if synthetic else [a for a in answers if not a.synthetic]:
+    shown = answers if synthetic else [a for a in answers if not a.synthetic]
+    # two tables of one suite id on one GPU and model: the suite was edited between their runs (a new hash)
+    suite_ids = Counter((a.report.gpu_key, a.report.model_id, a.report.suite_id) for a in shown)
+    for a in shown:
         r = a.report
-        lines.append(f"## {r.gpu} · {r.model_id} · suite {r.suite_id}")
+        edited = f" (hash {r.suite_hash})" if suite_ids[(r.gpu_key, r.model_id, r.suite_id)] > 1 else ""
+        lines.append(f"## {r.gpu} · {r.model_id} · suite {r.suite_id}{edited}")
         lines.append(("Pick: " if a.pick else "") + a.verdict)
         width = max((len(k.label) for k in a.candidates), default=0)  # none in a table of batched runs alone
         for k in a.candidates:

@@ -1,6 +1,7 @@
 """The "Which quant should I use?" report as text: markdown (one table per GPU, model and suite, a matrix per
-model across GPUs, the failed runs), csv (the raw figures, one row per variant) and json. The rows and the
-recommendation come from quantbench.analysis.recommend; nothing here decides, it only writes down.
+model across GPUs, the failed runs), csv (the raw figures, one row per variant and one per batched run, told apart
+by row_kind) and json. The rows and the recommendation come from quantbench.analysis.recommend; nothing here
+decides, it only writes down.
 """
 
 from __future__ import annotations
@@ -11,10 +12,7 @@ import socket
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import pandas as pd
-
 from quantbench.analysis import efficiency, parity, provenance
-from quantbench.analysis import significance as sig
 from quantbench.analysis import stats as an
 from quantbench.analysis.recommend import (
     SYNTHETIC_NOTE,
@@ -25,6 +23,7 @@ from quantbench.analysis.recommend import (
     stored_runs,
 )
 from quantbench.errors import ConfigError
+from quantbench.report.flat import csv_rows, flat_rows, throughput_json
 from quantbench.report.statistics import statistics_markdown, statistics_notes
 from quantbench.store import Store
 from quantbench.store.records import StoredRun
@@ -396,85 +395,6 @@ def _markdown(reports: list[GpuReport]) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def flat_rows(reports: list[GpuReport]) -> pd.DataFrame:
-    """Raw figures, one row per variant per report (empty where unknown): the csv and the dashboard."""
-    out = []
-    for rep in reports:
-        for row in rep.rows:
-            run, c = row.run, row.comparison
-            m = c.paired.mean if c is not None else None
-            out.append({
-                "gpu": rep.gpu, "gpu_family": rep.gpu_family, "host": run.host, "model_id": rep.model_id,
-                "suite_id": rep.suite_id, "suite_hash": rep.suite_hash, "variant": row.label,
-                "backend": run.backend, "kernel_path": run.kernel_path,
-                "weight_format": run.weight_format, "run_id": run.run_id, "status": run.status,
-                "failure": run.failure, "weights": run.weights, "native": run.native,
-                "disk_bytes": run.disk_bytes,
-                "weights_memory_bytes": row.weights_bytes,
-                "weights_memory_kind": "host_tensors" if row.cpu else "vram_allocated",
-                "peak_memory_bytes": row.peak_bytes, "peak_memory_kind": row.peak_source,
-                "p50_ms": row.p50, "p90_ms": run.p90_ms, "n_timed": run.n_timed,
-                **_repeat_columns(row), **_condition_columns(row),
-                **_efficiency_columns(row.efficiency or efficiency.of_run(run, rep.price_per_gpu_hour)),
-                "quality": row.quality,
-                "agreement": c.agreement.rate if c else None, "agreement_lo": c.agreement.lo if c else None,
-                "agreement_hi": c.agreement.hi if c else None, "n_questions": c.agreement.n if c else None,
-                "tv_mean": c.tv.mean if c else None, "kl_mean": c.kl.mean if c else None,
-                "verdict": c.verdict.label if c else None,
-                "verdict_by_modality": "; ".join(f"{m.modality}: {m.verdict.label}" for m in c.modalities)
-                if c else None,
-                "worse_on": ", ".join(m.modality for m in c.flagged()) if c else None,
-                "modalities": parity.coverage_text(rep.modality_counts) if rep.modality_counts else None,
-                "verdict_n_needed": c.verdict.n_needed if c else None,
-                **{f"excess_{e.statistic.lower().replace(' ', '_')}{k}": getattr(e, v)
-                   for e in (c.verdict.parts if c else ()) for k, v in (("", "diff"), ("_lo", "lo"), ("_hi", "hi"))},
-                "delta_accuracy": m.mean if m else None, "delta_accuracy_lo": m.lo if m else None,
-                "delta_accuracy_hi": m.hi if m else None, **sig.flat_columns(c.tests if c else None),
-                "reference_run_id": rep.reference.run_id if rep.reference else None,
-                "own_model_id": run.own_model_id, "paired_by": run.paired_by,
-                "recommended": row.recommended, "best_for": row.best_for,
-                "source": run.source, "created_at": str(run.created_at),
-            })
-    df = pd.DataFrame(out)
-    for col in ("disk_bytes", "weights_memory_bytes", "peak_memory_bytes", "n_timed", "n_questions",
-                "energy_decisions"):
-        if col in df:
-            df[col] = df[col].astype("Int64")  # integers stay integers beside unknowns
-    return df
-
-
-def _repeat_columns(row: Row) -> dict[str, Any]:
-    rep = row.repeats
-    out: dict[str, Any] = {"repeat_id": rep.repeat_id if rep else None, "repeat_runs_ok": rep.ok if rep else None}
-    for name, stat in (("p50_ms", rep.p50_ms if rep else None), ("j_per_decision", rep.j_per_decision if rep else None)):
-        for k in ("mean", "sd", "cv", "lo", "hi"):
-            out[f"repeat_{name}_{k}"] = getattr(stat, k) if stat else None
-    return out
-
-
-def _condition_columns(row: Row) -> dict[str, Any]:
-    run, f = row.run, row.floors
-    return {"cpu_model": run.cpu_model, "cpu_cores": run.cpu_cores, "machine_id": run.machine_id,
-            "load_avg_1m": run.load_avg_1m, "cpu_steal_share": run.cpu_steal_share,
-            "cpu_others_share": run.cpu_others_share, "busy": row.busy,
-            "latency_floor_ms": f.latency_floor_ms if f else None, "latency_floor_fraction": f.latency_fraction if f else None,
-            "energy_floor_j": f.energy_floor_j if f else None, "energy_floor_fraction": f.energy_fraction if f else None,
-            "floor_spec": f.spec.source if f else None}
-
-
-def _efficiency_columns(e: efficiency.Efficiency) -> dict[str, Any]:
-    """The energy and cost figures of a row, as the csv and json name them."""
-    d = e.as_dict()
-    return {k: d[k] for k in ("j_per_decision", "j_above_idle_per_decision", "mean_w", "idle_w", "energy_phase_s",
-                              "energy_decisions", "energy_note", "price_per_gpu_hour", "cost_per_million_decisions",
-                              "time_basis")}
-
-
-def _throughput_json(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{**{k: v for k, v in t.items() if k != "efficiency"}, **_efficiency_columns(t["efficiency"])}
-            for t in rows]
-
-
 def to_json(reports: list[GpuReport], rules: Rules | None = None) -> dict[str, Any]:
     flat = flat_rows(reports)
     records = parity.clean_json(flat.astype(object).where(flat.notna(), None).to_dict("records")) if len(flat) else []
@@ -493,7 +413,7 @@ def to_json(reports: list[GpuReport], rules: Rules | None = None) -> dict[str, A
             "recommended": rep.recommended.label if rep.recommended else None, "rule": rep.rule,
             "batched_only": rep.batched_only,
             "notes": ([rep.no_table_note] if rep.no_table_note else []) + throughput_notes(rep.throughput) + rep.notes,
-            "throughput": _throughput_json(rep.throughput),
+            "throughput": throughput_json(rep.throughput),
             "price_per_gpu_hour": rep.price_per_gpu_hour,
             "modality_counts": rep.modality_counts,
             "rows": [{**r, "by_modality": per_modality.get(r["run_id"], [])} for r in records
@@ -515,7 +435,7 @@ def render(reports: list[GpuReport], fmt: str = "markdown", rules: Rules | None 
         return _markdown(reports)
     if fmt == "csv":
         buf = io.StringIO()
-        flat_rows(reports).to_csv(buf, index=False)
+        csv_rows(reports).to_csv(buf, index=False)
         return buf.getvalue()
     return json.dumps(to_json(reports, rules), indent=2, default=str) + "\n"
 
