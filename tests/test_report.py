@@ -495,6 +495,16 @@ def test_a_variant_that_ran_under_one_implementation_is_named_by_its_variant_alo
     assert "**Recommended: int4**, picked by the rule" in report.render([rep])
 
 
+def test_one_kernel_over_two_checkpoints_of_a_variant_is_two_rows_named_by_their_formats(tmp_path):
+    lab = Lab(tmp_path / "r.duckdb", n=20)
+    kernel = "quantbench grouped-moe gluon-wgmma-int4 +fused rmsnorm+rope"
+    for fmt in ("int4 w4a16 g128 sym (RTN in memory)", "int4 w4a16 g128 sym (auto_round:auto_gptq)"):
+        lab.run(backend="int4", variant="int4", kernel_path=kernel, weight_format=fmt, **GPU)
+    labels = [r.label for r in report.build_report(lab.store)[0].rows]
+    assert len(labels) == 2 and len(set(labels)) == 2, labels
+    assert all(label.startswith(f"int4 ({kernel}; int4 w4a16") for label in labels), labels
+
+
 def test_an_older_build_of_the_embedded_fixture_is_history(tmp_path):
     lab = Lab(tmp_path / "r.duckdb", n=20)
     lab.run(model_id="quantbench-fixture-moe-93597e4d")

@@ -373,12 +373,15 @@ def build_report(store: Store, gpu: str | None = None, model: str | None = None,
 
 def row_labels(runs: list[StoredRun]) -> list[str]:
     """A row's name: its variant (`int4`); where two rows share one, with the implementation (`bf16
-    (transformers)`, `bf16 (quantbench engine)`); where those are shared too (history), the whole kernel path."""
+    (transformers)`, `bf16 (quantbench engine)`); where those are shared too (history), the whole kernel path;
+    where that is too (one kernel over two checkpoints: RTN in memory and auto-round's), the weight format."""
+    refinements = (lambda r: _short(implementation(r.kernel_path)), lambda r: r.kernel_path,
+                   lambda r: f"{r.kernel_path}; {r.weight_format}")
     labels = [str(r.variant or r.backend) for r in runs]
-    labels = [f"{label} ({_short(implementation(r.kernel_path))})" if labels.count(label) > 1 else label
-              for r, label in zip(runs, labels, strict=True)]
-    return [f"{str(r.variant or r.backend)} ({r.kernel_path})" if labels.count(label) > 1
-            else label for r, label in zip(runs, labels, strict=True)]
+    for detail in refinements:
+        labels = [f"{str(r.variant or r.backend)} ({detail(r)})" if labels.count(label) > 1 else label
+                  for r, label in zip(runs, labels, strict=True)]
+    return labels
 
 
 def _build_one(store, group, rows_runs, rules, answers_of, cross_gpu_reference, seed, history,
