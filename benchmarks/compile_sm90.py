@@ -134,11 +134,15 @@ def loop_spills(sass: str) -> int:
     return sum(1 for body in loops(sass) for text in body if re.search(r"\b(LDL|STL)\b", text))
 
 
-def gluon_constexprs(tiles: dict, scaled: bool = True) -> dict:
-    """A Gluon kernel's constexprs for a WGMMA_TILES entry, as its launch passes them (int4_wgmma.launch): the
-    tile plan's defaults filled in, host-side keys (SPLIT: how many launches) left out; with SPLIT the kernel
-    compiled is the launch of the largest tiles (ONLY 2)."""
-    out = {"SMALL_M": 0, "MID_M": 0, "ONLY": -1, **({"SCALED": 0} if scaled else {}), **tiles}
+# the arithmetic options of each Gluon kernel, off unless a plan turns them on (as its launch passes them)
+KERNEL_OPTIONS = {"int4": {"SCALED": 0}, "nvfp4": {"DRAIN": 0}}
+
+
+def gluon_constexprs(tiles: dict, fmt: str = "int4") -> dict:
+    """A Gluon kernel's constexprs for a WGMMA_TILES entry of format `fmt`, as its launch passes them
+    (int4_wgmma.launch): the tile plan's defaults filled in, host-side keys (SPLIT: how many launches) left out;
+    with SPLIT the kernel compiled is the launch of the largest tiles (ONLY 2)."""
+    out = {"SMALL_M": 0, "MID_M": 0, "ONLY": -1, **KERNEL_OPTIONS[fmt], **tiles}
     if out.pop("SPLIT", None) and out["SMALL_M"]:
         out["ONLY"] = 2
     return out
@@ -177,7 +181,7 @@ def kernels(tokens: int):
                dict(K=k, DOT_F32=False, **FEATURES[proj], E=E, E_P2=E), ())
         # the Gluon NVFP4 kernel with the tile an sm_90 GPU gets (its packed words read as int32)
         tiles = nvfp4.WGMMA_TILES[gluon_common.plan_bucket(rows_bucket(rows, E), k)]
-        cfg = dict(gluon_constexprs(tiles, scaled=False), num_warps=4, num_stages=1)
+        cfg = dict(gluon_constexprs(tiles, "nvfp4"), num_warps=4, num_stages=1)
         yield ("nvfp4 wgmma", proj, cfg, nvfp4_wgmma._kernel(),
                dict(x_ptr="*bf16", pw_ptr="*i32", bs_ptr="*fp8e4nv", gs_ptr="*fp32", y_ptr="*bf16", **common),
                dict(K=k, **FEATURES[proj], E=E, E_P2=E), ("N_OUT", "HALF"))

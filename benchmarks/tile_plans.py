@@ -83,6 +83,9 @@ PLANS = {
         "one-size": {**ONE_SIZE, "AHEAD": 1},
         "mixed16/32": {**ONE_SIZE, "AHEAD": 1, "SMALL_M": 16, "MID_M": 32},
         "split16/32": {**ONE_SIZE, "AHEAD": 1, "SMALL_M": 16, "MID_M": 32, "SPLIT": 1},
+        # a stage less (the block before's last MMA waited for at each block's start): 80 / 64 KB of shared memory
+        # instead of 104 / 88, so down fits three programs an SM instead of two (gate_up still two)
+        "mixed16/32+drain": {**ONE_SIZE, "AHEAD": 1, "SMALL_M": 16, "MID_M": 32, "DRAIN": 1},
     },
 }
 BASE = "one-size"

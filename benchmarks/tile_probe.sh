@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# One device call: candidate INT4 Gluon tiles against the committed ones, at a 512-token decision (the mid
+# One device call: candidate Gluon tiles of FORMAT (int4, the default, or nvfp4) against the committed ones, at a 512-token decision (the mid
 # bucket) and at 16 decisions a pass (the large bucket), from the kernels alone to `quantbench run` at 48 layers.
 #
-#   B1_PLANS=... B16_PLANS=... NCU_PLANS=... B1_TILES=JSON B16_TILES=JSON bash benchmarks/tile_probe.sh OUT [SECONDS]
+#   [FORMAT=nvfp4] B1_PLANS=... B16_PLANS=... NCU_PLANS=... B1_TILES=JSON B16_TILES=JSON bash benchmarks/tile_probe.sh OUT [SECONDS]
 #
 # 1. tile_plans.py --plans $B1_PLANS (8 layers, the model's routing, outputs NaN-poisoned, bits against the
 #    committed plan; its plans replace the mid and large buckets' tiles, so batch 8 runs them too);
@@ -15,9 +15,17 @@
 #   B1_PLANS="scaled-a1+mixed16/32,scaled-a1+mixed16/32+n64,scaled-a1+mixed16/32+m128n64" \
 #   B16_PLANS=current,m128-n64,m64-n64 NCU_PLANS="default scaled-a1+mixed16/32+n64" \
 #   B1_TILES='{"int4":{"mid":{"BLOCK_N":64}}}' B16_TILES='{"int4":{"large":{"BLOCK_N":64}}}' bash benchmarks/tile_probe.sh OUT
+#   B1_PLANS="scaled-a1+mixed16/32,scaled-a1+mixed16/32+r128" B16_PLANS=current,m64-r128 \
+#   NCU_PLANS="scaled-a1+mixed16/32+r128" B1_TILES='{"int4":{"mid":{"maxnreg":128}}}' \
+#   B16_TILES='{"int4":{"large":{"BLOCK_M":64,"maxnreg":128}}}' bash benchmarks/tile_probe.sh OUT
+#   FORMAT=nvfp4 B1_PLANS="mixed16/32,mixed16/32+drain" B1_TILES='{"nvfp4":{"mid":{"DRAIN":1}}}' \
+#   bash benchmarks/tile_probe.sh OUT
 # Needs quantbench importable with shared/device's wheels and `pip install -e .` (the backends' entry points).
 set -u
 out=${1:?usage: tile_probe.sh OUT [SECONDS]}
+fmt=${FORMAT:-int4}
+backend=(--backend int4)
+[[ $fmt == nvfp4 ]] && backend=(--backend nvfp4 --nvfp4 packed)
 budget=${2:-540}
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out"
@@ -27,13 +35,13 @@ nvidia-smi --query-gpu=name,uuid,driver_version,clocks.sm,clocks.max.sm,power.dr
   >> "$out/calls.log" 2>&1
 if [[ -n ${B1_PLANS:-} ]]; then
   log "plans at batch 1 (mid bucket): $B1_PLANS"
-  timeout 200 python3 "$here/tile_plans.py" --out "$out/plans" --formats int4 --layers 8 --warm 8 \
+  timeout 200 python3 "$here/tile_plans.py" --out "$out/plans" --formats "$fmt" --layers 8 --warm 8 \
     --plans "$B1_PLANS" > "$out/plans.log" 2>&1
   grep -E "^\| " "$out/plans.log" | grep -vE "\| - \| - \|" | cut -c1-400
 fi
 if [[ -n ${B16_PLANS:-} ]]; then
   log "plans at batch 16 (large bucket): $B16_PLANS"
-  timeout $(($(left) > 300 ? 160 : 100)) python3 "$here/batch_tiles.py" --out "$out/batch" --layers 8 --batches 16 \
+  timeout $(($(left) > 300 ? 160 : 100)) python3 "$here/batch_tiles.py" --out "$out/batch" --formats "$fmt" --layers 8 --batches 16 \
     --plans "$B16_PLANS" > "$out/batch.log" 2>&1
   tail -n 8 "$out/batch.log"
 fi
@@ -43,8 +51,8 @@ for plan in ${NCU_PLANS:-}; do
   file="$out/ncu-${plan//[+\/]/_}.txt"
   timeout 70 ncu --clock-control none --profile-from-start off --section SpeedOfLight --section WarpStateStats \
     --section Occupancy --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
-    python3 "$here/tile_plans.py" --profile "$plan" --formats int4 --layers 4 > "$file" 2>&1
-  grep -E "int4_wgmma_kernel|Duration|Registers Per|Achieved Occ|Theoretical Occ|Issue Slots Busy|Warp Cycles Per Issued" \
+    python3 "$here/tile_plans.py" --profile "$plan" --formats "$fmt" --layers 4 > "$file" 2>&1
+  grep -E "${fmt}_wgmma_kernel|Duration|Registers Per|Achieved Occ|Theoretical Occ|Issue Slots Busy|Warp Cycles Per Issued" \
     "$file" | head -n 20
 done
 python3 "$here/long_suite.py" --tokens 512 --n 16 --out /tmp/s16.jsonl > /dev/null
@@ -54,7 +62,7 @@ qb() {  # label, tiles JSON ('' = committed), quantbench run args
   (($(left) > 45)) || { log "skipped (time): $label"; return; }
   log "quantbench run: $label"
   env ${tiles:+QUANTBENCH_WGMMA_TILES=$tiles} timeout $(($(left) - 5)) python3 -m quantbench run --gpu hopper \
-    --db "$out/runs.duckdb" --backend int4 --shape qwen3-30b-a3b --warmup 2 --latency-min-decisions 16 "$@" 2>&1 \
+    --db "$out/runs.duckdb" "${backend[@]}" --shape qwen3-30b-a3b --warmup 2 --latency-min-decisions 16 "$@" 2>&1 \
     | grep -E "│|Error|error" | tail -n 2 | tee -a "$out/calls.log"
 }
 if [[ -n ${B1_TILES:-} ]]; then

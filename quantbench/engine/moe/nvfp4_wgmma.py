@@ -210,14 +210,16 @@ def _kernel() -> Any:
         e, row_start, row_end, BLOCK_M: gl.constexpr,
         x_ptr, pw_ptr, bs_ptr, gs_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr, N_OUT, HALF,
         stride_xm, stride_pe, stride_pn, stride_be, stride_bn, stride_ge, stride_ym, pid_n,
-        K: gl.constexpr, BLOCK_N: gl.constexpr, AHEAD: gl.constexpr,
+        K: gl.constexpr, BLOCK_N: gl.constexpr, AHEAD: gl.constexpr, DRAIN: gl.constexpr,
         GATHER: gl.constexpr, SWIGLU: gl.constexpr, ROW_SCALE: gl.constexpr, SCATTER: gl.constexpr,
         num_warps: gl.constexpr,
     ):
         """One program's tile: BLOCK_N weight rows of expert e times its rows row_start .. (at most BLOCK_M; the
         tile's place and size first, as gluon_common.run_tile calls it)."""
         SUB: gl.constexpr = 16
-        STAGES: gl.constexpr = AHEAD + 2  # block i rewrites block i-2's stage (block i-1's last MMA may still run)
+        # block i rewrites block i-2's stage (block i-1's last MMA may still run); DRAIN: block i-1's, after
+        # waiting for that MMA at the block's start (int4_wgmma's SCALED 2): a stage less of shared memory
+        STAGES: gl.constexpr = AHEAD + 1 if DRAIN else AHEAD + 2
         K16: gl.constexpr = K // 16  # block scales per row
         K16_P2: gl.constexpr = 1 << (K16 - 1).bit_length()  # the table's rows (a layout's shape is a power of 2)
         OUT_N: gl.constexpr = BLOCK_N // 2 if SWIGLU else BLOCK_N  # SWIGLU: gate rows then the same up rows
@@ -278,6 +280,8 @@ def _kernel() -> Any:
             # this wait and one before the words' loads (int4_wgmma)
             cp.wait_group(AHEAD - 1)
             fence_async_shared()
+            if DRAIN:  # block i-1's last MMA, before its stage is rewritten
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             copy_block(x_lo, x_hi, w_smem, (i + AHEAD) % STAGES, x_ptrs, rmask_x, w_ptrs, 1, wmask, (i + AHEAD) * 128,
                        K)
             t = w_smem.index(stage).load(a_layout)  # each lane's words of the block, in the A operand's places
@@ -310,7 +314,7 @@ def _kernel() -> Any:
         N_OUT, HALF,
         stride_xm, stride_pe, stride_pn, stride_be, stride_bn, stride_ge, stride_ym,
         K: gl.constexpr, E: gl.constexpr, E_P2: gl.constexpr,
-        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, AHEAD: gl.constexpr,
+        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, AHEAD: gl.constexpr, DRAIN: gl.constexpr,
         SMALL_M: gl.constexpr, MID_M: gl.constexpr, ONLY: gl.constexpr,
         GATHER: gl.constexpr, SWIGLU: gl.constexpr, ROW_SCALE: gl.constexpr, SCATTER: gl.constexpr,
         PDL: gl.constexpr, num_warps: gl.constexpr,
@@ -322,7 +326,7 @@ def _kernel() -> Any:
             return
         run_tile(nvfp4_tile, place, (x_ptr, pw_ptr, bs_ptr, gs_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr,
                                      N_OUT, HALF, stride_xm, stride_pe, stride_pn, stride_be, stride_bn, stride_ge,
-                                     stride_ym, pid_n, K, BLOCK_N, AHEAD, GATHER, SWIGLU, ROW_SCALE, SCATTER,
+                                     stride_ym, pid_n, K, BLOCK_N, AHEAD, DRAIN, GATHER, SWIGLU, ROW_SCALE, SCATTER,
                                      num_warps),
                  BLOCK_M, SMALL_M, MID_M, ONLY)
 
@@ -333,7 +337,8 @@ def launch(x: Tensor, packed: Tensor, block_scale: Tensor, global_scale: Tensor,
            config: dict[str, Any], *, row_index: Tensor | None, swiglu: bool, row_scale: Tensor | None,
            row_dest: Tensor | None) -> Any:
     """Run the kernel over y's rows; `packed` in repack's layout (nvfp4.nvfp4_grouped_mm checks the arguments
-    and calls this). config as int4_wgmma.launch's (SMALL_M / MID_M / SPLIT: a tile size per expert), no SCALED."""
+    and calls this). config as int4_wgmma.launch's (SMALL_M / MID_M / SPLIT: a tile size per expert), no SCALED;
+    DRAIN: one stage of tokens and words fewer, by waiting for the block before's last MMA at each block's start."""
     e, n, _ = packed.shape
     words = packed.view(torch.int32)  # [E, N, K/8]: 8 codes per word
     n_out = n // 2 if swiglu else n
@@ -348,7 +353,8 @@ def launch(x: Tensor, packed: Tensor, block_scale: Tensor, global_scale: Tensor,
             x.stride(0), words.stride(0), words.stride(1), block_scale.stride(0), block_scale.stride(1),
             global_scale.stride(0), y.stride(0),
             K=x.shape[1], E=e, E_P2=triton.next_power_of_2(e), BLOCK_M=config["BLOCK_M"], BLOCK_N=block_n,
-            AHEAD=config["AHEAD"], SMALL_M=config.get("SMALL_M", 0), MID_M=config.get("MID_M", 0), ONLY=kind,
+            AHEAD=config["AHEAD"], DRAIN=int(config.get("DRAIN", 0)), SMALL_M=config.get("SMALL_M", 0),
+            MID_M=config.get("MID_M", 0), ONLY=kind,
             GATHER=row_index is not None, SWIGLU=swiglu, ROW_SCALE=row_scale is not None,
             SCATTER=row_dest is not None, num_warps=config.get("num_warps", 4), **pdl.launch_args(x.device),
         )
