@@ -150,3 +150,22 @@ def test_throughput_keeps_the_newest_batched_run_and_names_the_kernel_only_where
                                       "fp8 at batch 32: 157.7/s; int4 (a) at batch 8: 100.0/s; int4 (b) at batch 8: "
                                       "120.0/s."]
     assert throughput([run("r4", "fp8", "k", 1, 80.0)]) == [] and throughput_notes([]) == []
+
+
+def test_a_batch_size_only_an_earlier_kernel_generation_ran_says_so_in_its_label(tmp_path):
+    """The default view keeps the newest run of each variant, implementation and batch size, so a batch size the
+    newest kernels never ran keeps an older generation's figure: its label names the kernels that ran (the H200's
+    24-a-pass row was the dequantizing path's, read as a cliff between 16 and 32 a pass)."""
+    lab = Lab(tmp_path / "r.duckdb", n=20)
+    kw = dict(weights="synthetic", model_id="synthetic-qwen3-30b-a3b", backend="int4", variant="int4", **GPU)
+    lab.run(ms=10, **kw)
+    lab.run(ms=200, batch=24, kernel_path="quantbench grouped-moe dequant+grouped_mm+gluon-wgmma-int4 +fused rmsnorm", **kw)
+    lab.run(ms=100, batch=16, kernel_path="quantbench grouped-moe gluon-wgmma-int4 +fused rmsnorm", **kw)
+    lab.run(ms=110, batch=8, kernel_path="quantbench grouped-moe gluon-wgmma-int4 +fused rmsnorm+rope", **kw)
+    lab.run(ms=100, batch=4, kernel_path="quantbench grouped-moe gluon-wgmma-int4 +fused rmsnorm+rope", **kw)
+    [rep] = report.build_report(lab.store)
+    labels = {t["batch"]: t["variant"] for t in rep.throughput}
+    assert labels == {4: "int4", 8: "int4", 16: "int4 (earlier fused ops: +fused rmsnorm)",
+                      24: "int4 (earlier kernels: dequant+grouped_mm+gluon-wgmma-int4)"}, labels
+    [history] = report.build_report(lab.store, history=True)
+    assert not any("earlier" in t["variant"] for t in history.throughput)
