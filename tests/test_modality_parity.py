@@ -58,7 +58,7 @@ def test_a_variant_broken_on_images_only_is_worse_on_images_and_indistinguishabl
     assert by["text"].verdict.label == an.INDISTINGUISHABLE and by["text"].agreement.k == N_TEXT
     assert by["image"].verdict.label == an.WORSE and by["image"].agreement.n == N_IMAGE
     assert [m.modality for m in c.flagged()] == ["image"]
-    assert c.verdict_short() == "text: indistinguishable; image: worse"
+    assert c.verdict_short() == "all: worse; text: indistinguishable; image: worse"  # pooled first, named
     table = parity.by_modality(c)
     assert table.modality.tolist() == ["text", "image"]
     image = table.set_index("modality").loc["image"]

@@ -197,11 +197,13 @@ class Comparison:
         return [m for m in self.modalities if m.verdict.label == an.WORSE]
 
     def verdict_short(self) -> str:
-        """The verdict for a table cell: the overall one, or with several modalities each modality's
-        (`text: indistinguishable; image: worse`)."""
+        """The verdict for a table cell: the overall one, or with several modalities the pooled one (what the
+        recommendation reads) and then each modality's (`all: different, within margin; text: indistinguishable;
+        image: inconclusive`): a cell of the modalities alone read as contradicting the notes' pooled verdict."""
         if not self.per_modality:
             return self.verdict.short()
-        return "; ".join(f"{m.modality}: {m.verdict.short()}" for m in self.modalities)
+        return "; ".join([f"all: {self.verdict.short()}"] + [f"{m.modality}: {m.verdict.short()}"
+                                                              for m in self.modalities])
 
     def to_dict(self) -> dict[str, Any]:
         """Everything but the per-question table, JSON-ready."""

@@ -287,7 +287,8 @@ def verdict_notes(report: GpuReport) -> list[str]:
             f"disagreement {100 * e.diff:+.1f} pts [{100 * e.lo:+.1f}, {100 * e.hi:+.1f}]" if e.statistic ==
             "disagreement" else f"accuracy lost {100 * e.diff:+.1f} pts [{100 * e.lo:+.1f}, {100 * e.hi:+.1f}]"
             if e.statistic == "accuracy loss" else f"TV {e.diff:+.4f} [{e.lo:+.4f}, {e.hi:+.4f}]" for e in v.parts)
-        notes.append(f"{r.label}: {v.short()}; {figures}.")
+        pooled = f" (all {r.comparison.agreement.n} questions pooled)" if r.comparison.per_modality else ""
+        notes.append(f"{r.label}{pooled}: {v.short()}; {figures}.")
         for m in r.comparison.flagged() if r.comparison.per_modality else []:
             notes.append(f"{r.label} on {m.modality} ({m.agreement.n} questions): worse; "
                          + "; ".join(m.verdict.reasons) + ".")
