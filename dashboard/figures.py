@@ -259,19 +259,29 @@ def paired_deltas(by: pd.DataFrame, mean: tuple[float, float, float] | None) -> 
 def throughput_latency(steps: pd.DataFrame, percentile: str = "p99_ms") -> go.Figure:
     """Load runs: decisions/s against end-to-end latency (`percentile`: p50_ms or p99_ms), one line per run
     through its steps in order, each point labelled by its clients (or rate). A log latency axis when the slowest
-    step is over 20x the fastest (past saturation p99 runs away), so the knee stays visible."""
+    step is over 20x the fastest (past saturation p99 runs away), so the knee stays visible. The legend names a
+    run by its `legend` column where there is one (else its `label`), one run a row below the x axis title."""
     fig = go.Figure()
     for i, (label, run) in enumerate(steps.groupby("label", sort=False)):
         run = run.sort_values("step")
+        name = str(run["legend"].iloc[0]) if "legend" in run.columns else str(label)
         load = [f"{r:g}/s" if r == r and r is not None else f"{int(c)}" for r, c in zip(run["rate"], run["concurrency"],
                                                                                            strict=True)]
         fig.add_trace(go.Scatter(
-            x=run["decisions_per_s"], y=run[percentile], mode="lines+markers+text", name=wrap_label(label),
+            x=run["decisions_per_s"], y=run[percentile], mode="lines+markers+text", name=wrap_label(name, 110),
             text=load, textposition="top center", marker={"color": OTHER[i % len(OTHER)], "size": 9},
-            hovertemplate="%{text}: %{x:.1f} decisions/s, %{y:.1f} ms<extra></extra>"))
+            hovertemplate=f"{name}<br>" + "%{text}: %{x:.1f} decisions/s, %{y:.1f} ms<extra></extra>"))
     values = steps[percentile].dropna()
     log = len(values) > 0 and float(values.min()) > 0 and float(values.max()) / float(values.min()) > 20
-    fig.update_layout(**LAYOUT, title="Throughput against latency (points: clients, or arrivals a second)")
+    rows = sum(name.count("<br>") + 1 for name in (t.name for t in fig.data))
+    # The legend sits at the foot of the figure (the container, not the plot), in a bottom margin made for its
+    # rows under the x axis title: put at y=-0.18 of the plot it was anchored at its bottom and grew upwards over
+    # the axis title as its names took more rows.
+    fig.update_layout(**{**LAYOUT, "height": 400 + 22 * rows,
+                         "margin": {**LAYOUT["margin"], "b": 70 + 22 * rows},
+                         "legend": {"orientation": "h", "yanchor": "bottom", "y": 0, "x": 0, "xanchor": "left",
+                                    "yref": "container", "traceorder": "normal"}},
+                      title="Throughput against latency (points: clients, or arrivals a second)")
     fig.update_xaxes(title="decisions/s (answered)", rangemode="tozero")
     fig.update_yaxes(title=f"{percentile.removesuffix('_ms')} end to end, ms" + (" (log scale)" if log else ""),
                      type="log" if log else "linear")

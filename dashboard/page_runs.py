@@ -18,25 +18,40 @@ n_failed = int((shown["status"] != "ok").sum())
 st.caption(f"{len(shown)} runs, {n_failed} failed. Newest first. Every row carries what it ran on and with, and "
            "where it came from (Source: your store, a pulled bundle, the results shipped with quantbench).")
 
+# What a reader compares first (when, what ran, where, how it went, how fast, through which kernel), then why a
+# run failed, then where it came from and what it ran with.
 cols = {
-    "created_at": "When", "status": "Status", "failure": "Failure", "gpu_label": "GPU / host", "source": "Source",
-    "model_id": "Model",
-    "weights": "Weights", "backend": "Backend", "variant": "Variant", "role": "Role", "kernel_path": "Kernel path",
-    "weight_format": "Format", "native": "Native", "p50_ms": "p50 (ms)", "n_timed": "Timed", "load_s": "Load (s)",
-    "gpu_cc": "CC", "driver_version": "Driver", "cuda_version": "CUDA", "torch_version": "torch",
+    "created_at": "When", "model_id": "Model", "variant": "Variant", "gpu_label": "GPU / host", "status": "Status",
+    "p50_ms": "p50 (ms)", "p99_ms": "p99 (ms)", "decisions_per_s": "decisions/s", "batch": "Batch",
+    "kernel_path": "Kernel path", "role": "Role", "weights": "Weights", "backend": "Backend", "weight_format": "Format",
+    "native": "Native", "n_timed": "Timed", "load_s": "Load (s)", "failure": "Failure", "error": "Error",
+    "source": "Source", "gpu_cc": "CC", "driver_version": "Driver", "cuda_version": "CUDA", "torch_version": "torch",
     "transformers_version": "transformers", "auto_round_version": "auto-round", "modelopt_version": "modelopt",
     "quantbench_version": "quantbench", "quantbench_git_rev": "git rev", "suite_id": "Suite", "host": "Host",
     "cpu_model": "CPU", "cpu_cores": "CPUs", "machine_id": "Machine id", "load_avg_1m": "Load avg (timed)",
     "cpu_others_share": "Others' CPU (timed)", "cpu_steal_share": "Steal (timed)", "repeat_id": "Repeat group",
     "repeat_index": "Repeat #", "host_rss_peak_source": "Peak RSS read by", "run_id": "Run id",
 }
-table = shown[[c for c in cols if c in shown.columns]].copy()
-table["error"] = shown["error"].fillna("").str.strip().str.split("\n").str[0]
-table["failure"] = table["failure"].fillna("")
+table = shown.assign(error=shown["error"].fillna("").astype(str).str.strip().str.split("\n").str[0])
+table = table[[c for c in cols if c in table.columns]].copy()
+# A run stored without a role is a candidate (quantbench.analysis.recommend reads it so); a text left empty reads
+# as a dash, not as the data grid's "None". No failure, no error: empty.
+if "role" in table:
+    table["role"] = table["role"].fillna("candidate")
+table[["failure", "error"]] = table[["failure", "error"]].fillna("")
+text = list(table.select_dtypes(include=["object", "string"]).columns)
+table[text] = table[text].fillna("—")
+ms = {"p50_ms": "p50 (ms)", "p99_ms": "p99 (ms)"}
 st.dataframe(table, hide_index=True, width="stretch", height="content" if len(table) <= 30 else 700, column_config={
     **cols,
     "created_at": st.column_config.DatetimeColumn("When", format="YYYY-MM-DD HH:mm"),
-    "p50_ms": st.column_config.NumberColumn("p50 (ms)", format="%.1f"),
+    "model_id": st.column_config.TextColumn("Model", width=240),
+    "gpu_label": st.column_config.TextColumn("GPU / host", width=200),
+    **{c: st.column_config.NumberColumn(label, format="%.1f") for c, label in ms.items()},
+    "decisions_per_s": st.column_config.NumberColumn("decisions/s", format="%.1f"),
+    "kernel_path": st.column_config.TextColumn("Kernel path", width=300),
+    "role": st.column_config.TextColumn("Role", help="candidate (a run stored without a role is one), reference "
+                                        "(what the others are compared with) or noise_floor"),
     "load_s": st.column_config.NumberColumn("Load (s)", format="%.2f"),
     "cpu_others_share": st.column_config.NumberColumn("Others' CPU (timed)", format="percent",
                                                       help="CPU time other processes used while the run was timed"),
@@ -44,8 +59,7 @@ st.dataframe(table, hide_index=True, width="stretch", height="content" if len(ta
     "error": st.column_config.TextColumn("Error", width=260, help="first line; the whole message is below"),
     "source": st.column_config.TextColumn("Source", width=260, help="the store the run is read from; for a pulled "
                                           "run, its bundle, who published it and when (the Sources page lists them)"),
-}, column_order=["created_at", "status", "failure", "error", *[c for c in cols if c not in ("created_at", "status",
-                                                                                          "failure")]])
+}, column_order=list(table.columns))
 if (shown["weights"] == "synthetic").any():
     st.caption("Weights = synthetic: random weights in the real model's shape; such runs measure speed and memory "
                "only.")

@@ -37,9 +37,11 @@ def test_the_load_page_draws_throughput_against_latency_and_the_saturation(built
     assert at.title[0].value == "Serving under load"
     sat, steps = at.dataframe[0].value, at.dataframe[1].value
     expected = saturation([c for c, *_ in INT4], [t for _, t, *_ in INT4])
-    assert sat["Saturates at"].tolist() == [32.0] and sat["Peak decisions/s"].tolist() == [95.1]
-    assert sat["Kept at the largest load"].iloc[0] == pytest.approx(expected.kept)
-    assert steps["concurrency"].tolist() == [1, 8, 32, 128]
+    assert sat["Saturates at"].tolist() == ["32 clients"] and sat["Peak decisions/s"].tolist() == ["95.1"]
+    assert sat["Largest load"].tolist() == ["128 clients"] and sat["Refused (503 / 429)"].tolist() == [
+        "238 of 500 at 128 clients"]
+    assert sat["Kept at the largest load"].tolist() == [f"{expected.kept:.0%}"]
+    assert steps["load"].tolist() == ["1 client", "8 clients", "32 clients", "128 clients"]
     assert steps["errors"].tolist() == ["none", "none", "none", "238 × 503"]
     assert "int4" in at.multiselect[0].value[0] and "NVIDIA H200" in at.multiselect[0].value[0]
 

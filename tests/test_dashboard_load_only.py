@@ -20,7 +20,8 @@ def test_a_store_of_only_load_runs_opens_on_the_load_page_and_says_what_it_holds
     assert not at.exception, at.exception
     assert [t.value for t in at.title] == ["Serving under load"]
     saturation = at.dataframe[0].value
-    assert saturation["Saturates at"].tolist() == [32.0] and saturation["Peak decisions/s"].tolist() == [95.1]
+    assert saturation["Saturates at"].tolist() == ["32 clients"] and saturation["Peak decisions/s"].tolist() == [
+        "95.1"]
     assert any("1 load run, no benchmark runs" in c.value for c in at.sidebar.caption)
     for page in OTHER_PAGES:
         at.switch_page(page).run()

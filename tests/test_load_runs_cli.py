@@ -20,8 +20,10 @@ def test_a_stored_load_run_prints_as_markdown_with_its_steps_and_saturation(tmp_
            "mean batch | client CPU | errors |" in lines
     assert "| 1 | 400 | 95.1 | 17.6 / 20.1 | 0.0 / — | — | — | 0.50 | — | none |" in lines
     assert "| 32 | 400 | 93.1 | 563.2 / 643.2 | 0.2 / — | — | — | 16.00 | — | 38 × 503 |" in lines
-    assert ("saturation at 1 clients (peak 95.1 decisions/s); at 32 clients throughput kept 98% of the peak."
-            in lines)
+    # the saturation, and where the server refused requests (from the steps' errors)
+    assert ("saturation at 1 client (peak 95.1 decisions/s); at 32 clients throughput kept 98% of the peak; the "
+            "server refused 38 of 400 requests at 32 clients (38 × 503): it was refusing load there (saturated, or "
+            "shedding load)." in lines)
     assert second not in done.stdout  # only the one asked for
 
     table = CliRunner().invoke(app, ["load-runs", "--db", str(db.path)])

@@ -79,7 +79,7 @@ def load_runs(
     shared: SharedOpt = None,
 ) -> None:
     """Stored load runs (`quantbench load`), newest first: each one's steps and saturation point."""
-    from quantbench.analysis.load import saturation  # lazy: a fast --help
+    from quantbench.analysis.load import step_saturation  # lazy: a fast --help
     from quantbench.load.table import load_run_markdown, run_title, saturation_line, steps_table
     from quantbench.store.load import has_load_tables, load_steps, step_records
     from quantbench.store.load import load_runs as stored_load_runs
@@ -104,8 +104,7 @@ def load_runs(
             chosen = [row for _, row in runs.head(last).iterrows()]
         for run in chosen:
             steps = step_records(load_steps(store, [run["load_id"]]))
-            loads = [float(s.rate if s.rate is not None else s.concurrency) for s in steps]
-            sat = saturation(loads, [s.decisions_per_s for s in steps])
+            sat = step_saturation(steps)  # the steps' own 503s / 429s too: a one-step run that was refusing load
             if fmt == "markdown":
                 print(load_run_markdown(run, steps, sat))  # plain: markdown is pasted, rich would wrap it
             else:

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 import quantbench
-from quantbench.analysis.load import Saturation, saturation
+from quantbench.analysis.load import Saturation, step_saturation
 from quantbench.errors import ConfigError
 from quantbench.load.driver import Driver, Drivers, DriverSettings, StepPlan
 from quantbench.load.http import Target
@@ -110,8 +110,7 @@ def run_load(settings: LoadSettings, on_step: Any = None) -> LoadResult:
     steps, breakdown = _steps(settings, driver, on_step)
     if health is not None:  # read again: a quantbench server reports the kernel path its forwards ran by now
         health = _health_after(endpoint, settings.api_key) or health
-    loads = [s.rate if settings.rate else s.concurrency for s in steps]
-    sat = saturation([float(x) for x in loads], [s.decisions_per_s for s in steps])
+    sat = step_saturation(steps)
     machine = detect()
     info = health.get("info") if health and isinstance(health.get("info"), dict) else {}
     record = LoadRunRecord(

@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.table import Table
 
-from quantbench.analysis.load import Saturation
+from quantbench.analysis.load import Saturation, saturation_sentence, step_saturation
 from quantbench.store.load import LoadStepRecord
 
 
@@ -61,7 +61,8 @@ def run_title(run: Mapping[str, Any]) -> str:
 
 
 def load_run_markdown(run: Mapping[str, Any], steps: list[LoadStepRecord], sat: Saturation) -> str:
-    """One stored load run as markdown: its title, when and from where, the steps table and the saturation."""
+    """One stored load run as markdown: its title, when and from where, the steps table and the saturation
+    (with the steps' refusals: 503s and 429s)."""
     header = _header(steps)
     lines = [f"#### {run_title(run)}", "",
              f"Load run {run['load_id']}, {run['created_at'].astimezone(dt.UTC):%Y-%m-%d %H:%M} UTC, generator on "
@@ -69,17 +70,16 @@ def load_run_markdown(run: Mapping[str, Any], steps: list[LoadStepRecord], sat: 
              f"(quantbench {run.get('quantbench_version') or 'version unknown'}).", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(_cells(s, header[0] == "rate /s")) + " |" for s in steps]
+    if steps and not sat.refusals:  # a saturation of loads and throughput alone: add the steps' refusals
+        sat = step_saturation(steps)
     return "\n".join([*lines, "", saturation_line(sat, run["mode"]) + ".", ""])
 
 
 def saturation_line(sat: Saturation, mode: str) -> str:
-    """One sentence: where throughput stopped rising and what was kept beyond it."""
-    unit = "requests/s offered" if mode == "open" else "clients"
-    if sat.point is None:
-        return (f"peak {sat.peak:,.1f} decisions/s at the last step: throughput still rose, so saturation was not "
-                "reached; add a larger step")
-    return (f"saturation at {sat.point:g} {unit} (peak {sat.peak:,.1f} decisions/s); at {sat.beyond:g} "
-            f"{unit} throughput kept {sat.kept:.0%} of the peak")
+    """One sentence: where throughput stopped rising and what was kept beyond it, where the server refused
+    requests, or why one step (or a sweep still rising at its last step) cannot say
+    (quantbench.analysis.load.saturation_sentence)."""
+    return saturation_sentence(sat, mode)
 
 
 SPANS = ("read", "prepare", "queue", "forward", "app", "outside", "e2e")

@@ -106,10 +106,11 @@ def write_load(store: Store, run: LoadRunRecord, steps: list[LoadStepRecord]) ->
 
 
 def load_runs(store: Store) -> pd.DataFrame:
-    """Every load run, newest first (without the /healthz body)."""
+    """Every load run, newest first (without the /healthz body; its max_batch, the server's batch bound)."""
     return store.read(
         "SELECT load_id, created_at, endpoint, mode, requests_from, server_model, server_variant, server_kernel_path, "
-        "server_gpu, saturation, peak_decisions_per_s, host, quantbench_version FROM load_runs "
+        "server_gpu, saturation, peak_decisions_per_s, host, quantbench_version, "
+        "TRY_CAST(json_extract_string(server_health, '$.max_batch') AS INTEGER) AS server_max_batch FROM load_runs "
         "ORDER BY created_at DESC")
 
 
