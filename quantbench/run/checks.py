@@ -5,19 +5,22 @@ never a failed run 20 seconds later.
 What runner.preflight checks (the model directory, the suite) is its own; this is the rest: --device against the
 GPUs NVML sees, --gpu against this machine, --dtype, --method, the counts and limits, --shape and --layers, the
 backend's availability here and anything the backend itself checks (`check(spec, machine)`, optional: the http
-backend's --endpoint).
+backend's --endpoint). And, once the model's directory is known (check_state_lengths), a suite record whose state
+is far over the model's context, found with its tokenizer.json over a bounded prefix.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+from pathlib import Path
 from typing import Any
 
 from quantbench.errors import ConfigError
 from quantbench.run.machine import Machine, check_gpu
 from quantbench.run.settings import GENERIC, refusal
-from quantbench.run.spec import RunSpec
+from quantbench.run.spec import RunSpec, is_remote
 
 DEVICE = re.compile(r"^(cpu|cuda)(:(\d+))?$")
 
@@ -84,3 +87,76 @@ def check_spec(spec: RunSpec, machine: Machine, backend: Any) -> None:
     own = getattr(backend, "check", None)
     if callable(own):
         own(spec, machine)
+
+
+# A state this many characters per token of the model's limit is tokenized only as far as that, as the server
+# bounds one (quantbench.server.schema.bound_long_state; the server is a layer above run, so the two numbers are
+# repeated here and tests/test_suite_faults.py holds them equal). A 10 MB state otherwise passed every check, and the
+# child loaded the model (2.6 GB, 15 s) only to tokenize all of it and fail.
+STATE_PREFIX_CHARS_PER_TOKEN = 16
+STATE_PREFIX_MARGIN_TOKENS = 64  # the prefix's cut word and the prompt's template can shift a few tokens
+
+
+def context_limit(config: dict[str, Any], max_tokens: int | None) -> int | None:
+    """The prompt token limit the child's engine will hold a prompt to (quantbench.engine.scoring: the text
+    config's max_position_embeddings, or --max-tokens when smaller), read from config.json; None when unknown."""
+    text = config
+    for holder in (config.get("thinker_config"), config):  # a Qwen3-Omni checkpoint, the omni fixture
+        if isinstance(holder, dict) and isinstance(holder.get("text_config"), dict):
+            text = holder["text_config"]
+            break
+    limit = text.get("max_position_embeddings")
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        return max_tokens
+    return min(limit, max_tokens) if max_tokens else limit
+
+
+def check_state_lengths(suite: Any, spec: RunSpec, model: str | None) -> None:
+    """Refuse, before the child loads anything, a suite record whose state is already over the model's token limit
+    within its first STATE_PREFIX_CHARS_PER_TOKEN characters a token (ConfigError naming the file, line, record,
+    `state` and the fix). `model` is the checkpoint directory the child will load (the resolved spec's).
+
+    Cheap: a state shorter than that many characters (every state of a normal suite) is not tokenized at all, a
+    longer one only that far, with the checkpoint's tokenizer.json (the tokenizers library, no transformers). Not
+    checked: --truncate (a long state runs, cut to fit, as before), a synthetic --shape, a remote backend (its
+    server bounds what it is sent), a checkpoint without tokenizer.json or a context length in config.json (the
+    child's engine still refuses a prompt over the limit, naming the question)."""
+    # lazy: the protocol's models, only when a suite is checked
+    from quantbench.protocol.prompt import render_state
+
+    if spec.truncate or spec.shape or not model or is_remote(spec.backend):
+        return
+    root = Path(model)
+    vocab = root / "tokenizer.json"
+    try:
+        config = json.loads((root / "config.json").read_text())
+    except (OSError, ValueError):  # preflight named a broken --model already; an odd one is the child's to judge
+        return
+    limit = context_limit(config, spec.max_tokens) if isinstance(config, dict) else None
+    if limit is None or not vocab.is_file():
+        return
+    chars = limit * STATE_PREFIX_CHARS_PER_TOKEN
+    tokenizer = None
+    records = suite.records[: spec.limit] if spec.limit else suite.records
+    for index, record in enumerate(records):
+        text = render_state(record.request.state)
+        if len(text) <= chars:
+            continue
+        if tokenizer is None:
+            from tokenizers import Tokenizer
+
+            try:
+                tokenizer = Tokenizer.from_file(str(vocab))
+            except Exception:  # a tokenizer.json this tokenizers cannot read: the child's transformers judges it
+                return
+        head = text[:chars]
+        cut = head.rfind(" ")  # a prefix ending between words tokenizes as the whole text does up to there
+        tokens = len(tokenizer.encode(head[:cut] if cut > 0 else head, add_special_tokens=False).ids)
+        if tokens > limit + STATE_PREFIX_MARGIN_TOKENS:
+            over = (f"--max-tokens {limit}" if spec.max_tokens == limit
+                    else f"the model's context of {limit:,} tokens")
+            raise ConfigError(
+                f"{suite.where(index)}: state: record {record.id!r} has a state of {len(text):,} characters whose "
+                f"first {chars:,} are already {tokens:,} tokens, over {over}; shorten the state, or pass --truncate "
+                "to cut it to fit (each answer records that it was cut)"
+            )

@@ -43,6 +43,7 @@ from quantbench.run.record import (
     Measured,
     MemoryFacts,
     SuiteFacts,
+    progress_file,
 )
 from quantbench.run.scorer import with_checkpoint_scorer
 from quantbench.run.spec import RunSpec
@@ -182,9 +183,24 @@ def _answer_suite(loaded: LoadedVariant, records, timer: Timer, spec: RunSpec, o
     out["run"].load = LoadFacts(**load.facts())
 
 
-def run(spec: RunSpec, out: dict[str, Any]) -> None:
+def save_progress(measured: Measured, progress: Path | None) -> None:
+    """Write what the run knows so far where the parent reads it if this process is killed (a timeout, a stop
+    signal, a crash) before its result file: the row of an interrupted run keeps its suite and variant instead of
+    failing "before its model or suite was known". Whole or not at all (written aside, then renamed)."""
+    if progress is None:
+        return
+    tmp = progress.with_suffix(".tmp-progress")
+    try:
+        tmp.write_text(json.dumps(measured.model_dump(), default=str))
+        tmp.replace(progress)
+    except OSError:  # a full disk: the run goes on; only a row of a run killed later would miss these facts
+        pass
+
+
+def run(spec: RunSpec, out: dict[str, Any], progress: Path | None = None) -> None:
     """Do one run in this process, filling `out` with its rows (the parent completes and stores them). Each part
-    of `out["run"]` (a Measured) is set as soon as it is known: a run that fails keeps what it learnt."""
+    of `out["run"]` (a Measured) is set as soon as it is known: a run that fails keeps what it learnt, and one
+    killed keeps what was saved to `progress` (save_progress) by then."""
     from transformers.utils import logging as hf_logging  # lazy: transformers' import costs seconds
 
     hf_logging.disable_progress_bar()  # our own progress display is enough; theirs floods a piped stderr
@@ -198,6 +214,7 @@ def run(spec: RunSpec, out: dict[str, Any]) -> None:
     records = suite.records[: spec.limit] if spec.limit else suite.records
     measured.suite = SuiteFacts(suite_id=suite.id, suite_hash=suite.hash, n_records=len(records),
                                 n_questions=sum(len(r.request.questions) for r in records))
+    save_progress(measured, progress)
 
     try:  # is the variant what it claims? its experts' tensors against the backend (quantbench.models.experts_claim)
         experts = experts_claim.check_spec(spec.backend, spec.model, spec.shape)
@@ -228,6 +245,7 @@ def run(spec: RunSpec, out: dict[str, Any]) -> None:
         measured.model_tensor_bytes = tensor_bytes(loaded.model)
     # how the report finds its BF16 base
     measured.lineage = LineageFacts(**lineage.evidence(info.model_path, spec.base_model))
+    save_progress(measured, progress)  # the variant is known: a run killed from here on lands in its table
 
     if loaded.model is not None:  # a local model: media it has no input for is refused (a server says it itself)
         for record in records:
@@ -282,7 +300,7 @@ def main(argv: list[str]) -> int:
         spec = RunSpec.from_dict(json.loads(spec_path.read_text()))
         out: dict[str, Any] = {"run": Measured(), "answers": [], "latencies": []}
         try:
-            run(spec, out)
+            run(spec, out, progress_file(result_path))
             result = {"run": out["run"].model_dump(), "status": "ok",
                       "answers": [a.model_dump() for a in out["answers"]],
                       "latencies": [lat.model_dump() for lat in out["latencies"]]}

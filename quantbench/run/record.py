@@ -14,6 +14,7 @@ import secrets
 import time
 import uuid
 from dataclasses import field
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -350,6 +351,11 @@ class LatencyRow(_Part):
     prep_ms: float
     tokens: int
     batch: int
+
+
+def progress_file(result_path: Path) -> Path:
+    """Where the child saves its `Measured` so far (quantbench.run.child.save_progress), beside its result file."""
+    return result_path.with_suffix(".progress")
 
 
 @dataclass

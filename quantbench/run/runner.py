@@ -3,8 +3,10 @@
 `execute(spec) -> RunResult` writes nothing: the caller (the CLI, a sweep driver) hands the result to the store.
 Whatever happens to the child — an exception, an out-of-memory kill, a segfault, a hang past the timeout, this
 process told to stop — the result is a whole run: `ok` with every answer, or `failed` with the reason and the
-traceback. What can be checked without a model (paths, the suite, checkpoint headers) is checked here, before
-anything is spawned, and raises instead of making a failed run.
+traceback. What can be checked without a model (paths, the suite, checkpoint headers, a state far over the
+model's context) is checked here, before anything is spawned, and raises instead of making a failed run. A run
+that ends without its child's result keeps what was known of it (the child's saved progress, the suite and model
+this process knew), so its row lands in its model's table.
 """
 
 from __future__ import annotations
@@ -27,16 +29,29 @@ from collections import deque
 from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import quantbench
-from quantbench.errors import ConfigError, classify
+from quantbench.errors import ConfigError, QuantbenchError, classify
 from quantbench.models import hub, scorer
+from quantbench.run.checks import check_state_lengths
 from quantbench.run.machine import Machine, check_gpu, detect
-from quantbench.run.record import MachineFacts, Measured, Provenance, RunIdentity, RunRecord, RunResult, uuid7
+from quantbench.run.record import (
+    MachineFacts,
+    Measured,
+    Provenance,
+    RunIdentity,
+    RunRecord,
+    RunResult,
+    progress_file,
+    uuid7,
+)
 from quantbench.run.resolve import resolve
 from quantbench.run.settings import refusal
 from quantbench.run.spec import RunSpec, is_remote
+
+if TYPE_CHECKING:
+    from quantbench.protocol.suite import Suite
 
 # The settings that decide what a run measures; sweeps skip a run whose hash is already stored. Frozen (read from
 # the flat spec) so every stored row keeps its hash; a backend option declared `hashed` joins the hash only when it
@@ -115,7 +130,13 @@ def preflight(spec: RunSpec) -> dict[str, Any]:
     readable config.json and whole safetensors files, --suite parses. Raises ConfigError / LoadError naming the
     flag or file and the fix. Returns notes for the run's `extra` (an `auto_map` that was not followed, the hub
     repo and commit a hub id resolved to)."""
+    return _preflight(spec)[0]
+
+
+def _preflight(spec: RunSpec) -> tuple[dict[str, Any], Suite | None]:
+    """preflight's notes, and the --suite it loaded (None: the built-in suite, not loaded)."""
     notes: dict[str, Any] = {}
+    suite = None
     if spec.model and not spec.shape and not is_remote(spec.backend):  # a remote backend reads no --model
         from quantbench.models.checkpoint import check_safetensors_only, read_config
         from quantbench.models.families import family_of
@@ -148,10 +169,10 @@ def preflight(spec: RunSpec) -> dict[str, Any]:
     if spec.suite is not None:
         from quantbench.protocol.suite import load_suite
 
-        load_suite(spec.suite, limits=spec.limits())
+        suite = load_suite(spec.suite, limits=spec.limits())
     if why := refusal("timeout_s", spec.timeout_s):  # a spec that check_spec did not see (sweep, API)
         raise ConfigError(why)
-    return notes
+    return notes, suite
 
 
 # -- stopping: this process told to stop, the kernel's OOM killer ---------------------------------------------
@@ -296,10 +317,73 @@ def _resolve_in_parent(spec: RunSpec) -> tuple[RunSpec, dict[str, Any] | None]:
     finally:
         with _stop.lock:
             _stop.live -= 1
-    if stopping():
-        return spec, {"run": {}, "status": "failed", "failure": "interrupted",
-                      "error": _stop_message(_stop.signum or signal.SIGTERM)}
+    if stopping():  # the resolved spec all the same: its model is known, and the failed row names it
+        return resolved, {"run": {}, "status": "failed", "failure": "interrupted",
+                          "error": _stop_message(_stop.signum or signal.SIGTERM)}
     return resolved, None
+
+
+def _read_progress(result_path: Path) -> dict[str, Any]:
+    """What a child that never wrote its result had saved of its run (quantbench.run.child.save_progress): {} if
+    nothing, or nothing readable."""
+    try:
+        saved = json.loads(progress_file(result_path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return saved if isinstance(saved, dict) else {}
+
+
+def _model_columns(spec: RunSpec) -> dict[str, Any]:
+    """The model columns of a run whose child never said them (it failed or was killed before its model loaded),
+    as the local backends fill them (quantbench.models.checkpoint.model_identity of the directory they load; a
+    synthetic shape's id), so the failed row lands in its model's table. {} for a remote backend: its server names
+    the model, and it was never asked."""
+    if is_remote(spec.backend):
+        return {}
+    if spec.shape:
+        from quantbench.models.families import synthetic_shapes  # read without torch
+
+        shape = synthetic_shapes().get(spec.shape)
+        if shape is None:
+            return {}
+        # quantbench.models.synthetic.synthetic_id, which imports torch (tests/test_suite_faults.py holds them equal)
+        layers = spec.layers if spec.layers is not None else shape["num_hidden_layers"]
+        return {"model_id": f"synthetic-{spec.shape}-{layers}l-seed{spec.seed}", "model_hash": f"seed:{spec.seed}",
+                "weights": "synthetic"}
+    if not spec.model or not Path(spec.model).is_dir():
+        return {}
+    from quantbench.models.checkpoint import model_identity
+
+    try:
+        ident = model_identity(spec.model)  # a content hash: seconds for a checkpoint near 2 GiB, only on failure
+    except (OSError, ValueError):
+        return {}
+    ident.pop("source_model_hash", None)
+    return ident
+
+
+def _what_the_parent_knew(record: RunRecord, spec: RunSpec, child_spec: RunSpec, suite: Suite | None) -> RunRecord:
+    """The row of a run that ended without its child's result, with what this process knew before the child
+    started filled in where the child never said it: the suite (id, hash, counts) and the model (id, path, hash).
+    A run killed by a stop signal, a timeout or a crash was stored with them NULL, and the report listed it among
+    the runs that "failed before their model or suite was known". What only loading says (the variant, its
+    kernel) stays NULL unless the child saved it (quantbench.run.child.save_progress)."""
+    from quantbench.protocol.suite import load_suite
+
+    known: dict[str, Any] = {}
+    if record.suite_hash is None:
+        try:
+            suite = suite or load_suite(spec.suite, limits=spec.limits())
+        except (QuantbenchError, OSError):
+            suite = None
+        if suite is not None:
+            records = suite.records[: spec.limit] if spec.limit else suite.records
+            known.update(suite_id=suite.id, suite_hash=suite.hash, n_records=len(records),
+                         n_questions=sum(len(r.request.questions) for r in records))
+    if record.model_id is None:
+        known.update(_model_columns(child_spec))
+    known = {k: v for k, v in known.items() if getattr(record, k) is None}
+    return record.model_copy(update=known) if known else record
 
 
 def execute(spec: RunSpec, *, machine: Machine | None = None, echo: bool = True,
@@ -311,7 +395,7 @@ def execute(spec: RunSpec, *, machine: Machine | None = None, echo: bool = True,
     `repeat` = (repeat_id, index from 1, count) marks one run of `run --repeat N` (the same spec, N fresh children)."""
     machine = machine or detect()
     device = check_gpu(spec.gpu, machine)
-    notes = preflight(spec)
+    notes, suite = _preflight(spec)
     spec.device = spec.device or device
     run_id, created = str(uuid7()), dt.datetime.now(dt.UTC)
     _clear_orphaned_tmp()
@@ -319,6 +403,9 @@ def execute(spec: RunSpec, *, machine: Machine | None = None, echo: bool = True,
     # spec_hash, the stored spec and role below stay those of the requested spec (model None for the embedded
     # model), so a run's hash does not depend on where the cache lives; the child gets the resolved one.
     child_spec, out = _resolve_in_parent(spec)
+    reported = False  # the child wrote its own result (ok, or failed with what it had learnt)
+    if out is None and suite is not None:  # the built-in suite's states are short: nothing to check
+        check_state_lengths(suite, child_spec, child_spec.model)  # before the child loads the model
     if out is None:
         with tempfile.TemporaryDirectory(prefix=f"{TMP_PREFIX}{os.getpid()}-") as tmp:
             spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
@@ -360,19 +447,22 @@ def execute(spec: RunSpec, *, machine: Machine | None = None, echo: bool = True,
                     _stop.live -= 1
             pump.join(timeout=5)
             out = json.loads(result_path.read_text()) if result_path.exists() and ended is None else None
+            reported = out is not None
+            saved = _read_progress(result_path) if out is None else {}
             crash_trace = result_path.with_suffix(".faulthandler")
             crash_text = crash_trace.read_text() if crash_trace.exists() else ""
 
         stderr_tail = b"".join(tail).decode(errors="replace")
+        # A child that never reported keeps what it had saved (its suite, its variant once loaded), not {}.
         if ended == "timeout":
-            out = {"run": {}, "status": "failed", "failure": "timeout",
+            out = {"run": saved, "status": "failed", "failure": "timeout",
                    "error": f"the run exceeded its timeout of {spec.timeout_s:g} s and was killed\n\n{stderr_tail}"}
         elif ended == "interrupted":
-            out = {"run": {}, "status": "failed", "failure": "interrupted",
+            out = {"run": saved, "status": "failed", "failure": "interrupted",
                    "error": f"{_stop_message(_stop.signum or signal.SIGTERM)}\n\n{stderr_tail}".strip()}
         elif out is None:
             failure, how = death_failure(proc.returncode, oom_before, oom_kill_count())
-            out = {"run": {}, "status": "failed", "failure": failure,
+            out = {"run": saved, "status": "failed", "failure": failure,
                    "error": f"the child process died ({how}) before reporting\n\n{crash_text}\n{stderr_tail}".strip()}
 
     identity = RunIdentity(
@@ -384,5 +474,15 @@ def execute(spec: RunSpec, *, machine: Machine | None = None, echo: bool = True,
     record = RunRecord.compose(identity, MachineFacts(**machine.as_row()), Provenance(**provenance()),
                                Measured.model_validate(out.get("run", {})), notes)
     if out["status"] != "ok":
-        return RunResult(run=record)
+        # A failure the child reported stays as it said it (a model refused at load is listed with its reason, not
+        # as a table row); one this process made up (stopped, timed out, crashed, not resolved) gets what it knew.
+        if reported:
+            return RunResult(run=record)
+        with _stop.lock:  # counted as a run in flight: a stop signal meanwhile must not lose the row (SystemExit)
+            _stop.live += 1
+        try:
+            return RunResult(run=_what_the_parent_knew(record, spec, child_spec, suite))
+        finally:
+            with _stop.lock:
+                _stop.live -= 1
     return RunResult(run=record, answers=out["answers"], latencies=out["latencies"])
