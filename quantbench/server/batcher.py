@@ -203,7 +203,7 @@ class MicroBatcher:
         self._trim = malloc_trim()
         self._trimmed_at, self._batches_since_trim = float("-inf"), 0
         # the model thread's own: requests its last pass answered, and when it handed them back
-        self._returning, self._answered_at = 0, float("-inf")
+        self._returning, self._answered_at, self._answered_perf = 0, float("-inf"), float("-inf")
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -305,16 +305,17 @@ class MicroBatcher:
                 self._loop.call_soon_threadsafe(self._deliver, done)  # type: ignore[union-attr]
             except RuntimeError:  # the event loop has closed: nobody waits for these answers
                 return
-            self._returning, self._answered_at = len(live) if done.error is None else 0, time.monotonic()
+            self._returning = len(live) if done.error is None else 0
+            self._answered_at, self._answered_perf = time.monotonic(), time.perf_counter()
             self._release_memory()
 
     def _collect(self) -> list[_Job] | None:
         """The next batch (blocking until a request comes), or None when `drain` stopped the thread. Requests
         already dropped (cancelled, expired) are taken too: they leave `pending` with the batch, uncomputed."""
         first, self._held = self._held, None
-        # what this batch may hold without waiting long: what queued meanwhile, and the requests the last pass
-        # answered, whose clients may send their next at once (one client: its own next request, no wait)
-        expected = min(self.max_batch, self._queue.qsize() + (first is not None) + self._returning)
+        # the requests the last pass answered, whose clients may send their next at once: a request queued since
+        # those answers went back counts as one of them (one client: its own next request, no wait), one queued
+        # before as another client's (it ran alongside the pass)
         return_until = self._answered_at + self._return_wait_s()
         if first is None:
             first = self._queue.get()
@@ -322,6 +323,7 @@ class MicroBatcher:
             return None
         jobs = [first]
         rows, width, live = first.rows, first.width, 0 if first.future.done() else 1
+        back = live if first.queued_at >= self._answered_perf else 0  # answered clients whose next request came
         start = time.monotonic()
         deadline, fill_until = start + self.max_wait_s, start + self._fill_wait_s()
         while live < self.max_batch:
@@ -330,7 +332,7 @@ class MicroBatcher:
             except queue.Empty:
                 # requests admitted and still being prepared: worth a short wait under load (never at one client)
                 until = max(deadline, fill_until) if self.preparing else deadline
-                if live + self.preparing < expected:  # answered clients not back yet: a few ms for them
+                if back + self.preparing < self._returning:  # answered clients not back yet: a few ms for them
                     until = max(until, return_until)
                 left = until - time.monotonic()
                 if left <= 0:
@@ -354,6 +356,7 @@ class MicroBatcher:
                 rows, width = rows + job.rows, max(width, job.width)
             jobs.append(job)
             live += 1
+            back += job.queued_at >= self._answered_perf
         return jobs
 
     def _fill_wait_s(self) -> float:
