@@ -301,12 +301,13 @@ class MicroBatcher:
                 except Exception as e:  # never let one batch stop the thread: fail its requests and go on
                     log.exception("answering a batch of %d failed", len(live))
                     done.error = e
+            # before the hand-back: a client's next request may be queued before this thread runs another line
+            self._returning = len(live) if done.error is None else 0
+            self._answered_at, self._answered_perf = time.monotonic(), time.perf_counter()
             try:
                 self._loop.call_soon_threadsafe(self._deliver, done)  # type: ignore[union-attr]
             except RuntimeError:  # the event loop has closed: nobody waits for these answers
                 return
-            self._returning = len(live) if done.error is None else 0
-            self._answered_at, self._answered_perf = time.monotonic(), time.perf_counter()
             self._release_memory()
 
     def _collect(self) -> list[_Job] | None:
