@@ -32,6 +32,13 @@ DEFAULT_HEADER_TIMEOUT_S = 10.0  # a connection that sends no complete request h
 DEFAULT_WARM_TOKENS = (512,)
 # Media parts (quantbench.protocol.media): each checked before the part is decoded in full, so a small body cannot
 # unpack into gigabytes (a 30,000 x 30,000 PNG is 874 KB; an hour of silence in FLAC about 90 KB).
+# A state this many characters per token of context is tokenized only as far as that: a 4 MB state took 13 s to
+# tokenize whole (docs/BENCHMARKS.md) only to be refused as over a 512-token context, and with truncation it was
+# tokenized whole twice per question. The server bounds a request's state so (quantbench.server.schema), and
+# `run` a suite's before its child loads the model (quantbench.run.checks).
+STATE_PREFIX_CHARS_PER_TOKEN = 16
+STATE_PREFIX_MARGIN_TOKENS = 64  # the prefix's cut word and the prompt's template can shift a few tokens
+
 DEFAULT_MAX_MEDIA_PARTS = 16  # parts in one request's state (each frame of a `frames` video counts as a frame)
 DEFAULT_MAX_MEDIA_BYTES = 16 << 20  # 16 MiB of encoded bytes per part (a file, or a data URI's decoded base64)
 DEFAULT_MAX_IMAGE_PIXELS = 4096 * 4096  # per image or video frame, read from its header

@@ -69,6 +69,15 @@ def state_segments(state: dict[str, Any], placeholders: dict[str, str] | None = 
     return merged
 
 
+def state_prefix_tokens(text: str, chars: int, count: Any) -> int:
+    """Tokens (`count(text) -> int`) of a rendered state's first `chars` characters (quantbench.limits'
+    STATE_PREFIX_CHARS_PER_TOKEN a token of context), cut at the last space: a prefix ending between words
+    tokenizes as the whole text does up to there."""
+    head = text[:chars]
+    cut = head.rfind(" ")
+    return count(head[:cut] if cut > 0 else head)
+
+
 def render_state(state: dict[str, Any], placeholders: dict[str, str] | None = None) -> str:
     if not any(is_media_part(v) or isinstance(v, list) for v in state.values()):
         return "\n".join(["State:", *(f"{key}: {_text(value)}" for key, value in state.items())])

@@ -44,6 +44,10 @@ class Suite:
         line = self.lines[index] if index < len(self.lines) else None
         return f"{self.name or self.path.name}:{line}" if line else f"{self.name or self.path.name}"
 
+    def first(self, limit: int | None) -> list[SuiteRecord]:
+        """The records a run answers: the first `limit` (`--limit`), or all."""
+        return self.records[:limit] if limit else self.records
+
     @property
     def benchmarks(self) -> list[str]:
         """Benchmark (family) names in order of first appearance."""

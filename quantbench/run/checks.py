@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from quantbench.errors import ConfigError
+from quantbench.limits import STATE_PREFIX_CHARS_PER_TOKEN, STATE_PREFIX_MARGIN_TOKENS
 from quantbench.run.machine import Machine, check_gpu
 from quantbench.run.settings import GENERIC, refusal
 from quantbench.run.spec import RunSpec, is_remote
@@ -89,13 +90,6 @@ def check_spec(spec: RunSpec, machine: Machine, backend: Any) -> None:
         own(spec, machine)
 
 
-# A state this many characters per token of the model's limit is tokenized only as far as that, as the server
-# bounds one (quantbench.server.schema.bound_long_state; the server is a layer above run, so the two numbers are
-# repeated here and tests/test_suite_faults.py holds them equal). A 10 MB state otherwise passed every check, and the
-# child loaded the model (2.6 GB, 15 s) only to tokenize all of it and fail.
-STATE_PREFIX_CHARS_PER_TOKEN = 16
-STATE_PREFIX_MARGIN_TOKENS = 64  # the prefix's cut word and the prompt's template can shift a few tokens
-
 
 def context_limit(config: dict[str, Any], max_tokens: int | None) -> int | None:
     """The prompt token limit the child's engine will hold a prompt to (quantbench.engine.scoring: the text
@@ -121,8 +115,9 @@ def check_state_lengths(suite: Any, spec: RunSpec, model: str | None) -> None:
     checked: --truncate (a long state runs, cut to fit, as before), a synthetic --shape, a remote backend (its
     server bounds what it is sent), a checkpoint without tokenizer.json or a context length in config.json (the
     child's engine still refuses a prompt over the limit, naming the question)."""
-    # lazy: the protocol's models, only when a suite is checked
-    from quantbench.protocol.prompt import render_state
+    # lazy: the protocol's models, only when a suite is checked. The bound is the server's (bound_long_state): a
+    # 10 MB state otherwise passed every check, and the child loaded the model (2.6 GB, 15 s) only to tokenize it
+    from quantbench.protocol.prompt import render_state, state_prefix_tokens
 
     if spec.truncate or spec.shape or not model or is_remote(spec.backend):
         return
@@ -137,8 +132,7 @@ def check_state_lengths(suite: Any, spec: RunSpec, model: str | None) -> None:
         return
     chars = limit * STATE_PREFIX_CHARS_PER_TOKEN
     tokenizer = None
-    records = suite.records[: spec.limit] if spec.limit else suite.records
-    for index, record in enumerate(records):
+    for index, record in enumerate(suite.first(spec.limit)):
         text = render_state(record.request.state)
         if len(text) <= chars:
             continue
@@ -149,9 +143,7 @@ def check_state_lengths(suite: Any, spec: RunSpec, model: str | None) -> None:
                 tokenizer = Tokenizer.from_file(str(vocab))
             except Exception:  # a tokenizer.json this tokenizers cannot read: the child's transformers judges it
                 return
-        head = text[:chars]
-        cut = head.rfind(" ")  # a prefix ending between words tokenizes as the whole text does up to there
-        tokens = len(tokenizer.encode(head[:cut] if cut > 0 else head, add_special_tokens=False).ids)
+        tokens = state_prefix_tokens(text, chars, lambda t, tok=tokenizer: len(tok.encode(t, add_special_tokens=False).ids))
         if tokens > limit + STATE_PREFIX_MARGIN_TOKENS:
             over = (f"--max-tokens {limit}" if spec.max_tokens == limit
                     else f"the model's context of {limit:,} tokens")

@@ -211,9 +211,8 @@ def run(spec: RunSpec, out: dict[str, Any], progress: Path | None = None) -> Non
     measured.machine = MachineFacts(**machine.as_row())
     measured.device = device
     suite = load_suite(spec.suite, limits=spec.limits())
-    records = suite.records[: spec.limit] if spec.limit else suite.records
-    measured.suite = SuiteFacts(suite_id=suite.id, suite_hash=suite.hash, n_records=len(records),
-                                n_questions=sum(len(r.request.questions) for r in records))
+    records = suite.first(spec.limit)
+    measured.suite = SuiteFacts.of(suite, spec.limit)
     save_progress(measured, progress)
 
     try:  # is the variant what it claims? its experts' tensors against the backend (quantbench.models.experts_claim)

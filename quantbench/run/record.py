@@ -84,6 +84,13 @@ class SuiteFacts(_Part):
     n_records: int
     n_questions: int
 
+    @classmethod
+    def of(cls, suite: Any, limit: int | None) -> SuiteFacts:
+        """A suite's facts (quantbench.protocol.suite.Suite) as a run with `--limit` answers it."""
+        records = suite.first(limit)
+        return cls(suite_id=suite.id, suite_hash=suite.hash, n_records=len(records),
+                   n_questions=sum(len(r.request.questions) for r in records))
+
 
 @dataclass(config=FORBID)
 class VariantInfo:

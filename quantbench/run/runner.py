@@ -43,6 +43,7 @@ from quantbench.run.record import (
     RunIdentity,
     RunRecord,
     RunResult,
+    SuiteFacts,
     progress_file,
     uuid7,
 )
@@ -377,9 +378,7 @@ def _what_the_parent_knew(record: RunRecord, spec: RunSpec, child_spec: RunSpec,
         except (QuantbenchError, OSError):
             suite = None
         if suite is not None:
-            records = suite.records[: spec.limit] if spec.limit else suite.records
-            known.update(suite_id=suite.id, suite_hash=suite.hash, n_records=len(records),
-                         n_questions=sum(len(r.request.questions) for r in records))
+            known.update(SuiteFacts.of(suite, spec.limit).model_dump())
     if record.model_id is None:
         known.update(_model_columns(child_spec))
     known = {k: v for k, v in known.items() if getattr(record, k) is None}

@@ -11,7 +11,13 @@ from typing import Any
 from pydantic import BaseModel
 
 from quantbench.errors import ContextLengthError, RequestError
-from quantbench.limits import DEFAULT_MAX_OPTIONS, Limits, flag
+from quantbench.limits import (
+    DEFAULT_MAX_OPTIONS,
+    STATE_PREFIX_CHARS_PER_TOKEN,
+    STATE_PREFIX_MARGIN_TOKENS,
+    Limits,
+    flag,
+)
 from quantbench.protocol import (
     DecisionRequest,
     LimitError,
@@ -22,7 +28,7 @@ from quantbench.protocol import (
 )
 from quantbench.protocol.media import MediaHeader, probe_media
 from quantbench.protocol.media_cache import decode_media_once
-from quantbench.protocol.prompt import render_state
+from quantbench.protocol.prompt import render_state, state_prefix_tokens
 
 # The reference card's curl example: what `--demo` answers.
 # What a 200 carries besides the body, for load generators (`quantbench load` reads both; neither is required of
@@ -199,13 +205,6 @@ def decode_gate(request: DecisionRequest, limits: Limits) -> None:
         raise from_request_error(422, e) from None
 
 
-# A state this many characters per token of context is tokenized only as far as that: a 4 MB state took 13 s to
-# tokenize whole (docs/BENCHMARKS.md) only to be refused as over a 512-token context, and with truncation it was
-# tokenized whole twice per question.
-STATE_PREFIX_CHARS_PER_TOKEN = 16
-STATE_PREFIX_MARGIN_TOKENS = 64  # the prefix's cut word and the prompt's template can shift a few tokens
-
-
 def state_prefix(state: dict[str, Any], chars: int) -> dict[str, Any]:
     """The state cut so that it renders (quantbench.protocol.prompt.render_state) as the first ~`chars` characters of what
     the whole state renders: the keys that fit, then the next value's text cut. A value holding media parts is
@@ -240,9 +239,7 @@ def bound_long_state(engine: Any, decision: DecisionRequest) -> tuple[DecisionRe
         return decision, False  # short enough to tokenize whole with the prompt
     if getattr(engine, "truncate", False):
         return decision.model_copy(update={"state": state_prefix(decision.state, chars)}), True
-    head = text[:chars]
-    cut = head.rfind(" ")  # a prefix ending between words tokenizes as the whole text does up to there
-    tokens = len(tokenizer(head[:cut] if cut > 0 else head, add_special_tokens=False)["input_ids"])
+    tokens = state_prefix_tokens(text, chars, lambda t: len(tokenizer(t, add_special_tokens=False)["input_ids"]))
     if tokens > limit + STATE_PREFIX_MARGIN_TOKENS:
         raise Rejected(
             422,
