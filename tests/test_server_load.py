@@ -100,11 +100,15 @@ def test_a_closed_loop_of_clients_settles_into_full_batches(tiny_engine, monkeyp
     answered, every pass holds all 8. Before, a pass left behind the clients it had just answered (they came back
     while the next pass was being collected), and the loop settled into alternating passes (1 and 7, or 3 and 5
     on the H200). The wait for returning clients is scaled up here: this in-process client turns around in
-    milliseconds to tens of them on a loaded CPU, the H200's load generator in well under one."""
+    milliseconds to tens of them on a loaded CPU, the H200's load generator in well under one. The fill wait is
+    scaled up with it: a returning client admitted but still being prepared is waited for by the fill wait, which
+    the shipped constants keep at least as long as the return wait (CI's loaded runner prepared one for over 20 ms
+    and it missed every pass: passes of 7)."""
     from quantbench.server import batcher
 
     monkeypatch.setattr(batcher, "RETURN_WAIT_MAX_S", 0.25)
     monkeypatch.setattr(batcher, "RETURN_WAIT_SHARE", 0.5)
+    monkeypatch.setattr(batcher, "FILL_WAIT_MAX_S", 0.25)
     slow = SlowEngine(tiny_engine, forward_s=0.5)
     client = started(create_app(lambda: loaded_with(slow), max_batch=8, max_queue=64))
     try:
@@ -367,3 +371,11 @@ def test_the_expected_wait_counts_the_forward_passes_ahead_rounded_up():
     with pytest.raises(QueueFull) as refused:
         b.admit()
     assert refused.value.why == "expected_wait" and refused.value.expected_ms == 2000.0 and b.pending == 5
+
+
+def test_the_shipped_return_wait_never_outlasts_the_fill_wait():
+    """A returning client already admitted is waited for by the fill wait (batcher._collect): that holds only while
+    the return wait is never the longer of the two, at any forward time."""
+    from quantbench.server import batcher
+
+    assert batcher.RETURN_WAIT_MAX_S <= batcher.FILL_WAIT_MAX_S and batcher.RETURN_WAIT_SHARE <= 0.5
