@@ -56,6 +56,9 @@ PLANS = {
         "m128": {"BLOCK_M": 128},
         "m128-w8": {"BLOCK_M": 128, "num_warps": 8},
         "n256-w8": {"BLOCK_N": 256, "num_warps": 8},
+        # a stage less of shared memory (nvfp4_wgmma DRAIN), and gate_up's scales in a ring of two blocks (RING)
+        "drain": {"DRAIN": 1},
+        "drain-ring2": {"DRAIN": 1, "RING": 2},
     },
 }
 

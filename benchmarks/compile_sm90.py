@@ -16,6 +16,7 @@ old tile was found to lower its E4M3 dots to fp16 mma.sync (below 64 rows on the
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
 import subprocess
@@ -85,7 +86,8 @@ def compile_sm90(fn, pointer_types: dict[str, str], constexprs: dict, num_warps:
         sass = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True).stdout
     regs, stack = re.search(r"REG:(\d+)", usage), re.search(r"STACK:(\d+)", usage)
     out.update(registers=int(regs.group(1)) if regs else None, spill_bytes=int(stack.group(1)) if stack else None,
-               loop=loop_length(sass), loop_spills=loop_spills(sass), pdl=pdl_order(sass))
+               loop=loop_length(sass), loop_spills=loop_spills(sass), pdl=pdl_order(sass),
+               sass_sha256=hashlib.sha256(sass.encode()).hexdigest())  # an option off must leave this unchanged
     return out
 
 
@@ -135,7 +137,7 @@ def loop_spills(sass: str) -> int:
 
 
 # the arithmetic options of each Gluon kernel, off unless a plan turns them on (as its launch passes them)
-KERNEL_OPTIONS = {"int4": {"SCALED": 0}, "nvfp4": {"DRAIN": 0}}
+KERNEL_OPTIONS = {"int4": {"SCALED": 0}, "nvfp4": {"DRAIN": 0, "RING": 0}}
 
 
 def gluon_constexprs(tiles: dict, fmt: str = "int4") -> dict:

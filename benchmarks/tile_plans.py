@@ -86,6 +86,11 @@ PLANS = {
         # a stage less (the block before's last MMA waited for at each block's start): 80 / 64 KB of shared memory
         # instead of 104 / 88, so down fits three programs an SM instead of two (gate_up still two)
         "mixed16/32+drain": {**ONE_SIZE, "AHEAD": 1, "SMALL_M": 16, "MID_M": 32, "DRAIN": 1},
+        # and gate_up's block scales in a ring of 2 / 4 blocks instead of the whole 32 KB table (nvfp4_wgmma's
+        # RING): 52 / 56 KB, three programs an SM instead of two, the K loop 433 / 437 SASS instructions instead
+        # of 356 (the scales' conversion moves into it from the program's start); down unchanged
+        "mixed16/32+drain+ring2": {**ONE_SIZE, "AHEAD": 1, "SMALL_M": 16, "MID_M": 32, "DRAIN": 1, "RING": 2},
+        "mixed16/32+drain+ring4": {**ONE_SIZE, "AHEAD": 1, "SMALL_M": 16, "MID_M": 32, "DRAIN": 1, "RING": 4},
     },
 }
 BASE = "one-size"

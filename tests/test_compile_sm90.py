@@ -112,3 +112,25 @@ def test_the_w4a8_kernel_multiplies_integers(compiled):
     for proj in ("gate_up", "down"):
         r = compiled["int4 w4a8", proj]
         assert r["int8_mma"] > 0 and r["int8_mma"] == r["wgmma"] and r["mma_sync"] == 0, (proj, r)
+
+
+def test_the_nvfp4_scale_ring_frees_gate_ups_shared_memory_and_leaves_down_alone(tool):
+    """nvfp4_wgmma's option RING: gate_up's scales in a ring of two blocks instead of its 32 KB table (two programs
+    an SM at 80 KB with DRAIN; three fit at 52 KB), no spill, the same MMAs; down (a 16 KB table: three programs
+    already) compiles to the same SASS with the option as without, and so does every plan that leaves it off."""
+    from quantbench.engine.moe import nvfp4_wgmma
+
+    def build(proj: str, **options) -> dict:
+        n, k = tool.SHAPES[proj]
+        consts = {**dict(K=k, **tool.FEATURES[proj], E=tool.E, E_P2=tool.E),
+                  **tool.gluon_constexprs({"BLOCK_M": 64, "BLOCK_N": 128, "AHEAD": 1, "SMALL_M": 16, "MID_M": 32,
+                                           "DRAIN": 1, **options}, "nvfp4")}
+        types = dict(x_ptr="*bf16", pw_ptr="*i32", bs_ptr="*fp8e4nv", gs_ptr="*fp32", y_ptr="*bf16",
+                     rowidx_ptr="*i32", rowscale_ptr="*bf16", rowdest_ptr="*i32", offs_ptr="*i32")
+        return tool.compile_sm90(nvfp4_wgmma._kernel(), types, consts, 4, 1, ("N_OUT", "HALF"))
+
+    plain, ring = build("gate_up"), build("gate_up", RING=2)
+    assert plain["shared_kb"] == 80.0 and ring["shared_kb"] <= 56.0, (plain, ring)
+    assert ring["loop_spills"] == 0 and ring["spill_bytes"] == 0 and ring["registers"] <= 170, ring
+    assert (ring["wgmma"], ring["in_flight"], ring["async_copies"]) == (plain["wgmma"], 1, plain["async_copies"])
+    assert build("down", RING=2)["sass_sha256"] == build("down")["sass_sha256"]

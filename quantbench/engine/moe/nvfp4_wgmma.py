@@ -47,6 +47,7 @@ from quantbench.engine.triton_common import triton
 
 KERNEL = "gluon-wgmma-nvfp4"
 K_BLOCK = 128
+RING_OVER_BYTES = 16384  # the option RING applies where a program's whole scale table would be larger than this
 
 # Where slice j's two codes sit in their word (see the docstring). A code is sign << 3 | e1 << 2 | e0 << 1 | m;
 # bfloat16 wants m, e0, e1, sign at bits 6, 7, 8, 15 (first code of the k pair) and 22, 23, 24, 31 (second).
@@ -160,6 +161,11 @@ def out_multiplier(fp16: bool) -> float:
     return 2.0 ** OUT_EXP["fp16" if fp16 else "bf16"]
 
 
+def ring_over_bytes() -> int:
+    """RING_OVER_BYTES, for the kernel (a constexpr function: Gluon reads no plain global)."""
+    return RING_OVER_BYTES
+
+
 def available(device: torch.device, k: int) -> bool:
     """On an sm_90 GPU with Gluon importable, K a whole number of 128-column blocks."""
     if device.type != "cuda" or k % K_BLOCK:
@@ -182,6 +188,7 @@ def _kernel() -> Any:
 
     decode_asm_c = constexpr_function(decode_asm)  # called at compile time, with constexpr arguments
     scale_mul_c, out_mul_c = constexpr_function(scale_multiplier), constexpr_function(out_multiplier)
+    ring_over_c = constexpr_function(ring_over_bytes)
     shared = gluon_common.helpers()
     tile_place, run_tile, weight_columns = shared["tile_place"], shared["run_tile"], shared["weight_columns"]
     token_pointers, copy_block, store_outputs = shared["token_pointers"], shared["copy_block"], shared["store_outputs"]
@@ -191,7 +198,7 @@ def _kernel() -> Any:
                      warpgroup_mma_wait=warpgroup_mma_wait, decode_asm_c=decode_asm_c,
                      tile_place=tile_place, run_tile=run_tile, weight_columns=weight_columns,
                      token_pointers=token_pointers, copy_block=copy_block, store_outputs=store_outputs,
-                     scale_mul_c=scale_mul_c, out_mul_c=out_mul_c, pdl_open=pdl_open)
+                     scale_mul_c=scale_mul_c, out_mul_c=out_mul_c, ring_over_c=ring_over_c, pdl_open=pdl_open)
 
     @gluon.jit
     def slice_weights(t, s_i, j: gl.constexpr, dtype: gl.constexpr):
@@ -210,7 +217,7 @@ def _kernel() -> Any:
         e, row_start, row_end, BLOCK_M: gl.constexpr,
         x_ptr, pw_ptr, bs_ptr, gs_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr, N_OUT, HALF,
         stride_xm, stride_pe, stride_pn, stride_be, stride_bn, stride_ge, stride_ym, pid_n,
-        K: gl.constexpr, BLOCK_N: gl.constexpr, AHEAD: gl.constexpr, DRAIN: gl.constexpr,
+        K: gl.constexpr, BLOCK_N: gl.constexpr, AHEAD: gl.constexpr, DRAIN: gl.constexpr, RING: gl.constexpr,
         GATHER: gl.constexpr, SWIGLU: gl.constexpr, ROW_SCALE: gl.constexpr, SCATTER: gl.constexpr,
         num_warps: gl.constexpr,
     ):
@@ -222,6 +229,11 @@ def _kernel() -> Any:
         STAGES: gl.constexpr = AHEAD + 1 if DRAIN else AHEAD + 2
         K16: gl.constexpr = K // 16  # block scales per row
         K16_P2: gl.constexpr = 1 << (K16 - 1).bit_length()  # the table's rows (a layout's shape is a power of 2)
+        BLOCKS: gl.constexpr = K // 128
+        # RING only where the whole table would be over RING_OVER_BYTES: gate_up's 32 KB (K 2048) keeps it to two
+        # programs an SM; down's 16 KB (K 768) leaves room for three with DRAIN, and the ring's stores and index
+        # arithmetic in the K loop would only cost it
+        USE_RING: gl.constexpr = RING > 0 and K16_P2 * BLOCK_N * 2 > ring_over_c()
         OUT_N: gl.constexpr = BLOCK_N // 2 if SWIGLU else BLOCK_N  # SWIGLU: gate rows then the same up rows
         dtype: gl.constexpr = x_ptr.dtype.element_ty
         FP16: gl.constexpr = dtype == gl.float16
@@ -237,6 +249,7 @@ def _kernel() -> Any:
         w_layout: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [num_warps, 1], [1, 0])
         w_shared: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=4, order=[1, 0])
         bs_layout: gl.constexpr = gl.BlockedLayout([1, 16], [32, 1], [num_warps, 1], [1, 0])
+        ring_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [num_warps, 1], [1, 0])  # a block's 8 a row
         t_shared: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
         t_row: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
 
@@ -256,18 +269,34 @@ def _kernel() -> Any:
         wmask = (wc < N_OUT)[:, None]
         w_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, SUB], w_shared)
 
-        # every block scale of the program's rows, once: scale · 2^SCALE_EXP in the MMA's dtype, a row per
-        # 16 columns of K (read per slice in the A operand's row layout through a 1-D view)
-        sc, s_up = weight_columns(pid_n, BLOCK_N, OUT_N, HALF, SWIGLU, gl.SliceLayout(1, bs_layout))
-        s_row = (sc + s_up).to(gl.int64)
-        s_mask = (sc < N_OUT)[:, None]
-        table = gl.allocate_shared_memory(dtype, [K16_P2, BLOCK_N], t_shared)
-        for q in gl.static_range(K16 // 16):
-            cols = q * 16 + gl.arange(0, 16, layout=gl.SliceLayout(0, bs_layout))
-            bs = gl.load(bs_ptr + e64 * stride_be + s_row[:, None] * stride_bn + cols[None, :], mask=s_mask,
-                         other=0.0)
-            table.slice(q * 16, 16, dim=0).permute((1, 0)).store((bs.to(gl.float32) * SCALE_MUL).to(dtype))
-        rows_of = table._reinterpret(dtype, [K16_P2, BLOCK_N], t_row)
+        # the block scales as scale · 2^SCALE_EXP in the MMA's dtype, a row per 16 columns of K (read per slice in
+        # the A operand's row layout through a 1-D view): every block's, once (RING 0), or a ring of RING blocks'
+        # (RING > 0: block i + RING - 1's stored at block i, from registers loaded a block before; RING · 2 KB
+        # of shared memory instead of K / 16 · 256 B; the same values, so the same bits)
+        if USE_RING:
+            sc, s_up = weight_columns(pid_n, BLOCK_N, OUT_N, HALF, SWIGLU, gl.SliceLayout(1, ring_layout))
+            s_row = (sc + s_up).to(gl.int64)
+            s_mask = (sc < N_OUT)[:, None]
+            s_ptrs = (bs_ptr + e64 * stride_be + s_row[:, None] * stride_bn
+                      + gl.arange(0, 8, layout=gl.SliceLayout(0, ring_layout))[None, :])
+            slots = gl.allocate_shared_memory(dtype, [RING, 8, BLOCK_N], t_shared)  # a block's 8 rows a slot
+            for b in gl.static_range(RING - 1):
+                if b < BLOCKS:
+                    bs = gl.load(s_ptrs + b * 8, mask=s_mask, other=0.0)
+                    slots.index(b).permute((1, 0)).store((bs.to(gl.float32) * SCALE_MUL).to(dtype))
+            s_next = gl.load(s_ptrs + min(RING - 1, BLOCKS - 1) * 8, mask=s_mask, other=0.0)
+            rows_of = slots._reinterpret(dtype, [RING * 8, BLOCK_N], t_row)
+        else:
+            sc, s_up = weight_columns(pid_n, BLOCK_N, OUT_N, HALF, SWIGLU, gl.SliceLayout(1, bs_layout))
+            s_row = (sc + s_up).to(gl.int64)
+            s_mask = (sc < N_OUT)[:, None]
+            table = gl.allocate_shared_memory(dtype, [K16_P2, BLOCK_N], t_shared)
+            for q in gl.static_range(K16 // 16):
+                cols = q * 16 + gl.arange(0, 16, layout=gl.SliceLayout(0, bs_layout))
+                bs = gl.load(bs_ptr + e64 * stride_be + s_row[:, None] * stride_bn + cols[None, :], mask=s_mask,
+                             other=0.0)
+                table.slice(q * 16, 16, dim=0).permute((1, 0)).store((bs.to(gl.float32) * SCALE_MUL).to(dtype))
+            rows_of = table._reinterpret(dtype, [K16_P2, BLOCK_N], t_row)
 
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
         for dd in gl.static_range(AHEAD):
@@ -284,9 +313,19 @@ def _kernel() -> Any:
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             copy_block(x_lo, x_hi, w_smem, (i + AHEAD) % STAGES, x_ptrs, rmask_x, w_ptrs, 1, wmask, (i + AHEAD) * 128,
                        K)
+            if USE_RING:
+                # block i + RING - 1's scales into the slot block i - 1 read (every thread is past those reads:
+                # the barrier after the wait above), before the barrier the words' loads below get (so no
+                # barrier of its own); then block i + RING's from global memory, a block ahead of their store
+                slots.index((i + RING - 1) % RING).permute((1, 0)).store((s_next.to(gl.float32) * SCALE_MUL).to(dtype))
+                s_next = gl.load(s_ptrs + gl.minimum(i + RING, BLOCKS - 1) * 8, mask=s_mask, other=0.0)  # past the
+                # last block: the last's again, never stored
+                first = (i % RING) * 8
+            else:
+                first = i * 8
             t = w_smem.index(stage).load(a_layout)  # each lane's words of the block, in the A operand's places
             for j in gl.static_range(8):
-                s_i = rows_of.index(i * 8 + j).load(gl.SliceLayout(1, a_layout))[:, None]
+                s_i = rows_of.index(first + j).load(gl.SliceLayout(1, a_layout))[:, None]
                 w = slice_weights(t, s_i, j, dtype)
                 x_half = x_lo if j < 4 else x_hi
                 xs = x_half.index(stage).slice((j % 4) * SUB, SUB, dim=1).permute((1, 0))
@@ -314,7 +353,7 @@ def _kernel() -> Any:
         N_OUT, HALF,
         stride_xm, stride_pe, stride_pn, stride_be, stride_bn, stride_ge, stride_ym,
         K: gl.constexpr, E: gl.constexpr, E_P2: gl.constexpr,
-        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, AHEAD: gl.constexpr, DRAIN: gl.constexpr,
+        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, AHEAD: gl.constexpr, DRAIN: gl.constexpr, RING: gl.constexpr,
         SMALL_M: gl.constexpr, MID_M: gl.constexpr, ONLY: gl.constexpr,
         GATHER: gl.constexpr, SWIGLU: gl.constexpr, ROW_SCALE: gl.constexpr, SCATTER: gl.constexpr,
         PDL: gl.constexpr, num_warps: gl.constexpr,
@@ -326,7 +365,7 @@ def _kernel() -> Any:
             return
         run_tile(nvfp4_tile, place, (x_ptr, pw_ptr, bs_ptr, gs_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr,
                                      N_OUT, HALF, stride_xm, stride_pe, stride_pn, stride_be, stride_bn, stride_ge,
-                                     stride_ym, pid_n, K, BLOCK_N, AHEAD, DRAIN, GATHER, SWIGLU, ROW_SCALE, SCATTER,
+                                     stride_ym, pid_n, K, BLOCK_N, AHEAD, DRAIN, RING, GATHER, SWIGLU, ROW_SCALE, SCATTER,
                                      num_warps),
                  BLOCK_M, SMALL_M, MID_M, ONLY)
 
@@ -338,7 +377,9 @@ def launch(x: Tensor, packed: Tensor, block_scale: Tensor, global_scale: Tensor,
            row_dest: Tensor | None) -> Any:
     """Run the kernel over y's rows; `packed` in repack's layout (nvfp4.nvfp4_grouped_mm checks the arguments
     and calls this). config as int4_wgmma.launch's (SMALL_M / MID_M / SPLIT: a tile size per expert), no SCALED;
-    DRAIN: one stage of tokens and words fewer, by waiting for the block before's last MMA at each block's start."""
+    DRAIN: one stage of tokens and words fewer, by waiting for the block before's last MMA at each block's start;
+    RING: the block scales of RING blocks in shared memory instead of all K's, where all K's would take more than
+    RING_OVER_BYTES (gate_up at the 30B shape)."""
     e, n, _ = packed.shape
     words = packed.view(torch.int32)  # [E, N, K/8]: 8 codes per word
     n_out = n // 2 if swiglu else n
@@ -353,7 +394,7 @@ def launch(x: Tensor, packed: Tensor, block_scale: Tensor, global_scale: Tensor,
             x.stride(0), words.stride(0), words.stride(1), block_scale.stride(0), block_scale.stride(1),
             global_scale.stride(0), y.stride(0),
             K=x.shape[1], E=e, E_P2=triton.next_power_of_2(e), BLOCK_M=config["BLOCK_M"], BLOCK_N=block_n,
-            AHEAD=config["AHEAD"], DRAIN=int(config.get("DRAIN", 0)), SMALL_M=config.get("SMALL_M", 0),
+            AHEAD=config["AHEAD"], DRAIN=int(config.get("DRAIN", 0)), RING=int(config.get("RING", 0)), SMALL_M=config.get("SMALL_M", 0),
             MID_M=config.get("MID_M", 0), ONLY=kind,
             GATHER=row_index is not None, SWIGLU=swiglu, ROW_SCALE=row_scale is not None,
             SCATTER=row_dest is not None, num_warps=config.get("num_warps", 4), **pdl.launch_args(x.device),
