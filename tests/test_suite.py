@@ -145,3 +145,26 @@ def test_an_empty_suite_is_refused(tmp_path):
 def test_a_missing_suite_file_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="no such suite file"):
         load_suite(tmp_path / "nope.jsonl")
+
+
+@pytest.mark.parametrize(("line", "field", "problem"), [
+    ('{"id": "r9", "benchmark": "demo", "request": {"state": {"t": "a\\ud800b"}, "questions": '
+     '{"q1": {"type": "boolean"}}}}', "request.state.t", "unpaired UTF-16 surrogate"),
+    ('{"id": "r9", "benchmark": "demo", "request": {"state": {"t": "x"}, "questions": {"q1": {"type": "choice", '
+     '"criteria": {"\\udc00": "left", "b": "right"}}}}}', "request.questions.q1.criteria: a key", "surrogate"),
+    ('{"id": "r9", "benchmark": "demo", "request": {"state": {"t": [1, 1e999]}, "questions": '
+     '{"q1": {"type": "boolean"}}}}', "request.state.t[1]", "number out of range"),
+])
+def test_text_no_tokenizer_encodes_and_infinite_numbers_are_refused_naming_the_field(tmp_path, line, field, problem):
+    # json reads both; before, the run's child crashed in the tokenizer (TypeError) or rendered 'inf' to the model
+    path = _write(tmp_path, [json.dumps(GOOD), line])
+    with pytest.raises(ConfigError) as err:
+        load_suite(path)
+    assert str(err.value).startswith(f"{path}:2: {field}")
+    assert problem in str(err.value)
+
+
+def test_an_escaped_surrogate_pair_is_one_character_and_loads(tmp_path):
+    line = json.dumps(_with(id="r9", request__state={"t": "\U0001f680"}), ensure_ascii=True)
+    assert "\\ud83d\\ude80" in line
+    assert load_suite(_write(tmp_path, [line])).records[0].request.state == {"t": "\U0001f680"}

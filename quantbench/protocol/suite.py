@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,9 +68,47 @@ def _parse_line(text: str, where: str, limits: Limits) -> SuiteRecord:
     except RecursionError:  # json's parser recurses once per [ or {: 100,000 of them were a traceback, not an error
         raise ConfigError(f"{where}: record: JSON nests deeper than the parser allows; flatten the state") from None
     try:
+        _refuse_unrepresentable(data, where)
         return _validate(data, where, limits)
     except RecursionError:  # a nesting the parser took but the checks after it walk recursively too
         raise ConfigError(f"{where}: record: JSON nests deeper than the checks allow; flatten the state") from None
+
+
+def _refuse_unrepresentable(data: object, where: str) -> None:
+    """What json reads but no model can take, refused naming the field as the server refuses it: a `\\ud800`
+    escape with no pair (a string no tokenizer encodes: the run's child crashed on it) and a number out of range
+    (`1e999` reads as infinity). One json.dumps of the record finds out; the walk naming the field runs only then."""
+    try:
+        json.dumps(data, ensure_ascii=False, allow_nan=False).encode("utf-8")
+        return
+    except (UnicodeEncodeError, ValueError):
+        pass
+    todo: list[tuple[str, object]] = [("", data)]
+    while todo:
+        field, value = todo.pop()
+        name = field or "record"
+        if isinstance(value, str) and not _utf8(value):
+            raise ConfigError(f"{where}: {name}: holds an unpaired UTF-16 surrogate escape (\\ud800-\\udfff), "
+                              "which is not Unicode text; write the character itself, or its escaped pair")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{where}: {name}: holds a number out of range ({value}: JSON numbers are finite; "
+                              "1e999 reads as infinity); write a finite number")
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if not _utf8(key):
+                    raise ConfigError(f"{where}: {name}: a key holds an unpaired UTF-16 surrogate escape "
+                                      "(\\ud800-\\udfff), which is not Unicode text; write the character itself")
+                todo.append((f"{field}.{key}" if field else key, item))
+        elif isinstance(value, list):
+            todo.extend((f"{name}[{i}]", item) for i, item in enumerate(value))
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _validate(data: object, where: str, limits: Limits) -> SuiteRecord:
