@@ -22,6 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from quantbench.errors import LoadError
+from quantbench.models.checkpoint import read_config
+
+HF_QUANT_CONFIG = "hf_quant_config.json"  # where older ModelOpt exports keep their quantization, beside config.json
 
 
 @dataclass(frozen=True)
@@ -44,27 +47,32 @@ class Layout:
         return f"{self.scheme} {acts}{' g16' if self.scheme == 'nvfp4' else ''} ({self.detail})"
 
 
-def _unsupported(path: Path, what: str, fix: str) -> LoadError:
-    return LoadError(f"{path}/config.json quantization_config: {what}; {fix}")
+def _unsupported(path: Path, what: str, fix: str, where: str = "config.json quantization_config") -> LoadError:
+    return LoadError(f"{path}/{where}: {what}; {fix}")
 
 
 def read_layout(path: str | Path) -> Layout:
     """The quantization layout of checkpoint `path`, from config.json (and hf_quant_config.json)."""
     root = Path(path)
-    if not (root / "config.json").is_file():
-        raise LoadError(f"{root}: no config.json; --model must be a checkpoint directory (config.json + *.safetensors)")
-    config = json.loads((root / "config.json").read_text())
+    config = read_config(root)
     qc = config.get("quantization_config")
-    hf_quant = root / "hf_quant_config.json"
+    hf_quant = root / HF_QUANT_CONFIG
+    where = "config.json quantization_config"
     if qc is None and hf_quant.is_file():  # older ModelOpt exports keep it beside config.json only
-        q = json.loads(hf_quant.read_text()).get("quantization", {})
+        q = _hf_quant_config(hf_quant)
         qc = {"quant_method": "modelopt", "quant_algo": q.get("quant_algo"), "kv_cache_quant_algo": q.get("kv_cache_quant_algo")}
+        if "group_size" in q:  # its NVFP4 block size, checked as config.json's config_groups' is
+            qc["config_groups"] = {"group_0": {"weights": {"group_size": q["group_size"]}}}
+        where = f"{HF_QUANT_CONFIG} quantization"
+    if qc is not None and not isinstance(qc, dict):
+        raise LoadError(f"{root}/config.json: quantization_config must be a JSON object, got {type(qc).__name__} "
+                        f"{qc!r:.60}; fix or restore the file (a quantizer writes an object with quant_method)")
     if not qc:
         raise LoadError(f"{root}: not a quantized checkpoint (config.json has no quantization_config); run it with "
                         "--backend bf16, or make a variant with `quantbench quantize --scheme nvfp4|fp8`")
     method = qc.get("quant_method")
     if method == "modelopt":
-        return _modelopt_layout(root, qc)
+        return _modelopt_layout(root, qc, where)
     if method == "compressed-tensors":
         return _compressed_tensors_layout(root, qc)
     if method in ("auto-round", "auto_round", "intel/auto-round"):
@@ -77,21 +85,41 @@ def read_layout(path: str | Path) -> Layout:
                        "nvfp4 / fp8 read ModelOpt, compressed-tensors and auto-round NVFP4 checkpoints")
 
 
-def _modelopt_layout(root: Path, qc: dict[str, Any]) -> Layout:
+def _obj(value: Any) -> dict[str, Any]:
+    """`value` when it is a JSON object, else an empty one: a config field of another type reads as absent."""
+    return value if isinstance(value, dict) else {}
+
+
+def _hf_quant_config(file: Path) -> dict[str, Any]:
+    """The `quantization` object of a ModelOpt hf_quant_config.json, or a LoadError naming the file and the fix."""
+    fix = "fix or restore the file (ModelOpt writes {\"producer\": ..., \"quantization\": {\"quant_algo\": ...}})"
+    try:
+        data = json.loads(file.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise LoadError(f"{file}: not valid JSON ({e}); {fix}") from None
+    quantization = data.get("quantization") if isinstance(data, dict) else None
+    if not isinstance(quantization, dict):
+        got = f"a {type(data).__name__}" if not isinstance(data, dict) else \
+            f"quantization {type(quantization).__name__}" if "quantization" in data else "no quantization"
+        raise LoadError(f"{file}: must be a JSON object with a quantization object, got {got}; {fix}")
+    return quantization
+
+
+def _modelopt_layout(root: Path, qc: dict[str, Any], where: str) -> Layout:
     algo = qc.get("quant_algo")
     if qc.get("kv_cache_quant_algo"):
         raise _unsupported(root, f"kv_cache_quant_algo {qc['kv_cache_quant_algo']!r}",
-                           "KV-cache quantization is not emulated: export without it")
-    producer = (qc.get("producer") or {}).get("version", "")
+                           "KV-cache quantization is not emulated: export without it", where)
+    producer = _obj(qc.get("producer")).get("version", "")
     if algo == "NVFP4":
-        group = (qc.get("config_groups", {}).get("group_0", {}).get("weights") or {}).get("group_size", 16)
+        group = _obj(_obj(_obj(qc.get("config_groups")).get("group_0")).get("weights")).get("group_size", 16)
         if group != 16:
-            raise _unsupported(root, f"NVFP4 group_size {group}", "NVFP4 blocks are 16 elements")
+            raise _unsupported(root, f"NVFP4 group_size {group}", "NVFP4 blocks are 16 elements", where)
         return Layout("nvfp4", "modelopt", "weight", "weight_scale_2", "input_scale", False, "static",
                       f"modelopt {producer}".strip())
     if algo == "FP8":
         return Layout("fp8", "modelopt", "weight", None, "input_scale", False, "static", f"modelopt {producer}".strip())
-    raise _unsupported(root, f"ModelOpt quant_algo {algo!r}", "quantbench reads quant_algo NVFP4 and FP8")
+    raise _unsupported(root, f"ModelOpt quant_algo {algo!r}", "quantbench reads quant_algo NVFP4 and FP8", where)
 
 
 def _ct_groups(root: Path, qc: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
