@@ -34,3 +34,12 @@ def model_less_load_error(spec, machine):
     result = failed_result(spec, "load_error", f"LoadError: {spec.model}: no config.json (not a checkpoint)")
     result.run = result.run.model_copy(update=machine.as_row())
     return result
+
+
+class NanWeightsBackend(TinyBackend):
+    """The tiny model with a final norm of NaN, as a checkpoint holding NaN weights loads: every probability NaN."""
+
+    def load(self, spec, machine):
+        loaded = super().load(spec, machine)
+        loaded.model.model.norm.weight.data.fill_(float("nan"))
+        return loaded

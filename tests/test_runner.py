@@ -458,3 +458,12 @@ def test_a_sweep_run_refused_before_its_child_is_labelled_and_names_the_file(tmp
     row = store.read("SELECT failure, error FROM runs")
     assert row.failure.tolist() == ["load_error"]
     assert f"{cut}/model.safetensors: truncated: " in row.error.iloc[0] and "copy or download it again" in row.error.iloc[0]
+
+
+def test_a_model_answering_nan_probabilities_fails_naming_the_record_not_an_ok_run(suite):
+    # before: stored `ok`, every probability NULL and the first option as the top answer
+    result = execute(RunSpec(backend="tests.failing_backends:NanWeightsBackend", suite=suite, gpu="cpu", warmup=1,
+                             latency_min_decisions=8, latency_min_seconds=0.0), echo=False)
+    assert result.run.status == "failed" and result.answers == []
+    assert "record r0: question 'q': the model answered non-finite probabilities (yes=nan" in result.run.error
+    assert "check the checkpoint" in result.run.error

@@ -10,6 +10,7 @@ from __future__ import annotations
 import faulthandler
 import hashlib
 import json
+import math
 import os
 import signal
 import sys
@@ -23,7 +24,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from quantbench.errors import LoadError, RequestError, classify
+from quantbench.errors import LoadError, QuantbenchError, RequestError, classify
 from quantbench.models import experts_claim, lineage
 from quantbench.models.checkpoint import planted_info, tensor_bytes
 from quantbench.protocol import modality_of, refuse_unread_media
@@ -155,6 +156,7 @@ def _answer_suite(loaded: LoadedVariant, records, timer: Timer, spec: RunSpec, o
                 timed("suite", record, prep_ms, model_ms, tokens, batch)
                 modality = modality_of(record.request)
                 for q, ans in result.items():
+                    refuse_non_finite(record.id, q, ans.probabilities)
                     answers.append(AnswerRow(
                         record_id=record.id, benchmark=record.benchmark, modality=modality, question=q,
                         options=list(ans.probabilities), probs=list(ans.probabilities.values()), top=ans.top,
@@ -181,6 +183,19 @@ def _answer_suite(loaded: LoadedVariant, records, timer: Timer, spec: RunSpec, o
     energy.stop(decisions=len(latencies), forward_s=sum(lat.model_ms / lat.batch for lat in latencies) / 1e3)
     load.stop()
     out["run"].load = LoadFacts(**load.facts())
+
+
+def refuse_non_finite(record_id: str, question: str, probabilities: dict[str, float]) -> None:
+    """A probability that is NaN or infinite is no answer: the store keeps it as NULL and the top option was the
+    first one, so a run of a checkpoint holding NaN weights (or a float16 overflow) was stored `ok` with answers
+    that meant nothing. It fails the run instead, naming the record, the question and what to check."""
+    bad = [option for option, p in probabilities.items() if not math.isfinite(p)]
+    if bad:
+        raise QuantbenchError(
+            f"record {record_id}: question {question!r}: the model answered non-finite probabilities "
+            f"({', '.join(f'{o}={probabilities[o]}' for o in bad[:4])}{' …' if len(bad) > 4 else ''}); its weights "
+            "or its arithmetic overflow (NaN or infinite values in the checkpoint's tensors, or --dtype float16 out "
+            "of range): check the checkpoint, or run with --dtype bfloat16 / float32")
 
 
 def save_progress(measured: Measured, progress: Path | None) -> None:
