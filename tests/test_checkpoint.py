@@ -14,7 +14,7 @@ from quantbench.models.checkpoint import (
     model_identity,
     tensor_bytes,
 )
-from tests.tiny import save_tiny, tiny_model
+from tests.tiny import save_tiny, tiny_model, tiny_tokenizer
 
 
 def test_a_complete_checkpoint_loads(tmp_path):
@@ -95,3 +95,22 @@ def test_a_truncated_safetensors_file_is_refused_by_name(tmp_path, cut):
     with pytest.raises(LoadError, match="copy or download it again") as e:
         load_causal_lm(path, dtype=torch.bfloat16, device="cpu")
     assert str(weights) in str(e.value)
+
+
+def test_a_checkpoint_without_tokenizer_files_is_refused_naming_them(tmp_path):
+    # transformers gives such a checkpoint an empty tokenizer: every prompt was 0 tokens and the run crashed in the
+    # model (IndexError) instead of saying what the checkpoint lacks
+    from transformers import AutoTokenizer
+
+    from quantbench.models.families import decision_engine
+    from quantbench.run.spec import RunSpec
+
+    path = save_tiny(tmp_path / "m")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (path / name).unlink()
+    model = load_causal_lm(path, dtype=torch.float32, device="cpu")
+    with pytest.raises(LoadError, match="no tokenizer files") as e:
+        decision_engine(model, AutoTokenizer.from_pretrained(path), RunSpec(backend="bf16"), path)
+    assert str(path) in str(e.value)
+    engine = decision_engine(model, tiny_tokenizer(), RunSpec(backend="bf16"), path)  # a real tokenizer still goes
+    assert engine is not None

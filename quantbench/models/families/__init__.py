@@ -18,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from quantbench.errors import LoadError
 from quantbench.models.families.base import (
     FamilyBase,
     HasKeyLayouts,
@@ -66,8 +67,21 @@ def moe_layout(model: nn.Module) -> MoeLayout:
 def decision_engine(model: nn.Module, tokenizer: Any, spec: Any, checkpoint: str | Path | None) -> Any:
     """The engine every local backend builds for its loaded model: its family's (OmniEngine with the checkpoint's
     media processor for a family that reads media, TransformersEngine otherwise). The one place a backend asks, so
-    no backend carries its own copy of the choice."""
+    no backend carries its own copy of the choice. A tokenizer that encodes text to nothing is refused first."""
+    refuse_empty_tokenizer(tokenizer, checkpoint)
     return family_of_model(model).decision_engine(model, tokenizer, spec, checkpoint)
+
+
+def refuse_empty_tokenizer(tokenizer: Any, checkpoint: str | Path | None) -> None:
+    """LoadError when `tokenizer` encodes a word to no tokens: what transformers' AutoTokenizer gives for a
+    checkpoint without tokenizer files (an empty tokenizer of the config's class, vocabulary of 1). Every prompt
+    then becomes zero tokens and the run's child crashed inside the model (IndexError) instead of naming the files."""
+    if tokenizer("State: decision", add_special_tokens=False)["input_ids"]:
+        return
+    where = f"{checkpoint}: " if checkpoint else ""
+    raise LoadError(f"{where}its tokenizer encodes text to no tokens (vocabulary of {len(tokenizer)}): the checkpoint "
+                    "has no tokenizer files (tokenizer.json, or tokenizer.model / vocab.json + merges.txt, with "
+                    "tokenizer_config.json); copy them from the model it was made from")
 
 
 def synthetic_shapes() -> dict[str, dict[str, Any]]:
