@@ -94,12 +94,14 @@ def quantize(
         source = hub.resolve(str(source_dir)).path  # its snapshot in the Hugging Face cache (the origin records it)
     if source is not None and not (source / "config.json").is_file():
         raise ConfigError(f"--model {source}: no config.json; give a BF16 checkpoint directory")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: a file, not a directory; give a new directory for the variant")
     if out.exists() and any(out.iterdir()):
         if not overwrite:
             raise ConfigError(f"--out {out} is not empty; give a new directory (or remove it)")
         shutil.rmtree(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     log = Path(log) if log is not None else library_log(out)
+    _check_writable(out, log)
     say = stderr_console()
     library = "auto-round" if scheme == "int4" else "nvidia-modelopt"
     method = "calibrated" if scheme != "int4" else f"SignRound, {iters} iterations" if iters else \
@@ -115,47 +117,73 @@ def quantize(
     say.print(f"{scheme}: quantizing {source or shape} with {library} {library_versions().get(library) or ''} "
               f"({method}, {what}); the libraries' own log: {log}" + (f"; {busy}" if busy else ""), highlight=False)
     started = time.perf_counter()
-    calibrated: dict[str, Any] = {}  # a calibration file's provenance, for a text model (a multimodal child reports its own)
     try:
-        with libraries_to(log):
-            if shape is not None:
-                model, tokenizer, origin = _synthetic_source(shape, layers, weights_seed)
+        return _make(source, shape, scheme, out, recipe, cal, log, say, started, progress=progress, layers=layers,
+                     weights_seed=weights_seed, multimodal=multimodal, experts_only=experts_only)
+    except BaseException:
+        # a variant is whole or absent: an interrupted or failed quantization (Ctrl-C, a full disk, a library's
+        # error) left a checkpoint without its provenance or its checks, which `run` would then load
+        shutil.rmtree(out, ignore_errors=True)
+        say.print(f"{scheme}: quantizing failed; the libraries' own log: {log}; what it had written of the variant "
+                  "was removed", highlight=False)
+        raise
+
+
+def _check_writable(out: Path, log: Path) -> None:
+    """ConfigError naming --out when its folder or the libraries' log beside it cannot be written (a read-only
+    disk, no permission), before minutes of calibration: before, an OSError's traceback."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "a"):
+            pass
+    except OSError as e:
+        raise ConfigError(f"--out {out}: cannot write there ({e.strerror}: {e.filename}); give a directory on a "
+                          "writable disk") from None
+
+
+def _make(source: Path | None, shape: str | None, scheme: str, out: Path, recipe: Recipe, cal: CalibrationFile | None,
+          log: Path, say: Any, started: float, *, progress: bool, layers: int | None, weights_seed: int,
+          multimodal: bool, experts_only: bool) -> Path:
+    """quantize()'s work once its arguments are checked: the library's run into `out`, then the checks and the
+    provenance."""
+    nsamples, seqlen, seed = recipe.nsamples, recipe.seqlen, recipe.seed
+    calibrated: dict[str, Any] = {}  # a calibration file's provenance, for a text model (a multimodal child reports its own)
+    with libraries_to(log):
+        if shape is not None:
+            model, tokenizer, origin = _synthetic_source(shape, layers, weights_seed)
+            from quantbench.make.quantize.autoround import quantize_autoround
+
+            texts = _file_texts(cal, tokenizer, recipe, calibrated)
+            details = quantize_autoround(None, out, recipe, progress=progress, model=model, tokenizer=tokenizer,
+                                         dataset=texts)
+        else:
+            ident = model_identity(source)
+            origin = {**ident, "path": str(source.resolve()), "hash": ident["model_hash"]}
+            if multimodal:
+                from quantbench.make.quantize.multimodal import quantize_multimodal
+
+                details = quantize_multimodal(source, out, recipe, log, progress=progress,
+                                              calibration=cal.path if cal is not None else None)
+            elif scheme == "int4":
+                from transformers import AutoTokenizer
+
                 from quantbench.make.quantize.autoround import quantize_autoround
 
-                texts = _file_texts(cal, tokenizer, recipe, calibrated)
-                details = quantize_autoround(None, out, recipe, progress=progress, model=model, tokenizer=tokenizer,
-                                             dataset=texts)
+                texts = _file_texts(cal, AutoTokenizer.from_pretrained(source), recipe, calibrated)
+                file = {"dataset": texts} if texts is not None else {}  # else its default, the train split
+                details = quantize_autoround(source, out, recipe, progress=progress, **file)
             else:
-                ident = model_identity(source)
-                origin = {**ident, "path": str(source.resolve()), "hash": ident["model_hash"]}
-                if multimodal:
-                    from quantbench.make.quantize.multimodal import quantize_multimodal
+                from transformers import AutoTokenizer
 
-                    details = quantize_multimodal(source, out, recipe, log, progress=progress,
-                                                  calibration=cal.path if cal is not None else None)
-                elif scheme == "int4":
-                    from transformers import AutoTokenizer
+                from quantbench.make.quantize.modelopt import quantize_modelopt
 
-                    from quantbench.make.quantize.autoround import quantize_autoround
-
-                    texts = _file_texts(cal, AutoTokenizer.from_pretrained(source), recipe, calibrated)
-                    file = {"dataset": texts} if texts is not None else {}  # else its default, the train split
-                    details = quantize_autoround(source, out, recipe, progress=progress, **file)
-                else:
-                    from transformers import AutoTokenizer
-
-                    from quantbench.make.quantize.modelopt import quantize_modelopt
-
-                    tokenizer = AutoTokenizer.from_pretrained(source)
-                    texts = _file_texts(cal, tokenizer, recipe, calibrated) or calibration_texts(
-                        tokenizer, nsamples, seqlen, seed)
-                    made = quantize_modelopt(source, scheme, out, texts=texts, nsamples=len(texts), seqlen=seqlen,
-                                             experts_only=experts_only, progress=progress)
-                    details = {"checkpoint": str(made)} if made is not None else {}
-            details.update(calibrated)
-    except BaseException:
-        say.print(f"{scheme}: quantizing failed; the libraries' own log: {log}", highlight=False)
-        raise
+                tokenizer = AutoTokenizer.from_pretrained(source)
+                texts = _file_texts(cal, tokenizer, recipe, calibrated) or calibration_texts(
+                    tokenizer, nsamples, seqlen, seed)
+                made = quantize_modelopt(source, scheme, out, texts=texts, nsamples=len(texts), seqlen=seqlen,
+                                         experts_only=experts_only, progress=progress)
+                details = {"checkpoint": str(made)} if made is not None else {}
+        details.update(calibrated)
     restored = {}
     if source is not None and scheme == "int4":
         from quantbench.make.quantize.unchanged import restore_source_dtypes
