@@ -45,3 +45,23 @@ def test_a_quantization_stopped_half_way_leaves_no_variant(source, tmp_path, mon
         quantize(source, "int4", out)
     assert not out.exists()  # before: config.json and a cut model.safetensors, no provenance, loadable by `run`
     assert "int4: quantizing failed; the libraries' own log: " in capfd.readouterr().err
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--scheme", "nvfp4", "--group-size", "64"], "--group-size 64 with --scheme nvfp4: auto-round's int4 settings"),
+    (["--scheme", "fp8", "--iters", "200"], "--iters 200 with --scheme fp8: auto-round's int4 settings"),
+    (["--nsamples", "0"], "--nsamples 0: give 1 or more calibration samples"),
+    (["--seqlen", "4"], "--seqlen 4: give 8 or more tokens"),
+    (["--iters", "-1"], "--iters -1: give 0 (RTN) or more (SignRound)"),
+])
+def test_settings_quantize_would_ignore_or_cannot_use_are_one_line_naming_the_flag(source, tmp_path, args, says):
+    # before: nvfp4 / fp8 took --group-size and --iters without effect (into the recipe's hash), and a count out of
+    # range printed the Recipe dataclass's repr
+    from typer.testing import CliRunner
+
+    from quantbench.cli import app
+
+    done = CliRunner().invoke(app, ["quantize", "--model", str(source), "--out", str(tmp_path / "v"), *args],
+                              env={"COLUMNS": "400"})
+    assert done.exit_code == 2 and says in done.output, done.output
+    assert "Recipe(" not in done.output and not (tmp_path / "v").exists()

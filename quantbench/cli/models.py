@@ -102,6 +102,12 @@ def quantize(
     try:
         if model is not None and shape is not None:
             raise ConfigError("give --model or --shape, not both")
+        ignored = [f"{flag} {value}" for flag, value, default in (("--group-size", group_size, 128), ("--iters", iters, 0))
+                   if scheme in ("nvfp4", "fp8") and value != default]
+        if ignored:  # before: accepted, recorded in the recipe and its hash, and without effect on the weights
+            raise ConfigError(f"{' and '.join(ignored)} with --scheme {scheme}: auto-round's int4 settings; ModelOpt's "
+                              f"{scheme} has fixed blocks (NVFP4: 16 elements, FP8: a scale per tensor) and "
+                              "calibrates in one pass; drop them, or use --scheme int4")
         if model is None and shape is None:
             from quantbench.make.fixture import default_model_dir  # lazy: a fast --help
 

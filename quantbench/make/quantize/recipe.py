@@ -33,8 +33,11 @@ class Recipe:
     def __post_init__(self) -> None:
         if self.scheme not in SCHEMES:
             raise ConfigError(f"--scheme {self.scheme!r}: use one of {', '.join(SCHEMES)}")
-        if self.iters < 0 or self.nsamples < 1 or self.seqlen < 8:
-            raise ConfigError(f"recipe {self}: iters must be >= 0, nsamples >= 1 and seqlen >= 8")
+        for flag, value, least, what in (("--iters", self.iters, 0, "0 (RTN) or more (SignRound)"),
+                                         ("--nsamples", self.nsamples, 1, "1 or more calibration samples"),
+                                         ("--seqlen", self.seqlen, 8, "8 or more tokens")):
+            if value < least:  # before: "recipe Recipe(scheme='int4', ...): iters must be >= 0, ...", no flag named
+                raise ConfigError(f"{flag} {value}: give {what}")
         if not self.opt_rtn and (self.scheme != "int4" or self.iters):
             raise ConfigError("--plain-rtn: only for --scheme int4 with --iters 0 (SignRound has no RTN to choose)")
         if not self.opt_rtn and self.calibration_hash is not None:
