@@ -91,3 +91,12 @@ def test_demo_refuses_a_backend_it_does_not_run(tmp_path, no_child):
                               env={"COLUMNS": "400"})
     assert done.exit_code == 2 and "--only int5: not a backend of the demo; use bf16, int4, nvfp4, fp8" in done.output
     assert not (tmp_path / "r.duckdb").exists()
+
+
+@pytest.mark.parametrize("limit", ["0", "-2"])
+def test_demo_refuses_a_limit_run_refuses(tmp_path, no_child, limit):
+    # before: --limit 0 ran every variant on the whole suite, --limit -2 on all but its last 2 records
+    done = CliRunner().invoke(app, ["demo", "--limit", limit, "--db", str(tmp_path / "r.duckdb")],
+                              env={"COLUMNS": "400"})
+    assert done.exit_code == 2 and f"--limit {limit}: give 1 or more" in done.output, done.output
+    assert not (tmp_path / "r.duckdb").exists()

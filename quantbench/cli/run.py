@@ -331,6 +331,10 @@ def demo(
         unknown = [b for b in only or [] if b not in demo_backends]
         if unknown:
             raise ConfigError(f"--only {', '.join(unknown)}: not a backend of the demo; use {', '.join(demo_backends)}")
+        from quantbench.run.settings import refusal  # lazy: a fast --help
+
+        if why := refusal("limit", limit):  # before: 0 ran the whole suite, -2 all but its last 2 records
+            raise ConfigError(why)
         Store(path).check_writable()  # before minutes of building and running
         err.print(f"[bold]embedded default model ({family}):[/] {default_model_dir(family)}")
         if family == "omni" and limit is None:
