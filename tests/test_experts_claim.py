@@ -75,3 +75,21 @@ def test_the_server_refuses_to_serve_it_as_int4_too(made_elsewhere):
     # --demo loads in this process and answers once: the check comes before the model loads (no auto-round import)
     with pytest.raises(LoadError, match="not run as int4: only 1 of 2 MoE layers' experts are int4"):
         cli_serve(str(made_elsewhere["int4-half"]), "int4", demo=True)
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    ({"group_size": 64}, "its quantization_config says 4 bits, group 64, but the experts' tensors are 4 bits, group 32"),
+    ({"bits": 8}, "its quantization_config says 8 bits, group 32, but the experts' tensors are 4 bits, group 32"),
+])
+def test_an_int4_config_that_does_not_describe_its_experts_says_so(made_elsewhere, tmp_path, change, says):
+    # before: "every MoE layer's experts are int4 ..., while --backend int4 claims int4 ...: run it with --backend int4"
+    import shutil
+
+    copy = shutil.copytree(made_elsewhere["int4"], tmp_path / "int4")
+    config = json.loads((copy / "config.json").read_text())
+    config["quantization_config"].update(change)
+    (copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(LoadError) as e:
+        experts_claim.check("int4", copy)
+    assert says in str(e.value) and "(layers 0, 1)" in str(e.value)
+    assert "fix config.json's quantization_config" in str(e.value) and "run it with --backend" not in str(e.value)

@@ -200,6 +200,17 @@ def check(backend: str, root: str | Path) -> dict[str, Any]:
     what = backend
     if backend == "int4" and claim.get("bits"):
         what += f" ({claim['bits']} bits, group {claim.get('group_size')}, as its quantization_config says)"
+    if backend == "int4" and set(found) == {"int4"}:  # int4 experts, of other bits or groups than the config says
+        shapes = sorted({(layers[i]["bits"], layers[i]["group_size"]) for i in wrong}, key=str)
+        error = LoadError(
+            f"{root}: not run as int4: its quantization_config says {claim['bits']} bits, group "
+            f"{claim['group_size']}, but the experts' tensors are "
+            + " and ".join(f"{b} bits, group {g}" for b, g in shapes)
+            + f" (layer{'s' if len(wrong) > 1 else ''} {_layers_text(wrong)}); the config does not describe the "
+            "weights, so their figures would not be what it claims: fix config.json's quantization_config (bits, "
+            "group_size) to what the checkpoint's quantizer wrote, or quantize again")
+        error.record = {**record, "result": "refused: the quantization_config does not describe the experts"}
+        raise error
     if len(wrong) == len(layers) and len(found) == 1:
         real = next(iter(found))
         fix = (f"run it with --backend {BACKEND_OF[real]}" if real in BACKEND_OF else
