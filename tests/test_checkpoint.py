@@ -114,3 +114,32 @@ def test_a_checkpoint_without_tokenizer_files_is_refused_naming_them(tmp_path):
     assert str(path) in str(e.value)
     engine = decision_engine(model, tiny_tokenizer(), RunSpec(backend="bf16"), path)  # a real tokenizer still goes
     assert engine is not None
+
+
+def _shard(path):
+    tensors = load_file(path / "model.safetensors")
+    (path / "model.safetensors").unlink()
+    keys = sorted(tensors)
+    weight_map = {}
+    for i, part in enumerate((keys[: len(keys) // 2], keys[len(keys) // 2 :]), start=1):
+        name = f"model-0000{i}-of-00002.safetensors"
+        save_file({k: tensors[k] for k in part}, path / name, metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(part, name))
+    (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return path
+
+
+def test_a_sharded_checkpoint_loads_and_one_missing_a_shard_is_refused_naming_it(tmp_path):
+    from quantbench.models.checkpoint import check_safetensors_only
+
+    path = _shard(save_tiny(tmp_path / "m"))
+    check_safetensors_only(path)
+    assert load_causal_lm(path, dtype=torch.bfloat16, device="cpu") is not None
+    (path / "model-00002-of-00002.safetensors").unlink()  # an interrupted download
+    # before: "the checkpoint does not match the model's config (No such file or directory: ...)" from the child
+    with pytest.raises(LoadError, match=r"1 of the 2 shards its model.safetensors.index.json names is not there "
+                                        r"\(model-00002-of-00002.safetensors\); a partial checkpoint never runs"):
+        check_safetensors_only(path)
+    (path / "model.safetensors.index.json").write_text("{")
+    with pytest.raises(LoadError, match="index.json: not valid JSON"):
+        check_safetensors_only(path)

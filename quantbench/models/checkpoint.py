@@ -102,6 +102,33 @@ def check_safetensors_only(path: Path) -> None:
         raise LoadError(f"{path}: no *.safetensors weights{hint}; convert the checkpoint to safetensors")
     for f in sorted(path.glob("*.safetensors")):
         check_safetensors_header(f)
+    check_shard_index(path)
+
+
+SHARD_INDEX = "model.safetensors.index.json"  # a sharded checkpoint's map of tensor name -> shard file
+
+
+def check_shard_index(path: Path) -> None:
+    """A sharded checkpoint's index names every shard it needs: one that is not there (an interrupted download or
+    copy) is refused naming it, before transformers' "No such file or directory" inside the run's child."""
+    index = path / SHARD_INDEX
+    if not index.is_file():
+        return
+    fix = "copy or download the checkpoint again"
+    try:
+        data = json.loads(index.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise LoadError(f"{index}: not valid JSON ({e}); {fix}") from None
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+        raise LoadError(f"{index}: has no weight_map of tensor names to shard files; {fix}")
+    shards = sorted(set(weight_map.values()))
+    missing = [f for f in shards if not (path / f).is_file()]
+    if missing:
+        shown = ", ".join(missing[:4]) + (f" … (+{len(missing) - 4} more)" if len(missing) > 4 else "")
+        raise LoadError(f"{path}: {len(missing)} of the {len(shards)} shards its {SHARD_INDEX} names "
+                        f"{'is' if len(missing) == 1 else 'are'} not there ({shown}); a partial checkpoint never "
+                        f"runs: {fix}")
 
 
 def check_safetensors_header(file: Path) -> None:
