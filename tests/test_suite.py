@@ -168,3 +168,11 @@ def test_an_escaped_surrogate_pair_is_one_character_and_loads(tmp_path):
     line = json.dumps(_with(id="r9", request__state={"t": "\U0001f680"}), ensure_ascii=True)
     assert "\\ud83d\\ude80" in line
     assert load_suite(_write(tmp_path, [line])).records[0].request.state == {"t": "\U0001f680"}
+
+
+@pytest.mark.parametrize(("field", "value"), [("id", ""), ("id", "   "), ("benchmark", ""), ("benchmark", "\t")])
+def test_an_empty_id_or_benchmark_is_refused_naming_it(tmp_path, field, value):
+    # before: loaded, and its answers stored under an empty record id or benchmark name
+    path = _write(tmp_path, [json.dumps(GOOD), json.dumps({**GOOD, "id": "r2", field: value})])
+    with pytest.raises(ConfigError, match=rf"suite.jsonl:2: {field}: {field} is empty; give every record a non-empty"):
+        load_suite(path)

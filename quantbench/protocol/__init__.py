@@ -190,6 +190,14 @@ class SuiteRecord(BaseModel):
     request: DecisionRequest
     gold: dict[str, str] | None = None
 
+    @field_validator("id", "benchmark")
+    @classmethod
+    def _not_blank(cls, v: str, info: ValidationInfo) -> str:
+        # an empty id or benchmark was stored as such: answers keyed by "" and a report row with no family name
+        if not v.strip():
+            raise ValueError(f"{info.field_name} is empty; give every record a non-empty {info.field_name}")
+        return v
+
     @model_validator(mode="after")
     def _gold_matches(self) -> SuiteRecord:
         for q, opt in (self.gold or {}).items():
