@@ -217,6 +217,18 @@ def test_a_run_that_ended_without_its_childs_result_keeps_its_suite_and_model(tm
     assert run.weights == "checkpoint"
 
 
+def test_a_load_error_the_child_reports_keeps_the_model_it_was_loading(tmp_path, checkpoint):
+    """The child said why its model did not load (load_error) but not which model: the row names the model the
+    parent gave it, so it lands in that model's table as failed instead of among the runs of no model."""
+    result = execute(spec("tests.tiny:LoadErrorBackend", _mini_suite(tmp_path), model=str(checkpoint)), echo=False)
+    run = result.run
+    assert (run.status, run.failure) == ("failed", "load_error") and "missing key" in run.error
+    assert {k: getattr(run, k) for k in ("model_id", "model_hash", "model_path")} == _identity(checkpoint)
+    assert run.suite_id == "mini" and run.variant is None  # what only a loaded model says stays unsaid
+    Store(tmp_path / "r.duckdb").write_run(result)
+    assert Store(tmp_path / "r.duckdb").read("SELECT model_id FROM runs")["model_id"].tolist() == [run.model_id]
+
+
 def _cli_run_stopped_by_sigterm(tmp_path: Path, backend: str, *args: str) -> tuple[dict, str]:
     """`quantbench run` of `backend` (it writes its pid to $QUANTBENCH_TEST_PIDFILE, then hangs), stopped with
     SIGTERM as `timeout` stops it; the stored row and what the command printed."""

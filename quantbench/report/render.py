@@ -198,6 +198,7 @@ def _markdown_one(report: GpuReport, n_cells: int = 0) -> str:
         if parity.floor_note(f, margins):
             notes.append("Note: " + parity.floor_note(f, margins) + ".")
     notes += verdict_notes(report)
+    notes += [f"{r.label}: {_why_failed(r.run)}." for r in report.rows if not r.ok]
     if any(r.comparison is not None for r in report.rows):
         margins = next(r.comparison.verdict.margins for r in report.rows if r.comparison is not None)
         notes += statistics_notes(margins.describe() if margins else None, n_cells)
@@ -364,6 +365,17 @@ def matrix_markdown(m: GpuMatrix) -> str:
 FAILED_SHOWN = 10  # the newest failed runs listed under the tables; `quantbench runs` lists every one
 
 
+def _first_error_line(run: StoredRun) -> str:
+    first = str(run.error or "").strip().splitlines()
+    return first[0][:160] if first else ""
+
+
+def _why_failed(run: StoredRun) -> str:
+    """A failed row's reason under its table: the label and the error's first line (run id for the rest)."""
+    first = _first_error_line(run)
+    return f"failed ({run.failure or 'error'})" + (f": {first}" if first else "") + f" (run {run.run_id[:13]})"
+
+
 def failed_lines(failed: list[StoredRun]) -> list[str]:
     """The failed runs that belong to no table, newest first, one line each: when, which run, what, why."""
     if not failed:
@@ -372,8 +384,7 @@ def failed_lines(failed: list[StoredRun]) -> list[str]:
              "These runs failed before their model or suite was known, so they have no row in a table:", ""]
     for run in sorted(failed, key=lambda r: str(r.created_at), reverse=True)[:FAILED_SHOWN]:
         when = f"{run.created_at:%Y-%m-%d %H:%M}" if run.created_at else "?"
-        first = str(run.error or "").strip().splitlines()
-        why = f"{run.failure or 'error'}" + (f": {first[0][:160]}" if first else "")
+        why = f"{run.failure or 'error'}" + (f": {first}" if (first := _first_error_line(run)) else "")
         lines.append(f"- {when} {run.run_id[:13]} {run.backend} on {parity.gpu_label(run)}: "
                      f"{_md_escape(why)}")
     if len(failed) > FAILED_SHOWN:

@@ -357,17 +357,17 @@ def _model_columns(spec: RunSpec) -> dict[str, Any]:
 
     try:
         ident = model_identity(spec.model)  # a content hash: seconds for a checkpoint near 2 GiB, only on failure
-    except (OSError, ValueError):
+    except Exception:  # a checkpoint odd enough to fail its load may fail this too: the failed row is kept anyway
         return {}
     ident.pop("source_model_hash", None)
     return ident
 
 
 def _what_the_parent_knew(record: RunRecord, spec: RunSpec, child_spec: RunSpec, suite: Suite | None) -> RunRecord:
-    """The row of a run that ended without its child's result, with what this process knew before the child
-    started filled in where the child never said it: the suite (id, hash, counts) and the model (id, path, hash).
-    A run killed by a stop signal, a timeout or a crash was stored with them NULL, and the report listed it among
-    the runs that "failed before their model or suite was known". What only loading says (the variant, its
+    """The row of a failed run, with what this process knew before the child started filled in where the child
+    never said it: the suite (id, hash, counts) and the model (id, path, hash). A run killed by a stop signal, a
+    timeout or a crash, or whose child reported a load error, was stored with them NULL, and the report listed it
+    among the runs that "failed before their model or suite was known". What only loading says (the variant, its
     kernel) stays NULL unless the child saved it (quantbench.run.child.save_progress)."""
     from quantbench.protocol.suite import load_suite
 
@@ -402,7 +402,6 @@ def execute(spec: RunSpec, *, machine: Machine | None = None, echo: bool = True,
     # spec_hash, the stored spec and role below stay those of the requested spec (model None for the embedded
     # model), so a run's hash does not depend on where the cache lives; the child gets the resolved one.
     child_spec, out = _resolve_in_parent(spec)
-    reported = False  # the child wrote its own result (ok, or failed with what it had learnt)
     if out is None and suite is not None:  # the built-in suite's states are short: nothing to check
         check_state_lengths(suite, child_spec, child_spec.model)  # before the child loads the model
     if out is None:
@@ -446,7 +445,6 @@ def execute(spec: RunSpec, *, machine: Machine | None = None, echo: bool = True,
                     _stop.live -= 1
             pump.join(timeout=5)
             out = json.loads(result_path.read_text()) if result_path.exists() and ended is None else None
-            reported = out is not None
             saved = _read_progress(result_path) if out is None else {}
             crash_trace = result_path.with_suffix(".faulthandler")
             crash_text = crash_trace.read_text() if crash_trace.exists() else ""
@@ -473,10 +471,9 @@ def execute(spec: RunSpec, *, machine: Machine | None = None, echo: bool = True,
     record = RunRecord.compose(identity, MachineFacts(**machine.as_row()), Provenance(**provenance()),
                                Measured.model_validate(out.get("run", {})), notes)
     if out["status"] != "ok":
-        # A failure the child reported stays as it said it (a model refused at load is listed with its reason, not
-        # as a table row); one this process made up (stopped, timed out, crashed, not resolved) gets what it knew.
-        if reported:
-            return RunResult(run=record)
+        # A failed row gets what this process knew where the child never said it: one the child reported (a model
+        # refused at load: its reason, but not which model) and one this process made up (stopped, timed out,
+        # crashed, not resolved) alike, so it lands in its model's table as failed, not among the runs of none.
         with _stop.lock:  # counted as a run in flight: a stop signal meanwhile must not lose the row (SystemExit)
             _stop.live += 1
         try:
