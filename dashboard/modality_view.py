@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pandas as pd
 import streamlit as st
 
-from dashboard import figures
+from dashboard import EMPTY, figures
 from quantbench.analysis import parity
 from quantbench.analysis.significance import CellTests
 from quantbench.analysis.stats import Agreement, Flips, MeanCI, Verdict
@@ -85,6 +85,6 @@ def breakdown(c: parity.Comparison, modality: str) -> None:
                 help="BF16 under the noise floor's kernel, on the same questions"),
             "Flips": st.column_config.TextColumn(help="BF16 right → variant wrong / the reverse, of the questions "
                                                       "with a gold answer"),
-            "Verdict": st.column_config.TextColumn(help="the verdict rule on this modality's questions alone")})
+            "Verdict": st.column_config.TextColumn(help="the verdict rule on this modality's questions alone")}, placeholder=EMPTY)
     if modality != ALL:
         st.caption(f"The headline figures above are the {modality} questions'; choose all for every question.")

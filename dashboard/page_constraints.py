@@ -6,7 +6,7 @@ from collections import Counter
 
 import streamlit as st
 
-from dashboard import store_cache, url_state
+from dashboard import EMPTY, store_cache, url_state
 from quantbench.analysis.constraints import OBJECTIVES, PERCENTILES, Constraints
 from quantbench.errors import QuantbenchError
 from quantbench.report import GpuReport
@@ -138,4 +138,4 @@ for ans in sorted(answers, key=lambda a: (not is_selected(a.report), store_cache
                        "Energy (J / decision)": st.column_config.NumberColumn(format="%.2f"),
                        "Fails": st.column_config.TextColumn(width=320),
                        "Latency from": st.column_config.TextColumn(width=360)},
-        key=f"constraints-{store_cache.report_key(rep)}-{rep.model_id}-{rep.suite_hash}")
+        key=f"constraints-{store_cache.report_key(rep)}-{rep.model_id}-{rep.suite_hash}", placeholder=EMPTY)

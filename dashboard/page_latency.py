@@ -3,7 +3,7 @@
 import pandas as pd
 import streamlit as st
 
-from dashboard import figures, store_cache, url_state
+from dashboard import EMPTY, figures, store_cache, url_state
 from quantbench.analysis import efficiency
 
 st.title("Latency")
@@ -74,7 +74,7 @@ st.dataframe(table, hide_index=True, width="stretch", column_config={
     "Idle power (W)": st.column_config.TextColumn(help="over an idle second before it"),
     "Cold start (ms)": st.column_config.NumberColumn(format="%.1f", help="the first decision after the load"),
     "Load (s)": st.column_config.NumberColumn(format="%.2f", help="checkpoint to ready model, seconds"),
-})
+}, placeholder=EMPTY)
 st.caption(" ".join(efficiency.energy_note(None, sel.family == "cpu")))
 if (table["Weights"] == "synthetic").any():
     st.caption("Runs on synthetic (random) weights are timed like any other: their speed and memory are real, "

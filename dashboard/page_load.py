@@ -5,11 +5,9 @@ import json
 import pandas as pd
 import streamlit as st
 
-from dashboard import figures, store_cache
+from dashboard import EMPTY, figures, store_cache
 from quantbench.analysis.load import load_text, saturation, saturation_cell, saturation_sentence
 
-# What a missing figure reads as in a table (the data grid would print "None").
-EMPTY = "—"
 RUN_HELP = "when it ran, the server's variant, the steps, its max_batch (where known) and model"
 
 st.title("Serving under load")
@@ -109,7 +107,7 @@ st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch", column_config
                                                             f"throughput over the peak ({EMPTY}: one step only)"),
     "Refused (503 / 429)": st.column_config.TextColumn(help="requests the server refused under load: saturated, "
                                                        "or shedding load (a full queue, a request waiting too long)"),
-})
+}, placeholder=EMPTY)
 st.markdown("\n".join(sentences))
 st.caption("Saturation is the smallest load whose throughput is within 5% of the peak, when a larger load was "
            "measured after it (quantbench.analysis.load); one step cannot show it.")
@@ -133,6 +131,6 @@ st.dataframe(table, hide_index=True, width="stretch", column_config={
     **{c: right_aligned for c in ("decisions/s", *MS, "mean_batch")},
     "client_cpu": st.column_config.TextColumn(alignment="right", help="the load generator's CPU time over the "
                                               "step's wall time: near 100%, it was the limit, not the server"),
-})
+}, placeholder=EMPTY)
 st.caption(f"End to end on the load generator; queue, forward (model_ms) and batch as the server reported them "
            f"(quantbench's server does, others may not: {EMPTY}); overhead is end to end minus queue and forward.")

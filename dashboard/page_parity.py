@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from dashboard import figures, media_view, modality_view, store_cache, tests_view, url_state
+from dashboard import EMPTY, figures, media_view, modality_view, store_cache, tests_view, url_state
 from quantbench.analysis.stats import n_needed_text
 from quantbench.report import SYNTHETIC_NOTE
 
@@ -102,7 +102,7 @@ right.dataframe(bucket_table, hide_index=True,
                     "rate": st.column_config.NumberColumn("Rate", format="%.1f%%", width=65),
                     "ci_lo": st.column_config.NumberColumn("CI low", format="%.1f%%", width=65),
                     "ci_hi": st.column_config.NumberColumn("CI high", format="%.1f%%", width=65),
-                    "mean_tv": st.column_config.NumberColumn("Mean TV", format="%.4f", width=70)})
+                    "mean_tv": st.column_config.NumberColumn("Mean TV", format="%.4f", width=70)}, placeholder=EMPTY)
 
 st.subheader("Flipped questions")
 flipped = pq[~pq["agree"].astype(bool)]
@@ -144,7 +144,7 @@ st.dataframe(
         "tv": st.column_config.NumberColumn("TV", format="%.3f", width=60),
         "dp": st.column_config.NumberColumn("Δp", format="%+.3f", width=65,
                                             help="variant's p of BF16's answer minus BF16's"),
-    })
+    }, placeholder=EMPTY)
 
 st.subheader("Accuracy per benchmark, paired")
 by = c.paired.by_benchmark
@@ -161,7 +161,7 @@ else:
     right.dataframe(show, hide_index=True, width="stretch", column_config={
         "benchmark": "Benchmark", "n": "n", "acc_ref": pts("BF16 %", format="%.1f"),
         "acc_cand": pts("Variant %", format="%.1f"), "delta": pts("Δ pts", format="%+.1f"),
-        "lo": pts("95% CI low", format="%+.1f"), "hi": pts("95% CI high", format="%+.1f")})
+        "lo": pts("95% CI low", format="%+.1f"), "hi": pts("95% CI high", format="%+.1f")}, placeholder=EMPTY)
     if m is not None:
         right.caption(f"Unweighted mean over benchmarks: {100 * m.mean:+.2f} points (95% CI {100 * m.lo:+.2f} to "
                       f"{100 * m.hi:+.2f}), {m.n} questions with gold answers.")

@@ -4,7 +4,7 @@ from collections import Counter
 
 import streamlit as st
 
-from dashboard import figures, report_table, store_cache, url_state
+from dashboard import EMPTY, figures, report_table, store_cache, url_state
 from quantbench.analysis import efficiency
 from quantbench.report import (
     FIXTURE_PREFIX,
@@ -26,7 +26,7 @@ if not (runs["status"] == "ok").any():
                "the Runs page); fix them and run again.", icon="⚠️")
     failed = runs[["created_at", "gpu_label", "backend", "variant", "failure", "error"]].copy()
     failed["error"] = failed["error"].fillna("").str.split("\n").str[0]
-    st.dataframe(failed, hide_index=True, width="stretch")
+    st.dataframe(failed, hide_index=True, width="stretch", placeholder=EMPTY)
     st.stop()
 
 rules = url_state.rule_inputs(cpu=sel.family == "cpu")
@@ -70,7 +70,7 @@ def throughput_table(rep: GpuReport) -> None:
                   for t in rep.throughput], hide_index=True, width="stretch",
                  column_config={"Decisions/s": st.column_config.NumberColumn(format="%.1f"),
                                 "Mean ms per pass": st.column_config.NumberColumn(format="%.1f")},
-                 key=f"throughput-{store_cache.report_key(rep)}-{rep.suite_hash}")
+                 key=f"throughput-{store_cache.report_key(rep)}-{rep.suite_hash}", placeholder=EMPTY)
 
 
 def batched_only(rep: GpuReport) -> None:
@@ -107,7 +107,7 @@ for rep in mine:
                    + ". Their latencies are slower than an idle machine's; run them again when it is quiet.", icon="⚠️")
     df = report_table.report_frame(rep, history)
     st.dataframe(report_table.styled(rep, df), hide_index=True, width="stretch", column_config=report_table.column_config(rep),
-                 column_order=report_table.column_order(df), key=f"table-{store_cache.report_key(rep)}-{rep.suite_hash}")
+                 column_order=report_table.column_order(df), key=f"table-{store_cache.report_key(rep)}-{rep.suite_hash}", placeholder=EMPTY)
     if rep.throughput:  # batched runs: decisions/s beside the per-decision table, one row each
         throughput_table(rep)
     for note in rep.notes:
@@ -135,7 +135,7 @@ for matrix in gpu_matrices(everywhere):
                 "memory · agreement with that GPU's BF16; ⭐ the pick on that GPU.")
     st.dataframe(report_table.matrix_frame(matrix), hide_index=True, width="stretch",
                  column_config=report_table.matrix_column_config(matrix),
-                 key=f"matrix-{matrix.model_id}-{matrix.suite_id}")
+                 key=f"matrix-{matrix.model_id}-{matrix.suite_id}", placeholder=EMPTY)
 tables_on = Counter(r.gpu for r in everywhere)  # a GPU with several suites gets a card per suite, named by it
 per_row = max(3, min(4, len(everywhere)))
 for start in range(0, len(everywhere), per_row):

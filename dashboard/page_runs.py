@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from dashboard import store_cache, url_state
+from dashboard import EMPTY, store_cache, url_state
 
 st.title("Runs")
 sel = url_state.selection()
@@ -59,7 +59,7 @@ st.dataframe(table, hide_index=True, width="stretch", height="content" if len(ta
     "error": st.column_config.TextColumn("Error", width=260, help="first line; the whole message is below"),
     "source": st.column_config.TextColumn("Source", width=260, help="the store the run is read from; for a pulled "
                                           "run, its bundle, who published it and when (the Sources page lists them)"),
-}, column_order=list(table.columns))
+}, column_order=list(table.columns), placeholder=EMPTY)
 if (shown["weights"] == "synthetic").any():
     st.caption("Weights = synthetic: random weights in the real model's shape; such runs measure speed and memory "
                "only.")

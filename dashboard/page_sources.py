@@ -4,7 +4,7 @@ each gives, and every bundle pulled: who published it, when, with which quantben
 import pandas as pd
 import streamlit as st
 
-from dashboard import store_cache
+from dashboard import EMPTY, store_cache
 
 st.title("Sources")
 db, mtime = store_cache.current()
@@ -17,7 +17,7 @@ runs = store_cache.runs(db, mtime) if store_cache.status(db, mtime).usable else 
 by_store = runs.groupby("store").size().to_dict() if len(runs) else {}
 rows = [{"Source": s.label, "File": str(s.path), "Made": "yes" if s.path.exists() else "not yet",
          "Runs read from it": int(by_store.get(s.label, 0))} for s in found]
-st.dataframe(rows, hide_index=True, width="stretch")
+st.dataframe(rows, hide_index=True, width="stretch", placeholder=EMPTY)
 
 bundles = store_cache.bundles(db, mtime)
 st.subheader("Bundles pulled")
@@ -31,10 +31,10 @@ else:
         "runs": "Runs", "runs_added": "Runs it added", "load_runs": "Load runs", "digest": "manifest sha256",
         "store": "Into"}).drop(columns=["bundle_id", "store_path"]), hide_index=True, width="stretch",
         column_config={"Published": st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm"),
-                       "Pulled": st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm")})
+                       "Pulled": st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm")}, placeholder=EMPTY)
 if len(runs):
     st.subheader("Runs by source, machine and day")
     table = runs.assign(day=pd.to_datetime(runs["created_at"]).dt.strftime("%Y-%m-%d"))
     st.dataframe(table.groupby(["source", "gpu_label", "day"]).size().reset_index(name="runs").rename(columns={
         "source": "Source", "gpu_label": "GPU / host", "day": "Measured on", "runs": "Runs"}).sort_values(
-        ["Source", "Measured on"], ascending=[True, False]), hide_index=True, width="stretch")
+        ["Source", "Measured on"], ascending=[True, False]), hide_index=True, width="stretch", placeholder=EMPTY)

@@ -11,7 +11,7 @@ if ROOT not in sys.path:
 
 import streamlit as st  # noqa: E402
 
-from dashboard import store_cache, url_state  # noqa: E402
+from dashboard import EMPTY, store_cache, url_state  # noqa: E402
 
 st.set_page_config(page_title="quantbench", page_icon=":material/balance:", layout="wide")
 
@@ -68,6 +68,6 @@ if sel.model is None and page.url_path not in ("runs", "load", "sources", "const
     here = store_cache.runs_since(runs, sel.since)
     failed = here.loc[here["gpu_id"] == sel.gpu, ["created_at", "gpu_label", "backend", "variant", "failure", "error"]]
     failed = failed.assign(error=failed["error"].fillna("").str.split("\n").str[0])
-    st.dataframe(failed.iloc[::-1], hide_index=True, width="stretch")
+    st.dataframe(failed.iloc[::-1], hide_index=True, width="stretch", placeholder=EMPTY)
     st.stop()
 page.run()

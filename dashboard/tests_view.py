@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import store_cache
+from dashboard import EMPTY, store_cache
 from quantbench.analysis import hypothesis as hy
 from quantbench.analysis import significance as sig
 from quantbench.analysis.parity import Comparison
@@ -66,4 +66,4 @@ def confident_flips(db: str, mtime, c: Comparison, modality: str | None) -> None
         "top_cand": st.column_config.TextColumn("Variant", width=60),
         "ref_margin": st.column_config.NumberColumn("BF16 margin", format="%.3f", width=90),
         "BF16": st.column_config.TextColumn("BF16 distribution", width=200),
-        "variant": st.column_config.TextColumn("Variant distribution", width=200)})
+        "variant": st.column_config.TextColumn("Variant distribution", width=200)}, placeholder=EMPTY)
