@@ -22,7 +22,7 @@ from pydantic import BaseModel
 
 from quantbench.errors import QuantbenchError
 from quantbench.run.record import AnswerRow, LatencyRow, RunRecord, RunResult
-from quantbench.store import composite
+from quantbench.store import check, composite
 from quantbench.store.home import GIVEN, Source
 from quantbench.store.nested import copy_nested
 from quantbench.store.schema import MIGRATIONS, SCHEMA_VERSION, VIEWS
@@ -124,14 +124,30 @@ class Store:
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
         try:
+            if not beside:  # a store read beside others is checked as composite attaches it
+                self._check_whole(con)
             if write:
                 try:
                     self._migrate(con)
                 except duckdb.Error as e:  # e.g. no space for the write-ahead log
                     raise StoreUnavailableError(f"cannot write {self.path}: {e}") from e
-            yield con
+            try:
+                yield con
+            except duckdb.IOException as e:  # a block the file should hold cannot be read
+                if write:
+                    raise
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                raise StoreUnavailableError(f"cannot read {self.path}: {first}; the file is damaged or cut short: "
+                                            f"{check.FIX}") from e
         finally:
             con.close()
+
+    def _check_whole(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Refuse a file cut short, or missing tables or columns its schema version has (quantbench.store.check)."""
+        catalog = con.execute("SELECT current_database()").fetchone()[0]
+        why = check.damage(con, catalog, self.path, self.version_of(con))
+        if why:
+            raise StoreUnavailableError(why)
 
     @staticmethod
     def version_of(con: duckdb.DuckDBPyConnection) -> int:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import duckdb
 
+from quantbench.store import check
 from quantbench.store.home import Source
 from quantbench.store.schema import MIGRATIONS, SCHEMA_VERSION, VIEWS
 
@@ -74,6 +75,9 @@ def _build(con: duckdb.DuckDBPyConnection, sources: list[Source]) -> None:
             fix = "upgrade quantbench to read it" if version else "it is not a quantbench results store"
             raise SourceVersionError(f"{source.path} ({source.label}) has schema version {version}, this quantbench "
                                      f"reads up to {SCHEMA_VERSION}: {fix}")
+        why = check.damage(con, name, source.path, version)
+        if why:
+            raise SourceVersionError(f"{why} ({source.label})")
         held.append((name, _tables(con, name)))
     for table, key in KEYED.items():
         parts = [f"SELECT * FROM _empty.{table}"]

@@ -24,7 +24,7 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 
-from quantbench.store import SCHEMA_VERSION, Store, StoreError
+from quantbench.store import SCHEMA_VERSION, Store, StoreError, check
 from quantbench.store.nested import (  # the export's layout: written by copy_nested, read back here
     LOAD_COLUMN,
     LOAD_TABLES,
@@ -191,13 +191,18 @@ def _stage_duckdb(con: duckdb.DuckDBPyConnection, path: Path) -> tuple[int, bool
                       "'schema_version'").fetchone()[0]
     if not has:
         raise StoreError(f"{path}: not a quantbench store (no schema_version table)")
+    version = int(con.execute("SELECT max(version) FROM _src.schema_version").fetchone()[0] or 0)
     load = _has_tables(con, "_src", LOAD_TABLES)
     if len(load) == 1:
         raise StoreError(f"{path}: has {load[0]} but not {({*LOAD_TABLES} - {*load}).pop()}: not a whole quantbench "
                          "store (a load run is stored with its steps); merge an export of it instead")
+    why = check.damage(con, "_src", path, min(version, SCHEMA_VERSION))  # a newer one is refused by the caller
+    if why:
+        raise StoreError(why.replace("give another --db (a new store is made by the next run)",
+                                     "merge an export of it made where it was whole"))
     for table in (*TABLES, *load):
         con.execute(f"CREATE OR REPLACE TEMP VIEW _src_{table} AS SELECT * FROM _src.{table}")
-    return int(con.execute("SELECT max(version) FROM _src.schema_version").fetchone()[0] or 0), bool(load)
+    return version, bool(load)
 
 
 def _merge_staged(con: duckdb.DuckDBPyConnection, summary: SourceSummary, has_load: bool) -> pd.DataFrame:
