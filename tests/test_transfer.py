@@ -163,6 +163,24 @@ def test_cli_merge_says_what_came_in(tmp_path):
     assert again.exit_code == 0 and "nothing new" in again.stdout
 
 
+def test_cli_merge_shows_a_failed_run_without_model_variant_or_host_as_dashes(tmp_path):
+    """A run that failed before its model loaded (no model id, no variant) from a machine that did not say its host
+    name: "What came in" read "CPU (None)", "nan", "nan"; its empty cells now read "—" as the report's do."""
+    from typer.testing import CliRunner
+
+    from quantbench.cli import app
+
+    src = Store(tmp_path / "a.duckdb")
+    src.write_run(RunResult(run={"run_id": str(uuid7()), "status": "failed", "failure": "load_error", "error": "x",
+                                 "created_at": dt.datetime.now(dt.UTC), "backend": "int4", "device": "cpu"}))
+    merged = CliRunner().invoke(app, ["merge", str(src.path), "--db", str(tmp_path / "local.duckdb")],
+                                env={"COLUMNS": "200"})
+    assert merged.exit_code == 0, merged.output
+    came_in = merged.stdout.split("What came in", 1)[1]
+    assert "CPU (—)" in came_in and "│ —" in came_in and "failed" in came_in
+    assert not any(w in came_in for w in ("nan", "None", "<NA>")), came_in
+
+
 def test_a_merge_that_fails_part_way_says_what_it_added_and_exits_2(tmp_path):
     """Each source commits on its own: when a later one fails, the runs already merged are listed, not hidden."""
     from typer.testing import CliRunner

@@ -260,12 +260,13 @@ def print_merged(store: Store, summary: MergeSummary, console: Console | None = 
         console.print("nothing new: every run was already in the store")
         return
     added = summary.added.copy()
+    host = [h if isinstance(h, str) else "—" for h in added["host"]]  # a value not stored reads "—", never "None"
     added["where"] = [f"CPU ({h})" if d == "cpu" or not isinstance(g, str) else f"{g} ({h})"
-                      for d, g, h in zip(added["device"], added["gpu_name"], added["host"], strict=True)]
+                      for d, g, h in zip(added["device"], added["gpu_name"], host, strict=True)]
     grouped = added.groupby(["where", "model_id", "variant", "status"], dropna=False).size().reset_index(name="runs")
     w = Table(title="What came in")
     for col in ("Machine", "Model", "Variant", "Status", "Runs"):
         w.add_column(col, justify="right" if col == "Runs" else "left")
     for row in grouped.itertuples(index=False):
-        w.add_row(*(str(x) for x in row))
+        w.add_row(*("—" if x is None or (isinstance(x, float) and x != x) else str(x) for x in row))
     console.print(w)
