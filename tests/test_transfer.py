@@ -337,3 +337,22 @@ def test_cli_export_and_merge_say_how_many_load_runs(tmp_path):
     assert "int4 on NVIDIA H200 (quantbench grouped-moe gluon-wgmma-int4 +cuda-graph), measured from client-box" in said
     again = " ".join(CliRunner().invoke(app, merge).stdout.split())
     assert "load runs: 0 new (0 steps), 2 already here" in again
+
+
+def test_a_source_holding_a_run_neither_ok_nor_failed_is_refused_and_adds_nothing(tmp_path):
+    """A store another tool or a crashed writer left may hold a run marked "running" (or no status): not a result
+    to share. Before, merge took it in and the report counted it among the failed."""
+    src = Store(tmp_path / "a.duckdb")
+    odd, fine = write_runs(src, "a", n=2)
+    con = duckdb.connect(str(src.path))
+    con.execute("UPDATE runs SET status = 'running' WHERE CAST(run_id AS VARCHAR) = ?", [odd])
+    con.close()
+    dst = Store(tmp_path / "local.duckdb")
+    with pytest.raises(StoreError, match=rf"{odd} \(running\) are neither ok nor failed"):
+        transfer.merge(dst, [src.path])
+    assert counts(dst) == [0, 0, 0]
+    con = duckdb.connect(str(src.path))
+    con.execute("UPDATE runs SET status = 'ok'")
+    con.close()
+    transfer.merge(dst, [src.path])
+    assert counts(dst) == [2, 4, 6] and fine

@@ -18,8 +18,9 @@ from quantbench.analysis.stats import ParityError
 from quantbench.errors import ConfigError
 from quantbench.store import Store, queries
 from quantbench.store.records import StoredRun
+from quantbench.store.schema import RUN_STATUSES
 
-STATUSES = ("ok", "failed")
+STATUSES = RUN_STATUSES
 RUN_ID = re.compile(r"^[0-9a-f-]{4,36}$")  # may be a run id or a prefix of one (01a22979-8ae4); "bf16" is tried too
 ALL = "all"
 

@@ -270,3 +270,4 @@ WHERE i.kind = 'run' AND i.added
 """
 
 SCHEMA_VERSION = len(MIGRATIONS)
+RUN_STATUSES = ("ok", "failed")  # a run is stored whole, as one of these (run.record.RunRecord.status)

@@ -36,6 +36,7 @@ from quantbench.store.nested import columns as _columns
 from quantbench.store.nested import has_tables as _has_tables
 from quantbench.store.nested import ident as _ident
 from quantbench.store.nested import quote as _q
+from quantbench.store.schema import RUN_STATUSES
 
 SOURCE_SUFFIXES = {".parquet": "parquet", ".duckdb": "duckdb", ".db": "duckdb"}
 
@@ -215,6 +216,7 @@ def _merge_staged(con: duckdb.DuckDBPyConnection, summary: SourceSummary, has_lo
     try:
         con.execute("CREATE OR REPLACE TEMP TABLE _new AS SELECT DISTINCT run_id FROM _src_runs "
                     "WHERE run_id NOT IN (SELECT run_id FROM runs)")
+        _refuse_unknown_status(con, summary)
         summary.runs_in_source = con.execute("SELECT count(DISTINCT run_id) FROM _src_runs").fetchone()[0]
         summary.runs_added = con.execute("SELECT count(*) FROM _new").fetchone()[0]
         summary.runs_present = summary.runs_in_source - summary.runs_added
@@ -232,6 +234,18 @@ def _merge_staged(con: duckdb.DuckDBPyConnection, summary: SourceSummary, has_lo
         raise
     added.insert(0, "source", summary.path)
     return added
+
+
+def _refuse_unknown_status(con: duckdb.DuckDBPyConnection, summary: SourceSummary) -> None:
+    """quantbench stores a run whole, as ok or failed; a new run of the source with any other status (NULL, "running":
+    a store another tool or a crashed writer left) is no result to share: the source is refused, nothing merged."""
+    odd = con.execute(f"SELECT CAST(run_id AS VARCHAR), CAST(status AS VARCHAR) FROM _src_runs WHERE run_id IN "
+                      f"(SELECT run_id FROM _new) AND (status IS NULL OR status NOT IN {RUN_STATUSES!r}) "
+                      "ORDER BY 1 LIMIT 4").fetchall()
+    if odd:
+        shown = ", ".join(f"{run_id} ({status or 'no status'})" for run_id, status in odd)
+        raise StoreError(f"{summary.path}: run(s) {shown} are neither ok nor failed: not runs quantbench finished; "
+                         "merge an export made by `quantbench export` where they were measured, or leave them out")
 
 
 def _insert_new(con: duckdb.DuckDBPyConnection, table: str, key: str, new: str) -> int:
