@@ -105,6 +105,14 @@ def check_safetensors_only(path: Path) -> None:
     check_shard_index(path)
 
 
+def json_file(file: Path, fix: str) -> Any:
+    """A checkpoint's JSON file, parsed, or a LoadError naming it and `fix`."""
+    try:
+        return json.loads(file.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise LoadError(f"{file}: not valid JSON ({e}); {fix}") from None
+
+
 SHARD_INDEX = "model.safetensors.index.json"  # a sharded checkpoint's map of tensor name -> shard file
 
 
@@ -115,10 +123,7 @@ def check_shard_index(path: Path) -> None:
     if not index.is_file():
         return
     fix = "copy or download the checkpoint again"
-    try:
-        data = json.loads(index.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise LoadError(f"{index}: not valid JSON ({e}); {fix}") from None
+    data = json_file(index, fix)
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
         raise LoadError(f"{index}: has no weight_map of tensor names to shard files; {fix}")

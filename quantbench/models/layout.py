@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from quantbench.errors import LoadError
-from quantbench.models.checkpoint import read_config
+from quantbench.models.checkpoint import json_file, read_config
 
 HF_QUANT_CONFIG = "hf_quant_config.json"  # where older ModelOpt exports keep their quantization, beside config.json
 
@@ -93,10 +93,7 @@ def _obj(value: Any) -> dict[str, Any]:
 def _hf_quant_config(file: Path) -> dict[str, Any]:
     """The `quantization` object of a ModelOpt hf_quant_config.json, or a LoadError naming the file and the fix."""
     fix = "fix or restore the file (ModelOpt writes {\"producer\": ..., \"quantization\": {\"quant_algo\": ...}})"
-    try:
-        data = json.loads(file.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise LoadError(f"{file}: not valid JSON ({e}); {fix}") from None
+    data = json_file(file, fix)
     quantization = data.get("quantization") if isinstance(data, dict) else None
     if not isinstance(quantization, dict):
         got = f"a {type(data).__name__}" if not isinstance(data, dict) else \
