@@ -86,3 +86,17 @@ def test_the_dashboard_says_what_is_wrong_with_a_damaged_store(whole, tmp_path, 
 def test_a_whole_store_is_read_as_before(whole):
     result = CliRunner().invoke(app, ["report", "--db", str(whole), "--gpu", "all", "--format", "csv"])
     assert result.exit_code == 0, result.output
+
+
+def test_a_duckdb_file_with_tables_but_no_schema_version_is_refused_before_a_run(tmp_path):
+    """Made by another tool, or a store whose version table was dropped: before, the first write tried to make the
+    tables and failed with DuckDB's 'Table with name "runs" already exists!' (and left its transaction open)."""
+    path = tmp_path / "other.duckdb"
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE runs (x INTEGER); INSERT INTO runs VALUES (1)")
+    con.close()
+    with pytest.raises(Exception, match=r"holds tables \(runs\) but no schema_version: not a quantbench store"):
+        Store(path).check_writable()
+    con = duckdb.connect(str(path))
+    assert con.execute("SELECT * FROM runs").fetchall() == [(1,)]  # left as it was
+    con.close()

@@ -165,13 +165,24 @@ class Store:
             raise StoreError(
                 f"{self.path} has schema version {current}, newer than this quantbench ({SCHEMA_VERSION}); upgrade quantbench"
             )
+        if current == 0:
+            tables = [r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE NOT internal AND "
+                                                "database_name = current_database() ORDER BY 1 LIMIT 4").fetchall()]
+            if tables:  # made by another tool, or a quantbench store whose version table was dropped
+                raise StoreError(f"{self.path} holds tables ({', '.join(tables)}) but no schema_version: not a "
+                                 "quantbench store, or one whose version table was lost; give another --db (a new "
+                                 "store is made by the next run), or restore it from a backup")
         if current < target:
             con.execute("BEGIN")
-            con.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER, applied_at TIMESTAMPTZ)")
-            for version in range(current + 1, target + 1):
-                con.execute(MIGRATIONS[version - 1])
-                con.execute("INSERT INTO schema_version VALUES (?, now())", [version])
-            con.execute("COMMIT")
+            try:
+                con.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER, applied_at TIMESTAMPTZ)")
+                for version in range(current + 1, target + 1):
+                    con.execute(MIGRATIONS[version - 1])
+                    con.execute("INSERT INTO schema_version VALUES (?, now())", [version])
+                con.execute("COMMIT")
+            except duckdb.Error:
+                con.execute("ROLLBACK")
+                raise
         if target == SCHEMA_VERSION:
             con.execute(VIEWS)
 
