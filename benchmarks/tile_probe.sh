@@ -20,10 +20,9 @@
 #   B16_TILES='{"int4":{"large":{"BLOCK_M":64,"maxnreg":128}}}' bash benchmarks/tile_probe.sh OUT
 #   FORMAT=nvfp4 B1_PLANS="mixed16/32,mixed16/32+drain" B1_TILES='{"nvfp4":{"mid":{"DRAIN":1}}}' \
 #   bash benchmarks/tile_probe.sh OUT
-# Next (not yet run): gate_up's scale ring (nvfp4_wgmma RING; compiled only, 2026-12-04)
 #   FORMAT=nvfp4 B1_PLANS="mixed16/32+drain,mixed16/32+drain+ring2,mixed16/32+drain+ring4" \
-#   B16_PLANS=current,drain,drain-ring2 B1_TILES='{"nvfp4":{"mid":{"DRAIN":1,"RING":2}}}' \
-#   bash benchmarks/tile_probe.sh OUT
+#   B16_PLANS=current,drain,drain-ring2 NCU_PLANS="mixed16/32+drain+ring2" \
+#   B1_TILES='{"nvfp4":{"mid":{"DRAIN":1,"RING":2}}}' bash benchmarks/tile_probe.sh OUT
 # Needs quantbench importable with shared/device's wheels and `pip install -e .` (the backends' entry points).
 set -u
 out=${1:?usage: tile_probe.sh OUT [SECONDS]}

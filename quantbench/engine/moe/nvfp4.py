@@ -229,10 +229,17 @@ class Nvfp4Linear(nn.Module):
 # model's routing 2.634 against 2.671 ms for 8 layers and 110.5 / 67.9 against 117.0 / 70.5 us per layer
 # (benchmarks/tile_plans.py, H200, 2026-12-03); at batch 8 no faster (12.87 against 12.82 ms), so large keeps one size.
 # short-k: mid and large below gluon_common.PLAN_MIN_K inputs (the fixture, K 256) keep one tile size, as INT4.
+# DRAIN (mid, large): two stages of tokens and words instead of three (80 / 64 KB of shared memory: down fits three
+# programs an SM), waiting for the block before's last MMA at each block's start: down 70.5 -> 56.4 us a layer at
+# batch 1, 362.8 -> 330.6 at batch 8, bits identical. RING 2 (mid): gate_up's block scales in a ring of two blocks
+# instead of a 32 KB table (52 KB: three programs an SM instead of two): gate_up 110.4 -> 107.0 us, 8 layers 2.537 ->
+# 2.470 ms, the 48-layer decision 13.4 -> 12.5 ms p50 (`quantbench run`, same call), bits identical. At 16
+# decisions a pass DRAIN 1,835 -> 1,773 us a layer and RING no further (1,765; the 8-layer graph 23.81 against
+# 23.89 ms), so large takes DRAIN only (benchmarks/tile_probe.sh, H200, 2026-12-04).
 WGMMA_TILES: dict[str, dict[str, Any]] = {
     "small": dict(BLOCK_M=16, BLOCK_N=128, AHEAD=1),
-    "mid": dict(BLOCK_M=64, BLOCK_N=128, AHEAD=1, SMALL_M=16, MID_M=32),
-    "large": dict(BLOCK_M=64, BLOCK_N=128, AHEAD=1),
+    "mid": dict(BLOCK_M=64, BLOCK_N=128, AHEAD=1, DRAIN=1, RING=2, SMALL_M=16, MID_M=32),
+    "large": dict(BLOCK_M=64, BLOCK_N=128, AHEAD=1, DRAIN=1),
     "short-k": dict(BLOCK_M=64, BLOCK_N=128, AHEAD=1),
 }
 
