@@ -16,8 +16,16 @@ class RequestError(QuantbenchError, ValueError):
 class ContextLengthError(RequestError):
     """The rendered prompt is longer than the model's context and truncation was not asked for."""
 
-    def __init__(self, field: str, tokens: int, limit: int):
+    def __init__(self, field: str, tokens: int, limit: int, *, truncated: bool = False):
         self.tokens, self.limit = tokens, limit
+        if truncated:  # truncation was allowed and cut the state: what is left over is the question's own
+            super().__init__(
+                field,
+                f"the prompt is {tokens} tokens with its state cut by truncation, over the model's limit of {limit}: "
+                "the question and its options alone do not fit",
+                "shorten the question's text or its options, or send fewer options",
+            )
+            return
         super().__init__(
             field,
             f"the prompt is {tokens} tokens, over the model's limit of {limit}",

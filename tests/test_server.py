@@ -235,6 +235,15 @@ def test_state_beyond_the_context_gets_422_with_the_limit_unless_truncation_is_a
     assert r.status_code == 200, r.text
     assert r.json()["answers"]["q"]["truncated"] is True and r.json()["tokens"] <= 512
 
+    # truncation cuts the state only: a question whose own options are over the context is refused for that
+    options = {"a": "turn left " * 150, "b": "turn right " * 150}
+    r = cutting.post("/v1/systemone", content=_req(questions={"q": {"type": "choice", "criteria": options}}),
+                     headers=JSON_HEADERS)
+    assert r.status_code == 422, r.text
+    err = r.json()
+    assert err["field"] == "questions.q" and "question and its options alone do not fit" in err["detail"]
+    assert "--truncate" not in err["fix"] and "options" in err["fix"]
+
 
 def test_concurrent_requests_are_batched_into_one_forward_and_answer_as_if_alone(tiny, started):
     gated = Gate(tiny)
@@ -274,6 +283,31 @@ def test_a_failing_forward_answers_500_and_the_server_keeps_serving(tiny, starte
     client = started(create_app(lambda: gated.loaded))
     r = client.post("/v1/systemone", content=CARD_BODY, headers=JSON_HEADERS)
     assert r.status_code == 500 and "kernel exploded on purpose" in r.json()["detail"]
+    assert client.post("/v1/systemone", content=CARD_BODY, headers=JSON_HEADERS).status_code == 200
+
+
+class NaNOnce(Gate):
+    """The first forward pass answers NaN for every option (a checkpoint holding NaN weights)."""
+
+    def forward_many(self, batch):
+        answers = self.inner.forward_many(batch)
+        if self.fail_once:
+            self.fail_once = False
+            for a in answers:
+                for answer in a.values():
+                    answer.probabilities = {o: float("nan") for o in answer.probabilities}
+        return answers
+
+
+def test_a_nan_answer_is_a_500_naming_the_question_not_a_200_with_nulls(tiny, started):
+    nan = NaNOnce(tiny, fail_once=True)
+    nan.gate.set()
+    client = started(create_app(lambda: nan.loaded))
+    r = client.post("/v1/systemone", content=CARD_BODY, headers=JSON_HEADERS)
+    assert r.status_code == 500, r.text
+    err = r.json()
+    assert "non-finite probabilities" in err["detail"] and "=nan" in err["detail"] and err["field"] == "answers"
+    assert "--dtype" in err["fix"]
     assert client.post("/v1/systemone", content=CARD_BODY, headers=JSON_HEADERS).status_code == 200
 
 

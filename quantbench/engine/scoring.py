@@ -168,7 +168,7 @@ class TransformersEngine(EngineBase):
             state_ids = state_ids[:keep]
             cut = self.tokenizer.decode(state_ids)
             ids = self._encode(render_prompt(self.tokenizer, request, name, state_text=cut), self._add_special)
-        raise ContextLengthError(f"questions.{name}", len(ids) + extra, self.max_tokens)
+        raise ContextLengthError(f"questions.{name}", len(ids) + extra, self.max_tokens, truncated=True)
 
     def _prompt(self, request: DecisionRequest, name: str, extra: int) -> tuple[list[int], bool, Any]:
         """(token ids, cut, the model's media inputs for them or None) of one question's prompt: the hook an

@@ -39,6 +39,7 @@ URI header, encoded size, counts); quantbench.protocol.media decodes and checks 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import deque
 from typing import Any, Literal
@@ -171,6 +172,19 @@ class QuestionAnswer(BaseModel):
         "`checkpoint_scorer`: the checkpoint's own scorer (its code and head, config.json `quantbench_scorer`)."
     )
     truncated: bool = Field(default=False, description="The state was cut to fit the model's context.")
+
+
+def non_finite_answer(question: str, answer: QuestionAnswer) -> str | None:
+    """Why `answer` is no answer, or None: a probability that is NaN or infinite (a checkpoint holding NaN
+    weights, a float16 overflow) would be stored or sent as null with the first option as top. The run's child
+    fails the run on it and the server answers 500 with this text (it names the question and what to check)."""
+    bad = [option for option, p in answer.probabilities.items() if not math.isfinite(p)]
+    if not bad:
+        return None
+    shown = ", ".join(f"{o}={answer.probabilities[o]}" for o in bad[:4]) + (" …" if len(bad) > 4 else "")
+    return (f"question {question!r}: the model answered non-finite probabilities ({shown}); its weights or its "
+            "arithmetic overflow (NaN or infinite values in the checkpoint's tensors, or --dtype float16 out of "
+            "range)")
 
 
 class DecisionResponse(BaseModel):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import faulthandler
 import hashlib
 import json
-import math
 import os
 import signal
 import sys
@@ -27,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from quantbench.errors import LoadError, QuantbenchError, RequestError, classify
 from quantbench.models import experts_claim, lineage
 from quantbench.models.checkpoint import planted_info, tensor_bytes
-from quantbench.protocol import modality_of, refuse_unread_media
+from quantbench.protocol import QuestionAnswer, modality_of, non_finite_answer, refuse_unread_media
 from quantbench.protocol.suite import load_suite
 from quantbench.run.backend import LoadedVariant, get_backend
 from quantbench.run.energy import EnergyMeter
@@ -156,7 +155,7 @@ def _answer_suite(loaded: LoadedVariant, records, timer: Timer, spec: RunSpec, o
                 timed("suite", record, prep_ms, model_ms, tokens, batch)
                 modality = modality_of(record.request)
                 for q, ans in result.items():
-                    refuse_non_finite(record.id, q, ans.probabilities)
+                    refuse_non_finite(record.id, q, ans)
                     answers.append(AnswerRow(
                         record_id=record.id, benchmark=record.benchmark, modality=modality, question=q,
                         options=list(ans.probabilities), probs=list(ans.probabilities.values()), top=ans.top,
@@ -185,17 +184,13 @@ def _answer_suite(loaded: LoadedVariant, records, timer: Timer, spec: RunSpec, o
     out["run"].load = LoadFacts(**load.facts())
 
 
-def refuse_non_finite(record_id: str, question: str, probabilities: dict[str, float]) -> None:
-    """A probability that is NaN or infinite is no answer: the store keeps it as NULL and the top option was the
-    first one, so a run of a checkpoint holding NaN weights (or a float16 overflow) was stored `ok` with answers
-    that meant nothing. It fails the run instead, naming the record, the question and what to check."""
-    bad = [option for option, p in probabilities.items() if not math.isfinite(p)]
-    if bad:
-        raise QuantbenchError(
-            f"record {record_id}: question {question!r}: the model answered non-finite probabilities "
-            f"({', '.join(f'{o}={probabilities[o]}' for o in bad[:4])}{' …' if len(bad) > 4 else ''}); its weights "
-            "or its arithmetic overflow (NaN or infinite values in the checkpoint's tensors, or --dtype float16 out "
-            "of range): check the checkpoint, or run with --dtype bfloat16 / float32")
+def refuse_non_finite(record_id: str, question: str, answer: QuestionAnswer) -> None:
+    """A non-finite probability is no answer (protocol.non_finite_answer): it fails the run, naming the record,
+    the question and what to check, instead of a run stored `ok` with answers that meant nothing."""
+    problem = non_finite_answer(question, answer)
+    if problem:
+        raise QuantbenchError(f"record {record_id}: {problem}: check the checkpoint, or run with --dtype bfloat16 / "
+                              "float32")
 
 
 def save_progress(measured: Measured, progress: Path | None) -> None:

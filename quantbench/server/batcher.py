@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quantbench.limits import DEFAULT_MAX_REQUEST_TOKENS
-from quantbench.protocol import DecisionResponse
+from quantbench.protocol import DecisionResponse, non_finite_answer
 from quantbench.run.backend import LoadedVariant
 from quantbench.server.settings import (  # noqa: F401 - the batcher's defaults, declared with the settings
     DEFAULT_MAX_BATCH,
@@ -65,6 +65,7 @@ class Answered:
     batch: int  # requests in the forward pass that answered this one
     queue_ms: float  # from queued to the start of that forward pass
     forward_ms: float  # that forward pass
+    error: str | None = None  # why this request's answer is no answer (a non-finite probability): a 500 instead
 
 
 @dataclass
@@ -202,8 +203,9 @@ class MicroBatcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._trim = malloc_trim()
         self._trimmed_at, self._batches_since_trim = float("-inf"), 0
-        # the model thread's own: requests its last pass answered, and when it handed them back
-        self._returning, self._answered_at, self._answered_perf = 0, float("-inf"), float("-inf")
+        # the model thread's own: requests its last pass answered, and when it handed them back (perf_counter, the
+        # clock of every time in a batch's collection: a job's queued_at, the waits' deadlines)
+        self._returning, self._answered_at = 0, float("-inf")
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -303,7 +305,7 @@ class MicroBatcher:
                     done.error = e
             # before the hand-back: a client's next request may be queued before this thread runs another line
             self._returning = len(live) if done.error is None else 0
-            self._answered_at, self._answered_perf = time.monotonic(), time.perf_counter()
+            self._answered_at = time.perf_counter()
             try:
                 self._loop.call_soon_threadsafe(self._deliver, done)  # type: ignore[union-attr]
             except RuntimeError:  # the event loop has closed: nobody waits for these answers
@@ -324,8 +326,8 @@ class MicroBatcher:
             return None
         jobs = [first]
         rows, width, live = first.rows, first.width, 0 if first.future.done() else 1
-        back = live if first.queued_at >= self._answered_perf else 0  # answered clients whose next request came
-        start = time.monotonic()
+        back = live if first.queued_at >= self._answered_at else 0  # answered clients whose next request came
+        start = time.perf_counter()
         deadline, fill_until = start + self.max_wait_s, start + self._fill_wait_s()
         while live < self.max_batch:
             try:
@@ -335,7 +337,7 @@ class MicroBatcher:
                 until = max(deadline, fill_until) if self.preparing else deadline
                 if back + self.preparing < self._returning:  # answered clients not back yet: a few ms for them
                     until = max(until, return_until)
-                left = until - time.monotonic()
+                left = until - time.perf_counter()
                 if left <= 0:
                     break
                 try:
@@ -357,7 +359,7 @@ class MicroBatcher:
                 rows, width = rows + job.rows, max(width, job.width)
             jobs.append(job)
             live += 1
-            back += job.queued_at >= self._answered_perf
+            back += job.queued_at >= self._answered_at
         return jobs
 
     def _fill_wait_s(self) -> float:
@@ -384,10 +386,14 @@ class MicroBatcher:
         ms = (time.perf_counter() - t0) * 1000.0
         out = []
         for job, a in zip(live, answers, strict=True):
+            queue_ms = (start - job.queued_at) * 1000.0
+            problem = next(filter(None, (non_finite_answer(q, answer) for q, answer in a.items())), None)
+            if problem:  # serialized, NaN would read as null and the first option as top: refused instead
+                out.append(Answered(b"", len(live), queue_ms, ms, error=problem))
+                continue
             response = DecisionResponse(model=self.model_id, answers=a, model_ms=ms,
                                         tokens=self.engine.tokens(job.prepared))
-            out.append(Answered(response.model_dump_json().encode(), len(live),
-                                (start - job.queued_at) * 1000.0, ms))
+            out.append(Answered(response.model_dump_json().encode(), len(live), queue_ms, ms))
         return out, ms
 
     def _release_memory(self) -> None:

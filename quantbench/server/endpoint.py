@@ -249,7 +249,12 @@ class SystemOneEndpoint:
             timing["prepare"] = time.perf_counter() - t
             answer = batcher.submit(prepared)
             queued = True
-            return await _first(answer, gone, deadline)
+            answered = await _first(answer, gone, deadline)
+            if answered.error:  # a NaN / infinite probability (batcher._answer): no answer to send
+                raise Rejected(500, ErrorBody(
+                    detail=answered.error, field="answers",
+                    fix="check the served checkpoint's tensors, or serve with --dtype bfloat16 / float32"))
+            return answered
         except (TimeoutError, Cancelled):
             state.metrics.dropped["deadline"] += 1
             raise over_deadline(504, "it was dropped", self.request_timeout_s) from None

@@ -239,7 +239,7 @@ class OmniEngine(TransformersEngine):
             ids, inputs = self._process(request, name, segments)
             if len(ids) + extra <= self.max_tokens:
                 return ids, True, inputs
-        raise ContextLengthError(f"questions.{name}", len(ids) + extra, self.max_tokens)
+        raise ContextLengthError(f"questions.{name}", len(ids) + extra, self.max_tokens, truncated=True)
 
     def _process(self, request: DecisionRequest, name: str, segments: list[tuple[str, Any]]) -> tuple[list[int], dict]:
         """The processor on one question's prompt with the state `segments`: (token ids, media inputs). The
