@@ -12,14 +12,16 @@ from quantbench.store import SCHEMA_VERSION, Store, StoreError, transfer
 T0 = dt.datetime(2026, 11, 29, 9, tzinfo=dt.UTC)
 
 
-def write_runs(store, host, n=2, gpu=None):
-    """n runs from one machine, each with two answers and three latencies; returns their ids."""
+def write_runs(store, host, n=2, gpu=None, **machine):
+    """n runs from one machine (`machine`: more of what it is, e.g. machine_id), each with two answers and three
+    latencies; returns their ids."""
     ids = []
     for i in range(n):
         run = dict(run_id=str(uuid7()), status="ok", created_at=T0 + dt.timedelta(hours=i), backend="bf16",
                    variant="bf16", model_id="tiny-moe", suite_hash="s1", host=host, role="reference",
                    device="cuda:0" if gpu else "cpu", gpu_name=gpu, gpu_family="hopper" if gpu else "cpu",
-                   torch_version="2.13.0", spec={"backend": "bf16", "experts_impl": "eager"}, gpu_requested="auto")
+                   torch_version="2.13.0", spec={"backend": "bf16", "experts_impl": "eager"}, gpu_requested="auto",
+                   **machine)
         answers = [dict(record_id=f"r{j}", benchmark="nli", question="q", options=["a", "b"], probs=[0.2, 0.8],
                         top="b", gold="b" if j else None, method="label_logit", truncated=False) for j in range(2)]
         lats = [dict(seq=k, phase="suite", record_id="r0", model_ms=1.5 + k, prep_ms=0.1, tokens=9, batch=1)
@@ -161,6 +163,41 @@ def test_cli_merge_says_what_came_in(tmp_path):
     assert merged.exit_code == 0 and "What came in" in merged.stdout and "NVIDIA H200 (lab-h200)" in merged.stdout
     again = CliRunner().invoke(app, merge)
     assert again.exit_code == 0 and "nothing new" in again.stdout
+
+
+def came_in(stdout: str) -> dict[str, int]:
+    """The "What came in" table of `quantbench merge`: runs per machine."""
+    lines = [ln for ln in stdout.split("What came in", 1)[1].splitlines() if ln.startswith("│")]
+    out: dict[str, int] = {}
+    for line in lines:
+        cells = [c.strip() for c in line.strip("│").split("│")]
+        out[cells[0]] = out.get(cells[0], 0) + int(cells[-1])
+    return out
+
+
+def test_cli_merge_shows_two_machines_of_one_host_name_as_two_lines(tmp_path):
+    """Two machines both called localhost (two containers of one name, two fresh VMs) were one line of "What came
+    in", their runs added together: the machine's id (its GPU's UUID, its CPU) tells them apart in the label."""
+    from typer.testing import CliRunner
+
+    from quantbench.cli import app
+
+    src = Store(tmp_path / "lab.duckdb")
+    write_runs(src, "localhost", n=2, gpu="NVIDIA H200", machine_id="3d1219c7aa55bb66", gpu_uuid="GPU-1111aaaa-0")
+    write_runs(src, "localhost", n=3, gpu="NVIDIA H200", machine_id="9f00e1d2bb77cc88", gpu_uuid="GPU-2222bbbb-0")
+    # no machine id (an older run, a container without /etc/machine-id): the GPU's UUID, then the CPU, tell
+    write_runs(src, "box", n=1, gpu="NVIDIA H200", gpu_uuid="GPU-3333cccc-0")
+    write_runs(src, "box", n=1, gpu="NVIDIA H200", gpu_uuid="GPU-4444dddd-0")
+    write_runs(src, "vm", n=1, cpu_model="AMD EPYC 7B13", cpu_cores=2)
+    write_runs(src, "vm", n=2, cpu_model="Intel Xeon 8480", cpu_cores=2)
+    write_runs(src, "lab-h200", n=2, gpu="NVIDIA H200", machine_id="0123456789abcdef")  # alone: its short label
+    merged = CliRunner().invoke(app, ["merge", str(src.path), "--db", str(tmp_path / "local.duckdb")],
+                                env={"COLUMNS": "200"})
+    assert merged.exit_code == 0, merged.output
+    assert came_in(merged.stdout) == {
+        "NVIDIA H200 (localhost, machine 3d1219c7)": 2, "NVIDIA H200 (localhost, machine 9f00e1d2)": 3,
+        "NVIDIA H200 (box, GPU-3333cccc)": 1, "NVIDIA H200 (box, GPU-4444dddd)": 1,
+        "CPU (vm, AMD EPYC 7B13)": 1, "CPU (vm, Intel Xeon 8480)": 2, "NVIDIA H200 (lab-h200)": 2}
 
 
 def test_cli_merge_shows_a_failed_run_without_model_variant_or_host_as_dashes(tmp_path):
@@ -356,3 +393,73 @@ def test_a_source_holding_a_run_neither_ok_nor_failed_is_refused_and_adds_nothin
     con.close()
     transfer.merge(dst, [src.path])
     assert counts(dst) == [2, 4, 6] and fine
+
+
+# -- an error of the store merged into names that store, not the source ------------------------------------------
+def spoil_block(path, table, column):
+    """Spoil the block that holds the first data of `table.column` (its checksum no longer matches): damage the
+    open-time check (quantbench.store.check: the file's length, its tables and columns) does not see, met only
+    when a query reads that block."""
+    con = duckdb.connect(str(path))
+    con.execute("CHECKPOINT")
+    block = con.execute(f"SELECT min(block_id) FROM pragma_storage_info('{table}') WHERE column_name = ? AND "
+                        "block_id >= 0", [column]).fetchone()[0]
+    block_size = con.execute("SELECT block_size FROM pragma_database_size()").fetchone()[0]
+    con.close()
+    with open(path, "r+b") as f:
+        f.seek(3 * 4096 + block * block_size + 100)  # past the file's three headers, inside the block
+        f.write(b"\xff" * 64)
+
+
+def test_a_merge_into_a_store_damaged_past_the_open_check_names_that_store_and_the_fix(tmp_path):
+    """The store merged into held a spoilt block: merge said "SOURCE: merge failed (Corrupt database file ...);
+    nothing from this file was added", sending the user to fix a source that was whole."""
+    from typer.testing import CliRunner
+
+    from quantbench.cli import app
+
+    src, dst = Store(tmp_path / "from-lab.duckdb"), Store(tmp_path / "target.duckdb")
+    write_runs(src, "lab", n=2)
+    write_runs(dst, "here", n=2)
+    spoil_block(dst.path, "runs", "run_id")
+    with pytest.raises(StoreError) as raised:
+        transfer.merge(dst, [src.path])
+    said = str(raised.value)
+    assert said.startswith(f"{dst.path} is damaged, the store being merged into (Corrupt database file")
+    assert f"nothing from {src.path} was added (it reads whole)" in said and "restore it from a backup" in said
+    assert f"{src.path}: merge failed" not in said
+    done = CliRunner().invoke(app, ["merge", str(src.path), "--db", str(dst.path)])
+    assert done.exit_code == 2 and "Traceback" not in done.output
+    assert f"{dst.path} is damaged" in " ".join(done.stderr.split())
+
+
+def test_a_write_that_fails_on_the_store_merged_into_names_that_store_not_the_source(tmp_path, monkeypatch):
+    """A full disk or a folder that refuses the write-ahead log fails the INSERT or the COMMIT into the store
+    (DuckDB's error need not name a file): the source reads whole, so the error is the store's, with the fix."""
+    src, dst = Store(tmp_path / "from-lab.duckdb"), Store(tmp_path / "target.duckdb")
+    write_runs(src, "lab", n=2)
+    write_runs(dst, "here", n=1)
+
+    def disk_full(con, table, key, new):
+        raise duckdb.IOException("IO Error: Could not write to file: No space left on device")
+
+    monkeypatch.setattr(transfer, "_insert_new", disk_full)
+    with pytest.raises(StoreError) as raised:
+        transfer.merge(dst, [src.path])
+    said = str(raised.value)
+    assert said.startswith(f"cannot merge into {dst.path}: IO Error: Could not write to file: No space left on device")
+    assert f"free space on the disk of {dst.path} or fix its permissions" in said
+    assert f"{src.path}: merge failed" not in said
+    monkeypatch.undo()
+    assert counts(dst) == [1, 2, 3]  # nothing of the source came in
+
+
+def test_a_damaged_source_is_still_named_as_the_file_that_failed(tmp_path):
+    src, dst = Store(tmp_path / "from-lab.duckdb"), Store(tmp_path / "target.duckdb")
+    write_runs(src, "lab", n=2)
+    write_runs(dst, "here", n=1)
+    spoil_block(src.path, "answers", "record_id")
+    with pytest.raises(StoreError, match=rf"^{src.path}: merge failed \(Corrupt database file.*nothing from this "
+                                         "file was added"):
+        transfer.merge(dst, [src.path])
+    assert counts(dst) == [1, 2, 3]

@@ -110,7 +110,25 @@ def csv_rows(reports: list[GpuReport]) -> pd.DataFrame:
     followed by its batched runs (throughput(); row_kind "throughput", with decisions_per_pass, decisions_per_s and
     ms_per_pass, the energy and cost columns per decision at that batch). A group of batched runs alone has only
     the latter. A batched run's p50/p90 and parity columns stay empty: it timed whole passes at batch N and was
-    compared with nothing, and a per-decision reader must not take its figures for batch-1 ones."""
+    compared with nothing, and a per-decision reader must not take its figures for batch-1 ones. Last, the runs
+    that failed before their model or suite was known (row_kind "failed", with the first line of their `error`),
+    which the markdown lists under its tables and the JSON as failed_runs: a store of only those is a header and
+    their rows, never an empty file."""
+    table = _table_rows(reports)
+    failed = _integers_stay_integers(pd.DataFrame([_failed_csv_row(run) for run in getattr(reports, "failed", [])]))
+    if failed.empty:
+        return table
+    if table.empty:
+        return failed
+    integers = [c for c in table.columns if pd.api.types.is_integer_dtype(table[c])]
+    columns = [*table.columns, *(c for c in failed.columns if c not in table.columns)]  # error: the last one
+    # all-empty columns are left out of the failed rows' frame: concatenating them would let pandas choose their type
+    both = pd.concat([table, failed.dropna(axis=1, how="all")], ignore_index=True)
+    return both.astype({c: "Int64" for c in integers}).reindex(columns=columns)
+
+
+def _table_rows(reports: list[GpuReport]) -> pd.DataFrame:
+    """The rows of the groups' tables: per-decision rows, each group's batched runs after them."""
     decisions = flat_rows(reports)
     batched = _integers_stay_integers(pd.DataFrame([{**_throughput_csv_row(rep, t), "_group": i}
                                                     for i, rep in enumerate(reports) for t in rep.throughput]))
@@ -130,6 +148,21 @@ def csv_rows(reports: list[GpuReport]) -> pd.DataFrame:
     both = pd.concat([decisions, batched.dropna(axis=1, how="all")], ignore_index=True)
     both = both.sort_values("_group", kind="stable")  # each group's per-decision rows, then its batched runs
     return both.astype({c: "Int64" for c in integers}).reindex(columns=columns).reset_index(drop=True)
+
+
+def _failed_csv_row(run: StoredRun) -> dict[str, Any]:
+    """A run that belongs to no table (it failed before its model or suite was known) under flat_rows' column
+    names: where and what it ran, and why it failed, as the JSON's failed_runs has it."""
+    first = (str(run.error or "").strip().splitlines() or [None])[0]
+    return {
+        "gpu": parity.gpu_label(run), "gpu_family": run.gpu_family, "host": run.host, "model_id": run.model_id,
+        "suite_id": run.suite_id, "suite_hash": run.suite_hash, "variant": run.variant, "backend": run.backend,
+        "kernel_path": run.kernel_path, "weight_format": run.weight_format, "run_id": run.run_id,
+        "status": run.status, "failure": run.failure, "weights": run.weights, "native": run.native,
+        "disk_bytes": run.disk_bytes, "cpu_model": run.cpu_model, "cpu_cores": run.cpu_cores,
+        "machine_id": run.machine_id, "recommended": False, "source": run.source, "created_at": str(run.created_at),
+        "row_kind": "failed", **dict.fromkeys(CSV_ROW_KIND_COLUMNS[1:]), "error": first,
+    }
 
 
 def _throughput_csv_row(rep: GpuReport, t: dict[str, Any]) -> dict[str, Any]:

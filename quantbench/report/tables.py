@@ -260,9 +260,7 @@ def print_merged(store: Store, summary: MergeSummary, console: Console | None = 
         console.print("nothing new: every run was already in the store")
         return
     added = summary.added.copy()
-    host = [h if isinstance(h, str) else "—" for h in added["host"]]  # a value not stored reads "—", never "None"
-    added["where"] = [f"CPU ({h})" if d == "cpu" or not isinstance(g, str) else f"{g} ({h})"
-                      for d, g, h in zip(added["device"], added["gpu_name"], host, strict=True)]
+    added["where"] = machine_labels(added)
     grouped = added.groupby(["where", "model_id", "variant", "status"], dropna=False).size().reset_index(name="runs")
     w = Table(title="What came in")
     for col in ("Machine", "Model", "Variant", "Status", "Runs"):
@@ -270,3 +268,35 @@ def print_merged(store: Store, summary: MergeSummary, console: Console | None = 
     for row in grouped.itertuples(index=False):
         w.add_row(*("—" if x is None or (isinstance(x, float) and x != x) else str(x) for x in row))
     console.print(w)
+
+
+def machine_labels(added: pd.DataFrame) -> list[str]:
+    """Each new run's machine, as "What came in" names it: its GPU (or CPU) and host name, and where machines of
+    one such name differ (two hosts both called localhost, two containers of one name on other hardware), what
+    tells them apart, so that they are two lines: "NVIDIA H200 (localhost, machine 3d1219c7)"."""
+    rows = added.to_dict("records")
+    names = [_device_and_host(r) for r in rows]
+    marks = [_machine_marks(r) for r in rows]
+    seen: dict[tuple[str, str], set[tuple]] = {}
+    for name, mark in zip(names, marks, strict=True):
+        seen.setdefault(name, set()).add(mark)
+    # a mark is shown where it differs among the machines of one name: the common case keeps its short label
+    differs = {name: [i for i, values in enumerate(zip(*m, strict=True)) if len(set(values)) > 1]
+               for name, m in seen.items()}
+    return [f"{device} ({', '.join([host, *(mark[i] or '—' for i in differs[(device, host)])])})"
+            for (device, host), mark in zip(names, marks, strict=True)]
+
+
+def _device_and_host(run: dict[str, Any]) -> tuple[str, str]:
+    gpu, host = stored_value(run.get("gpu_name")), stored_value(run.get("host"))
+    device = "CPU" if run.get("device") == "cpu" or gpu is None else str(gpu)
+    return device, "—" if host is None else str(host)  # a value not stored reads "—", never "None"
+
+
+def _machine_marks(run: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
+    """What tells a machine from another of its host name: its machine id (sha256 of /etc/machine-id), or, for a
+    run without one (an older run, a container without that file), its GPU's UUID; then its CPU model and count.
+    None where not stored."""
+    machine, uuid, cpu, cores = (stored_value(run.get(k)) for k in ("machine_id", "gpu_uuid", "cpu_model", "cpu_cores"))
+    ident = f"machine {str(machine)[:8]}" if machine is not None else (str(uuid)[:12] if uuid is not None else None)
+    return ident, None if cpu is None else str(cpu), None if cores is None else f"{int(cores)} CPUs"

@@ -15,6 +15,7 @@ source. Sources from an older schema merge (missing columns take their defaults:
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import socket
@@ -24,7 +25,7 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 
-from quantbench.store import SCHEMA_VERSION, Store, StoreError, check
+from quantbench.store import DATA_ERRORS, SCHEMA_VERSION, Store, StoreError, StoreUnavailableError, check
 from quantbench.store.nested import (  # the export's layout: written by copy_nested, read back here
     LOAD_COLUMN,
     LOAD_TABLES,
@@ -138,8 +139,12 @@ def expand_sources(store: Store, sources: list[str | os.PathLike[str]]) -> tuple
     return files, skipped
 
 
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
 def _not_parquet(path: Path, e: duckdb.Error) -> StoreError:
-    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    first = _first_line(e)
     return StoreError(f"{path}: not a whole Parquet file ({first}); if it was cut short in a copy, copy it again, or "
                       "make it again with `quantbench export --out FILE.parquet`")
 
@@ -226,11 +231,13 @@ def _merge_staged(con: duckdb.DuckDBPyConnection, summary: SourceSummary, has_lo
             _merge_load_runs(con, summary)
         added = con.execute(
             "SELECT CAST(run_id AS VARCHAR) AS run_id, created_at, status, backend, variant, role, model_id, weights, "
-            "device, gpu_name, gpu_family, host FROM runs WHERE run_id IN (SELECT run_id FROM _new) ORDER BY created_at"
+            "device, gpu_name, gpu_family, host, machine_id, gpu_uuid, cpu_model, cpu_cores FROM runs "
+            "WHERE run_id IN (SELECT run_id FROM _new) ORDER BY created_at"
         ).fetchdf()
         con.execute("COMMIT")
     except Exception:
-        con.execute("ROLLBACK")
+        with contextlib.suppress(duckdb.Error):  # a store its failure invalidated refuses ROLLBACK: keep the cause
+            con.execute("ROLLBACK")
         raise
     added.insert(0, "source", summary.path)
     return added
@@ -296,10 +303,11 @@ def merge(store: Store, sources: list[str | os.PathLike[str]]) -> MergeSummary:
                     frames.append(_merge_staged(con, summary, has_load))
                     result.sources.append(summary)
                 except duckdb.Error as e:
-                    raise StoreError(f"{path}: merge failed ({e}); nothing from this file was added") from e
+                    raise _merge_error(store, path, kind, e) from e
                 finally:
                     if kind == "duckdb":
-                        con.execute("DETACH DATABASE IF EXISTS _src")
+                        with contextlib.suppress(duckdb.Error):  # refused by a store its failure invalidated
+                            con.execute("DETACH DATABASE IF EXISTS _src")
             except StoreError as e:
                 if not result.sources:
                     raise
@@ -313,6 +321,41 @@ def merge(store: Store, sources: list[str | os.PathLike[str]]) -> MergeSummary:
                     + ". Fix it and merge again: runs already merged are skipped.", result) from e
     result.added = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     return result
+
+
+def _merge_error(store: Store, path: Path, kind: str, e: duckdb.Error) -> StoreError:
+    """DuckDB's error while merging the source `path`, naming the file that failed. Every statement of a merge reads
+    the source and reads or writes the store at once, so which one failed is told apart here: the source when it
+    holds rows the store refuses, or when it cannot be read whole on its own; else the store merged into (its disk
+    full, its file not writable, or damaged in a block the open-time check does not read). Naming the source then
+    sent the user to fix a file that was whole."""
+    if isinstance(e, DATA_ERRORS) or _unreadable(path, kind) is not None:
+        return StoreError(f"{path}: merge failed ({e}); nothing from this file was added")
+    first = _first_line(e)
+    if "corrupt" in first.lower() or "checksum" in first.lower():
+        return StoreUnavailableError(f"{store.path} is damaged, the store being merged into ({first}); nothing "
+                                     f"from {path} was added (it reads whole); {check.FIX}")
+    return StoreUnavailableError(f"cannot merge into {store.path}: {first}; nothing from {path} was added (it reads "
+                                 f"whole: the store merged into failed); free space on the disk of {store.path} or "
+                                 "fix its permissions and merge again, or give another --db")
+
+
+def _unreadable(path: Path, kind: str) -> str | None:
+    """Why the source cannot be read whole (every column of every row of its tables), or None. Read on a connection
+    of its own: a failure of the store merged into (which may leave its connection unusable) is not the source's."""
+    con = duckdb.connect()
+    try:
+        if kind == "parquet":
+            con.execute(f"SELECT bit_xor(hash(t)) FROM read_parquet({_q(path)}) AS t").fetchall()
+            return None
+        con.execute(f"ATTACH {_q(path)} AS _src (READ_ONLY)")
+        for table in _has_tables(con, "_src", (*TABLES, *LOAD_TABLES)):
+            con.execute(f"SELECT bit_xor(hash(t)) FROM _src.{table} AS t").fetchall()
+        return None
+    except duckdb.Error as e:
+        return _first_line(e)
+    finally:
+        con.close()
 
 
 def exported_counts(path: Path) -> tuple[int, int]:
