@@ -362,3 +362,22 @@ def test_the_cli_pulls_twice_and_refuses_in_one_line(tmp_path, http_root):
     assert bad.exit_code == 2
     assert bad.output.strip().startswith(f"error: {base}/h200/: answers.parquet: ") and "cut short" in bad.output
     assert counts(Store(tmp_path / "third.duckdb")) == [2, 4, 6]
+
+
+def test_pull_shows_two_machines_of_one_host_name_as_two_lines(tmp_path, http_root):
+    """pull's "What came in" names machines as merge's does: two machines both called localhost were one line."""
+    from typer.testing import CliRunner
+
+    from quantbench.cli import app
+    from tests.test_transfer import came_in
+
+    root, base = http_root
+    src = Store(tmp_path / "lab.duckdb")
+    ids = write_runs(src, "localhost", n=2, gpu="NVIDIA H200", machine_id="3d1219c7aa55bb66")
+    ids += write_runs(src, "localhost", n=1, gpu="NVIDIA H200", machine_id="9f00e1d2bb77cc88")
+    publish(src, root / "two", ids, [], name="two", selection={}, publisher=PUBLISHER)
+    pulled = CliRunner().invoke(app, ["pull", f"{base}/two/", "--db", str(tmp_path / "mine.duckdb")],
+                                env={"COLUMNS": "300"})
+    assert pulled.exit_code == 0, pulled.output
+    assert came_in(pulled.stdout) == {"NVIDIA H200 (localhost, machine 3d1219c7)": 2,
+                                      "NVIDIA H200 (localhost, machine 9f00e1d2)": 1}

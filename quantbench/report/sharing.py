@@ -7,6 +7,7 @@ from rich.console import Console
 from rich.table import Table
 
 from quantbench import term
+from quantbench.report.tables import machine_labels
 from quantbench.store import Store, queries
 from quantbench.store.pull import PullSummary
 
@@ -28,14 +29,13 @@ def print_pulled(store: Store, s: PullSummary, console: Console | None = None) -
     if s.added is None or s.added.empty:
         return
     added = s.added.copy()
-    added["where"] = [f"{g} ({h})" if isinstance(g, str) else f"CPU ({h})"
-                      for g, h in zip(added["gpu_name"], added["host"], strict=True)]
+    added["where"] = machine_labels(added)  # as merge names them: machines of one host name apart
     grouped = added.groupby(["where", "model_id", "variant", "status"], dropna=False).size().reset_index(name="runs")
     t = Table(title="What came in")
     for col in ("Machine", "Model", "Variant", "Status", "Runs"):
         t.add_column(col, justify="right" if col == "Runs" else "left")
     for row in grouped.itertuples(index=False):
-        t.add_row(*(str(x) for x in row))
+        t.add_row(*("—" if x is None or (isinstance(x, float) and x != x) else str(x) for x in row))
     console.print(t)
 
 

@@ -269,8 +269,9 @@ def merge(store: Store, folder: Path, verified: Verified, source: str) -> PullSu
                 summary.latencies_added = _insert(con, "latencies", "run_id", new)
                 _items(con, m["bundle_id"], "run", m["run_ids"], new, before is None)
                 summary.added = con.execute(
-                    "SELECT CAST(run_id AS VARCHAR) AS run_id, created_at, status, variant, model_id, gpu_name, "
-                    "gpu_family, host FROM runs WHERE run_id IN (SELECT run_id FROM _new_runs) ORDER BY created_at"
+                    "SELECT CAST(run_id AS VARCHAR) AS run_id, created_at, status, variant, model_id, device, "
+                    "gpu_name, gpu_family, host, machine_id, gpu_uuid, cpu_model, cpu_cores FROM runs "
+                    "WHERE run_id IN (SELECT run_id FROM _new_runs) ORDER BY created_at"
                 ).fetchdf()
             if m["load_ids"]:
                 new = _new_ids(con, "load_runs", "load_id")
