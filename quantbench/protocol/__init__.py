@@ -486,15 +486,42 @@ def check_limits(data: dict[str, Any], limits: Limits) -> None:
             )
 
 
-def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out = dict(pairs)  # built in C; only an object with a duplicate is walked in Python (a 4.7 MB body: 2.1 -> 1.4 s)
-    if len(out) != len(pairs):
-        seen: set[str] = set()
-        for k, _ in pairs:
+class _DuplicateKeys(dict):  # type: ignore[type-arg]
+    """An object of the parsed JSON that held `key` twice: kept while the rest parses, then found to name its path."""
+
+    key: str = ""
+
+
+def _with_duplicates_marked(found: list[_DuplicateKeys]) -> Any:
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        out = dict(items)  # built in C; only an object with a duplicate is walked in Python (4.7 MB: 2.1 -> 1.4 s)
+        if len(out) == len(items):
+            return out
+        marked, seen = _DuplicateKeys(out), set()
+        for k, _ in items:
             if k in seen:
-                raise RequestError(k, f"duplicate key {k!r} in a JSON object", "each key may appear once")
+                marked.key = k
+                break
             seen.add(k)
-    return out
+        found.append(marked)
+        return marked
+
+    return pairs
+
+
+def _path_of(data: Any, target: Any) -> str:
+    """Where `target` is in `data` ("questions.a.criteria", "state.views[1]"; "" for `data` itself), walked
+    without recursion (the JSON may nest as deep as the parser allows)."""
+    stack: list[tuple[Any, str]] = [(data, "")]
+    while stack:
+        node, path = stack.pop()
+        if node is target:
+            return path
+        if isinstance(node, dict):
+            stack.extend((v, f"{path}.{k}" if path else str(k)) for k, v in node.items())
+        elif isinstance(node, list):
+            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(node))
+    return ""
 
 
 def _no_constant(name: str) -> Any:
@@ -506,13 +533,20 @@ def loads_strict(text: str | bytes) -> Any:
     """json.loads that refuses duplicate keys (plain json keeps the last one silently), NaN and Infinity (Python's
     json reads them; JSON has no such numbers) and integers over Python's 4,300 digits (a ValueError otherwise),
     each as a RequestError naming the request."""
+    found: list[_DuplicateKeys] = []
     try:
-        return json.loads(text, object_pairs_hook=_reject_duplicate_keys, parse_constant=_no_constant)
+        data = json.loads(text, object_pairs_hook=_with_duplicates_marked(found), parse_constant=_no_constant)
     except (json.JSONDecodeError, RequestError):
         raise
     except ValueError as e:  # "Exceeds the limit (4300 digits) for integer string conversion"
         raise RequestError("request", f"holds a number too long to read ({e})",
                            "send numbers of at most 4,300 digits") from None
+    if found:  # named by its path (a bare "l" said nothing of which question's options held it twice)
+        where = _path_of(data, found[0])
+        key = found[0].key
+        raise RequestError(f"{where}.{key}" if where else key, f"duplicate key {key!r} in a JSON object",
+                           "each key may appear once")
+    return data
 
 
 def _field_path(loc: tuple[Any, ...]) -> str:

@@ -72,10 +72,12 @@ def state_segments(state: dict[str, Any], placeholders: dict[str, str] | None = 
 def state_prefix_tokens(text: str, chars: int, count: Any) -> int:
     """Tokens (`count(text) -> int`) of a rendered state's first `chars` characters (quantbench.limits'
     STATE_PREFIX_CHARS_PER_TOKEN a token of context), cut at the last space: a prefix ending between words
-    tokenizes as the whole text does up to there."""
+    tokenizes as the whole text does up to there. Only a space in the prefix's second half is cut at: text with
+    no space late in it (one long word, base64, CJK) is counted whole, not cut back to the key before it (which
+    let a 3 MB value with no space be tokenized whole)."""
     head = text[:chars]
     cut = head.rfind(" ")
-    return count(head[:cut] if cut > 0 else head)
+    return count(head[:cut] if cut > len(head) // 2 else head)
 
 
 def render_state(state: dict[str, Any], placeholders: dict[str, str] | None = None) -> str:

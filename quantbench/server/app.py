@@ -15,11 +15,12 @@ from dataclasses import asdict, is_dataclass, replace
 from typing import Any
 
 import uvicorn
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 import quantbench
@@ -33,7 +34,7 @@ from quantbench.server.batcher import MicroBatcher
 from quantbench.server.endpoint import PATH, ServerState, SystemOneEndpoint
 from quantbench.server.guard import HostGuard, allowed_hosts
 from quantbench.server.prepare import DEFAULT_HEAVY_THREADS, DEFAULT_LIGHT_THREADS, PreparePool
-from quantbench.server.schema import DEMO_REQUEST, ERROR_RESPONSES
+from quantbench.server.schema import DEMO_REQUEST, ERROR_RESPONSES, ErrorBody, shortened
 from quantbench.server.settings import ServerSettings
 from quantbench.server.warm import warm_up
 
@@ -102,6 +103,20 @@ def public_health(body: dict[str, Any]) -> dict[str, Any]:
     if isinstance(out.get("info"), dict):
         out["info"] = _without_paths({k: v for k, v in out["info"].items() if k != "model_path"})
     return out
+
+
+ROUTES = f"POST {PATH} (a JSON decision request), GET /healthz, GET /metrics, GET /openapi.json"
+
+
+def route_error(method: str, path: str, e: StarletteHTTPException) -> ErrorBody:
+    """The body of a 404 / 405: the method or path that is not served, and the routes that are."""
+    shown = shortened(path, 200)
+    if e.status_code == 405:
+        return ErrorBody(detail=f"{method[:20]} is not a method {shown} answers", field="method",
+                         fix=f"send {(getattr(e, 'headers', None) or {}).get('Allow', 'GET')} {shown}; routes: {ROUTES}")
+    if e.status_code == 404:
+        return ErrorBody(detail=f"no route {shown}", field="path", fix=f"use one of the routes: {ROUTES}")
+    return ErrorBody(detail=str(e.detail), field="request")
 
 
 # An app made in code (a test, a benchmark) answers at once; `quantbench serve` warms up first (--warm, its default).
@@ -191,6 +206,14 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.qb = state
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        """A wrong method or path answers as every other error does: what is wrong, where, and the fix (FastAPI
+        said only {"detail": "Method Not Allowed"})."""
+        return JSONResponse(route_error(request.method, request.url.path, e).model_dump(exclude_none=True),
+                            status_code=e.status_code, headers=getattr(e, "headers", None))
+
     if s.api_key:
         require_api_key(app, s.api_key)
     allowed = allowed_hosts(s.host, s.allowed_hosts)  # None: any

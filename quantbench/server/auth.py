@@ -31,23 +31,36 @@ class ApiKeyMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        auth, given = b"", b""
+        auth, given, twice = b"", b"", None
         for name, value in scope["headers"]:
             if name == b"authorization":
-                auth = value
+                twice, auth = twice or (name if auth else None), value
             elif name == b"x-api-key":
-                given = value
+                twice, given = twice or (name if given else None), value
         if auth[:7].lower() == b"bearer ":
             given = auth[7:]
-        if hmac.compare_digest(given, self.expected):
+        # A header sent twice is refused whatever its values: which one counts would otherwise depend on the order
+        # (the last one did: a wrong key then the right one was let in, the right one then a wrong one was not).
+        if twice is None and hmac.compare_digest(given, self.expected):
             await self.app(scope, receive, send)
             return
         self.on_reject()
+        body = UNAUTHORIZED if twice is None else duplicated(twice.decode("latin-1"))
         await send({"type": "http.response.start", "status": 401, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(UNAUTHORIZED)).encode()),
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
             (b"www-authenticate", b"Bearer"),
         ]})
-        await send({"type": "http.response.body", "body": UNAUTHORIZED})
+        await send({"type": "http.response.body", "body": body})
+
+
+def duplicated(header: str) -> bytes:
+    """The 401 body for a request that sends its key header more than once."""
+    shown = "Authorization" if header == "authorization" else "X-API-Key"
+    return ErrorBody(
+        detail=f"the {shown} header is sent more than once; a request carries its API key once",
+        field=shown,
+        fix=f"send one {shown} header ('Authorization: Bearer <key>' or 'X-API-Key: <key>')",
+    ).model_dump_json(exclude_none=True).encode()
 
 
 def require_api_key(app: FastAPI, key: str) -> None:

@@ -8,7 +8,7 @@ import json
 import math
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, field_validator
 
 from quantbench.errors import ContextLengthError, RequestError
 from quantbench.limits import (
@@ -28,7 +28,7 @@ from quantbench.protocol import (
 )
 from quantbench.protocol.media import MediaHeader, probe_media
 from quantbench.protocol.media_cache import decode_media_once
-from quantbench.protocol.prompt import render_state, state_prefix_tokens
+from quantbench.protocol.prompt import render_question, render_state, state_prefix_tokens
 
 # The reference card's curl example: what `--demo` answers.
 # What a 200 carries besides the body, for load generators (`quantbench load` reads both; neither is required of
@@ -48,14 +48,38 @@ DEMO_REQUEST = {
 }
 
 
+# An error names the field and quotes what was wrong, and both come from the client: a 2 MB option key was echoed
+# whole in `detail` and `field` (a 4 MB error body for a 2 MB request). Longer texts keep their start and end.
+MAX_ERROR_FIELD_CHARS = 256
+MAX_ERROR_TEXT_CHARS = 2048
+
+
+def shortened(text: str, most: int) -> str:
+    """`text`, or its start and end around a note of how much was left out when it is over `most` characters."""
+    if len(text) <= most:
+        return text
+    keep = most // 2
+    return f"{text[:keep]}…({len(text) - 2 * keep} characters left out)…{text[-keep:]}"
+
+
 class ErrorBody(BaseModel):
-    """Every 4xx / 5xx body: what is wrong, where, and how to fix it."""
+    """Every 4xx / 5xx body: what is wrong, where, and how to fix it (each text bounded: `shortened`)."""
 
     detail: str
     field: str | None = None
     fix: str | None = None
     tokens: int | None = None  # context errors: the prompt's length
     limit: int | None = None  # context and size errors: the limit it broke
+
+    @field_validator("detail", "fix")
+    @classmethod
+    def _bounded_text(cls, value: str | None) -> str | None:
+        return None if value is None else shortened(value, MAX_ERROR_TEXT_CHARS)
+
+    @field_validator("field")
+    @classmethod
+    def _bounded_field(cls, value: str | None) -> str | None:
+        return None if value is None else shortened(value, MAX_ERROR_FIELD_CHARS)
 
 
 class Rejected(Exception):
@@ -234,12 +258,22 @@ def bound_long_state(engine: Any, decision: DecisionRequest) -> tuple[DecisionRe
     if tokenizer is None or not isinstance(limit, int):
         return decision, False
     chars = limit * STATE_PREFIX_CHARS_PER_TOKEN
+    count = lambda t: len(tokenizer(t, add_special_tokens=False)["input_ids"])  # noqa: E731
+    for name, question in decision.questions.items():  # truncation cuts the state only: never a question
+        asked = render_question(name, question)  # a 2 MB option label was tokenized whole (4.7 s) before this
+        if len(asked) > chars and (tokens := state_prefix_tokens(asked, chars, count)) > limit + STATE_PREFIX_MARGIN_TOKENS:
+            raise Rejected(422, ErrorBody(
+                detail=f"questions.{name}: its first {chars} of {len(asked)} characters (the question, its "
+                f"description and options) are already {tokens} tokens, over the model's limit of {limit}",
+                field=f"questions.{name}", tokens=tokens, limit=limit,
+                fix="shorten the question's name, description or options",
+            ))
     text = render_state(decision.state)
     if len(text) <= chars:
         return decision, False  # short enough to tokenize whole with the prompt
     if getattr(engine, "truncate", False):
         return decision.model_copy(update={"state": state_prefix(decision.state, chars)}), True
-    tokens = state_prefix_tokens(text, chars, lambda t: len(tokenizer(t, add_special_tokens=False)["input_ids"]))
+    tokens = state_prefix_tokens(text, chars, count)
     if tokens > limit + STATE_PREFIX_MARGIN_TOKENS:
         raise Rejected(
             422,
