@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
+from rich.markup import escape
 
+from quantbench.errors import ConfigError
 from quantbench.term import console
 
 # Tables are meant to be read whole: when stdout is a file or a pipe, don't squeeze them into 80 columns.
@@ -25,10 +27,26 @@ def _db(db: Path | None) -> Path:
     from quantbench.store import home  # lazy: a fast --help
 
     if db:
-        return Path(db)
+        return _not_a_folder(Path(db), "--db")
     path = home.own_db()
     if home.named_db() is None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # $QUANTBENCH_HOME is a file, or under one, or on a read-only disk: one line, no traceback
+            why = ("a file or under one, not a folder" if isinstance(e, FileExistsError | NotADirectoryError)
+                   else f"cannot make the folder of your store there ({e.strerror or e})")
+            _fail(ConfigError(f"${home.HOME_ENV} {path.parent}: {why}; point ${home.HOME_ENV} at a folder you can "
+                              "write, or give --db"))
+        return _not_a_folder(path, f"${home.HOME_ENV}")
+    return _not_a_folder(path, f"${home.DB_ENV}")
+
+
+def _not_a_folder(path: Path, named: str) -> Path:
+    """`path` unless it is a folder: a store is a file, and DuckDB's own "Could not read from file ...: Is a
+    directory" named neither the flag nor the fix."""
+    if path.is_dir():
+        _fail(ConfigError(f"{named} {path}: a folder, not a store file; give a file path such as "
+                          f"{path / 'results.duckdb'}"))
     return path
 
 
@@ -38,9 +56,12 @@ def _reading(db: Path | None, shared: bool | None = None):
     from quantbench.store import Store, home  # lazy: a fast --help
 
     first, beside = home.reading(db, shared)
+    _not_a_folder(first.path, "--db" if db else f"${home.DB_ENV}" if home.named_db() else f"${home.HOME_ENV}")
     return Store(first.path, beside=beside, kind=first.kind)
 
 
-def _fail(e: Exception) -> None:
-    err.print(f"[bold red]error:[/] {e}", soft_wrap=True)  # one line: the terminal wraps it, a pipe or log keeps it whole
+def _fail(e: Exception) -> NoReturn:
+    # The message is text, not markup: a path or id with brackets ("[/x]") made rich raise MarkupError (a
+    # traceback instead of the one line), and one like "[[variants]]" lost its brackets.
+    err.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)  # one line: the terminal wraps it, a pipe or log keeps it whole
     raise typer.Exit(2)

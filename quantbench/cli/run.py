@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from quantbench import limits
@@ -24,7 +25,7 @@ from quantbench.cli.media_flags import (
     media_limits,
 )
 from quantbench.errors import ConfigError, QuantbenchError
-from quantbench.run.settings import GENERIC
+from quantbench.run.settings import GENERIC, MAX_REPEATS
 from quantbench.term import rule
 
 
@@ -57,7 +58,7 @@ def _execute_and_store(spec, db: Path, repeat: tuple[str, int, int] | None = Non
         how = ("as failed: interrupted" if run.failure == "interrupted" else
                f"whole ({run.status}{': ' + run.failure if run.failure else ''}): the signal came as it was being "
                "written, after the run had finished")
-        err.print(f"[red]stopped by {signal.Signals(signum).name}:[/] run {run_id} stored in {db} {how}",
+        err.print(f"[red]stopped by {signal.Signals(signum).name}:[/] run {run_id} stored in {escape(str(db))} {how}",
                   soft_wrap=True)
         raise typer.Exit(128 + signum)
     return run_id, result.run.status
@@ -215,8 +216,8 @@ def run(
         experts_impl, dtype = noise_floor_kernel(gpu)
     role = "noise_floor" if noise_floor else "reference" if reference else "candidate"
     try:
-        if repeat < 1:
-            raise ConfigError(f"--repeat {repeat}: give the number of runs, 1 or more (3 gives a t interval)")
+        if not 1 <= repeat <= MAX_REPEATS:
+            raise ConfigError(f"--repeat {repeat}: give the number of runs, 1 to {MAX_REPEATS} (3 gives a t interval)")
         flags = ctx.meta["backend_options"]
         options = backend_settings(backend, flags, **({"experts_impl": experts_impl} if noise_floor else {}))
         if base_model is not None:
@@ -237,7 +238,7 @@ def run(
                                                   max_part_decoded_bytes=max_part_decoded_bytes,
                                                   max_request_decoded_bytes=max_request_decoded_bytes))
         from quantbench.run.backend import get_backend  # lazy: a fast --help
-        from quantbench.run.checks import check_spec
+        from quantbench.run.checks import check_cache, check_spec
         from quantbench.run.machine import detect
         from quantbench.run.runner import preflight
         from quantbench.store import Store
@@ -246,6 +247,7 @@ def run(
         # an option this machine or the backend cannot take (--device, --gpu, --endpoint …), a store that can't take
         # the run, a --model or --suite that can't be read.
         check_spec(_spec(model=model, suite=suite, **settings), detect(), get_backend(backend))
+        check_cache()
         Store(_db(db)).check_writable()
         if family != "text" or suite is not None:
             from quantbench.run.resolve import family_defaults  # lazy: a fast --help
@@ -276,7 +278,8 @@ def run(
         if any(s != "ok" for s in statuses):
             for run in stored:
                 if run.status != "ok":
-                    err.print(f"[red]{run.run_id[:13]}: {(run.error or 'no error message stored').splitlines()[0]}[/]")
+                    first = (run.error or "no error message stored").splitlines()[0]
+                    err.print(f"[red]{run.run_id[:13]}: {escape(first)}[/]", soft_wrap=True)
             raise typer.Exit(1)
     except QuantbenchError as e:
         _fail(e)
@@ -335,8 +338,11 @@ def demo(
 
         if why := refusal("limit", limit):  # before: 0 ran the whole suite, -2 all but its last 2 records
             raise ConfigError(why)
+        from quantbench.run.checks import check_cache
+
+        check_cache()  # where the embedded model is built
         Store(path).check_writable()  # before minutes of building and running
-        err.print(f"[bold]embedded default model ({family}):[/] {default_model_dir(family)}")
+        err.print(f"[bold]embedded default model ({family}):[/] {escape(str(default_model_dir(family)))}")
         if family == "omni" and limit is None:
             from quantbench.protocol import omnisuite
 
@@ -424,10 +430,12 @@ def sweep(
     db: DbOpt = None,
 ) -> None:
     """Run a matrix of models × variants × GPUs, one fresh process per run, locally or on Ray."""
-    from quantbench.run.runner import stop_on_signals, stop_requested  # lazy: a fast --help
+    from quantbench.run.checks import check_cache  # lazy: a fast --help
+    from quantbench.run.runner import stop_on_signals, stop_requested
     from quantbench.sweep import cli_sweep
 
     try:
+        check_cache()
         with stop_on_signals():  # SIGTERM / SIGHUP / Ctrl-C: runs in flight are stored as interrupted
             outcome = cli_sweep(path, executor, address, rerun, str(_db(db)), parquet_dir)
     except QuantbenchError as e:

@@ -114,6 +114,10 @@ def compare(
         if fmt not in ("table", "json"):
             raise ParityError(f"--format {fmt!r}: use table or json")
         price = efficiency.check_price(price_per_gpu_hour)
+        for what, given in (("RUN", run_id), ("--reference", reference), ("--noise-floor", noise_floor)):
+            if given is not None and not given.strip():  # "" matched every run: the newest of any variant was taken
+                raise ParityError(f"{what} is empty; give a run id (or a unique prefix), or a variant or backend "
+                                  "that `quantbench runs` lists (int4, fp8, nvfp4-packed ...)")
         store = _reading(db, shared)
         chosen = RunFilter(model=model, gpu=gpu)
         run_id, note = select_run(store, run_id, chosen)

@@ -91,6 +91,25 @@ def check_spec(spec: RunSpec, machine: Machine, backend: Any) -> None:
 
 
 
+def check_cache() -> None:
+    """$QUANTBENCH_CACHE (default ~/.cache/quantbench: the embedded model, its variants, the omni suite, runs a store
+    could not take) must be a folder, or one that can be made: a path that is a file, or under one, failed the run
+    as `crashed` (NotADirectoryError) and `demo` with a traceback; a read-only one without the model built, the
+    same minutes later."""
+    value = os.environ.get("QUANTBENCH_CACHE")
+    path = Path(value).expanduser() if value else Path.home() / ".cache" / "quantbench"
+    fix = "point $QUANTBENCH_CACHE at a folder you can write, or unset it (~/.cache/quantbench)"
+    held = path
+    while not held.exists() and held != held.parent:  # the nearest part of it that exists
+        held = held.parent
+    if not held.is_dir():
+        where = "is a file" if held == path else f"is under {held}, a file"
+        raise ConfigError(f"$QUANTBENCH_CACHE {path}: {where}, not a folder; {fix}")
+    if not (path / "models").is_dir() and not os.access(held, os.W_OK | os.X_OK):
+        raise ConfigError(f"$QUANTBENCH_CACHE {path}: {held} is not writable, and the embedded model is built there; "
+                          f"{fix}")
+
+
 def context_limit(config: dict[str, Any], max_tokens: int | None) -> int | None:
     """The prompt token limit the child's engine will hold a prompt to (quantbench.engine.scoring: the text
     config's max_position_embeddings, or --max-tokens when smaller), read from config.json; None when unknown."""

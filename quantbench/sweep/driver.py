@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from quantbench import term
@@ -65,7 +66,7 @@ class _Display:
     def started(self, event: Event) -> None:
         self.running += 1
         if not self.console.is_terminal:  # to a file or a pipe the bar is not drawn: say when each run starts
-            self.progress.console.print(f"▶ {event.run.label} started ({event.where})")
+            self.progress.console.print(f"▶ {escape(event.run.label)} started ({escape(str(event.where))})")
         self.progress.update(self.task, running=self.running)
 
     def finished(self, event: Event) -> None:
@@ -74,12 +75,13 @@ class _Display:
         if run.status == "ok":
             self.ok += 1
             seconds = (run.finished_at - run.created_at).total_seconds()
-            self.progress.console.print(f"[green]✓[/] {event.run.label} [dim]({event.where}, {seconds:.1f} s)[/]")
+            self.progress.console.print(f"[green]✓[/] {escape(event.run.label)} [dim]({escape(str(event.where))}, "
+                                        f"{seconds:.1f} s)[/]")
         else:
             self.failed += 1
             first = (run.error or "").strip().splitlines()[:1]
-            self.progress.console.print(f"[red]✗ {event.run.label}: {run.failure}[/] [dim]({event.where})[/] "
-                                        + (first[0][:200] if first else ""))
+            self.progress.console.print(f"[red]✗ {escape(event.run.label)}: {run.failure}[/] "
+                                        f"[dim]({escape(str(event.where))})[/] " + escape(first[0][:200] if first else ""))
         self.progress.update(self.task, advance=1, running=self.running, ok=self.ok, failed=self.failed)
 
 
@@ -99,11 +101,11 @@ def run_sweep(sweep: Sweep, executor: Any, store: Store, *, rerun: bool = False,
             outcome.unplaceable.append((run, why))
         else:
             placeable.append(run)
-    console.print(f"[bold]sweep {sweep.name}[/]: {len(runs)} runs planned, {len(skipped)} already finished"
+    console.print(f"[bold]sweep {escape(sweep.name)}[/]: {len(runs)} runs planned, {len(skipped)} already finished"
                   + (f", {len(outcome.unplaceable)} cannot be placed" if outcome.unplaceable else "")
                   + f"; {len(placeable)} to run on {executor.where()}")
     for run, why in outcome.unplaceable:
-        console.print(f"[yellow]not run:[/] {run.label}: {why}")
+        console.print(f"[yellow]not run:[/] {escape(run.label)}: {escape(why)}")
 
     def store_result(result: RunResult) -> None:
         outcome.run_ids.append(store.write_run(result))

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from quantbench.errors import QuantbenchError
 from quantbench.run.resolve import prepared_model_dir
@@ -64,11 +65,11 @@ def make_missing(runs: list[PlannedRun], console: Console) -> dict[Make, str]:
         if make.out is not None and checkpoint_ready(make.out):
             continue
         what = f"the {make.scheme} variant of {make.model}" + (f" → {make.out}" if make.out else " (cached)")
-        with console.status(f"quantbench quantize: {what} …"):
+        with console.status(f"quantbench quantize: {escape(what)} …"):
             try:
                 _make(make)
-                console.print(f"[green]ready:[/] {what}")
+                console.print(f"[green]ready:[/] {escape(what)}")
             except Exception as e:  # every run that needed it becomes a failed row saying why
                 failed[make] = f"could not make {what} with quantbench quantize: {type(e).__name__}: {e}"
-                console.print(f"[red]{failed[make]}[/]")
+                console.print(f"[red]{escape(failed[make])}[/]")
     return failed

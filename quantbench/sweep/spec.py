@@ -10,6 +10,7 @@ and a quantized variant of a checkpoint model must exist already unless `quantiz
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import tomllib
 import typing
@@ -25,7 +26,7 @@ from quantbench.errors import ConfigError, QuantbenchError
 from quantbench.models import hub
 from quantbench.run.backend import backend_names, get_backend
 from quantbench.run.machine import KNOWN_FAMILIES
-from quantbench.run.settings import GENERIC
+from quantbench.run.settings import GENERIC, MAX_REPEATS
 from quantbench.run.spec import BackendOptions, RunSpec, choices, declared, is_remote, options_class
 
 # Backends whose checkpoint `quantbench quantize --scheme <scheme>` makes from a BF16 checkpoint.
@@ -199,6 +200,8 @@ class _Parser:
                 self.fail(loc, f"{value!r} is not one of {', '.join(map(str, allowed))}")
             if value is not None and (least is not None and value < least or above is not None and value <= above):
                 self.fail(loc, f"must be {_bound(least, above)}, got {value}")
+            if isinstance(value, float) and least is not None and not math.isfinite(value):  # passed `value < least`
+                self.fail(loc, f"must be a finite number, {_bound(least, above)}, got {value}")
             out[key] = float(value) if hint is float else value
         return out
 
@@ -222,8 +225,8 @@ class _Parser:
         self.keys(data, TOP_KEYS, "top level")
         name = self.typed(data.get("name", self.path.stem), str, "name", "a string")
         repeats = self.typed(data.get("repeats", 1), int, "repeats", "an integer")
-        if repeats < 1:
-            self.fail("repeats", f"must be 1 or more, got {repeats}")
+        if not 1 <= repeats <= MAX_REPEATS:
+            self.fail("repeats", f"must be 1 to {MAX_REPEATS}, got {repeats}")
         quantize_missing = self.typed(data.get("quantize_missing", False), bool, "quantize_missing", "true or false")
         variants_dir = Path(self.typed(data.get("variants_dir", "variants"), str, "variants_dir", "a path"))
         variants_dir = variants_dir if variants_dir.is_absolute() else (self.base / variants_dir).resolve()
@@ -442,10 +445,19 @@ def _default_label(backend: str, settings: dict[str, Any], options: BackendOptio
 def load_sweep(path: str | os.PathLike[str]) -> Sweep:
     """Read and validate a sweep file. Raises ConfigError naming the file, the key and the fix."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path}: a folder, not a sweep file; give the sweep's .toml file (see examples/sweep.toml)")
     if not path.is_file():
         raise ConfigError(f"{path}: no such sweep file; see examples/sweep.toml for the format")
     try:
-        data = tomllib.loads(path.read_text())
+        text = path.read_text(encoding="utf-8-sig")  # a BOM (Windows editors write one) is not the file's TOML
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not a UTF-8 text file (byte {e.start}: {e.reason}); save it as UTF-8 TOML "
+                          "(see examples/sweep.toml)") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the sweep file ({e.strerror or e}); fix its permissions") from None
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}; fix the file at that line") from None
     return _Parser(path.resolve()).sweep(data)
