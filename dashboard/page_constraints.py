@@ -2,6 +2,7 @@
 with its evidence, or which constraint no variant meets. The same answers as `quantbench recommend`
 (quantbench.analysis.constraints)."""
 
+import math
 from collections import Counter
 
 import streamlit as st
@@ -21,7 +22,17 @@ db, mtime = store_cache.current()
 
 def _positive(raw: str) -> float:
     v = float(raw)
-    if v <= 0:
+    if not math.isfinite(v) or v <= 0:  # a link's `nan` / `inf` is no such constraint, as a typo is
+        raise ValueError(raw)
+    return v
+
+
+MARGIN_PTS = (0.1, 50.0)  # the margin input's range: a link outside it keeps the default (not the nearest end)
+
+
+def _margin(raw: str) -> float:
+    v = _positive(raw)
+    if not MARGIN_PTS[0] <= v <= MARGIN_PTS[1]:
         raise ValueError(raw)
     return v
 
@@ -37,7 +48,7 @@ for key, parse in (("max_latency_ms", _positive), ("max_vram_gib", _positive), (
     url_state.start(key, None, parse)
 url_state.start("concurrency", 1, _int)
 url_state.start("percentile", 50, lambda raw: int(raw) if int(raw) in PERCENTILES else 50)
-url_state.start("margin_pts", 2.0, _positive)
+url_state.start("margin_pts", 2.0, _margin)
 url_state.start("c_objective", "memory", lambda raw: raw if raw in OBJECTIVES else "memory")
 
 a, b, c = st.columns(3)
@@ -51,7 +62,7 @@ d.number_input(f"{'Memory' if sel.family == 'cpu' else 'VRAM'} budget (GiB)", mi
                key="max_vram_gib", placeholder="no budget", help="peak VRAM (peak host RSS on a CPU)")
 e.number_input("Energy budget per decision (J)", min_value=0.0, step=1.0, key="max_energy_j",
                placeholder="no budget", help="GPU energy per decision (NVML); a CPU run has none, so it cannot meet one")
-f.number_input("Quality margin per modality (points)", min_value=0.1, max_value=50.0, step=0.5, key="margin_pts",
+f.number_input("Quality margin per modality (points)", min_value=MARGIN_PTS[0], max_value=MARGIN_PTS[1], step=0.5, key="margin_pts",
                help="agreement with BF16 a variant may lose beyond the noise floor's, judged on each modality")
 st.radio("Among those that qualify, pick", list(OBJECTIVES), key="c_objective", format_func=OBJECTIVES.get,
          horizontal=True)

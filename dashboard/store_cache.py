@@ -72,10 +72,18 @@ def stamp(path: Path) -> Stamp:
     return one(path) + one(path.with_name(path.name + ".wal"))
 
 
-def current() -> tuple[str, Stamp]:
-    """The stores' key and their stamp now: the key of every cached read in this script run."""
+CURRENT = "_current_store"
+
+
+def current(fresh: bool = False) -> tuple[str, Stamp]:
+    """The stores' key and their stamp: the key of every cached read in this script run. The app takes it `fresh`
+    once a run, before anything is read; the page it runs gets that same one, so the sidebar's counts and the page's
+    tables come from one state of the store while `quantbench run` writes to it."""
+    if not fresh and CURRENT in st.session_state:
+        return st.session_state[CURRENT]
     found = sources()
-    return key_of(found), tuple(x for s in found for x in stamp(s.path))
+    st.session_state[CURRENT] = key_of(found), tuple(x for s in found for x in stamp(s.path))
+    return st.session_state[CURRENT]
 
 
 @dataclass(frozen=True)
@@ -134,9 +142,15 @@ def status(db: str, mtime: Stamp) -> Status:
 def _status_of_several(several: Store, make: str) -> Status:
     """Your store with the shared results beside it: usable when any of them holds a run (each is read as its
     schema allows; a newer one is refused by name)."""
+    read = {src.path.resolve() for src in several.sources}
+    off = [src for src in home.shared_sources() if src.path.resolve() not in read]  # switched off in the sidebar
+    if off:
+        make = (f"switch on **Shared results too** in the sidebar to read the shared results beside it "
+                f"({', '.join(src.label for src in off)}), or {make}")
     if not several.exists():
-        return Status(False, message=f"No results yet: your store `{several.path}` is not made and no shared "
-                                     f"results are installed: {make}.")
+        return Status(False, message=f"No results yet: your store `{several.path}` is not made" + (
+            ", and the shared results are switched off" if off else " and no shared results are installed")
+            + f": {make}.")
     try:
         n, ok = queries.run_counts(several)
         n_load = len(load_store.load_runs(several))

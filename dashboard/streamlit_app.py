@@ -17,7 +17,7 @@ st.set_page_config(page_title="quantbench", page_icon=":material/balance:", layo
 
 with st.sidebar:
     store_cache.shared_switch()  # before the store is read: it says which stores that is
-db, mtime = store_cache.current()
+db, mtime = store_cache.current(fresh=True)  # one state of the store for this whole run
 status = store_cache.status(db, mtime)
 # A store of only `quantbench load` runs opens on the load page: it is the one page with something to show.
 load_first = status.only_load_runs
@@ -57,8 +57,13 @@ with st.sidebar:
     since = url_state.since_input(runs)
     st.session_state["_selection"] = url_state.sidebar(store_cache.runs_since(runs, since), since,
                                                         this_machine=store_cache.this_machine_id())
-    st.caption(f"{status.n_runs} runs, {status.n_ok} successful; newest {runs['created_at'].max():%Y-%m-%d %H:%M}")
+    # counted from the very table the pages read (status counted in another query: a run written between them
+    # made the sidebar and the Runs page differ)
+    st.caption(f"{len(runs)} runs, {int((runs['status'] == 'ok').sum())} successful; "
+               f"newest {runs['created_at'].max():%Y-%m-%d %H:%M}")
 sel = url_state.selection()
+for miss in url_state.link_misses():  # a shared link naming a GPU or model this store has no runs of
+    st.warning(miss, icon="🔗")
 if sel.model is None and page.url_path not in ("runs", "load", "sources", "constraints"):
     # Every run on this machine died before loading a model (no model id): there is nothing to compare, only
     # failures to show. The Runs page lists them with their whole error.

@@ -7,6 +7,7 @@ it is drawn its value is written back to the URL.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -77,13 +78,42 @@ def bound_select(label: str, key: str, options: list[str], labels: dict[str, str
     labels = labels or {}
     if key not in st.session_state:
         chosen = _memo().get(key)
-        st.session_state[key] = chosen if chosen in options else (
-            _pick(st.query_params.get(key), options, labels)
-            or (preferred if preferred in options else options[0]))
+        if chosen in options:
+            st.session_state[key] = chosen
+        else:
+            raw = st.query_params.get(key)
+            picked = _pick(raw, options, labels)
+            st.session_state[key] = picked or (preferred if preferred in options else options[0])
+            if raw is not None and picked is None:  # say so, rather than show another GPU's table as if asked
+                _misses()[key] = (label, raw, labels.get(st.session_state[key], st.session_state[key]),
+                                  st.session_state[key])
     elif st.session_state[key] not in options:  # a wider filter changed: this one's old value is gone
         st.session_state[key] = options[0]
     st.selectbox(label, options, key=key, format_func=lambda o: labels.get(o, o), help=help)
     return publish(key, default=default)
+
+
+MISSES = "_link_misses"
+
+
+def _misses() -> dict[str, tuple[str, str, str, str]]:
+    return st.session_state.setdefault(MISSES, {})
+
+
+def link_misses() -> list[str]:
+    """What the link asked for that no choice matches (an unknown GPU or model, a day without runs), and what is
+    shown instead: one line each, for as long as the replacement is still the one chosen."""
+    out = []
+    for key, (label, raw, shown, value) in list(_misses().items()):
+        if st.session_state.get(key) != value:  # the user chose something else: the link is answered
+            del _misses()[key]
+            continue
+        asked = " ".join(raw.replace("`", "'").split())  # a code span: a link cannot put markdown on the page
+        asked = asked if len(asked) <= 80 else asked[:79] + "…"
+        what = label if label.split()[0].isupper() else label[:1].lower() + label[1:]  # "GPU", "model"
+        out.append(f"The link asks for {what} `{asked}`, which no run here matches: showing **{shown}** "
+                   f"instead (choose in the sidebar).")
+    return out
 
 
 @dataclass(frozen=True)
@@ -162,7 +192,7 @@ def _percent(raw: str) -> float:
 
 def _budget(raw: str) -> float | None:
     v = float(raw)
-    if v <= 0:
+    if not math.isfinite(v) or v <= 0:  # a link's `nan` / `inf` is no budget (nor price), as a typo is
         raise ValueError(raw)
     return v
 
