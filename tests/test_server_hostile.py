@@ -29,7 +29,7 @@ from quantbench.server import create_app
 from quantbench.server.guard import allowed_hosts, host_name
 from tests.hostile_media import flac_of_silence, mp4_repeating, peak_rss, peak_rss_reset, sdp, watching_udp
 from tests.test_http_backend import ThreadServer
-from tests.test_media import image_bytes, uri
+from tests.test_media import audio_bytes, image_bytes, uri
 from tests.test_omni_shape_towers import engine as omni_engine
 
 LOCAL = "http://127.0.0.1"
@@ -81,6 +81,19 @@ def png_uri(size=(24, 16)) -> str:
 # -- media: a 4xx naming the field, memory bounded ------------------------------------------------------------
 def test_a_valid_picture_is_answered(server):
     status, answer = post(server, {"observation": "a door", "cam": {"type": "image", "data": png_uri()}})
+    assert status == 200 and set(answer["answers"]["ok"]["probabilities"]) == {"yes", "no"}
+
+
+@pytest.mark.parametrize(("seconds", "rate"), [(0.005, 16_000), (0.05, 16_000), (0.09, 44_100)])
+def test_a_clip_shorter_than_a_tenth_of_a_second_is_422_naming_it(server, seconds, rate):
+    """The audio encoder answered NaN to clips of up to 1,401 samples at 16 kHz (a 500 since the server refuses
+    non-finite answers) and crashed in the feature extractor's padding below 201: refused from the header."""
+    clip = {"type": "audio", "data": uri("audio/wav", audio_bytes("WAV", seconds, rate))}
+    status, err = post(server, {"observation": "a sound", "mic": clip})
+    assert status == 422, err
+    assert err["field"] == "state.mic.data" and "tenth of a second" in err["fix"], err
+    status, answer = post(server, {"observation": "a sound", "mic": {
+        "type": "audio", "data": uri("audio/wav", audio_bytes("WAV", 0.1, rate))}})
     assert status == 200 and set(answer["answers"]["ok"]["probabilities"]) == {"yes", "no"}
 
 

@@ -16,9 +16,16 @@ from quantbench.protocol import DecisionRequest
 from quantbench.protocol.media import AUDIO_SAMPLING_RATE, MediaHeader
 from quantbench.protocol.prompt import render_state
 
+# The shortest clip the audio encoder answers: the omni default model's answers were NaN for clips of up to 1,401
+# samples at 16 kHz (8 feature frames) and fine from 1,451 on (three signals, 201 to 6,000 samples, CPU,
+# 2026-12-04); below 201 samples the feature extractor's padding fails outright. A tenth of a second (10 frames,
+# the encoder's 2 tokens) is what is asked for.
+MIN_AUDIO_SAMPLES = AUDIO_SAMPLING_RATE // 10
+
 
 def check_media_headers(engine: Any, request: DecisionRequest, headers: list[MediaHeader]) -> None:
-    """RequestError naming a part the processor cannot take (an aspect ratio over 200); unless truncation may drop
+    """RequestError naming a part the processor cannot take (an aspect ratio over 200, a clip under a tenth of a
+    second: MIN_AUDIO_SAMPLES); unless truncation may drop
     parts, ContextLengthError when the state's text with its parts' tokens is over the context already (a lower
     bound of every question's prompt: the question and options add to it), naming the part with the most tokens.
     `engine`: an OmniEngine (its `media` processor, placeholders, tokenizer, max_tokens and truncate)."""
@@ -27,6 +34,11 @@ def check_media_headers(engine: Any, request: DecisionRequest, headers: list[Med
     total, largest = 0, ("state", -1)
     for h in headers:
         samples = h.samples if h.rate in (0, AUDIO_SAMPLING_RATE) else -(-h.samples * AUDIO_SAMPLING_RATE // h.rate)
+        if h.kind == "audio" and samples < MIN_AUDIO_SAMPLES:
+            raise RequestError(h.source, f"the clip is {1000 * samples / AUDIO_SAMPLING_RATE:.1f} ms long, shorter "
+                               f"than the {1000 * MIN_AUDIO_SAMPLES // AUDIO_SAMPLING_RATE} ms the model's audio "
+                               "encoder answers (its answers to shorter clips are not numbers)",
+                               "send at least a tenth of a second of audio")
         try:
             tokens = engine.media.header_tokens(h.kind, width=h.width, height=h.height, frames=h.frames,
                                                 samples=samples)
