@@ -39,7 +39,7 @@ def test_run_parses_its_flags_and_refuses_a_bad_store_without_torch_or_pandas(tm
     bad.write_text("not a DuckDB file\n" * 100)
     done, names = imported([str(bad) if a == "BAD" else a for a in argv], tmp_path)
     if "BAD" in argv:
-        assert done.returncode == 2 and "is not a valid DuckDB database file" in done.stderr
+        assert done.returncode == 2 and "not a DuckDB store" in done.stderr
     else:
         assert done.returncode == 0 and "--nvfp4" in done.stdout  # the backends' flags are there
     assert "pydantic" in names  # the probe sees imports at all

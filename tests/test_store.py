@@ -145,7 +145,7 @@ def test_a_store_that_cannot_take_a_run_is_refused_before_it_starts(tmp_path, sm
     elif case == "not a store":
         db = tmp_path / "r.duckdb"
         db.write_text("not a DuckDB file\n" * 100)
-        words = "is not a valid DuckDB database file"
+        words = "not a DuckDB store (the store chosen by --db"
     else:
         db = tmp_path / "missing" / "r.duckdb"
         words = f"--db {db}: the folder {db.parent} does not exist; create it or give another --db"

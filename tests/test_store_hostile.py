@@ -201,3 +201,31 @@ def test_a_stop_signal_during_the_final_write_says_what_happened(tmp_path, signa
         kept = list((tmp_path / "cache" / "unsaved").glob("*.parquet")) + list(tmp_path.glob("quantbench-unsaved-*"))
         assert len(kept) == 1 and "stopped by SIGTERM while writing" in err and str(kept[0]) in err, err
         assert "(143)" not in err
+
+
+def test_a_file_that_is_not_duckdb_given_as_the_store_is_named_with_the_fix(tmp_path):
+    """Was `cannot open X: IO Error: The file "X" exists, but it is not a valid DuckDB database file!`: it named
+    neither the setting that chose the file nor what to do."""
+    from quantbench.store import Store, StoreUnavailableError
+
+    junk = tmp_path / "notes.duckdb"
+    junk.write_bytes(b"these are notes, not a database\n" * 200)
+    with pytest.raises(StoreUnavailableError, match=r"not a DuckDB store \(the store chosen by --db.*give another file"):
+        with Store(junk).connect(write=True):
+            pass
+    assert junk.read_bytes().startswith(b"these are notes")  # left as it was
+
+
+def test_a_store_on_a_read_only_disk_names_the_setting_and_the_fix(tmp_path, monkeypatch):
+    import duckdb
+
+    from quantbench.store import Store, StoreUnavailableError
+
+    def refused(*_a, **_k):
+        raise duckdb.IOException('IO Error: Cannot open file "/mnt/ro/r.duckdb": Read-only file system')
+
+    monkeypatch.setattr(duckdb, "connect", refused)
+    with pytest.raises(StoreUnavailableError, match=r"for writing \(the store chosen by --db.*Read-only file "
+                                                    r"system; give a file on a disk"):
+        with Store(tmp_path / "r.duckdb").connect(write=True):
+            pass

@@ -147,6 +147,13 @@ def test_a_missing_suite_file_is_refused(tmp_path):
         load_suite(tmp_path / "nope.jsonl")
 
 
+def test_a_folder_or_a_device_given_as_the_suite_says_what_it_is(tmp_path):
+    with pytest.raises(ConfigError, match="a folder, not a suite file"):
+        load_suite(tmp_path)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_suite("/dev/null")
+
+
 @pytest.mark.parametrize(("line", "field", "problem"), [
     ('{"id": "r9", "benchmark": "demo", "request": {"state": {"t": "a\\ud800b"}, "questions": '
      '{"q1": {"type": "boolean"}}}}', "request.state.t", "unpaired UTF-16 surrogate"),

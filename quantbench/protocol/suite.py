@@ -165,7 +165,9 @@ def load_suite(
     limits = limits or Limits(max_options=max_options)
     source = BUILTIN_SUITE if path is None else Path(path)
     if not source.is_file():
-        raise ConfigError(f"{source}: no such suite file; pass a JSONL file of records, or omit --suite for the built-in suite")
+        what = ("a folder, not a suite file" if source.is_dir() else
+                "not a regular file (a device, a pipe or a socket)" if source.exists() else "no such suite file")
+        raise ConfigError(f"{source}: {what}; pass a JSONL file of records, or omit --suite for the built-in suite")
     raw = source.read_bytes()
     name = str(path) if path is not None else source.name
     text = _decode(raw, name)

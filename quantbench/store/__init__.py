@@ -78,6 +78,23 @@ def _is_lock_error(e: Exception) -> bool:
     return "lock" in text and ("could not set" in text or "conflicting" in text)
 
 
+def _open_error(path: Path, e: Exception) -> str:
+    """Why `path` could not be opened, and what to do, in one line (DuckDB's own text names neither the setting
+    that chose the file nor a fix): a file of another kind, a disk or folder that refuses writes, a held lock."""
+    text = str(e).splitlines()[0] if str(e) else type(e).__name__
+    where = "(the store chosen by --db, $QUANTBENCH_DB or $QUANTBENCH_HOME)"
+    if "not a valid duckdb database" in text.lower():
+        return (f"{path}: not a DuckDB store {where}: its first bytes are another file's; give another file, or "
+                "move this one away")
+    if any(w in text.lower() for w in ("read-only file system", "permission denied", "readonly")):
+        return (f"cannot open {path} for writing {where}: {text}; give a file on a disk and in a folder this user "
+                "may write, or fix its permissions")
+    if _is_lock_error(e):
+        return (f"cannot open {path}: another process holds it ({text}); wait for it (a run, a merge) to finish, "
+                "or close what keeps it open")
+    return f"cannot open {path}: {text}"
+
+
 class Store:
     """One results store (a DuckDB file) that quantbench writes; with `beside`, other stores read with it as one
     (quantbench.store.composite: your store, then pulled bundles and the shipped results). Writes go to `path`
@@ -120,7 +137,7 @@ class Store:
                 raise StoreError(str(e)) from None
             except duckdb.Error as e:
                 if not _is_lock_error(e) or time.monotonic() > deadline:
-                    raise StoreUnavailableError(f"cannot open {self.path}: {e}") from e
+                    raise StoreUnavailableError(_open_error(self.path, e)) from e
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
         try:
