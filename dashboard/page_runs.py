@@ -15,7 +15,7 @@ here = (runs["gpu_id"] == sel.gpu) & ((runs["model_id"] == sel.model) if sel.mod
 shown = runs[here] if only_here else runs
 shown = shown.sort_values("created_at", ascending=False)
 n_failed = int((shown["status"] != "ok").sum())
-st.caption(f"{len(shown)} runs, {n_failed} failed. Newest first. Every row carries what it ran on and with, and "
+st.caption(f"{len(shown)} run{'' if len(shown) == 1 else 's'}, {n_failed} failed. Newest first. Every row carries what it ran on and with, and "
            "where it came from (Source: your store, a pulled bundle, the results shipped with quantbench).")
 
 # What a reader compares first (when, what ran, where, how it went, how fast, through which kernel), then why a

@@ -59,7 +59,7 @@ with st.sidebar:
                                                         this_machine=store_cache.this_machine_id())
     # counted from the very table the pages read (status counted in another query: a run written between them
     # made the sidebar and the Runs page differ)
-    st.caption(f"{len(runs)} runs, {int((runs['status'] == 'ok').sum())} successful; "
+    st.caption(f"{len(runs)} run{'' if len(runs) == 1 else 's'}, {int((runs['status'] == 'ok').sum())} successful; "
                f"newest {runs['created_at'].max():%Y-%m-%d %H:%M}")
 sel = url_state.selection()
 for miss in url_state.link_misses():  # a shared link naming a GPU or model this store has no runs of
