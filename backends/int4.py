@@ -48,12 +48,34 @@ def read_quant_config(path: Path) -> dict[str, Any]:
     if method not in ("auto-round", "intel/auto-round"):
         raise LoadError(f"{path}/config.json: quantization_config.quant_method is {method!r}, not 'auto-round'")
     if "auto_gptq" not in packing:
-        raise LoadError(f"{path}/config.json: quantization_config.packing_format is {packing!r}; the int4 backend "
-                        "reads 'auto_round:auto_gptq'")
+        made = " (what auto-round writes for sym=false)" if "awq" in packing else ""
+        raise LoadError(f"{path}/config.json: quantization_config.packing_format is {packing!r}{made}; the int4 "
+                        "backend reads 'auto_round:auto_gptq': quantize the BF16 model with sym=True (`quantbench "
+                        "quantize --scheme int4`)")
     if qc.get("bits") != 4:
         raise LoadError(f"{path}/config.json: quantization_config.bits is {qc.get('bits')!r}; the int4 backend "
                         "reads 4-bit checkpoints")
     return qc
+
+
+FAKE_BACKEND = "auto_round:fake"  # auto-round's fallback: it makes no quantized layers, so nothing reads qweight
+
+
+def no_kernel_error(path: Path, qc: dict[str, Any], library_log: list[str], device: str) -> LoadError | None:
+    """The LoadError to raise instead of a load report's MISSING `weight` / UNEXPECTED `qweight` keys when auto-round
+    chose its `fake` backend (no kernel of its own here for this checkpoint: an asymmetric auto_gptq export on a
+    CPU): the packed tensors were never read, and the report's keys hid why. None when it chose a real kernel."""
+    chosen = [line for line in library_log if "Inference backend selection" in line]
+    if not any(FAKE_BACKEND in line for line in chosen):
+        return None
+    sym = "sym" if qc.get("sym", True) else "asym (sym=false)"
+    installs = sorted({line.split("`")[1] for line in library_log if line.count("`") >= 2 and "pip install" in line})
+    where = "a CUDA GPU" + (f", or here after {' and '.join(installs)} (auto-round's own advice)" if installs else "")
+    return LoadError(f"{path}/config.json: auto-round has no kernel on {device} for this checkpoint's quantization_config "
+                     f"({qc.get('bits')}-bit {sym}, packing_format {qc.get('packing_format', 'auto_round:auto_gptq')!r}): "
+                     f"it fell back to its {FAKE_BACKEND!r} backend, which does not read the packed int4 tensors; run it "
+                     f"where auto-round has a kernel for it ({where}), or quantize the BF16 model with sym=True "
+                     "(`quantbench quantize --scheme int4`)")
 
 
 @contextmanager
@@ -169,7 +191,10 @@ class Int4Backend:
                                                  trust_remote_code=spec.trust_remote_code)
         else:
             with transformers_state_restored(), logs_kept("autoround", library_log):
-                model = family.load_per_expert(path, dtype, device, spec.trust_remote_code)
+                try:
+                    model = family.load_per_expert(path, dtype, device, spec.trust_remote_code)
+                except LoadError as e:
+                    raise no_kernel_error(path, qc, library_log, device) or e from e
         if dtype == torch.float32 and not own_fast:
             # auto-round casts to fp16 when asked for fp32 (its kernels' dtype list), and transformers forbids
             # .float() on a quantized model; exact CPU comparisons want fp32, so cast through nn.Module's own .to

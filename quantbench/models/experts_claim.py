@@ -86,6 +86,8 @@ def _classify(p: Projection, hidden: int | None, inter: int | None) -> dict[str,
         scales = t.get("scales", {}).get("shape")
         k = in_features or None
         bits = round(32 * rows / k) if k else None
+        if k and scales and rows == k and cols != scales[-1]:  # AWQ packing ([K, N·bits/32], along N): not int32
+            bits = round(32 * cols / scales[-1])
         group = (k // scales[0]) if k and scales else None
         params = (k or rows * 8) * cols
         return {"format": f"int{bits}" if bits else "int (packed)", "bits": bits, "group_size": group,

@@ -37,6 +37,7 @@ from typing import Any
 
 from quantbench.errors import ConfigError, QuantbenchError
 from quantbench.make.quantize.recipe import SCHEMES, Recipe, library_versions
+from quantbench.make.quantize.source import check_source, source_tokenizer
 from quantbench.models import hub, scorer
 from quantbench.models.calibration import CalibrationFile, calibration_texts, file_samples, load_calibration
 from quantbench.models.checkpoint import PROVENANCE_FILE, fingerprint, model_identity, read_config
@@ -94,6 +95,8 @@ def quantize(
         source = hub.resolve(str(source_dir)).path  # its snapshot in the Hugging Face cache (the origin records it)
     if source is not None and not (source / "config.json").is_file():
         raise ConfigError(f"--model {source}: no config.json; give a BF16 checkpoint directory")
+    if source is not None:
+        check_source(source, out)  # before --overwrite removes anything
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: a file, not a directory; give a new directory for the variant")
     if out.exists() and any(out.iterdir()):
@@ -165,19 +168,15 @@ def _make(source: Path | None, shape: str | None, scheme: str, out: Path, recipe
                 details = quantize_multimodal(source, out, recipe, log, progress=progress,
                                               calibration=cal.path if cal is not None else None)
             elif scheme == "int4":
-                from transformers import AutoTokenizer
-
                 from quantbench.make.quantize.autoround import quantize_autoround
 
-                texts = _file_texts(cal, AutoTokenizer.from_pretrained(source), recipe, calibrated)
+                texts = _file_texts(cal, source_tokenizer(source), recipe, calibrated)
                 file = {"dataset": texts} if texts is not None else {}  # else its default, the train split
                 details = quantize_autoround(source, out, recipe, progress=progress, **file)
             else:
-                from transformers import AutoTokenizer
-
                 from quantbench.make.quantize.modelopt import quantize_modelopt
 
-                tokenizer = AutoTokenizer.from_pretrained(source)
+                tokenizer = source_tokenizer(source)
                 texts = _file_texts(cal, tokenizer, recipe, calibrated) or calibration_texts(
                     tokenizer, nsamples, seqlen, seed)
                 made = quantize_modelopt(source, scheme, out, texts=texts, nsamples=len(texts), seqlen=seqlen,

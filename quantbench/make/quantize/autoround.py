@@ -110,12 +110,12 @@ def quantize_autoround(source: Path | None, out: Path, recipe: Any, *, progress:
     `checkpoint_name` maps a module name to the name its weights have in the checkpoint (AutoRound's layer_config
     matches those); `library`: further AutoRound arguments (a multimodal model's `processor`, `batch_size`)."""
     if model is None:
-        from transformers import AutoTokenizer
+        from quantbench.make.quantize.source import source_tokenizer
 
         # Load before importing auto_round: once imported, it patches transformers' MoE blocks and a plain BF16
         # MoE checkpoint would load with random experts (load_causal_lm refuses that anyway).
         model = load_causal_lm(source, dtype=torch.bfloat16, device="cpu")
-        tokenizer = AutoTokenizer.from_pretrained(source)
+        tokenizer = source_tokenizer(source)
     if dataset is None:
         dataset = calibration_texts(tokenizer, recipe.nsamples, recipe.seqlen, recipe.seed)
     nsamples = min(recipe.nsamples, len(dataset))  # a calibration file may make fewer samples than asked

@@ -158,12 +158,12 @@ def quantize_modelopt(
     calibration forward found them), `disabled` (what experts-only switched off beyond ModelOpt's defaults),
     `samples`, and `forwards` (quantize/watch.py: the forwards run, the towers' calls, checked against the
     batches)."""
-    from transformers import AutoTokenizer
+    from quantbench.make.quantize.source import source_tokenizer
 
     source, out = Path(source_dir), Path(out_dir)
     if scheme not in CONFIGS:
         raise ConfigError(f"--scheme {scheme!r}: ModelOpt makes {', '.join(CONFIGS)}")
-    tokenizer = AutoTokenizer.from_pretrained(source)
+    tokenizer = source_tokenizer(source)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = load_for_calibration(source, device)
     if batches_for is not None:

@@ -195,9 +195,9 @@ def autoround_thinker(source: Path, out: Path, recipe: Any, progress: bool, cali
     one sample per batch (samples differ in length; auto-round does the same for media calibration, accumulating
     gradients over 8 instead), and the forwards are counted against the samples (quantize/watch.py)."""
     import torch
-    from transformers import AutoTokenizer
 
     from quantbench.make.quantize.autoround import quantize_autoround
+    from quantbench.make.quantize.source import source_tokenizer
     from quantbench.make.quantize.watch import CalibrationWatch
     from quantbench.models.checkpoint import load_causal_lm
     from quantbench.models.lineage import canonical_tensor_name
@@ -205,7 +205,7 @@ def autoround_thinker(source: Path, out: Path, recipe: Any, progress: bool, cali
     # loaded before auto_round is imported (it changes transformers' MoE loading), refused unless filled exactly
     model = load_causal_lm(source, dtype=torch.bfloat16, device="cpu",
                            model_class=family_of(read_config(source)).model_class())
-    tokenizer = AutoTokenizer.from_pretrained(source)
+    tokenizer = source_tokenizer(source)
     samples, made = calibration_batches(model, tokenizer, source, recipe, calibration, batch=1)
     with CalibrationWatch(model) as watch:
         details = quantize_autoround(source, out, recipe, progress=progress, model=model, tokenizer=tokenizer,
