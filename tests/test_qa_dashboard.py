@@ -1,6 +1,5 @@
 """QA of the dashboard as a user drives it: odd links, stores that change under it. AppTest, fast."""
 
-from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
@@ -8,19 +7,9 @@ from streamlit.testing.v1 import AppTest
 from quantbench.report import Rules, build_report
 from quantbench.store import Store
 from tests import dashboard_store as ds
-
-APP = str(Path(__file__).resolve().parent.parent / "dashboard" / "streamlit_app.py")
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory) -> Path:
-    return ds.build(tmp_path_factory.mktemp("qa-dash") / "results.duckdb").path
-
-
-@pytest.fixture
-def store(built, monkeypatch) -> Store:
-    monkeypatch.setenv("QUANTBENCH_DB", str(built))
-    return Store(built)
+from tests.test_dashboard import APP
+from tests.test_dashboard import built as built  # noqa: F401  (a fixture: the shared test store)
+from tests.test_dashboard import store as store  # noqa: F401  (a fixture: that store via QUANTBENCH_DB)
 
 
 def app(page: str | None = None, **query) -> AppTest:
