@@ -19,18 +19,13 @@ class ContextLengthError(RequestError):
     def __init__(self, field: str, tokens: int, limit: int, *, truncated: bool = False):
         self.tokens, self.limit = tokens, limit
         if truncated:  # truncation was allowed and cut the state: what is left over is the question's own
-            super().__init__(
-                field,
-                f"the prompt is {tokens} tokens with its state cut by truncation, over the model's limit of {limit}: "
-                "the question and its options alone do not fit",
-                "shorten the question's text or its options, or send fewer options",
-            )
-            return
-        super().__init__(
-            field,
-            f"the prompt is {tokens} tokens, over the model's limit of {limit}",
-            "shorten the state, or allow truncation (--truncate / truncate=True), which is recorded on each answer",
-        )
+            problem = (f"the prompt is {tokens} tokens with its state cut by truncation, over the model's limit of "
+                       f"{limit}: the question and its options alone do not fit")
+            fix = "shorten the question's text or its options, or send fewer options"
+        else:
+            problem = f"the prompt is {tokens} tokens, over the model's limit of {limit}"
+            fix = "shorten the state, or allow truncation (--truncate / truncate=True), which is recorded on each answer"
+        super().__init__(field, problem, fix)
 
 
 class LoadError(QuantbenchError):

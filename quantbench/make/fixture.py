@@ -34,6 +34,7 @@ import torch
 
 from quantbench.models.build import moe_config, new_model
 from quantbench.models.tokenizer import CONTEXT, MIX, TOKENIZER, build_tokenizer
+from quantbench.paths import cache_dir
 
 FIXTURE_VERSION = 1
 FIXTURE_INFO_FILE = "quantbench_fixture.json"
@@ -106,8 +107,6 @@ def fixture_id(seed: int = 0, steps: int | None = None) -> str:
     return f"quantbench-fixture-moe-{recipe_hash(seed, steps)[:8]}"
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("QUANTBENCH_CACHE") or Path.home() / ".cache" / "quantbench")
 
 
 LOCK_REMIND_S = 60.0  # while waiting on another process's lock, say so again this often

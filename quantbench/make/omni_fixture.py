@@ -31,8 +31,9 @@ from typing import Any
 import torch
 
 from quantbench.make import fixture
-from quantbench.make.fixture import FIXTURE_INFO_FILE, FixtureInfo, cache_dir, read_info
+from quantbench.make.fixture import FIXTURE_INFO_FILE, FixtureInfo, read_info
 from quantbench.models.tokenizer import TOKENIZER, build_tokenizer
+from quantbench.paths import cache_dir
 
 OMNI_FIXTURE_VERSION = 2
 MEDIA_TOKENS = {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>", "audio_token_id": "<|audio_pad|>",

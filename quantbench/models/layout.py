@@ -108,20 +108,22 @@ def _modelopt_layout(root: Path, qc: dict[str, Any], where: str) -> Layout:
         raise _unsupported(root, f"kv_cache_quant_algo {qc['kv_cache_quant_algo']!r}",
                            "KV-cache quantization is not emulated: export without it", where)
     producer = _obj(qc.get("producer")).get("version", "")
+
+    def made_by(*how: str) -> str:  # "modelopt 0.47.0", then what is particular to the algorithm
+        return ", ".join([f"modelopt {producer}".strip(), *how])
+
     if algo in ("NVFP4", "W4A16_NVFP4"):  # W4A16_NVFP4: the same weights, 16-bit activations (no input_scale)
         group = _obj(_obj(_obj(qc.get("config_groups")).get("group_0")).get("weights")).get("group_size", 16)
         if group != 16:
             raise _unsupported(root, f"NVFP4 group_size {group}", "NVFP4 blocks are 16 elements", where)
         if algo == "W4A16_NVFP4":
-            return Layout("nvfp4", "modelopt", "weight", "weight_scale_2", None, False, "none",
-                          f"modelopt {producer}, W4A16_NVFP4".replace("modelopt ,", "modelopt,"))
-        return Layout("nvfp4", "modelopt", "weight", "weight_scale_2", "input_scale", False, "static",
-                      f"modelopt {producer}".strip())
+            return Layout("nvfp4", "modelopt", "weight", "weight_scale_2", None, False, "none", made_by(algo))
+        return Layout("nvfp4", "modelopt", "weight", "weight_scale_2", "input_scale", False, "static", made_by())
     if algo == "FP8":
-        return Layout("fp8", "modelopt", "weight", None, "input_scale", False, "static", f"modelopt {producer}".strip())
+        return Layout("fp8", "modelopt", "weight", None, "input_scale", False, "static", made_by())
     if algo == "FP8_PER_CHANNEL_PER_TOKEN":  # a weight scale per output row, a per-token activation scale on the fly
         return Layout("fp8", "modelopt", "weight", None, "input_scale", False, "dynamic",
-                      f"modelopt {producer}, per-channel scales, per-token activations".replace("modelopt ,", "modelopt,"))
+                      made_by("per-channel scales", "per-token activations"))
     raise _unsupported(root, f"ModelOpt quant_algo {algo!r}", "quantbench reads quant_algo NVFP4, W4A16_NVFP4, FP8 and "
                        "FP8_PER_CHANNEL_PER_TOKEN", where)
 

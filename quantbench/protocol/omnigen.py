@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from quantbench.paths import cache_dir
 from quantbench.protocol import SuiteRecord
 from quantbench.protocol.suitegen import Draft, request_text
 
@@ -252,7 +253,7 @@ def omni_suite_records() -> list[SuiteRecord]:
 
 
 def suites_dir() -> Path:
-    return Path(os.environ.get("QUANTBENCH_CACHE") or Path.home() / ".cache" / "quantbench") / "suites"
+    return cache_dir() / "suites"
 
 
 def omni_suite_bytes() -> bytes:

@@ -19,6 +19,7 @@ from typing import Any
 
 from quantbench.errors import ConfigError
 from quantbench.limits import STATE_PREFIX_CHARS_PER_TOKEN, STATE_PREFIX_MARGIN_TOKENS
+from quantbench.paths import cache_dir
 from quantbench.run.machine import Machine, check_gpu
 from quantbench.run.settings import GENERIC, refusal
 from quantbench.run.spec import RunSpec, is_remote
@@ -96,8 +97,7 @@ def check_cache() -> None:
     could not take) must be a folder, or one that can be made: a path that is a file, or under one, failed the run
     as `crashed` (NotADirectoryError) and `demo` with a traceback; a read-only one without the model built, the
     same minutes later."""
-    value = os.environ.get("QUANTBENCH_CACHE")
-    path = Path(value).expanduser() if value else Path.home() / ".cache" / "quantbench"
+    path = cache_dir()  # the folder the makers will use, as they read it
     fix = "point $QUANTBENCH_CACHE at a folder you can write, or unset it (~/.cache/quantbench)"
     held = path
     while not held.exists() and held != held.parent:  # the nearest part of it that exists

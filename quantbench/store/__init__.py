@@ -21,6 +21,7 @@ import duckdb
 from pydantic import BaseModel
 
 from quantbench.errors import QuantbenchError
+from quantbench.paths import cache_dir
 from quantbench.run.record import AnswerRow, LatencyRow, RunRecord, RunResult
 from quantbench.store import check, composite
 from quantbench.store.home import GIVEN, Source
@@ -362,8 +363,7 @@ def unsaved_folders() -> list[Path]:
     """Where a run that its store could not take is kept, after the store's own folder: the cache, then /tmp."""
     import tempfile
 
-    cache = Path(os.environ.get("QUANTBENCH_CACHE") or Path.home() / ".cache" / "quantbench")
-    return [cache / "unsaved", Path(tempfile.gettempdir())]
+    return [cache_dir() / "unsaved", Path(tempfile.gettempdir())]
 
 
 def keep_unsaved(result: RunResult, first: list[Path] | None = None) -> tuple[Path | None, list[str]]:

@@ -41,6 +41,7 @@ from quantbench.make.quantize.source import check_source, source_tokenizer
 from quantbench.models import hub, scorer
 from quantbench.models.calibration import CalibrationFile, calibration_texts, file_samples, load_calibration
 from quantbench.models.checkpoint import PROVENANCE_FILE, fingerprint, model_identity, read_config
+from quantbench.paths import cache_dir
 from quantbench.term import libraries_to, load_note, stderr_console
 
 __all__ = ["SCHEMES", "Recipe", "cached_variant", "default_model_dir", "default_variant", "library_log",
@@ -311,12 +312,10 @@ def write_provenance(out: Path, origin: dict[str, Any], recipe: Recipe, seconds:
 
 
 # -- the cache of the embedded default model's variants ---------------------------------------------------------
-def cache_root() -> Path:
-    return Path(os.environ.get("QUANTBENCH_CACHE") or Path.home() / ".cache" / "quantbench")
 
 
 def variant_dir(source_dir: str | Path, recipe: Recipe) -> Path:
-    return cache_root() / "variants" / f"{fingerprint(source_dir)[:16]}-{recipe.hash[:16]}"
+    return cache_dir() / "variants" / f"{fingerprint(source_dir)[:16]}-{recipe.hash[:16]}"
 
 
 def cached_variant(source_dir: str | Path, scheme: str, **opts: Any) -> Path:
