@@ -45,8 +45,20 @@ def read_quant_config(path: Path) -> dict[str, Any]:
         raise LoadError(f"{path}/config.json: no quantization_config; this is not an AutoRound checkpoint "
                         "(use --backend bf16, or make one with `quantbench quantize --scheme int4`)")
     method, packing = qc.get("quant_method"), str(qc.get("packing_format", "auto_round:auto_gptq"))
-    if method not in ("auto-round", "intel/auto-round"):
-        raise LoadError(f"{path}/config.json: quantization_config.quant_method is {method!r}, not 'auto-round'")
+    if method == "gptq":  # auto_gptq's packing (auto-round's format="auto_gptq" export, GPTQModel's v1): read as is
+        layout = str(qc.get("checkpoint_format") or qc.get("format") or "gptq")
+        if layout != "gptq":
+            raise LoadError(f"{path}/config.json: quantization_config.checkpoint_format is {layout!r}; the int4 "
+                            "backend reads GPTQ v1 ('gptq', auto_gptq's packing): export the model in that format, "
+                            "or quantize the BF16 model with `quantbench quantize --scheme int4`")
+        if qc.get("desc_act"):
+            raise LoadError(f"{path}/config.json: quantization_config.desc_act is true (act-order: each input's group "
+                            "comes from g_idx); quantbench's int4 kernels and auto-round's read groups in input order: "
+                            "export with desc_act=false")
+        packing = "auto_round:auto_gptq"
+    elif method not in ("auto-round", "intel/auto-round"):
+        raise LoadError(f"{path}/config.json: quantization_config.quant_method is {method!r}; the int4 backend reads "
+                        "'auto-round' and 'gptq' (v1) checkpoints")
     if "auto_gptq" not in packing:
         made = " (what auto-round writes for sym=false)" if "awq" in packing else ""
         raise LoadError(f"{path}/config.json: quantization_config.packing_format is {packing!r}{made}; the int4 "
@@ -115,7 +127,8 @@ def transformers_state_restored() -> Iterator[None]:
 
 def weight_format(qc: dict[str, Any]) -> str:
     sym = "sym" if qc.get("sym", True) else "asym"
-    return f"int4 w4a16 g{qc.get('group_size', 128)} {sym} ({qc.get('packing_format', 'auto_round:auto_gptq')})"
+    packing = "gptq v1" if qc.get("quant_method") == "gptq" else qc.get("packing_format", "auto_round:auto_gptq")
+    return f"int4 w4a16 g{qc.get('group_size', 128)} {sym} ({packing})"
 
 
 def per_expert_kernel(model: torch.nn.Module) -> str:

@@ -77,6 +77,8 @@ class Nvfp4Backend:
             got = load_checkpoint(model_dir(spec), "nvfp4", mode=mode, activations=acts == "on", dtype=dtype,
                                   device=device_of(spec), trust_remote_code=spec.trust_remote_code)
             layout = got["layout"]
+            if layout.activations == "none":  # a W4A16 export has no input scales: weights only, whatever was asked
+                acts = "off"
             fields = {"model": got["model"], "tokenizer": got["tokenizer"], "checkpoint": got["path"],
                       "weight_format": layout.weight_format,
                       "disk_bytes": dir_bytes(got["path"]), "extra": got["extra"], "load_note": got["load_note"],

@@ -7,10 +7,13 @@ its write-ahead log) changes whenever a writer commits, so a new run shows up on
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pandas as pd
 import streamlit as st
@@ -27,7 +30,8 @@ from quantbench.store import load as load_store
 from quantbench.store.home import Source
 from quantbench.store.records import StoredRun, frame
 
-Stamp = tuple[int, int, int, int]
+Stamp = tuple[int, ...]
+T = TypeVar("T")
 
 
 SHARED_KEY = "shared"  # the sidebar switch (and URL parameter): read the shared results beside the store
@@ -72,6 +76,48 @@ def stamp(path: Path) -> Stamp:
     return one(path) + one(path.with_name(path.name + ".wal"))
 
 
+def stamp_of(db: str) -> Stamp:
+    """The stamp of every store a cache key names, now (as `current` takes it)."""
+    paths = [Path(db)] if not db.startswith("[") else [Path(p) for p, _ in json.loads(db)]
+    return tuple(x for p in paths for x in stamp(p))
+
+
+class _StoreMoved(Exception):
+    """A cached read saw another state of the store than its key's stamp: not to be cached."""
+
+
+def store_read(**cache: Any) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    """st.cache_data for a read keyed by (store key, stamp, ...): the script run takes its stamp once, but a read
+    that misses the cache runs later, and a writer may commit in between. Then what it read belongs to a newer
+    state than the sidebar's counts and the other tables of this run, and would be cached under the old stamp for
+    good (a page mixing two states of the store). Such a read is not cached: the script starts again, with the
+    new stamp, and every table of the page comes from one state."""
+
+    def wrap(fn: Callable[..., T]) -> Callable[..., T]:
+        @functools.wraps(fn)
+        def checked(db: str, mtime: Stamp, *args: Any, **kwargs: Any) -> T:
+            got = fn(db, mtime, *args, **kwargs)
+            if stamp_of(db) != tuple(mtime):
+                raise _StoreMoved
+            return got
+
+        cached = st.cache_data(**cache)(checked)
+
+        @functools.wraps(fn)
+        def read(db: str, mtime: Stamp, *args: Any, **kwargs: Any) -> T:
+            try:
+                return cached(db, mtime, *args, **kwargs)
+            except _StoreMoved:
+                st.session_state.pop(CURRENT, None)
+                st.rerun()
+                raise  # st.rerun raises; for type checkers
+
+        read.clear = cached.clear  # type: ignore[attr-defined]
+        return read
+
+    return wrap
+
+
 CURRENT = "_current_store"
 
 
@@ -102,7 +148,7 @@ class Status:
         return not self.usable and self.n_runs == 0 and self.n_load_runs > 0
 
 
-@st.cache_data(show_spinner=False, max_entries=16)
+@store_read(show_spinner=False, max_entries=16)
 def status(db: str, mtime: Stamp) -> Status:
     make = "run `quantbench demo` to make one, or point QUANTBENCH_DB at a results store"
     if db.startswith("["):
@@ -165,7 +211,7 @@ def _status_of_several(several: Store, make: str) -> Status:
     return Status(True, n_runs=n, n_ok=ok, version=SCHEMA_VERSION, n_load_runs=n_load)
 
 
-@st.cache_data(show_spinner=False, max_entries=16)
+@store_read(show_spinner=False, max_entries=16)
 def runs(db: str, mtime: Stamp) -> pd.DataFrame:
     """Every run (quantbench.store.records.StoredRun: its columns, latency, accuracy and source) as a table, oldest
     first, plus the machine it is grouped under and where it came from in words (your store, a pulled bundle, the
@@ -191,7 +237,7 @@ def key_id(gpu_key: tuple[str, str]) -> str:
     return f"cpu:{name}" if kind == "cpu" else name
 
 
-@st.cache_data(show_spinner="Comparing every variant with BF16…", max_entries=16)
+@store_read(show_spinner="Comparing every variant with BF16…", max_entries=16)
 def reports(db: str, mtime: Stamp, min_agreement: float, vram_budget_gib: float | None,
             objective: str, since: str | None = None, history: bool = False,
             price_per_gpu_hour: float | None = None) -> list[GpuReport]:
@@ -213,17 +259,17 @@ def runs_since(runs: pd.DataFrame, since: str | None) -> pd.DataFrame:
     return runs if after is None else runs[pd.to_datetime(runs["created_at"], utc=True) >= after]
 
 
-@st.cache_data(show_spinner=False, max_entries=16)
+@store_read(show_spinner=False, max_entries=16)
 def latencies(db: str, mtime: Stamp, run_ids: tuple[str, ...]) -> pd.DataFrame:
     return queries.latencies(store(db), run_ids)
 
 
-@st.cache_data(show_spinner=False, max_entries=64)
+@store_read(show_spinner=False, max_entries=64)
 def answers(db: str, mtime: Stamp, run_id: str) -> pd.DataFrame:
     return parity.load_answers(store(db), run_id)
 
 
-@st.cache_data(show_spinner=False, max_entries=32)
+@store_read(show_spinner=False, max_entries=32)
 def confident_flips(db: str, mtime: Stamp, reference_run: str, candidate_run: str) -> pd.DataFrame:
     """The questions BF16 answered confidently that the candidate flipped (from the answers' stored margins)."""
     from quantbench.analysis.significance import CONFIDENT
@@ -231,13 +277,13 @@ def confident_flips(db: str, mtime: Stamp, reference_run: str, candidate_run: st
     return queries.confident_flips(Store(db), reference_run, candidate_run, CONFIDENT)
 
 
-@st.cache_data(show_spinner=False, max_entries=16)
+@store_read(show_spinner=False, max_entries=16)
 def load_runs(db: str, mtime: Stamp) -> pd.DataFrame:
     """Every stored load run (`quantbench load`), newest first."""
     return load_store.load_runs(store(db))
 
 
-@st.cache_data(show_spinner=False, max_entries=16)
+@store_read(show_spinner=False, max_entries=16)
 def load_steps(db: str, mtime: Stamp, load_ids: tuple[str, ...]) -> pd.DataFrame:
     return load_store.load_steps(store(db), list(load_ids))
 
@@ -279,7 +325,7 @@ def shared_switch() -> None:
     url_state.publish(SHARED_KEY, to_url=lambda v: "1" if v else "0", default=not named)
 
 
-@st.cache_data(show_spinner=False, max_entries=16)
+@store_read(show_spinner=False, max_entries=16)
 def bundles(db: str, mtime: Stamp) -> pd.DataFrame:
     """The bundles pulled into each store read, with the store's label."""
     frames = []
@@ -291,7 +337,7 @@ def bundles(db: str, mtime: Stamp) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-@st.cache_data(show_spinner="Checking every variant against your constraints…", max_entries=16)
+@store_read(show_spinner="Checking every variant against your constraints…", max_entries=16)
 def constraint_answers(db: str, mtime: Stamp, c: Constraints, since: str | None = None) -> list[Answer]:
     """`quantbench recommend`'s answers for every GPU: the same function, the same constraints."""
     return answer(store(db), c, since=since)

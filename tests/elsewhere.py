@@ -1,8 +1,9 @@
 """Checkpoints made elsewhere, not through `quantbench quantize`: a tiny BF16 Qwen3-MoE `Tiny-MoE` saved by
 transformers, its INT4 made by auto-round itself, its NVFP4 made by ModelOpt itself, an unrelated BF16 model
-`other`, and two INT4 checkpoints auto-round made with some experts kept at 16 bits (its `layer_config`, written
-to the config's `extra_config` while `bits` still says 4): `int4-half` (layer 1's experts) and `int4-bf16-experts`
-(every expert). Built once per test session in one child process (about 40 s on 2 cores): once auto_round is
+`other`, the INT4 again as auto-round's GPTQ export `int4-gptq` (`format="auto_gptq"`: quant_method gptq, a g_idx
+per projection, attention quantized too), and two INT4 checkpoints auto-round made with some experts kept at 16
+bits (its `layer_config`, written to the config's `extra_config` while `bits` still says 4): `int4-half` (layer 1's
+experts) and `int4-bf16-experts` (every expert). Built once per test session in one child process (about 40 s on 2 cores): once auto_round is
 imported it patches transformers' MoE blocks, so every model is loaded before it. Shared by tests/test_lineage.py
 (pairing with a base) and tests/test_experts_claim.py (a variant is what it claims)."""
 
@@ -25,8 +26,8 @@ MAKE = textwrap.dedent("""
     tiny_model(seed=1, dtype=torch.bfloat16).save_pretrained(out / "other")
     src = out / "Tiny-MoE"
     tok = AutoTokenizer.from_pretrained(src)
-    for_int4, for_nvfp4, for_half, for_bf16_experts = (AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
-                                                       for _ in range(4))
+    for_int4, for_nvfp4, for_half, for_bf16_experts, for_gptq = (
+        AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16) for _ in range(5))
     import modelopt.torch.quantization as mtq
     from modelopt.torch.export import export_hf_checkpoint
     ids = tok(["State: Question: Answer: A B C yes no left right " * 4] * 2, return_tensors="pt").input_ids
@@ -37,6 +38,7 @@ MAKE = textwrap.dedent("""
     text = "State: Question: Answer: A B C D E yes no left right forward wall player observation alpha beta " * 8
     common = dict(scheme="W4A16", iters=0, dataset=[text] * 4, nsamples=4, seqlen=32, group_size=32, disable_opt_rtn=True)
     AutoRound(for_int4, tok, **common).quantize_and_save(str(out / "int4"), format="auto_round")
+    AutoRound(for_gptq, tok, **common).quantize_and_save(str(out / "int4-gptq"), format="auto_gptq")
     AutoRound(for_half, tok, layer_config={r"model.layers.1.mlp.experts": {"bits": 16}},
               **common).quantize_and_save(str(out / "int4-half"), format="auto_round")
     AutoRound(for_bf16_experts, tok, layer_config={r"mlp.experts": {"bits": 16}},
@@ -55,6 +57,6 @@ def make(out: Path) -> dict[str, Path]:
         return path
 
     paths = {"bf16": out / "Tiny-MoE", "int4": made_by_autoround("int4"), "nvfp4": out / "nvfp4", "other": out / "other",
-             "int4-half": made_by_autoround("int4-half"), "int4-bf16-experts": made_by_autoround("int4-bf16-experts")}
+             "int4-gptq": made_by_autoround("int4-gptq"), "int4-half": made_by_autoround("int4-half"), "int4-bf16-experts": made_by_autoround("int4-bf16-experts")}
     assert not any((p / "quantbench_provenance.json").exists() for p in paths.values())
     return paths

@@ -242,6 +242,20 @@ def test_modelopt_w4a16_nvfp4_loads_as_nvfp4_weights_with_16_bit_activations(tin
     assert torch.equal(_logits(got.model), _logits(want))
 
 
+def test_a_w4a16_nvfp4_run_records_its_activations_off(tiny, tmp_path):
+    """The run's record said nvfp4_activations 'on' (the flag's default) for a W4A16 export, whose activations stay
+    16-bit: it records what ran."""
+    from backends.nvfp4 import Nvfp4Backend
+    from quantbench.run.machine import detect
+    from quantbench.run.spec import RunSpec
+
+    groups = {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "float", "group_size": 16}}}
+    w4a16 = _rewrite(tiny, tmp_path / "w4a16", _modelopt_tensors(tiny, "nvfp4"), {
+        "quant_method": "modelopt", "quant_algo": "W4A16_NVFP4", "config_groups": groups, "ignore": IGNORE})
+    info = Nvfp4Backend().load(RunSpec(backend="nvfp4", model=str(w4a16), device="cpu", dtype="float32"), detect()).info
+    assert info.extra["nvfp4_activations"] == "off" and "w4a16" in info.weight_format
+
+
 def test_a_group_size_other_than_16_in_a_w4a16_nvfp4_config_is_refused(tiny, tmp_path):
     from quantbench.models.layout import read_layout
 

@@ -140,3 +140,35 @@ def test_a_run_written_while_the_page_draws_does_not_split_the_sidebar_from_the_
     assert side == main, (side, main)
     at.run()  # the next run shows the new one, everywhere
     assert counts() == (n + 1, n + 1)
+
+
+def test_a_run_written_during_a_cached_read_is_not_cached_under_the_older_state(built, tmp_path, monkeypatch):
+    """Was: a read that missed the cache while a writer committed (here the runs table) was kept under the stamp
+    the script run took before the write, beside tables read before it: one page drawn from two states of the
+    store. That read is now dropped and the page drawn again, every table from the newer state."""
+    import shutil
+
+    from dashboard import store_cache
+
+    path = tmp_path / "results.duckdb"
+    shutil.copy(built, path)
+    monkeypatch.setenv("QUANTBENCH_DB", str(path))
+    at = app("page_runs.py")
+    side = next(c.value for c in at.sidebar.caption if " successful; newest" in c.value)
+    n = int(side.split(" runs")[0])
+    stored_runs, calls = store_cache.stored_runs, []
+
+    def read_while_written(store):
+        calls.append(1)
+        if len(calls) == 1:
+            ds.append_run(Store(path), minutes=900)
+        return stored_runs(store)
+
+    monkeypatch.setattr(store_cache, "stored_runs", read_while_written)
+    ds.append_run(Store(path), minutes=800)  # a new state: every table is read again, the runs table first
+    at.run()
+    assert not at.exception
+    side = next(c.value for c in at.sidebar.caption if " successful; newest" in c.value)
+    main = next(c.value for c in at.main.caption if " failed. Newest first" in c.value)
+    assert int(side.split(" runs")[0]) == int(main.split(" runs")[0]) == n + 2, (side, main)
+    assert len(calls) == 2  # the read that saw the write was not kept; the page's second draw read again

@@ -95,6 +95,15 @@ def test_repeat_past_its_bound_is_refused_before_any_run(tmp_path):
     assert not db.exists()
 
 
+def test_concurrency_past_its_bound_is_refused_before_any_run(tmp_path):
+    """Was: --concurrency 100000 --limit 2 filled its warm-up batches by cycling the suite: a forward pass of
+    100,000 decisions, an `oom` row after minutes of allocating."""
+    db = tmp_path / "r.duckdb"
+    one_line_refusal(CliRunner().invoke(app, ["run", *TINY, "--concurrency", "100000", "--db", str(db)]),
+                     "--concurrency 100000", "1024 or fewer")
+    assert not db.exists()
+
+
 @pytest.mark.parametrize("value", [math.nan, math.inf])
 def test_a_non_finite_latency_min_seconds_is_refused(value):
     """Was: nan passed `value < 0` (the run went on as if 0); inf made a latency phase that never ends (a timeout

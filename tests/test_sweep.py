@@ -78,6 +78,7 @@ GOOD = '[[variants]]\nbackend = "bf16"\n'
     ('[[variants]]\nbackend = bf16\n', r"not valid TOML: .*at line 2"),
     ('[[variants]]\nbackend = "bf16"\nrole = "judge"\n', r"variants\[0\]\.role: 'judge' is not one of candidate, reference, noise_floor"),
     ('[[variants]]\nbackend = "bf16"\nlimit = 0\n', r"variants\[0\]\.limit: must be positive, got 0"),
+    ('[[variants]]\nbackend = "bf16"\nconcurrency = 100000\n', r"variants\[0\]\.concurrency: must be 1024 or fewer, got 100000"),
     ('[[variants]]\nbackend = "http"\n', r"variants\[0\]: backend \"http\" needs endpoint"),
     ('[[variants]]\nbackend = "http"\nendpoint = "http://x"\napi_key = "s3cret"\n', r"variants\[0\]\.api_key: secrets do not belong.*QUANTBENCH_API_KEY"),
     ('[[variants]]\nbackend = "bf16"\nmodel = "/x"\n', r"variants\[0\]: unknown key 'model'"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -208,28 +209,35 @@ def load_causal_lm(path: str | Path, *, dtype: torch.dtype, device: str, trust_r
     from transformers import AutoModelForCausalLM
 
     root = Path(path)
-    read_config(root)
+    quant = read_config(root).get("quantization_config") or {}
     check_safetensors_only(root)
-    try:
-        model, info = (model_class or AutoModelForCausalLM).from_pretrained(
-            root,
-            dtype=dtype,
-            device_map=device,
-            use_safetensors=True,
-            trust_remote_code=trust_remote_code,
-            output_loading_info=True,
-            # Let transformers report shape mismatches (named, below) instead of raising without the names.
-            ignore_mismatched_sizes=True,
-            **kwargs,
-        )
-    except (ValueError, RuntimeError, OSError) as e:
-        if is_out_of_memory(e):  # the machine, not the checkpoint: labelled oom by the child
-            raise
-        if "trust_remote_code" in str(e):
-            raise LoadError(f"{root}: the checkpoint needs its own Python code; pass --trust-remote-code to allow it") from e
-        # transformers raises on tensor shapes that differ from the config (for MoE checkpoints: an expert short).
-        raise LoadError(f"{root}: the checkpoint does not match the model's config ({e})") from e
+    if isinstance(quant, dict) and quant.get("quant_method") == "gptq":
+        kwargs = {**_gptq_through_autoround(root, trust_remote_code), **kwargs}
+    with warnings.catch_warnings():
+        # the GPTQ path hands over an AutoRoundConfig by design; transformers warns that the file's config wins
+        warnings.filterwarnings("ignore", message="You passed `quantization_config`")
+        try:
+            model, info = (model_class or AutoModelForCausalLM).from_pretrained(
+                root,
+                dtype=dtype,
+                device_map=device,
+                use_safetensors=True,
+                trust_remote_code=trust_remote_code,
+                output_loading_info=True,
+                # Let transformers report shape mismatches (named, below) instead of raising without the names.
+                ignore_mismatched_sizes=True,
+                **kwargs,
+            )
+        except (ValueError, RuntimeError, OSError) as e:
+            if is_out_of_memory(e):  # the machine, not the checkpoint: labelled oom by the child
+                raise
+            if "trust_remote_code" in str(e):
+                raise LoadError(f"{root}: the checkpoint needs its own Python code; pass --trust-remote-code to allow it") from e
+            # transformers raises on tensor shapes that differ from the config (for MoE checkpoints: an expert short).
+            raise LoadError(f"{root}: the checkpoint does not match the model's config ({e})") from e
     problems = []
+    if isinstance(quant, dict) and info.get("unexpected_keys"):
+        info["unexpected_keys"] = unread_trivial_g_idx(root, info["unexpected_keys"], quant.get("group_size"))
     for kind in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs", "conversion_errors"):
         items = sorted((info.get(kind) or []), key=str)  # sorted: the same checkpoint gives the same message
         if items:
@@ -245,6 +253,40 @@ def load_causal_lm(path: str | Path, *, dtype: torch.dtype, device: str, trust_r
             "transformers would fill the gaps with random weights, so the run is refused"
         )
     return model.eval()
+
+
+def _gptq_through_autoround(root: Path, trust_remote_code: bool) -> dict[str, Any]:
+    """from_pretrained's arguments for a GPTQ (v1) checkpoint, auto-round's own `format="auto_gptq"` export among
+    them: transformers runs `quant_method: gptq` through gptqmodel (not a dependency), while auto-round reads the
+    same packing (auto_gptq's) with its own kernels when asked with an AutoRoundConfig. GPTQModel's `meta` (the
+    quantizer's name and version) makes transformers refuse that conversion; it says nothing about the tensors,
+    so it is dropped from the config handed over (the file is untouched)."""
+    from transformers import AutoConfig, AutoRoundConfig
+
+    config = AutoConfig.from_pretrained(root, trust_remote_code=trust_remote_code)
+    config.quantization_config = {k: v for k, v in dict(config.quantization_config).items() if k != "meta"}
+    return {"config": config, "quantization_config": AutoRoundConfig()}
+
+
+def unread_trivial_g_idx(root: Path, unexpected: list[Any], group_size: Any) -> list[Any]:
+    """`unexpected` without the GPTQ `g_idx` tensors that hold only the default group order (input i in group
+    i // group_size, written by every GPTQ export without act-order): auto-round's QuantLinears have no place for
+    them and lose nothing. An act-order g_idx stays unexpected, so the load is refused rather than run with its
+    inputs in the wrong groups."""
+    import torch
+    from safetensors import safe_open
+
+    g_idx = [k for k in unexpected if isinstance(k, str) and k.endswith(".g_idx")]
+    if not g_idx or not isinstance(group_size, int) or group_size <= 0:
+        return unexpected
+    trivial = set()
+    for f in sorted(root.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as handle:
+            for key in set(g_idx) & set(handle.keys()):
+                t = handle.get_tensor(key)
+                if t.dim() == 1 and torch.equal(t.long(), torch.arange(t.numel()) // group_size):
+                    trivial.add(key)
+    return [k for k in unexpected if k not in trivial]
 
 
 def tensor_bytes(module: torch.nn.Module) -> int:

@@ -81,7 +81,7 @@ def read_layout(path: str | Path) -> Layout:
         raise _unsupported(root, f"quant_method fp8 with weight_block_size {qc.get('weight_block_size')} (block-wise "
                            "`weight_scale_inv`)", "quantbench's fp8 backend reads per-tensor and per-channel FP8 "
                            "(ModelOpt FP8, compressed-tensors float-quantized)")
-    raise _unsupported(root, f"quant_method {method!r} is not NVFP4 or FP8", "the int4 backend reads AutoRound int4; "
+    raise _unsupported(root, f"quant_method {method!r} is not NVFP4 or FP8", "the int4 backend reads AutoRound and GPTQ int4; "
                        "nvfp4 / fp8 read ModelOpt, compressed-tensors and auto-round NVFP4 checkpoints")
 
 

@@ -19,11 +19,16 @@ from quantbench.limits import DEFAULT_MAX_OPTIONS
 # row: "Current transaction is aborted"), and a sweep's repeats = 3000000000 planned runs until memory ran out.
 MAX_REPEATS = 1000
 
+# `run --concurrency N`: N decisions in one forward pass (a local model) or N requests in flight (http). The warm-up
+# and latency phases fill each batch by cycling the suite, so --concurrency 100000 with --limit 2 built batches of
+# 100,000 decisions (an `oom` row after minutes of allocating, or 100,000 sockets). The server batches 16 by default.
+MAX_CONCURRENCY = 1024
+
 
 @dataclass(frozen=True)
 class Generic:
     """One generic run setting. `flag` None: no `run` flag of its own (role: --reference / --noise-floor);
-    `least`: values below it are refused (`above`: values at or below it); `unit`: what a refusal calls the
+    `least`: values below it are refused (`above`: values at or below it, `most`: values above it); `unit`: what a refusal calls the
     bound's units ("seconds")."""
 
     default: Any
@@ -33,6 +38,7 @@ class Generic:
     least: float | None = None
     above: float | None = None
     unit: str = ""
+    most: float | None = None  # values above it are refused
 
 
 GENERIC: dict[str, Generic] = {
@@ -42,7 +48,7 @@ GENERIC: dict[str, Generic] = {
                       choices=("auto", "continuation")),
     "role": Generic("candidate", None, None, choices=("candidate", "reference", "noise_floor")),
     "concurrency": Generic(1, "Requests in flight (http) or batched per forward pass (throughput mode)",
-                           "--concurrency", least=1),
+                           "--concurrency", least=1, most=MAX_CONCURRENCY),
     "layers": Generic(None, "Synthetic shape: number of layers", "--layers", least=1),
     "max_options": Generic(DEFAULT_MAX_OPTIONS, "Largest number of options a question may have (past 26 they are "
                            "numbered and scored by continuation)", "--max-options", least=2),
@@ -82,6 +88,8 @@ def refusal(name: str, value: Any) -> str | None:
         return f"{where} {shown}: give a finite number, {how.least:g} or more{unit}"
     if how.least is not None and value < how.least:
         return f"{where} {shown}: give {how.least:g} or more{unit}"
+    if how.most is not None and value > how.most:
+        return f"{where} {shown}: give {how.most:g} or fewer{unit}"
     if how.above is not None and not value > how.above:
         number = "a positive number" if how.above == 0 else f"a number above {how.above:g}"
         return f"{where} {shown}: give {number}{' of ' + how.unit if how.unit else ''}"

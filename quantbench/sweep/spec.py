@@ -202,6 +202,9 @@ class _Parser:
                 self.fail(loc, f"must be {_bound(least, above)}, got {value}")
             if isinstance(value, float) and least is not None and not math.isfinite(value):  # passed `value < least`
                 self.fail(loc, f"must be a finite number, {_bound(least, above)}, got {value}")
+            most = GENERIC[key].most if key in GENERIC and key not in options else None
+            if most is not None and _hint_ok(value, hint) and value is not None and value > most:
+                self.fail(loc, f"must be {most:g} or fewer, got {value}")
             out[key] = float(value) if hint is float else value
         return out
 

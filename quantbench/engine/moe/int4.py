@@ -303,5 +303,5 @@ def _check_int4(linears: list[nn.Module], name: str, projs: tuple[str, ...]) -> 
                                 f"outputs, {bits} bits, group size {group} (as the config says)")
         g_idx = getattr(m, "g_idx", None)
         if isinstance(g_idx, Tensor) and not torch.equal(g_idx.cpu().long(), torch.arange(k) // group):
-            raise LoadError(f"{where}.g_idx: act-order (desc_act) group indices are not supported by the "
-                            "grouped-MoE engine; run with --no-fast-moe")
+            raise LoadError(f"{where}.g_idx: groups out of input order (act-order); quantbench's int4 kernels and "
+                            "auto-round's read them in input order: export with desc_act=false")

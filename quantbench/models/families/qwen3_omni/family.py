@@ -344,5 +344,8 @@ def _int4_projection(ck: Checkpoint, name: str, group_size: int, dtype: torch.dt
         return SimpleNamespace(weight=ck.take(f"{name}.weight").to(dtype))
     what = "an int4 auto_round:auto_gptq expert projection"
     qweight = ck.take(f"{name}.qweight", what)
+    # a GPTQ export's g_idx: read (regroup_experts refuses any but input order), never left over
+    g_idx = {"g_idx": ck.take(f"{name}.g_idx")} if f"{name}.g_idx" in ck else {}
     return SimpleNamespace(qweight=qweight, qzeros=ck.take(f"{name}.qzeros", what), scales=ck.take(f"{name}.scales", what),
-                           bits=4, group_size=group_size, infeatures=qweight.shape[0] * 8, outfeatures=qweight.shape[1])
+                           bits=4, group_size=group_size, infeatures=qweight.shape[0] * 8, outfeatures=qweight.shape[1],
+                           **g_idx)
