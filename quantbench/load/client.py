@@ -12,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import random
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from quantbench.load.http import ConnectFailed, Connection, HttpError, Target
 from quantbench.server.schema import BATCH_HEADER, QUEUE_MS_HEADER
@@ -39,9 +41,21 @@ class Sample:
     done_at: float = 0.0  # time.monotonic() when its answer had been read
 
 
+def _number(value: Any) -> float | None:
+    """A time or count the server reports, or None when it is not a finite number of 0 or more: `inf` as the batch
+    stopped the generator (OverflowError in int()) and NaN as a time made the step's percentiles nan."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        value = float(value)
+    except OverflowError:  # an integer of hundreds of digits
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
+
+
 def _float(text: bytes | None) -> float | None:
     try:
-        return float(text) if text is not None else None
+        return _number(float(text)) if text is not None else None
     except ValueError:
         return None
 
@@ -85,7 +99,7 @@ async def send(conn: Connection, request: bytes, timeout_s: float) -> Sample:
                 model_ms = json.loads(r.body).get("model_ms")
             except (ValueError, AttributeError):
                 model_ms = None
-            sample.model_ms = float(model_ms) if isinstance(model_ms, int | float) else None
+            sample.model_ms = _number(model_ms)
         elif r.status in (429, 503):
             sample.retry_after_s = _float(r.headers.get(_RETRY_AFTER))
         return sample

@@ -44,7 +44,9 @@ class Target:
 
     def request(self, body: bytes, headers: dict[str, str]) -> bytes:
         """A POST of `body` with `headers`, as the bytes that go on the wire."""
-        host = self.host if self.port in (80, 443) else f"{self.host}:{self.port}"
+        # an IPv6 address in brackets (RFC 7230): "Host: ::1:8000" named another host, and the server refused it
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        host = host if self.port in (80, 443) else f"{host}:{self.port}"
         lines = [f"POST {self.path} HTTP/1.1", f"Host: {host}", f"Content-Length: {len(body)}",
                  *(f"{k}: {v}" for k, v in headers.items())]
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -35,8 +36,18 @@ class Bodies:
 def endpoint_url(endpoint: str) -> str:
     """The server's base URL (`--endpoint`), checked; the full /v1/systemone URL is accepted too."""
     url = endpoint.strip().rstrip("/")
+    example = "give the server's base URL, e.g. http://127.0.0.1:8000"
     if not url.startswith(("http://", "https://")):
-        raise ConfigError(f"--endpoint {endpoint!r}: give the server's base URL, e.g. http://127.0.0.1:8000")
+        raise ConfigError(f"--endpoint {endpoint!r}: {example}")
+    # Checked here: a port that is not one was an httpx traceback, and a query (`?x=1`) took /healthz and
+    # /v1/systemone into itself, so every request went to / and the run measured 404s.
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - it raises for a port that is not a number from 0 to 65535
+    except ValueError as e:  # also an unclosed IPv6 bracket
+        raise ConfigError(f"--endpoint {endpoint!r}: {e}; {example}") from None
+    if not parts.hostname or parts.query or parts.fragment or parts.username or parts.password:
+        raise ConfigError(f"--endpoint {endpoint!r}: a host (and port), with no query, fragment or user; {example}")
     return url.removesuffix(PATH)
 
 
@@ -74,6 +85,11 @@ def server_health(client: httpx.Client, endpoint: str, ready_timeout_s: float) -
                               "QUANTBENCH_API_KEY")
         if r.status_code in (404, 405):
             return None  # a SystemOne server without /healthz: measured all the same, its identity unknown
+        if 400 <= r.status_code < 500 and r.status_code not in (408, 425, 429):
+            # what a wait will not change (quantbench serve's 400 for a Host name it does not answer to): said at
+            # once with the server's own words, not after --ready-timeout as "still answers 400"
+            raise ConfigError(f"--endpoint {endpoint}: /healthz answers {r.status_code}: "
+                              f"{_said(r)}; nothing was measured or stored")
         try:
             body = r.json()
         except ValueError:
@@ -86,3 +102,14 @@ def server_health(client: httpx.Client, endpoint: str, ready_timeout_s: float) -
             raise ConfigError(f"--endpoint {endpoint}: /healthz still answers {r.status_code} after "
                               f"{ready_timeout_s:g} s (--ready-timeout); nothing was measured or stored")
         time.sleep(READY_POLL_S)
+
+
+def _said(r: httpx.Response) -> str:
+    """What a refusal says: its JSON `detail` and `fix` (quantbench's error body), or the start of its text."""
+    try:
+        body = r.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("detail"), str):
+        return "; ".join(str(body[k])[:300] for k in ("detail", "fix") if body.get(k))
+    return r.text[:200].strip() or r.reason_phrase or "no body"

@@ -41,12 +41,13 @@ DEFAULT_MAX_QUEUE_MS = 10000.0
 
 
 def setting(default: Any, help: str | None, *, flag: str | None = None, after: str | None = None,
-            least: float | None = None, above: float | None = None, envvar: str | None = None) -> Any:
+            least: float | None = None, above: float | None = None, most: float | None = None,
+            envvar: str | None = None) -> Any:
     """Declare one server setting. flag: its `serve` flag (default `--<name with dashes>`; `--a/--no-a` for a
     boolean); help None: no flag of its own (the media limits: the flags `run` shares). after: the flag it follows
     in `serve --help` (None: the setting declared before it). least / above: a smaller value (one not above) is
-    refused, naming the flag. A tuple setting is a repeatable flag."""
-    metadata = dict(help=help, flag=flag, after=after, least=least, above=above, envvar=envvar)
+    refused, naming the flag; most: a larger one is. A tuple setting is a repeatable flag."""
+    metadata = dict(help=help, flag=flag, after=after, least=least, above=above, most=most, envvar=envvar)
     if isinstance(default, dict):
         return field(default_factory=lambda: dict(default), metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -58,7 +59,8 @@ class ServerSettings:
     The model served is a RunSpec's (quantbench.server.command)."""
 
     host: str = setting("127.0.0.1", "Address to bind (loopback unless told otherwise)", after="--backend")
-    port: int = setting(8000, "Port")
+    # bounded here: uvicorn took --port 70000 after loading the model and failed binding it with a traceback
+    port: int = setting(8000, "Port (0: any free port)", least=0, most=65535)
     api_key: str | None = setting(None, "Require this key on every request", envvar=API_KEY_ENV)
     allowed_hosts: tuple[str, ...] = setting(
         (), "A Host name the server answers besides the loopback names and --host (repeatable; '*': any). Requests "
@@ -122,12 +124,14 @@ def flag_of(f: Field) -> str:
 
 def refusal(f: Field, value: Any) -> str | None:
     """Why `value` is refused for the setting `f`, naming its flag and the fix; None when it is taken."""
-    least, above = f.metadata.get("least"), f.metadata.get("above")
+    least, above, most = f.metadata.get("least"), f.metadata.get("above"), f.metadata.get("most")
     shown = f"{value:g}" if isinstance(value, float) else str(value)
     if least is not None and value < least:
         return f"{flag_of(f)} {shown}: use {least:g} or more"
     if above is not None and not value > above:
         return f"{flag_of(f)} {shown}: use a number above {above:g}"
+    if most is not None and value > most:
+        return f"{flag_of(f)} {shown}: use {most:g} or less"
     return None
 
 
