@@ -35,6 +35,16 @@ def test_a_port_out_of_range_is_refused_naming_the_flag_before_the_model_loads(p
     assert ServerSettings(port=0).port == 0  # any free port: uvicorn logs the one it bound
 
 
+@pytest.mark.parametrize("key, why", [("", "is empty"), ("  ", "is empty"), (" s3cret", "has spaces at its start or end"),
+                                      ("s3cret\n", "has spaces at its start or end")])
+def test_an_api_key_no_client_can_send_is_refused(key, why):
+    # `--api-key "$KEY"` with KEY unset served everyone with no key at all (one warning line, on a public bind
+    # only); a key with spaces at either end matched no request, since HTTP trims a header's value.
+    with pytest.raises(ConfigError, match=f"--api-key / QUANTBENCH_API_KEY {why}"):
+        ServerSettings(api_key=key)
+    assert ServerSettings(api_key="s3 cret").api_key == "s3 cret" and ServerSettings().api_key is None
+
+
 def test_a_body_that_is_no_json_object_is_refused_saying_what_it_is(server):  # noqa: F811
     # A JSON string body was parsed again as JSON text: "hi" was called invalid JSON, and a request encoded twice
     # (a careless client's json.dumps of its JSON text) was answered as if it had been sent once.

@@ -104,6 +104,12 @@ class ServerSettings:
     media_limits: dict[str, int] = setting({}, None)
 
     def __post_init__(self) -> None:
+        if self.api_key is not None and (not self.api_key or self.api_key != self.api_key.strip()):
+            # "" (an unset variable in `--api-key "$KEY"`) served with no key at all, and a key with spaces at
+            # either end matched no request (HTTP trims a header's value): both refused rather than run
+            what = "is empty" if not self.api_key.strip() else "has spaces at its start or end (HTTP trims a header)"
+            raise ConfigError(f"--api-key / {API_KEY_ENV} {what}: give the key itself, or leave both unset to serve "
+                              "without one")
         object.__setattr__(self, "allowed_hosts", tuple(self.allowed_hosts))
         object.__setattr__(self, "warm_tokens", tuple(self.warm_tokens))
         for f in fields(self):
