@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from quantbench.cli.common import DbOpt, SharedOpt, _db, _fail, _reading, out
+from quantbench.cli.common import DbOpt, SharedOpt, _db, _fail, _not_a_folder, _reading, out
 from quantbench.errors import ConfigError, QuantbenchError
 
 GIB = 1 << 30
@@ -83,7 +83,7 @@ def pull(
     try:
         if max_bytes <= 0 or timeout <= 0 or deadline <= 0:
             raise ConfigError("--max-gib, --timeout and --deadline take positive numbers")
-        target = Path(db) if db else home.pulled_db()
+        target = _not_a_folder(Path(db), "--db") if db else home.pulled_db()  # a folder: DuckDB's line named no flag
         if not db:
             target.parent.mkdir(parents=True, exist_ok=True)
         store = Store(target)

@@ -68,6 +68,8 @@ def migrate(db: DbOpt = None) -> None:
 
     try:
         store = Store(_db(db))
+        if not store.path.exists():  # a mistyped --db made a new empty store and said "schema version 0 → 9"
+            raise ConfigError(f"no results store at {store.path}: nothing to migrate; give the store's file with --db")
         before = store.schema_version()
         after = store.migrate()
         out.print(f"{store.path}: schema version {before} → {after}")

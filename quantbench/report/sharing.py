@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from quantbench import term
@@ -34,8 +35,8 @@ def print_pulled(store: Store, s: PullSummary, console: Console | None = None) -
     t = Table(title="What came in")
     for col in ("Machine", "Model", "Variant", "Status", "Runs"):
         t.add_column(col, justify="right" if col == "Runs" else "left")
-    for row in grouped.itertuples(index=False):
-        t.add_row(*("—" if x is None or (isinstance(x, float) and x != x) else str(x) for x in row))
+    for row in grouped.itertuples(index=False):  # stored text, not markup: a variant "ref [/x]" raised MarkupError
+        t.add_row(*("—" if x is None or (isinstance(x, float) and x != x) else escape(str(x)) for x in row))
     console.print(t)
 
 
@@ -48,10 +49,10 @@ def print_sources(store: Store, console: Console | None = None) -> None:
     counts = queries.run_sources(store)["store"].value_counts() if store.beside and store.exists() else pd.Series()
     for source in store.sources:
         if not source.path.exists():
-            t.add_row(source.label, str(source.path), "not made yet")
+            t.add_row(source.label, escape(str(source.path)), "not made yet")
             continue
         n = int(counts.get(source.label, 0)) if store.beside else queries.run_count(Store(source.path))
-        t.add_row(source.label, str(source.path), str(n))
+        t.add_row(source.label, escape(str(source.path)), str(n))  # a path's "[x]" is text, not markup
     console.print(t)
     for source in store.sources:
         if not source.path.exists():
@@ -59,11 +60,11 @@ def print_sources(store: Store, console: Console | None = None) -> None:
         pulled = queries.bundles(Store(source.path))
         if pulled.empty:
             continue
-        b = Table(title=f"Bundles pulled into {source.path}")
+        b = Table(title=escape(f"Bundles pulled into {source.path}"))
         for col in ("Bundle", "Published by", "Published", "quantbench", "Pulled from", "Pulled", "Runs", "Added"):
             b.add_column(col, justify="right" if col in ("Runs", "Added") else "left", overflow="fold")
         for r in pulled.itertuples(index=False):
-            b.add_row(str(r.name), str(r.publisher_host), f"{pd.Timestamp(r.published_at):%Y-%m-%d %H:%M}",
-                      f"{r.quantbench_version} {r.quantbench_git_rev or ''}".strip(), str(r.pulled_from),
+            b.add_row(escape(str(r.name)), escape(str(r.publisher_host)), f"{pd.Timestamp(r.published_at):%Y-%m-%d %H:%M}",
+                      f"{r.quantbench_version} {r.quantbench_git_rev or ''}".strip(), escape(str(r.pulled_from)),
                       f"{pd.Timestamp(r.pulled_at):%Y-%m-%d %H:%M}", str(r.runs), str(r.runs_added))
         console.print(b)

@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from quantbench import term
@@ -44,7 +45,9 @@ NUMERIC = ("decisions", an.ACCURACY_NAME, "p50 ms", "p90 ms", "weights", "load s
 def runs_table(runs: list[StoredRun], title: str, sourced: bool = False) -> Table:
     """One self-describing row per run (llama-bench style): what ran, where, and what it measured; `sourced`
     (`quantbench runs`): where each row came from (read from several stores, or pulled)."""
-    t = Table(title=title, title_justify="left")
+    # Stored text is escaped, not read as markup: a sweep's variant "ref [/x]" made `quantbench runs` raise
+    # MarkupError, and " [noise floor]" or a path's "[x]" vanished from the table as an unknown style.
+    t = Table(title=escape(title), title_justify="left")
     for col in ("run", "status", "model", "variant", "kernel", "where", *NUMERIC, *(("from",) if sourced else ())):
         t.add_column(col, justify="right" if col in NUMERIC else "left")
     if any(r.weights == "synthetic" for r in runs):  # their answers are chance: the accuracy must not read as quality
@@ -57,14 +60,14 @@ def runs_table(runs: list[StoredRun], title: str, sourced: bool = False) -> Tabl
             weights = _mib(r.model_tensor_bytes) + " (host)"
         else:
             weights = "—"
-        status = "[green]ok[/]" if r.status == "ok" else f"[red]failed: {r.failure}[/]"
+        status = "[green]ok[/]" if r.status == "ok" else f"[red]failed: {escape(str(r.failure))}[/]"
         variant = (r.variant or r.backend) + (" [noise floor]" if r.role == "noise_floor" else "")
         accuracy = "—" if r.accuracy is None else f"{r.accuracy:.1%}"
         if r.weights == "synthetic" and r.accuracy is not None:
             accuracy += " (random weights*)"
-        t.add_row(r.run_id[:13], status, r.model_id or "—", variant, r.kernel_path or "—", r.gpu_name or "cpu",
-                  "—" if r.n_records is None else str(r.n_records), accuracy, _ms(r.p50_ms), _ms(r.p90_ms), weights,
-                  _ms(r.load_s), *((r.source,) if sourced else ()))
+        t.add_row(r.run_id[:13], status, escape(r.model_id or "—"), escape(variant), escape(r.kernel_path or "—"),
+                  escape(r.gpu_name or "cpu"), "—" if r.n_records is None else str(r.n_records), accuracy,
+                  _ms(r.p50_ms), _ms(r.p90_ms), weights, _ms(r.load_s), *((escape(str(r.source)),) if sourced else ()))
     return t
 
 
@@ -87,8 +90,9 @@ def _dist_txt(d: an.Dist, digits: int = 4, low_tail: bool = False) -> str:
 def print_comparison(comp: Comparison, console: Console | None = None) -> None:
     console = console or term.console()  # to a pipe: whole rows, not wrapped to 80 columns
     c, r = comp.candidate, comp.reference
-    console.print(f"[bold]{parity.describe(c)}[/] vs reference [bold]{parity.describe(r)}[/] ({comp.reference_how})")
-    console.print(f"model {c.model_id}, suite {c.suite_id}, {parity.gpu_label(c)}")
+    console.print(f"[bold]{escape(parity.describe(c))}[/] vs reference [bold]{escape(parity.describe(r))}[/] "
+                  f"({comp.reference_how})")  # stored names are text: a variant "ref [/x]" raised MarkupError
+    console.print(f"model {c.model_id}, suite {c.suite_id}, {parity.gpu_label(c)}", markup=False)
     for note in comp.notes:
         console.print(f"[yellow]note:[/] {note}")
 
@@ -240,22 +244,22 @@ def print_exported(store: Store, paths: list[Path], console: Console | None = No
     console = console or term.console()
     for p in paths:
         runs, answers = exported_counts(p)
-        console.print(f"exported {runs} runs ({answers} answers) from {store.path} to [bold]{p}[/] "
+        console.print(f"exported {runs} runs ({answers} answers) from {escape(str(store.path))} to [bold]{escape(str(p))}[/] "
                       f"({p.stat().st_size / 1e6:.2f} MB, schema version {store.schema_version()})")
 
 
 def print_merged(store: Store, summary: MergeSummary, console: Console | None = None) -> None:
     """What a merge added, per source and per machine."""
     console = console or term.console()
-    t = Table(title=f"Merged into {store.path}")
+    t = Table(title=escape(f"Merged into {store.path}"))  # a path's "[x]" is text, not markup
     for col in ("Source", "Kind", "Schema", "Runs", "Added", "Already here", "Answers", "Latencies"):
         t.add_column(col, justify="left" if col in ("Source", "Kind") else "right", overflow="fold")
     for s in summary.sources:
-        t.add_row(s.path, s.kind, str(s.schema_version), str(s.runs_in_source), str(s.runs_added),
+        t.add_row(escape(s.path), s.kind, str(s.schema_version), str(s.runs_in_source), str(s.runs_added),
                   str(s.runs_present), str(s.answers_added), str(s.latencies_added))
     console.print(t)
     for note in summary.skipped:
-        console.print(f"skipped {note}")
+        console.print(f"skipped {note}", markup=False)
     if summary.added.empty:
         console.print("nothing new: every run was already in the store")
         return
@@ -266,7 +270,7 @@ def print_merged(store: Store, summary: MergeSummary, console: Console | None = 
     for col in ("Machine", "Model", "Variant", "Status", "Runs"):
         w.add_column(col, justify="right" if col == "Runs" else "left")
     for row in grouped.itertuples(index=False):
-        w.add_row(*("—" if x is None or (isinstance(x, float) and x != x) else str(x) for x in row))
+        w.add_row(*("—" if x is None or (isinstance(x, float) and x != x) else escape(str(x)) for x in row))
     console.print(w)
 
 

@@ -12,7 +12,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -90,10 +90,25 @@ def _open_error(path: Path, e: Exception) -> str:
     if any(w in text.lower() for w in ("read-only file system", "permission denied", "readonly")):
         return (f"cannot open {path} for writing {where}: {text}; give a file on a disk and in a folder this user "
                 "may write, or fix its permissions")
+    if "replaying wal" in text.lower():
+        return f"cannot open {path}: {wal_fix(path, text)}"
     if _is_lock_error(e):
         return (f"cannot open {path}: another process holds it ({text}); wait for it (a run, a merge) to finish, "
                 "or close what keeps it open")
     return f"cannot open {path}: {text}"
+
+
+def wal_fix(path: Path, text: str) -> str:
+    """A write-ahead log beside `path` that DuckDB cannot replay into it (one left from another copy of the file,
+    or a file restored from a backup under an old log): what it is and the fix. DuckDB's own line said neither.
+    The log is the one DuckDB names: read beside your store, it may be a pulled store's."""
+    import re
+
+    named = re.search(r'WAL file "([^"]+)"', text)
+    wal = named.group(1) if named else f"{path}.wal"
+    return (f"the write-ahead log {wal} cannot be replayed into its store ({text}): the log belongs to another copy "
+            f"of the file, or the file was restored under an old log; move {wal} away (keep it until the store reads "
+            "as you expect) and try again")
 
 
 class Store:
@@ -123,27 +138,23 @@ class Store:
 
     # -- connections -----------------------------------------------------------------------------------------
     @contextmanager
-    def connect(self, *, write: bool) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A short-lived connection; a writer waits (up to LOCK_RETRY_S) while another process holds the file."""
+    def connect(self, *, write: bool, as_stored: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A short-lived connection; a writer waits (up to LOCK_RETRY_S) while another process holds the file.
+        A reader of a store older than this schema reads it as if migrated (quantbench.store.composite), unless
+        `as_stored`: the file's own tables as they are (its schema version, its own columns)."""
         beside = self.beside and not write
         if not write and not (self.exists() if beside else self.path.exists()):
             raise StoreError(f"no results store at {self.path}; run `quantbench demo` or `quantbench run` first")
-        deadline = time.monotonic() + LOCK_RETRY_S
-        delay = 0.05
-        while True:
-            try:
-                con = composite.connect(self.sources) if beside else duckdb.connect(str(self.path), read_only=not write)
-                break
-            except composite.SourceVersionError as e:
-                raise StoreError(str(e)) from None
-            except duckdb.Error as e:
-                if not _is_lock_error(e) or time.monotonic() > deadline:
-                    raise StoreUnavailableError(_open_error(self.path, e)) from e
-                time.sleep(delay)
-                delay = min(delay * 2, 1.0)
+        con = self._open(lambda: composite.connect(self.sources) if beside
+                         else duckdb.connect(str(self.path), read_only=not write))
         try:
             if not beside:  # a store read beside others is checked as composite attaches it
-                self._check_whole(con)
+                version = self._check_whole(con)
+                if not write and not as_stored and 0 < version < SCHEMA_VERSION:
+                    # The queries name this schema's columns (answers.modality, runs.role): read directly, a store
+                    # from before them failed inside `report` or `compare` with DuckDB's Binder Error traceback.
+                    con.close()
+                    con = self._open(lambda: composite.connect([Source(self.path, self.kind)]))
             if write:
                 try:
                     self._migrate(con)
@@ -160,12 +171,30 @@ class Store:
         finally:
             con.close()
 
-    def _check_whole(self, con: duckdb.DuckDBPyConnection) -> None:
-        """Refuse a file cut short, or missing tables or columns its schema version has (quantbench.store.check)."""
+    def _open(self, opener: Callable[[], duckdb.DuckDBPyConnection]) -> duckdb.DuckDBPyConnection:
+        """`opener()`, retried (up to LOCK_RETRY_S) while another process holds the file."""
+        deadline = time.monotonic() + LOCK_RETRY_S
+        delay = 0.05
+        while True:
+            try:
+                return opener()
+            except composite.SourceVersionError as e:
+                raise StoreError(str(e)) from None
+            except duckdb.Error as e:
+                if not _is_lock_error(e) or time.monotonic() > deadline:
+                    raise StoreUnavailableError(_open_error(self.path, e)) from e
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    def _check_whole(self, con: duckdb.DuckDBPyConnection) -> int:
+        """Refuse a file cut short, or missing tables or columns its schema version has (quantbench.store.check).
+        Returns its schema version."""
         catalog = con.execute("SELECT current_database()").fetchone()[0]
-        why = check.damage(con, catalog, self.path, self.version_of(con))
+        version = self.version_of(con)
+        why = check.damage(con, catalog, self.path, version)
         if why:
             raise StoreUnavailableError(why)
+        return version
 
     @staticmethod
     def version_of(con: duckdb.DuckDBPyConnection) -> int:
@@ -206,6 +235,9 @@ class Store:
 
     def migrate(self, target: int = SCHEMA_VERSION) -> int:
         """Bring the file to `target` (tests make old stores with a lower target). Returns the version."""
+        if target == SCHEMA_VERSION:  # opened as every writer opens it: a lock waited for, an error in one line
+            with self.connect(write=True) as con:
+                return self.version_of(con)
         con = duckdb.connect(str(self.path))
         try:
             self._migrate(con, target)
@@ -217,7 +249,7 @@ class Store:
         """The schema version of `path` (the stores beside it are checked when read)."""
         if not self.path.exists():
             return 0
-        with Store(self.path).connect(write=False) as con:
+        with Store(self.path).connect(write=False, as_stored=True) as con:
             return self.version_of(con)
 
     # -- writing ---------------------------------------------------------------------------------------------

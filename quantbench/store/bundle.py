@@ -96,7 +96,11 @@ def publish(store: Store, out: str | os.PathLike[str], run_ids: list[str], load_
                           "written over another)")
     if not out.parent.is_dir():
         raise BundleError(f"--out {out}: the folder {out.parent} does not exist; create it first")
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    except OSError as e:  # a read-only folder: was Python's traceback
+        raise BundleError(f"--out {out}: cannot write in {out.parent} ({e.strerror or e}); give a folder this user "
+                          "may write") from e
     try:
         files = _write_tables(store, work, run_ids, load_ids)
         manifest = _manifest(store, work, files, run_ids, load_ids, name=name, selection=selection,
@@ -112,6 +116,9 @@ def publish(store: Store, out: str | os.PathLike[str], run_ids: list[str], load_
         else:
             _archive(work, out, kind, name)
         return Published(out, manifest, digest, files)
+    except (duckdb.IOException, OSError) as e:  # the disk filled up while the bundle was written
+        raise BundleError(f"--out {out}: cannot write the bundle ({str(e).strip().splitlines()[0]}); free space on "
+                          f"the disk of {out.parent}, or give another --out; nothing was published") from e
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -120,7 +127,7 @@ def _write_tables(store: Store, work: Path, run_ids: list[str], load_ids: list[s
     """One Parquet file per table, rows in a fixed order, with each file's rows, bytes and sha256."""
     wanted = [*(RUN_FILES if run_ids else ()), *(LOAD_FILES if load_ids else ())]
     files = []
-    with store.connect(write=False) as con:
+    with store.connect(write=False, as_stored=True) as con:  # its own columns, as the manifest states its version
         con.execute("CREATE TEMP TABLE _runs AS SELECT unnest(?::UUID[]) AS run_id", [run_ids])
         con.execute("CREATE TEMP TABLE _loads AS SELECT unnest(?::UUID[]) AS load_id", [load_ids])
         for fname in wanted:

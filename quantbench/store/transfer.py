@@ -25,7 +25,15 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 
-from quantbench.store import DATA_ERRORS, SCHEMA_VERSION, Store, StoreError, StoreUnavailableError, check
+from quantbench.store import (
+    DATA_ERRORS,
+    SCHEMA_VERSION,
+    Store,
+    StoreError,
+    StoreUnavailableError,
+    check,
+    wal_fix,
+)
 from quantbench.store.nested import (  # the export's layout: written by copy_nested, read back here
     LOAD_COLUMN,
     LOAD_TABLES,
@@ -58,12 +66,19 @@ def export(store: Store, out: str | os.PathLike[str]) -> list[Path]:
     if not store.path.exists():
         raise StoreError(f"no results store at {store.path}; nothing to export (run `quantbench demo` first)")
     path = _export_path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".partial")
-    with store.connect(write=True) as con:
-        con.execute("CHECKPOINT")  # recent rows sit in the .wal until then
-        copy_nested(con, tmp, Store.version_of(con))
-    tmp.replace(path)  # a reader never sees half a file
+    # Read only, the file's own tables (the rows in its .wal are read through it): a store on a read-only disk, or
+    # the shipped results, exports too; opening it to write refused them, and changed the store being exported.
+    with store.connect(write=False, as_stored=True) as con:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            copy_nested(con, tmp, Store.version_of(con))
+            tmp.replace(path)  # a reader never sees half a file
+        except (duckdb.IOException, OSError) as e:  # a read-only or full disk: was DuckDB's traceback
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            raise StoreError(f"--out {path}: cannot write it ({_first_line(e)}); give a file in a folder this user "
+                             "may write, on a disk with free space") from e
     return [path]
 
 
@@ -191,6 +206,8 @@ def _stage_duckdb(con: duckdb.DuckDBPyConnection, path: Path) -> tuple[int, bool
     try:
         con.execute(f"ATTACH {_q(path)} AS _src (READ_ONLY)")
     except duckdb.Error as e:
+        if "replaying wal" in str(e).lower():
+            raise StoreError(f"{path}: {wal_fix(path, _first_line(e))}") from e
         raise StoreError(f"{path}: cannot open it as a DuckDB store ({e}); if another process holds it, wait or "
                          "`quantbench export` there and merge the Parquet file") from e
     has = con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = '_src' AND table_name = "
@@ -222,6 +239,7 @@ def _merge_staged(con: duckdb.DuckDBPyConnection, summary: SourceSummary, has_lo
         con.execute("CREATE OR REPLACE TEMP TABLE _new AS SELECT DISTINCT run_id FROM _src_runs "
                     "WHERE run_id NOT IN (SELECT run_id FROM runs)")
         _refuse_unknown_status(con, summary)
+        _refuse_orphans(con, summary)
         summary.runs_in_source = con.execute("SELECT count(DISTINCT run_id) FROM _src_runs").fetchone()[0]
         summary.runs_added = con.execute("SELECT count(*) FROM _new").fetchone()[0]
         summary.runs_present = summary.runs_in_source - summary.runs_added
@@ -253,6 +271,20 @@ def _refuse_unknown_status(con: duckdb.DuckDBPyConnection, summary: SourceSummar
         shown = ", ".join(f"{run_id} ({status or 'no status'})" for run_id, status in odd)
         raise StoreError(f"{summary.path}: run(s) {shown} are neither ok nor failed: not runs quantbench finished; "
                          "merge an export made by `quantbench export` where they were measured, or leave them out")
+
+
+def _refuse_orphans(con: duckdb.DuckDBPyConnection, summary: SourceSummary) -> None:
+    """Answers or latencies of a run the source has no row of (a store another tool edited, or a run row deleted by
+    hand) are a partial source: refused, nothing merged. Only the rows of the source's runs were inserted, so such
+    rows were dropped while the merge reported success."""
+    orphans = con.execute("SELECT DISTINCT CAST(run_id AS VARCHAR) FROM (SELECT run_id FROM _src_answers UNION ALL "
+                          "SELECT run_id FROM _src_latencies) WHERE run_id NOT IN (SELECT run_id FROM _src_runs) "
+                          "ORDER BY 1").fetchall()
+    if orphans:
+        shown = ", ".join(r[0] for r in orphans[:4]) + (f" and {len(orphans) - 4} more" if len(orphans) > 4 else "")
+        raise StoreError(f"{summary.path}: answers or latencies of run(s) {shown} that it holds no run row of: a "
+                         f"partial source; `quantbench export --db {summary.path} --out FILE.parquet` exports its "
+                         "whole runs only: merge that file")
 
 
 def _insert_new(con: duckdb.DuckDBPyConnection, table: str, key: str, new: str) -> int:
