@@ -72,7 +72,7 @@ def migrate(db: DbOpt = None) -> None:
             raise ConfigError(f"no results store at {store.path}: nothing to migrate; give the store's file with --db")
         before = store.schema_version()
         after = store.migrate()
-        out.print(f"{store.path}: schema version {before} → {after}")
+        out.print(f"{store.path}: schema version {before} → {after}", markup=False)
     except QuantbenchError as e:
         _fail(e)
 

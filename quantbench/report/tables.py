@@ -94,7 +94,7 @@ def print_comparison(comp: Comparison, console: Console | None = None) -> None:
                   f"({comp.reference_how})")  # stored names are text: a variant "ref [/x]" raised MarkupError
     console.print(f"model {c.model_id}, suite {c.suite_id}, {parity.gpu_label(c)}", markup=False)
     for note in comp.notes:
-        console.print(f"[yellow]note:[/] {note}")
+        console.print(f"[yellow]note:[/] {escape(note)}")  # notes quote stored names and paths
 
     t = Table(title="Parity with the reference", show_lines=False)
     t.add_column("Statistic")
@@ -127,7 +127,7 @@ def print_comparison(comp: Comparison, console: Console | None = None) -> None:
     console.print(f"Verdict: [bold {colour}]{comp.verdict.label}[/]"
                   + (f" (margins: {comp.verdict.margins.describe()})" if comp.verdict.parts else ""))
     for reason in comp.verdict.reasons:
-        console.print(f"  - {reason}")
+        console.print(f"  - {reason}", markup=False)
     print_tests(comp, console)
     if comp.per_modality:
         print_modalities(comp, console)
