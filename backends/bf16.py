@@ -89,11 +89,11 @@ class Bf16Backend:
             note, disk = "built in memory from the seed; load time is not a disk load", None
             extra = {}
         else:
-            from transformers import AutoTokenizer
+            from quantbench.models.checkpoint import load_tokenizer
 
             path = model_dir(spec)
             model = family_of(read_config(path)).load(path, dtype, spec.device, spec.trust_remote_code)
-            tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=spec.trust_remote_code)
+            tokenizer = load_tokenizer(path, spec.trust_remote_code)
             ident = model_identity(path)
             ident.pop("source_model_hash", None)
             extra, note = unread_note(path)

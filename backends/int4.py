@@ -223,9 +223,9 @@ class Int4Backend:
             kernel = per_expert_kernel(model)
             experts_bytes = experts_tensor_bytes(model)
 
-        from transformers import AutoTokenizer
+        from quantbench.models.checkpoint import load_tokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=spec.trust_remote_code)
+        tokenizer = load_tokenizer(path, spec.trust_remote_code)
         ident = model_identity(path)
         source_hash = ident.pop("source_model_hash", None)
         unread, note = unread_note(path)

@@ -94,6 +94,21 @@ def model_identity(path: str | Path) -> dict[str, Any]:
     }
 
 
+SCORER_KEY = "quantbench_scorer"  # config.json's entry naming a checkpoint's own scorer (models/scorer.py)
+
+
+def weight_files(root: Path) -> set[str]:
+    """Names of the scorer's head files at the top of `root` (quantbench's strict model loader leaves them to the
+    scorer instead of calling them stray tensors of the model)."""
+    try:
+        config = json.loads((root / "config.json").read_text())
+    except (OSError, ValueError):
+        return set()
+    entry = config.get(SCORER_KEY) if isinstance(config, dict) else None
+    files = entry.get("files") if isinstance(entry, dict) else None
+    return {Path(f).name for f in files if isinstance(f, str) and "/" not in f} if isinstance(files, list) else set()
+
+
 def check_safetensors_only(path: Path) -> None:
     """Refuse a checkpoint without safetensors weights, or with a weights file that is cut short or not
     safetensors (each file's header is read and checked against the file's size: milliseconds, no tensor read)."""
@@ -112,6 +127,35 @@ def json_file(file: Path, fix: str) -> Any:
         return json.loads(file.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise LoadError(f"{file}: not valid JSON ({e}); {fix}") from None
+
+
+# The JSON files transformers reads beside config.json to build a tokenizer (and a processor); one that does not
+# parse crashed the run's child with a bare JSONDecodeError naming no file.
+TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                  "vocab.json", "chat_template.json", "preprocessor_config.json", "processor_config.json")
+
+
+def check_tokenizer_json(path: Path) -> None:
+    """Refuse a checkpoint whose tokenizer (or processor) JSON files do not parse, naming the file."""
+    for name in TOKENIZER_JSON:
+        if (path / name).is_file():
+            json_file(path / name, "restore it (copy it from the model the checkpoint was made from)")
+
+
+def load_tokenizer(path: Path, trust_remote_code: bool = False) -> Any:
+    """AutoTokenizer.from_pretrained, or a LoadError naming the tokenizer files when they parse but do not make a
+    tokenizer (a tokenizer.json of another schema crashed the run's child with a bare KeyError 'added_tokens').
+    A refusal to run the checkpoint's own code is passed on as transformers raised it."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except Exception as e:  # tokenizers and transformers raise KeyError, ValueError, TypeError or their own
+        if "trust_remote_code" in str(e):
+            raise
+        files = ", ".join(f for f in TOKENIZER_JSON[:4] if (path / f).is_file()) or "no tokenizer files"
+        raise LoadError(f"{path}: its tokenizer cannot be built from its files ({files}): {type(e).__name__}: "
+                        f"{e}; copy them from the model the checkpoint was made from") from e
 
 
 SHARD_INDEX = "model.safetensors.index.json"  # a sharded checkpoint's map of tensor name -> shard file
@@ -135,6 +179,31 @@ def check_shard_index(path: Path) -> None:
         raise LoadError(f"{path}: {len(missing)} of the {len(shards)} shards its {SHARD_INDEX} names "
                         f"{'is' if len(missing) == 1 else 'are'} not there ({shown}); a partial checkpoint never "
                         f"runs: {fix}")
+    # transformers reads the shards the index names and nothing else, while quantbench's own readers (the strict
+    # nvfp4 / fp8 loader, the experts check, the unchanged check of quantize) read every *.safetensors: a stray
+    # file (a shard of another download, a model.safetensors beside the index) loaded with "tensors the model has
+    # no place for" or failed quantizing after calibration, blaming the quantizer.
+    stray = sorted(f.name for f in path.glob("*.safetensors") if f.name not in set(shards) | weight_files(path))
+    if stray:
+        raise LoadError(f"{path}: {', '.join(stray)} {'is' if len(stray) == 1 else 'are'} not named in its "
+                        f"{SHARD_INDEX} (left over from another copy or download?); remove what is not the "
+                        "checkpoint's, so that every reader reads the same tensors")
+    # transformers reads every tensor of every shard, a later shard's copy silently replacing an earlier one, and
+    # never asks the index which is meant: a tensor in two shards ran with whichever came last
+    found: dict[str, str] = {}
+    for shard in shards:
+        for key in safetensors_keys(path / shard):
+            if key in found:
+                raise LoadError(f"{path}: tensor {key} is in both {found[key]} and {shard} (its {SHARD_INDEX} names "
+                                f"{weight_map.get(key, 'neither')}); the shards are of different copies: {fix}")
+            found[key] = shard
+
+
+def safetensors_keys(file: Path) -> list[str]:
+    """The tensor names of a safetensors file, from its header alone."""
+    with open(file, "rb") as fh:
+        header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+    return [k for k in header if k != "__metadata__"]
 
 
 def check_safetensors_header(file: Path) -> None:

@@ -91,7 +91,8 @@ def _classify(p: Projection, hidden: int | None, inter: int | None) -> dict[str,
         group = (k // scales[0]) if k and scales else None
         params = (k or rows * 8) * cols
         return {"format": f"int{bits}" if bits else "int (packed)", "bits": bits, "group_size": group,
-                "packed_dtype": t["qweight"]["dtype"], "bytes": nbytes, "params": params}
+                "groups": scales[0] if scales else None, "packed_dtype": t["qweight"]["dtype"], "bytes": nbytes,
+                "params": params}
     weight = t.get("weight_packed") or t.get("weight")
     if weight is None:
         return {"format": "unknown", "bits": None, "group_size": None, "packed_dtype": None, "bytes": nbytes,
@@ -149,10 +150,16 @@ def expert_map(root: str | Path, config: dict[str, Any] | None = None) -> dict[i
             p.experts for p in projections[layer].values())
         params, nbytes = sum(k["params"] for k in kinds), sum(k["bytes"] for k in kinds)
         first = kinds[0]
-        uniform = len(formats) == 1 and len({(k["bits"], k["group_size"], k["packed_dtype"]) for k in kinds}) == 1
+        # A projection quantized as one group per row (auto-round's group_size -1, or a group wider than its
+        # inputs) fits any group size: gate/up (hidden inputs) and down (moe_intermediate inputs) of a
+        # group_size -1 export have different widths, and the layer read as "mixed" and was refused though it loads.
+        groups = {k["group_size"] for k in kinds if k.get("groups") != 1}
+        group = groups.pop() if len(groups) == 1 else -1 if not groups else None
+        uniform = (len(formats) == 1 and len({(k["bits"], k["packed_dtype"]) for k in kinds}) == 1
+                   and (group is not None or first["group_size"] is None))
         out[layer] = {
             "format": first["format"] if uniform else "mixed", "formats": formats, "bits": first["bits"] if uniform else None,
-            "group_size": first["group_size"] if uniform else None,
+            "group_size": group if uniform else None,
             "packed_dtype": first["packed_dtype"] if uniform else None, "experts": experts, "bytes": nbytes,
             "bits_per_weight": round(8 * nbytes / params, 3) if params else None,
         }
@@ -185,12 +192,14 @@ def check(backend: str, root: str | Path) -> dict[str, Any]:
     if not claim["formats"] or not layers:
         return {**record, "result": "no MoE experts to check" if not layers else "no claim"}
     wrong = []
+    widest = max((d for d in _text_dims(config) if d), default=None)
     for i, info in layers.items():
         formats = set(info["formats"])
         ok = formats <= set(claim["formats"])
         if ok and backend == "int4":
+            per_row = info["group_size"] == -1 and widest is not None and (claim["group_size"] or 0) >= widest
             ok = info["bits"] == (claim["bits"] or 4) and (
-                claim["group_size"] in (None, -1) or info["group_size"] == claim["group_size"])
+                claim["group_size"] in (None, -1) or info["group_size"] == claim["group_size"] or per_row)
         if not ok:
             wrong.append(i)
     if not wrong:

@@ -71,6 +71,13 @@ def read_layout(path: str | Path) -> Layout:
         raise LoadError(f"{root}: not a quantized checkpoint (config.json has no quantization_config); run it with "
                         "--backend bf16, or make a variant with `quantbench quantize --scheme nvfp4|fp8`")
     method = qc.get("quant_method")
+    # ModelOpt writes its KV-cache quantization to config.json as compressed-tensors' `kv_cache_scheme` (its
+    # hf_quant_config.json says kv_cache_quant_algo): such a checkpoint was refused for its k_scale / v_scale
+    # tensors as "not matching its config"; it is named here, as the hf_quant_config.json form is.
+    kv = qc.get("kv_cache_quant_algo") or qc.get("kv_cache_scheme")
+    if kv:
+        raise _unsupported(root, f"{'kv_cache_quant_algo' if qc.get('kv_cache_quant_algo') else 'kv_cache_scheme'} "
+                           f"{kv!r}", "KV-cache quantization is not emulated: export without it", where)
     if method == "modelopt":
         return _modelopt_layout(root, qc, where)
     if method == "compressed-tensors":
@@ -104,9 +111,6 @@ def _hf_quant_config(file: Path) -> dict[str, Any]:
 
 def _modelopt_layout(root: Path, qc: dict[str, Any], where: str) -> Layout:
     algo = qc.get("quant_algo")
-    if qc.get("kv_cache_quant_algo"):
-        raise _unsupported(root, f"kv_cache_quant_algo {qc['kv_cache_quant_algo']!r}",
-                           "KV-cache quantization is not emulated: export without it", where)
     producer = _obj(qc.get("producer")).get("version", "")
 
     def made_by(*how: str) -> str:  # "modelopt 0.47.0", then what is particular to the algorithm

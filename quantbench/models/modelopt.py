@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from quantbench.engine.moe.engine import DenseExperts, install_grouped_moe
 from quantbench.errors import LoadError
-from quantbench.models.checkpoint import model_identity, read_config, unread_tensors
+from quantbench.models.checkpoint import load_tokenizer, model_identity, read_config, unread_tensors
 from quantbench.models.families import family_of, has_key_layouts, moe_layout
 from quantbench.models.layout import Layout, read_layout
 from quantbench.models.strict import Checkpoint, finish, stacked_experts
@@ -138,6 +138,21 @@ def build_experts(ck: Checkpoint, prefix: str, num_experts: int, layout: Layout,
     return out[0], out[1]
 
 
+def _check_expert_shapes(root: Path, prefix: str, experts: nn.Module, formats: tuple[nn.Module, nn.Module]) -> None:
+    """The experts read from the tensors must have the shape the config gives the model's (transformers' fused
+    gate_up_proj [E, 2I, H] and down_proj [E, H, I]): the formats are built from the tensors alone, so a config
+    whose moe_intermediate_size disagreed with them ran (bf16 and int4 refuse it) under a config that was wrong."""
+    for fmt, name in zip(formats, ("gate_up_proj", "down_proj"), strict=True):
+        want = getattr(experts, name, None)
+        if want is None:  # experts kept per expert by this family's model: nothing fused to compare with
+            continue
+        got = (fmt.num_experts, fmt.out_features, fmt.in_features)
+        if got != tuple(want.shape):
+            raise LoadError(f"{root}: the experts of {prefix} are {got} [experts, out, in] in the checkpoint's tensors "
+                            f"({name}), its config.json (num_experts, moe_intermediate_size, hidden_size) gives "
+                            f"{tuple(want.shape)}; fix config.json to match the tensors, or copy the checkpoint again")
+
+
 def _dense_experts(ck: Checkpoint, prefix: str, num_experts: int, dtype: torch.dtype) -> tuple[nn.Module, nn.Module]:
     """BF16 experts of a layer the checkpoint left unquantized (per-expert tensors, fused as transformers does)."""
     gate_up, down = stacked_experts(ck, prefix, num_experts, dtype)
@@ -200,6 +215,7 @@ def load_quantized(
             built[ref.layer_index] = build_experts(ck, prefix, num, layout, mode=mode, activations=acts_on, dtype=dtype)
         else:
             built[ref.layer_index] = _dense_experts(ck, prefix, num, dtype)
+        _check_expert_shapes(root, prefix, ref.block.experts, built[ref.layer_index])
     if not built:
         raise LoadError(f"{root}: {type(model).__name__} has no MoE block; quantbench's nvfp4 / fp8 backends run MoE models")
     path_taken = install_grouped_moe(model, lambda i, _experts: built[i], kernel, layout=moe)
@@ -259,14 +275,10 @@ def unread_note(root: Path) -> tuple[dict[str, Any], str]:
 def load_checkpoint(path: str | Path, scheme: str, *, mode: str = "packed", activations: bool = True,
                     dtype: torch.dtype, device: str, trust_remote_code: bool = False) -> dict[str, Any]:
     """Load the `scheme` checkpoint at `path` with quantbench's loader, and its tokenizer; the run row's fields."""
-    from transformers import (
-        AutoTokenizer,  # lazy: transformers is imported in the child only, as load_quantized's
-    )
-
     path = Path(path)
     loaded = load_quantized(path, scheme=scheme, mode=mode, activations=activations, dtype=dtype, device=device,
                             trust_remote_code=trust_remote_code)
-    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    tokenizer = load_tokenizer(path, trust_remote_code)
     ident = model_identity(path)
     source_hash = ident.pop("source_model_hash", None)
     unread, note = unread_note(path)

@@ -27,9 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from quantbench.errors import ConfigError, LoadError, QuantbenchError
-from quantbench.models.checkpoint import check_safetensors_header, read_config
+from quantbench.models.checkpoint import SCORER_KEY, check_safetensors_header, read_config
 
-SCORER_KEY = "quantbench_scorer"
 _CLASS_REF = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -117,18 +116,6 @@ def describe(root: str | Path, config: dict[str, Any] | None = None) -> ScorerFi
             raise LoadError(f"{where}.files: {name!r} is not in {root}; restore the checkpoint's head files")
         check_safetensors_header(target)
     return found
-
-
-def weight_files(root: Path) -> set[str]:
-    """Names of the scorer's head files at the top of `root` (quantbench's strict model loader leaves them to the
-    scorer instead of calling them stray tensors of the model)."""
-    try:
-        config = json.loads((root / "config.json").read_text())
-    except (OSError, ValueError):
-        return set()
-    entry = config.get(SCORER_KEY) if isinstance(config, dict) else None
-    files = entry.get("files") if isinstance(entry, dict) else None
-    return {Path(f).name for f in files if isinstance(f, str) and "/" not in f} if isinstance(files, list) else set()
 
 
 def require_trust(found: ScorerFiles | None, trusted: bool, flag: str = "--trust-remote-code") -> None:

@@ -13,8 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from quantbench.errors import LoadError
-from quantbench.models.checkpoint import check_safetensors_only
-from quantbench.models.scorer import weight_files
+from quantbench.models.checkpoint import check_safetensors_only, weight_files
 
 
 class Checkpoint:

@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from quantbench.errors import QuantbenchError
-from quantbench.models.checkpoint import read_config
+from quantbench.models.checkpoint import read_config, weight_files
 from quantbench.models.families import family_of, has_key_layouts
-from quantbench.models.scorer import weight_files
 
 _CHUNK = 16 << 20
 

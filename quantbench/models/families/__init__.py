@@ -69,6 +69,7 @@ def decision_engine(model: nn.Module, tokenizer: Any, spec: Any, checkpoint: str
     media processor for a family that reads media, TransformersEngine otherwise). The one place a backend asks, so
     no backend carries its own copy of the choice. A tokenizer that encodes text to nothing is refused first."""
     refuse_empty_tokenizer(tokenizer, checkpoint)
+    refuse_broken_chat_template(tokenizer, checkpoint)
     return family_of_model(model).decision_engine(model, tokenizer, spec, checkpoint)
 
 
@@ -82,6 +83,25 @@ def refuse_empty_tokenizer(tokenizer: Any, checkpoint: str | Path | None) -> Non
     raise LoadError(f"{where}its tokenizer encodes text to no tokens (vocabulary of {len(tokenizer)}): the checkpoint "
                     "has no tokenizer files (tokenizer.json, or tokenizer.model / vocab.json + merges.txt, with "
                     "tokenizer_config.json); copy them from the model it was made from")
+
+
+def refuse_broken_chat_template(tokenizer: Any, checkpoint: str | Path | None) -> None:
+    """LoadError when the checkpoint's chat template does not render a decision's message: the run's child crashed
+    on the first question with a bare jinja2 TemplateSyntaxError naming no file."""
+    from jinja2 import TemplateError
+
+    from quantbench.protocol.prompt import uses_chat_template
+
+    if not uses_chat_template(tokenizer):
+        return
+    try:
+        tokenizer.apply_chat_template([{"role": "user", "content": "State: decision"}], tokenize=False,
+                                      add_generation_prompt=True, enable_thinking=False)
+    except (TemplateError, ValueError, TypeError, KeyError) as e:
+        where = f"{checkpoint}: " if checkpoint else ""
+        raise LoadError(f"{where}its chat template (tokenizer_config.json chat_template, or chat_template.jinja) does "
+                        f"not render a message: {type(e).__name__}: {e}; fix it, or copy it from the model the "
+                        "checkpoint was made from") from e
 
 
 def synthetic_shapes() -> dict[str, dict[str, Any]]:
