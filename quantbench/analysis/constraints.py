@@ -224,6 +224,16 @@ def _objective_key(k: Candidate, c: Constraints) -> tuple[float, float]:
 
 
 # -- evidence ----------------------------------------------------------------------------------------------------
+def _batched_runs(row: Row, rep: GpuReport, n: int) -> list[dict[str, Any]]:
+    """The batched runs (rep.throughput) of `row`'s own variant, checkpoint and implementation at ≥ n decisions a
+    pass. Matched by the runs, not by the label's first word: `bf16 (transformers grouped_mm)` took the quantbench
+    engine's batched pass as its latency and energy."""
+    run = row.run
+    same = lambda r: (r.backend, r.variant, r.weight_format, implementation(r.kernel_path)) == (  # noqa: E731
+        run.backend, run.variant, run.weight_format, implementation(run.kernel_path))
+    return [t for t in rep.throughput if same(t["run"]) and t["batch"] >= n]
+
+
 def latency_evidence(row: Row, rep: GpuReport, steps: pd.DataFrame, c: Constraints) -> Evidence:
     """The latency of `row`'s variant at `c.concurrency` clients and where the figure comes from (module
     docstring: a load run, else a batched run, else the batch-1 model time)."""
@@ -232,8 +242,7 @@ def latency_evidence(row: Row, rep: GpuReport, steps: pd.DataFrame, c: Constrain
     if load is not None:
         return load
     if n > 1:
-        batched = [t for t in rep.throughput if t["variant"].split(" (")[0] == row.label.split(" (")[0]
-                   and t["batch"] >= n]
+        batched = _batched_runs(row, rep, n)
         if batched:
             t = min(batched, key=lambda t: t["batch"])
             return Evidence(float(t["ms_per_pass"]), f"{t['ms_per_pass']:,.1f} ms a pass of {t['batch']} decisions "
@@ -287,8 +296,7 @@ def _load_step(run: StoredRun, steps: pd.DataFrame, n: int, pct: int) -> tuple[E
 def energy_evidence(row: Row, rep: GpuReport, c: Constraints) -> Evidence:
     """Energy per decision: from a batched run at ≥ concurrency where one measured it, else one decision at a time."""
     if c.concurrency > 1:
-        batched = [t for t in rep.throughput if t["variant"].split(" (")[0] == row.label.split(" (")[0]
-                   and t["batch"] >= c.concurrency and t["efficiency"].j_per_decision is not None]
+        batched = [t for t in _batched_runs(row, rep, c.concurrency) if t["efficiency"].j_per_decision is not None]
         if batched:
             t = min(batched, key=lambda t: t["batch"])
             j = t["efficiency"].j_per_decision

@@ -145,6 +145,16 @@ def check_comparable(cand: StoredRun, ref: StoredRun, allow_synthetic: bool = Fa
             f"tokenizer_hash differs (candidate {tc}, reference {tr}): the prompts were tokenized differently, so the "
             "inputs are not identical; quantize the candidate from the reference's checkpoint with its tokenizer"
         )
+    # The tensors quantization leaves alone (embeddings, norms, router; quantbench.models.lineage) differ: the
+    # candidate was made from other BF16 weights (another build of a model id that once did not name its weights),
+    # so its flips measure the other model, not the quantization. A variant of the H200 store read `worse`.
+    sc, sr = cand.shared_tensors_hash, ref.shared_tensors_hash
+    if sc and sr and sc != sr:
+        raise ParityError(
+            f"shared tensors differ (candidate {sc[:12]}, reference {sr[:12]}): the candidate's embeddings, norms and "
+            "router weights are not the reference's, so it was not made from these BF16 weights; run BF16 from the "
+            "checkpoint it was quantized from, or quantize it again from this one"
+        )
 
 
 # -- the comparison ------------------------------------------------------------------------------------------

@@ -561,6 +561,10 @@ def _recommend(report: GpuReport, rules: Rules, synthetic: bool) -> None:
         pick.recommended = True
         report.recommended = pick
         report.rule = rules.describe(report.cpu)
+        if rules.use_noise_floor and pick.comparison is not None and pick.comparison.verdict.label == an.NO_FLOOR:
+            # "not worse than the noise floor" claimed of a pick no floor judged: say what it was picked on
+            report.rule += (" (no noise-floor run here: it was judged on its agreement with BF16 alone; "
+                            "`quantbench run --noise-floor` makes one)")
 
     for r in report.rows:
         facts = []

@@ -210,6 +210,13 @@ class Verdict:
         ps = [p.tost.p for p in self.parts if p.tost is not None and not math.isnan(p.tost.p)]
         return max(ps) if ps else None
 
+    @property
+    def n_with_floor(self) -> int | None:
+        """The questions the statistics against the noise floor were judged on: those the floor answered too, which
+        can be fewer than the comparison's (a floor run with --limit); None without such a statistic."""
+        ns = [p.n for p in self.parts if p.statistic != "accuracy loss"]
+        return min(ns) if ns else None
+
     def short(self) -> str:
         """The verdict in a table cell."""
         if self.label == INCONCLUSIVE:

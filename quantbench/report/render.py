@@ -109,7 +109,7 @@ def cells(row: Row, report: GpuReport) -> dict[str, str]:
     rep = row.repeats
     if rep is not None and rep.p50_ms is not None:  # `run --repeat N`: p50 as mean ± its 95% t interval
         lat = (f"{fmt_ms(rep.p50_ms.mean)} ± {fmt_ms(rep.p50_ms.half_width)} / "
-               f"{fmt_ms(run.p90_ms)} ms ({rep.p50_ms.n} runs, CV {100 * rep.p50_ms.cv:.1f}%)")
+               f"{fmt_ms(run.p90_ms)} ms ({_repeat_runs(rep, rep.p50_ms.n)}, CV {100 * rep.p50_ms.cv:.1f}%)")
     if row.busy:
         lat += " ⚠ busy"
     if row.cpu and row.peak_bytes is None and row.ok:
@@ -119,8 +119,8 @@ def cells(row: Row, report: GpuReport) -> dict[str, str]:
     eff = row.efficiency or efficiency.of_run(run, report.price_per_gpu_hour)
     energy = efficiency.energy_text(eff)
     if rep is not None and rep.j_per_decision is not None:
-        energy = (f"{rep.j_per_decision.mean:.2f} ± {rep.j_per_decision.half_width:.2f} J ({rep.j_per_decision.n} "
-                  f"runs, CV {100 * rep.j_per_decision.cv:.1f}%)")
+        energy = (f"{rep.j_per_decision.mean:.2f} ± {rep.j_per_decision.half_width:.2f} J "
+                  f"({_repeat_runs(rep, rep.j_per_decision.n)}, CV {100 * rep.j_per_decision.cv:.1f}%)")
     floors = {} if report.cpu else {"Against the floors (latency, energy)": row.floors.text() if row.floors else "—"}
     cost = {"Cost per 1M decisions": efficiency.cost_text(eff)} if report.price_per_gpu_hour is not None else {}
     return {
@@ -141,6 +141,12 @@ def cells(row: Row, report: GpuReport) -> dict[str, str]:
         "Best for": row.best_for,
         "Kernel": str(run.kernel_path or "n/a"),
     }
+
+
+def _repeat_runs(rep, n: int) -> str:
+    """`3 runs`, or `2 of 3 runs` where runs of the `--repeat` group failed or measured nothing: the interval is
+    over those that did (a failed repeat read as `2 runs`, as if two had been asked for)."""
+    return f"{n} runs" if n >= rep.runs else f"{n} of {rep.runs} runs"
 
 
 def _md_escape(text: str) -> str:
@@ -180,9 +186,14 @@ def _markdown_one(report: GpuReport, n_cells: int = 0) -> str:
     notes = list(report.notes)
     ref = report.reference
     if ref is not None and any(r.comparison is not None for r in report.rows):
-        n = max(r.comparison.agreement.n for r in report.rows if r.comparison is not None)
+        counts = {r.label: r.comparison.agreement.n for r in report.rows if r.comparison is not None}
+        n = max(counts.values())
+        # a variant run on fewer questions (--limit) is judged on those alone: say so, not "the share of 300"
+        fewer = "; ".join(f"{label}: {k}" for label, k in counts.items() if k < n)
         notes.append(
-            f"Agrees with BF16 is the share of {n} questions where the variant's top answer matches the BF16 run "
+            f"Agrees with BF16 is the share of {n} questions"
+            + (f" (fewer where a variant answered only some of them: {fewer})" if fewer else "")
+            + " where the variant's top answer matches the BF16 run "
             f"{ref.run_id[:13]} ({ref.kernel_path}), with a 95% Wilson interval; TV is the mean total "
             "variation between their per-option distributions; Δ accuracy is the unweighted mean over benchmarks of "
             "paired per-benchmark deltas on identical questions, with a 95% paired bootstrap interval."
@@ -289,6 +300,9 @@ def verdict_notes(report: GpuReport) -> list[str]:
             "disagreement" else f"accuracy lost {100 * e.diff:+.1f} pts [{100 * e.lo:+.1f}, {100 * e.hi:+.1f}]"
             if e.statistic == "accuracy loss" else f"TV {e.diff:+.4f} [{e.lo:+.4f}, {e.hi:+.4f}]" for e in v.parts)
         pooled = f" (all {r.comparison.agreement.n} questions pooled)" if r.comparison.per_modality else ""
+        judged = v.n_with_floor
+        if judged is not None and judged < r.comparison.agreement.n:  # the floor answered fewer questions
+            figures += f", on the {judged} of its {r.comparison.agreement.n} questions the noise floor answered too"
         notes.append(f"{r.label}{pooled}: {v.short()}; {figures}.")
         for m in r.comparison.flagged() if r.comparison.per_modality else []:
             notes.append(f"{r.label} on {m.modality} ({m.agreement.n} questions): worse; "

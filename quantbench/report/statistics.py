@@ -40,8 +40,12 @@ def _flips(f: sig.FlipClasses) -> str:
 
 def cell_text(t: sig.CellTests, modality: str, n: int) -> dict[str, str]:
     """One cell as text, in column order."""
+    judged = t.verdict.n_with_floor
+    # The tests against the floor (McNemar, TOST, smallest detectable) ran on the questions the floor answered too:
+    # an `n` of the comparison's alone put a 40-question test under a 300-question heading.
+    n_text = str(n) if judged is None or judged >= n else f"{n} ({judged} with the noise floor)"
     return {
-        "Modality": modality, "n": str(n),
+        "Modality": modality, "n": n_text,
         MCNEMAR_REF: _mcnemar(t.mcnemar_ref), MCNEMAR_FLOOR: _mcnemar(t.mcnemar_floor),
         TOST: t.tost_text(), MDD: t.mdd_text(), TV_TAIL: tail_text(t.tv), KL_TAIL: tail_text(t.kl), FLIPS: _flips(t.flips),
     }

@@ -175,7 +175,9 @@ def print_tests(comp: Comparison, console: Console) -> None:
         if e.tost is not None:
             sides = (f"p(Δ ≤ −margin) {hy.fmt_p(e.tost.p_lower)}, " if e.tost.p_lower is not None else "one-sided, ")
             console.print(f"  - {e.statistic}: {sides}p(Δ ≥ +margin) {hy.fmt_p(e.tost.p_upper)}")
-    console.print(f"Smallest detectable difference (α 0.05 two-sided, power 80%, n = {comp.agreement.n}): "
+    # each statistic's own questions: those the floor answered too, the gold ones for accuracy (not the comparison's)
+    n_text = " / ".join(sorted({str(e.n) for e in ct.verdict.parts}, key=int)) or str(comp.agreement.n)
+    console.print(f"Smallest detectable difference (α 0.05 two-sided, power 80%, n = {n_text}): "
                   f"{ct.mdd_text()}")
     if comp.per_modality:
         cells = comparison_cells(comp)
