@@ -65,6 +65,7 @@ AUDIO_FORMATS = frozenset(MEDIA_MIMES["audio"].values())
 RGB_BYTES = 3  # a decoded pixel
 AUDIO_SAMPLE_BYTES = 4  # a decoded sample (float32)
 AUDIO_BLOCK = 1 << 16  # samples per channel read at a time (8 channels: 2 MiB a block)
+SF_COUNT_MAX = 2**63 - 1  # libsndfile's frame count of a stream whose length its header does not hold
 # FFmpeg's open and each read give up after this many seconds: the demuxer reads memory, so only a decoder
 # steered into waiting (what probing an SDP file does for 10 s) would come near it.
 FFMPEG_TIMEOUT_S = 5.0
@@ -141,7 +142,9 @@ def sniff(raw: bytes) -> str | None:
 
 # Formats quantbench does not read, recognised only to say what was sent instead.
 OTHER_FORMATS = ((b"GIF87a", "GIF"), (b"GIF89a", "GIF"), (b"BM", "BMP"), (b"II*\0", "TIFF"), (b"MM\0*", "TIFF"),
-                 (b"OggS", "Ogg"), (b"ID3", "MP3"), (b"\x1aE\xdf\xa3", "Matroska/WebM"), (b"%PDF", "PDF"))
+                 (b"OggS", "Ogg"), (b"ID3", "MP3"), (b"\xff\xfb", "MP3"), (b"\xff\xf3", "MP3"), (b"\xff\xf2", "MP3"),
+                 (b"RF64", "RF64 (64-bit WAV)"), (b"FORM", "AIFF"), (b"\x1aE\xdf\xa3", "Matroska/WebM"),
+                 (b"%PDF", "PDF"))
 
 
 def _described(raw: bytes) -> str | None:
@@ -249,13 +252,19 @@ def _shape(h: MediaHeader) -> str:
 def resolve_media_path(base: Path, path: str, field: str) -> Path:
     """`path` inside the folder `base`, or RequestError: `..`, absolute paths and symlinks out are refused."""
     root = base.resolve()
-    target = (root / path).resolve()
+    try:
+        target = (root / path).resolve()
+        is_file = target.is_file()
+    except (OSError, ValueError, RuntimeError) as e:  # a NUL, a name too long, a symlink loop: was a traceback
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).split(" from ")[0]
+        raise RequestError(field, f"{path[:200]!r} cannot be read as a path ({why})",
+                           "give a path relative to the suite file, of a file inside its folder") from None
     if not target.is_relative_to(root):
         raise RequestError(
             field, f"{path!r} is outside the suite's folder {root}",
             "keep media files in the suite file's folder (a symlink must point inside it too)",
         )
-    if not target.is_file():
+    if not is_file:
         raise RequestError(field, f"{path!r}: no such file in {root}", "give a path relative to the suite file")
     return target
 
@@ -333,8 +342,24 @@ def _open_image(field: str, raw: bytes, fmt: str) -> Image:
         raise _not_decodable(field, "image", e) from None
 
 
+# EXIF orientations that turn the stored picture a quarter turn: its width and height trade places when shown.
+QUARTER_TURNS = frozenset({5, 6, 7, 8})
+EXIF_ORIENTATION = 0x0112
+
+
+def _orientation(image: Image) -> int:
+    """The EXIF orientation the header holds (1: as stored), read without decoding: Pillow's PNG getexif decodes
+    the pixels when no eXIf chunk came before them, so such a PNG counts as upright here (its picture is turned
+    when decoded, as transformers turns it; a quarter turn changes neither its pixels nor its token count)."""
+    if image.format == "PNG" and "exif" not in image.info:
+        return 1
+    return image.getexif().get(EXIF_ORIENTATION, 1)
+
+
 def _image_header(field: str, kind: str, source: str, image: Image, limits: Limits) -> MediaHeader:
     width, height = image.size
+    if _orientation(image) in QUARTER_TURNS:  # a phone's portrait photo is stored landscape: the shown size
+        width, height = height, width
     if width * height > limits.max_image_pixels:
         raise _over(source, f"the image is {width} x {height} = {width * height} pixels", "max_image_pixels", limits,
                     "send a smaller image")
@@ -345,8 +370,13 @@ def _image_header(field: str, kind: str, source: str, image: Image, limits: Limi
 
 
 def _decode_image(field: str, image: Image) -> Image:
+    from PIL import ImageOps
+
     try:
         image.load()
+        # The picture as shown, as transformers' load_image gives it to the Qwen3-Omni processor (exif_transpose,
+        # then RGB): a phone photo's EXIF orientation was ignored and the model saw it on its side.
+        ImageOps.exif_transpose(image, in_place=True)
         return image.convert("RGB")  # a new image: the encoded bytes the opened one holds are let go
     except (OSError, ValueError, SyntaxError) as e:  # truncated or corrupt pixel data
         raise _not_decodable(field, "image", e) from None
@@ -362,6 +392,10 @@ def _audio_header(field: str, source: str, raw: bytes, fmt: str, limits: Limits)
         raise _not_decodable(source, "audio", e) from None
     if info.format != fmt:  # libsndfile read another format than the magic bytes say: not what was checked
         raise _not_decodable(source, "audio", f"libsndfile reads it as {info.format}, its first bytes say {fmt}")
+    if info.frames == SF_COUNT_MAX:  # FLAC's "total samples: unknown", read as 2^63 - 1 frames (5.8e14 s)
+        raise RequestError(source, f"the {fmt} header does not say how long the audio is (a stream written to a "
+                           "pipe leaves it unset)", "write it to a file, so that its header holds its length "
+                           "(ffmpeg -i in.flac out.flac)")
     if info.frames <= 0 or info.samplerate <= 0 or info.channels <= 0:
         raise RequestError(source, f"the audio has no samples ({info.frames} frames of {info.channels} channels "
                            f"at {info.samplerate} Hz)", "send a clip with sound in it")
@@ -440,8 +474,12 @@ def _mp4_header(field: str, source: str, raw: bytes, limits: Limits) -> MediaHea
                         limits, "send a smaller video")
         if width < 1 or height < 1:
             raise RequestError(source, f"the mp4's frames are {width} x {height} pixels", "send a video with pixels")
-        if stream.frames > limits.max_video_frames:
-            raise _over(source, f"the video has {stream.frames} frames", "max_video_frames", limits,
+        # A fragmented mp4 (what browsers' MediaRecorder and `-movflags frag_keyframe` write) has no frame count
+        # in its header: its frames are counted from its packets, read without decoding. It was budgeted at the
+        # most frames it could hold, and its tokens counted for those: 20 frames refused as over the context.
+        count = stream.frames or _count_packets(container, stream, limits.max_video_frames)
+        if count > limits.max_video_frames:
+            raise _over(source, f"the video has {count} frames", "max_video_frames", limits,
                         "send fewer frames (a shorter clip, or a lower frame rate)")
         seconds = (
             float(stream.duration * stream.time_base) if stream.duration and stream.time_base
@@ -450,15 +488,24 @@ def _mp4_header(field: str, source: str, raw: bytes, limits: Limits) -> MediaHea
         if seconds > limits.max_video_seconds:
             raise _over(source, f"the video lasts {seconds:.1f} seconds", "max_video_seconds", limits,
                         "send a shorter clip")
-        rate = float(stream.average_rate) if stream.average_rate else stream.frames / seconds if seconds else 0.0
+        rate = float(stream.average_rate) if stream.average_rate else count / seconds if seconds else 0.0
         if not 0 < rate <= MAX_FPS:
             raise RequestError(source, f"the mp4 says its frame rate is {rate:g} per second (from above 0 to "
                                f"{MAX_FPS:g})", "re-encode it with a constant rate")
         frame_bytes = width * height * RGB_BYTES
-        # A header without a frame count (a fragmented mp4) is budgeted at the most frames it may hold.
-        frames = stream.frames or min(limits.max_video_frames, max(1, limits.max_part_decoded_bytes // frame_bytes))
+        frames = max(count, 1)  # none counted: decoding says the mp4 has no decodable frames
         return _within_budget(MediaHeader(field, "video", source, "MP4", width, height, frames, rate, seconds,
                                           decoded_bytes=frames * frame_bytes), limits)
+
+
+def _count_packets(container: Any, stream: Any, most: int) -> int:
+    """The video stream's packets (one a frame), counted by the demuxer alone up to one past `most`."""
+    count = 0
+    for packet in container.demux(stream):
+        count += packet.size > 0  # the demuxer ends with an empty packet
+        if count > most:
+            break
+    return count
 
 
 def _decode_mp4(header: MediaHeader, raw: bytes) -> np.ndarray:

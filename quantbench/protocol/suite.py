@@ -139,6 +139,23 @@ def _media_files(record: SuiteRecord, folder: Path, where: str) -> list[Path]:
     return files
 
 
+def check_suite_media(suite: Suite, limits: Limits, limit: int | None = None) -> None:
+    """The header of every media part of the records a run answers (the first `limit`), read and checked against
+    `limits` (quantbench.protocol.media.probe_media: the format, the per-part and per-request limits; nothing
+    decoded): a ConfigError naming `file:line` and the field. load_suite checks the JSON and that each file is
+    there; without this an mp4 with no video track or a GIF named .png failed the run only when its record came
+    up, after the model had loaded and the records before it had run."""
+    from quantbench.protocol.media import probe_media  # lazy: the decoders only for a suite with media
+
+    for index, record in enumerate(suite.first(limit)):
+        if not record.request.media_parts():
+            continue
+        try:
+            probe_media(record.request.state, limits, base=suite.path.parent)
+        except RequestError as e:
+            raise ConfigError(f"{suite.where(index)}: {e}") from None
+
+
 def _decode(raw: bytes, name: str) -> str:
     """The file's text: UTF-8, without the byte order mark a Windows editor may have written first (json refuses
     it as "Unexpected UTF-8 BOM"; it is no part of the first record). Bytes that are not UTF-8 are a ConfigError
@@ -192,6 +209,9 @@ def load_suite(
         raise ConfigError(f"{name}: the suite has no records; write one JSON record per line (id, benchmark, request, gold)")
     suite_id = BUILTIN_SUITE_ID if path is None else source.stem
     digest = hashlib.sha256(raw)
+    file_digests: dict[Path, bytes] = {}  # a file named by many records is read once (800 x 16 MiB took 10 s)
     for file in media:  # none in a text-only suite: its hash stays the sha256 of its bytes
-        digest.update(hashlib.sha256(file.read_bytes()).digest())
+        if file not in file_digests:
+            file_digests[file] = hashlib.sha256(file.read_bytes()).digest()
+        digest.update(file_digests[file])
     return Suite(id=suite_id, hash=digest.hexdigest(), path=source.resolve(), records=records, name=name, lines=lines)

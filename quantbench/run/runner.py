@@ -177,9 +177,10 @@ def _preflight(spec: RunSpec) -> tuple[dict[str, Any], Suite | None]:
             print(f"warning: {root / 'config.json'} names its own code (auto_map) but --trust-remote-code is off: "
                   f"loading transformers' built-in {builtin} instead (recorded on the run)", file=sys.stderr)
     if spec.suite is not None:
-        from quantbench.protocol.suite import load_suite
+        from quantbench.protocol.suite import check_suite_media, load_suite
 
         suite = load_suite(spec.suite, limits=spec.limits())
+        check_suite_media(suite, spec.limits(), spec.limit)  # before any model loads, as the README promises
     if why := refusal("timeout_s", spec.timeout_s):  # a spec that check_spec did not see (sweep, API)
         raise ConfigError(why)
     return notes, suite
