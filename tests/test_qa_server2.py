@@ -131,3 +131,25 @@ def test_load_says_at_once_why_a_server_refuses_its_healthz():
     loading = iter([httpx.Response(503, json={"status": "loading"}), httpx.Response(200, json={"status": "ok"})])
     with httpx.Client(transport=httpx.MockTransport(lambda req: next(loading))) as client:
         assert server_health(client, ENDPOINT, ready_timeout_s=30.0) == {"status": "ok"}  # 503 is still waited out
+
+
+@pytest.mark.parametrize("head, tail", [
+    (b"Transfer-Encoding: chunked\r\n\r\n", b"1100000\r\n"),  # one chunk of 17 MiB declared, never sent
+    (b"Content-Length: 1000000000000\r\n\r\n", b""),  # a terabyte declared
+    (b"Connection: close\r\n\r\n", b"x" * (17 << 20)),  # read until the server closes: 17 MiB of it
+], ids=["chunked", "content-length", "until-close"])
+def test_load_refuses_a_response_body_past_its_bound_instead_of_holding_it(head, tail):
+    # A server streaming chunks without end had the client hold all of it in memory until --timeout.
+    from quantbench.load.http import MAX_BODY_BYTES
+
+    assert MAX_BODY_BYTES < 17 << 20
+
+    async def main():
+        async with RawServer(lambda n: b"HTTP/1.1 200 OK\r\n" + head + tail, close_after=lambda n: True) as target:
+            conn = Connection(target)
+            try:
+                return await send(conn, target.request(b"{}", {}), 10.0)
+            finally:
+                conn.close()
+
+    assert asyncio.run(main()).status == "transport"

@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 MAX_HEAD_BYTES = 65536  # a response's status line and headers (the stream's own limit)
+# A response's body: a decision's answer is a few KB. Unbounded, a server streaming chunks without end (or a
+# Content-Length of terabytes) had the load client hold all of it in memory until --timeout.
+MAX_BODY_BYTES = 16 << 20
 
 
 class HttpError(Exception):
@@ -151,7 +154,7 @@ def _parse_head(head: bytes) -> tuple[int, dict[bytes, bytes]]:
 
 async def _read_body(reader: asyncio.StreamReader, headers: dict[bytes, bytes]) -> bytes:
     if b"chunked" in headers.get(b"transfer-encoding", b"").lower():
-        chunks = []
+        chunks, received = [], 0
         while True:
             size_line = await reader.readuntil(b"\r\n")
             try:
@@ -162,12 +165,22 @@ async def _read_body(reader: asyncio.StreamReader, headers: dict[bytes, bytes]) 
                 while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers, up to the empty line
                     pass
                 return b"".join(chunks)
+            received += size
+            if received > MAX_BODY_BYTES:
+                raise HttpError(f"a response's body is over {MAX_BODY_BYTES >> 20} MiB (chunked)")
             chunks.append(await reader.readexactly(size))
             await reader.readexactly(2)
     length = headers.get(b"content-length")
     if length is not None:
         if not length.isdigit():
             raise HttpError(f"Content-Length {length[:20]!r} is not a number")
+        if int(length) > MAX_BODY_BYTES:
+            raise HttpError(f"a response's body is over {MAX_BODY_BYTES >> 20} MiB (Content-Length {int(length):,})")
         return await reader.readexactly(int(length))
     headers[b"connection"] = b"close"  # neither: the body is what comes until the server closes
-    return await reader.read()
+    body = await reader.read(MAX_BODY_BYTES + 1)
+    while len(body) <= MAX_BODY_BYTES and (more := await reader.read(MAX_BODY_BYTES + 1 - len(body))):
+        body += more
+    if len(body) > MAX_BODY_BYTES:
+        raise HttpError(f"a response's body is over {MAX_BODY_BYTES >> 20} MiB (read until the server closes)")
+    return body
