@@ -441,7 +441,10 @@ def sweep(
     except QuantbenchError as e:
         _fail(e)
     if signum := stop_requested():
-        err.print(f"[red]stopped by {signal.Signals(signum).name}:[/] the runs in flight were stored as interrupted")
+        left = getattr(outcome, "not_started", 0)  # the runs it never started: the same sweep again runs them
+        err.print(f"[red]stopped by {signal.Signals(signum).name}:[/] the runs in flight were stored as interrupted"
+                  + (f"; {left} not started: run the same sweep again to run them (finished runs are skipped)"
+                     if left else ""))
         raise typer.Exit(128 + signum)
-    if getattr(outcome, "failed", 0):
+    if getattr(outcome, "failed", 0) or getattr(outcome, "unsaved", None):  # a run kept aside is not stored
         raise typer.Exit(1)

@@ -232,6 +232,19 @@ def finishing_write() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def runs_elsewhere() -> Iterator[None]:
+    """While inside, runs are in flight outside this process (a Ray sweep's tasks): a stop signal is recorded
+    (`stopping()`) instead of exiting at once, so the caller can end them and store them as interrupted."""
+    with _stop.lock:
+        _stop.live += 1
+    try:
+        yield
+    finally:
+        with _stop.lock:
+            _stop.live -= 1
+
+
+@contextlib.contextmanager
 def stop_on_signals() -> Iterator[None]:
     """While inside, SIGTERM, SIGHUP and SIGINT (what `timeout`, a scheduler, a closed terminal, Ctrl-C send) stop
     the runs in flight instead of killing this process outright: each run's child is killed and execute() returns

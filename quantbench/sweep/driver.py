@@ -24,7 +24,7 @@ from quantbench.report import report_for_this_machine
 from quantbench.report.tables import runs_table
 from quantbench.run.record import RunResult
 from quantbench.run.spec import is_remote
-from quantbench.store import Store, queries
+from quantbench.store import Store, StoreError, queries
 from quantbench.sweep.executor import Event, failed_result
 from quantbench.sweep.local import LocalExecutor
 from quantbench.sweep.make import make_missing
@@ -40,6 +40,8 @@ class SweepOutcome:
     run_ids: list[str] = field(default_factory=list)  # stored by this sweep, in the order they finished
     ok: int = 0
     failed: int = 0
+    unsaved: list[str] = field(default_factory=list)  # runs the store could not take: where each was kept
+    not_started: int = 0  # placeable runs never started (the sweep was told to stop)
 
 
 class _Display:
@@ -108,7 +110,13 @@ def run_sweep(sweep: Sweep, executor: Any, store: Store, *, rerun: bool = False,
         console.print(f"[yellow]not run:[/] {escape(run.label)}: {escape(why)}")
 
     def store_result(result: RunResult) -> None:
-        outcome.run_ids.append(store.write_run(result))
+        try:
+            outcome.run_ids.append(store.write_run(result))
+        except StoreError as e:
+            # The store refused it (disk full, file gone): write_run kept the run in a side file and says where.
+            # Raising here dropped the sweep mid-matrix, and the runs in flight on other GPUs died unstored.
+            outcome.unsaved.append(str(e))
+            console.print(f"[red]{escape(str(e))}[/]")
         if result.run.status == "ok":
             outcome.ok += 1
         else:
@@ -131,6 +139,8 @@ def run_sweep(sweep: Sweep, executor: Any, store: Store, *, rerun: bool = False,
             else:
                 store_result(event.result)  # the driver is the only DuckDB writer
                 display.finished(event)
+    # Told to stop, the executor starts no more runs: count them, or the summary reads as a finished matrix.
+    outcome.not_started = len(placeable) - outcome.ok - outcome.failed
     return outcome
 
 
@@ -149,13 +159,22 @@ def refuse_untrusted_scorers(sweep: Sweep, runs: list[PlannedRun]) -> None:
 def print_summary(store: Store, outcome: SweepOutcome, out: Console | None = None) -> None:
     """The runs this sweep stored, then the which-quant report for each GPU they ran on."""
     out = out or term.console()  # to a pipe: whole rows, not cut to 80 columns ("sta…", "var…")
+    left = (f"; {outcome.not_started} not started (the sweep was stopped): run the same sweep again to run them, "
+            "finished runs are skipped" if outcome.not_started else "")
+    if outcome.unsaved:  # each kept whole in a side file; the store may not even be readable now
+        out.print(f"sweep: {len(outcome.unsaved)} run(s) could not be stored in {store.path} and were kept aside:",
+                  markup=False)
+        for why in outcome.unsaved:
+            out.print(f"- {why}", markup=False, soft_wrap=True)
     if not outcome.run_ids:
+        if outcome.unsaved:
+            return
         out.print(f"Nothing ran: {outcome.skipped} of {outcome.planned} runs were already finished "
-                  f"(--rerun runs them again), {len(outcome.unplaceable)} could not be placed.")
+                  f"(--rerun runs them again), {len(outcome.unplaceable)} could not be placed{left}.", markup=False)
         return
     stored = queries.stored_runs_by_id(store, outcome.run_ids)
     out.print(runs_table(stored, f"sweep: {outcome.ok} ok, {outcome.failed} failed, {outcome.skipped} already "
-                                 f"finished — stored in {store.path}"))
+                                 f"finished{left} — stored in {store.path}"))
     for gpu, host in dict.fromkeys((text_or_none(r.gpu_name), text_or_none(r.host)) for r in stored):
         try:
             out.print(report_for_this_machine(store, gpu or "cpu", None if gpu else host), markup=False, soft_wrap=True)

@@ -108,8 +108,26 @@ class RayExecutor:
         self._hosts: set[str] | None = None
         self.owned = not ray.is_initialized()
         if self.owned:
-            ray.init(address=address, log_to_driver=False,
-                     **({} if address else {"include_dashboard": False}))
+            import signal
+
+            from quantbench.run.runner import STOP_SIGNALS
+
+            # ray.init installs its own SIGTERM handler (a C stack dump and SIGABRT): `sweep`'s stop_on_signals,
+            # installed before, must stay, or a SIGTERM lost every run in flight with no row and no message.
+            handlers = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+            try:
+                ray.init(address=address, log_to_driver=False,
+                         **({} if address else {"include_dashboard": False}))
+            except ConnectionError as e:  # no cluster at --address: one line with the fix, not Ray's traceback
+                from quantbench.errors import ConfigError
+
+                raise ConfigError(f"--address {address}: no running Ray cluster found there ({e}); start one with "
+                                  "`ray start --head`, or leave out --address to start a local Ray for this sweep"
+                                  ) from None
+            finally:
+                for s, handler in handlers.items():
+                    if handler is not None:
+                        signal.signal(s, handler)
 
     def _nodes(self) -> list[dict[str, Any]]:
         return [n for n in self.ray.nodes() if n.get("Alive")]
@@ -170,17 +188,30 @@ class RayExecutor:
 
     # -- running ---------------------------------------------------------------------------------------------
     def run(self, runs: list[PlannedRun]) -> Iterator[Event]:
+        from quantbench.run.runner import runs_elsewhere
+
+        with runs_elsewhere():  # a stop signal: the tasks in flight are cancelled and stored as interrupted
+            yield from self._run(runs)
+
+    def _run(self, runs: list[PlannedRun]) -> Iterator[Event]:
+        import signal
+
+        from quantbench.run.runner import POLL_S, stop_requested, stopping
+
         ray = self.ray
         remote = ray.remote(self.task)
         pending: dict[Any, PlannedRun] = {}
         for run in runs:
+            if stopping():
+                break
             opts = self.options(run.spec.gpu)
             ref = remote.options(**opts, max_retries=self.max_retries, name=f"quantbench {run.label}"[:120]).remote(
                 run.spec.to_dict(), self.parquet_dir)
             pending[ref] = run
             yield Event("started", run, where="ray")  # submitted; Ray starts it when a matching node is free
         while pending:
-            done, _ = ray.wait(list(pending), num_returns=1)
+            stop = stopping()  # told to stop: collect what has finished, then cancel the rest
+            done, _ = ray.wait(list(pending), num_returns=len(pending) if stop else 1, timeout=0 if stop else POLL_S)
             for ref in done:
                 run = pending.pop(ref)
                 try:
@@ -189,6 +220,14 @@ class RayExecutor:
                     failure, error = _failure(e)
                     result = failed_result(run.spec, failure, error, executor="ray")
                 yield Event("finished", run, result, where=str(result.run.host or "ray"))
+            if stop:
+                name = signal.Signals(stop_requested() or signal.SIGTERM).name
+                for ref, run in pending.items():
+                    ray.cancel(ref, force=True)  # kills its worker; the run's child dies with it (PDEATHSIG)
+                    yield Event("finished", run, failed_result(
+                        run.spec, "interrupted", f"quantbench was told to stop ({name}) and cancelled the Ray task "
+                        "before it finished", executor="ray"), "ray")
+                return
 
     def close(self) -> None:
         if self.owned:
