@@ -15,7 +15,7 @@ from quantbench.errors import ConfigError, QuantbenchError
 def fixture(
     rebuild: Annotated[bool, typer.Option(help="Build again even if cached")] = False,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Write the checkpoint here instead of the cache")] = None,
-    shape: Annotated[str | None, typer.Option(help="Instead: the same family at a real shape (qwen3-30b-a3b) with "
+    shape: Annotated[str | None, typer.Option(help="Instead: the same family at a real shape (qwen3-30b-a3b | qwen3-omni-30b-a3b) with "
                                                    "seeded random weights, written to --out (weights: synthetic)")] = None,
     layers: Annotated[int | None, typer.Option(help="--shape: number of layers (default: the real model's)")] = None,
     seed: Annotated[int, typer.Option(help="--shape: the random weights' seed")] = 0,

@@ -186,7 +186,7 @@ def run(
     concurrency: Annotated[int, generic_flag("concurrency")] = GENERIC["concurrency"].default,
     shape: Annotated[str | None, typer.Option(help="Synthetic real-shape model, e.g. qwen3-30b-a3b (random weights)")] = None,
     layers: Annotated[int | None, generic_flag("layers")] = GENERIC["layers"].default,
-    noise_floor: Annotated[bool, typer.Option(help="Run the BF16 reference under the second kernel (eager) as the noise floor")] = False,
+    noise_floor: Annotated[bool, typer.Option(help="Run the BF16 reference under the second kernel as the noise floor (on a GPU the eager experts; on a CPU, where both experts kernels answer alike, float32 arithmetic over the same weights)")] = False,
     reference: Annotated[bool, typer.Option(help="Mark this run as the reference for parity")] = False,
     base_model: Annotated[str | None, typer.Option(help="The BF16 model this variant was made from (its checkpoint dir or model id): the report compares the variant with that model's BF16 run")] = None,
     trust_remote_code: Annotated[bool, typer.Option(help="Allow the checkpoint's own Python code (off by default)")] = False,
