@@ -34,3 +34,12 @@ def test_the_dashboard_binds_to_localhost_when_started_outside_the_checkout(tmp_
 
 def test_the_dashboard_binds_to_every_interface_when_told(tmp_path):
     assert listening(["--server.address", "0.0.0.0"], tmp_path) == {"0.0.0.0"}
+
+
+def test_the_dashboard_sends_no_usage_statistics(tmp_path):
+    """`streamlit run dashboard` printed "Collecting usage statistics" and had the browser report to a third party:
+    the dashboard's own config turns that off wherever it is started."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "dashboard" / ".streamlit" / "config.toml").read_text())
+    assert config["browser"]["gatherUsageStats"] is False
