@@ -27,7 +27,7 @@ from backends.bf16 import Bf16Backend
 from backends.fp8 import Fp8Backend
 from backends.nvfp4 import Nvfp4Backend
 from quantbench.engine.scoring import TransformersEngine
-from quantbench.errors import ContextLengthError, RequestError
+from quantbench.errors import ConfigError, ContextLengthError, RequestError
 from quantbench.models.families.qwen3_omni.engine import OmniEngine
 from quantbench.protocol import parse_request
 from tests.test_media import audio_bytes, mp4_bytes, uri
@@ -270,12 +270,12 @@ def test_a_suite_with_path_media_runs_end_to_end_and_stores_its_answers(tmp_path
         ("img", "action"), ("img", "ok"), ("txt", "action"), ("txt", "ok"), ("wav", "ok")]
     assert {a.record_id: a.modality for a in result.answers} == {"img": "image", "wav": "audio", "txt": "text"}
     assert result.run.extra["media"]["modalities"] == ["audio", "image", "video"]
-    # the run's media limits reach the child that decodes: a picture over --max-image-pixels fails the run
-    refused = execute(RunSpec(backend="bf16", model=str(checkpoints()["thinker"]), suite=str(suite), gpu="cpu",
-                              warmup=0, latency_min_decisions=1, latency_min_seconds=0.0,
-                              media_limits={"max_image_pixels": 5_000}), echo=False)
-    assert refused.run.status == "failed" and "state.camera.path" in refused.run.error
-    assert "--max-image-pixels" in refused.run.error
+    # the run's media limits apply to the suite's files: a picture over --max-image-pixels is refused from its
+    # header, naming the line and the field, before any model loads (was: a failed run, after the model loaded)
+    with pytest.raises(ConfigError, match=r"suite\.jsonl:1: state\.camera\.path: .*--max-image-pixels"):
+        execute(RunSpec(backend="bf16", model=str(checkpoints()["thinker"]), suite=str(suite), gpu="cpu",
+                        warmup=0, latency_min_decisions=1, latency_min_seconds=0.0,
+                        media_limits={"max_image_pixels": 5_000}), echo=False)
 
 
 def test_the_server_answers_an_inline_image_on_an_omni_checkpoint():
