@@ -79,11 +79,18 @@ def test_a_stopped_sweep_counts_the_runs_it_never_started(tmp_path, sweep_file, 
     assert "2 not started (the sweep was stopped): run the same sweep again" in out.export_text()
 
 
+def a_ray_cluster_runs_here() -> bool:
+    """Whether `--address auto` would find a cluster on this machine (another test file's, under pytest-xdist)."""
+    from ray._private.services import find_gcs_addresses
+
+    return bool(find_gcs_addresses())
+
+
 def test_ray_with_no_cluster_at_the_address_is_one_line_naming_the_flag_and_the_fix(monkeypatch):
     # Before: Ray's ConnectionError traceback.
     ray = pytest.importorskip("ray")
-    if ray.is_initialized():
-        pytest.skip("Ray already runs in this process")
+    if ray.is_initialized() or a_ray_cluster_runs_here():
+        pytest.skip("a Ray cluster runs on this machine: --address auto would find it")
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setenv("RAY_TMPDIR", os.path.join(os.environ.get("TMPDIR", "/tmp"), "qa-sweep-no-ray"))
     from quantbench.sweep.ray import RayExecutor
@@ -99,7 +106,7 @@ def sleepy_task(spec, parquet_dir=None):
     time.sleep(600)
 
 
-def test_a_stop_signal_during_a_ray_sweep_stores_the_tasks_in_flight_as_interrupted(sweep_file):
+def test_a_stop_signal_during_a_ray_sweep_stores_the_tasks_in_flight_as_interrupted(sweep_file, monkeypatch):
     # Before: ray.init replaced the stop handler with its own (SIGTERM dumped a C stack and aborted, rc 134), and
     # with it kept, the signal left ray.wait by SystemExit: either way no row for any run in flight, no message.
     import signal
@@ -112,17 +119,24 @@ def test_a_stop_signal_during_a_ray_sweep_stores_the_tasks_in_flight_as_interrup
     from quantbench.sweep import plan
     from quantbench.sweep.ray import RayExecutor
 
+    # Ray's workers import this module's task from the repo root (as tests/test_sweep_ray.py's cluster does)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     runs = plan(load_sweep(sweep_file))
     with stop_on_signals():
         ours = signal.getsignal(signal.SIGTERM)
         ex = RayExecutor(num_cpus=1, task=sleepy_task)
+        stop = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
         try:
             assert signal.getsignal(signal.SIGTERM) is ours  # still quantbench's, not Ray's
             events = ex.run(runs)
             started = [next(events), next(events)]
-            threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+            stop.start()
             finished = list(events)
         finally:
+            # the signal must never come after the handler is gone: it would end the test process (a worker that
+            # could not import the task ended the events early, and the late SIGTERM killed a pytest-xdist worker)
+            stop.cancel()
             ex.close()
         assert stop_requested() == signal.SIGTERM
     assert [e.kind for e in started] == ["started", "started"]
