@@ -2,7 +2,6 @@
 with its evidence, or which constraint no variant meets. The same answers as `quantbench recommend`
 (quantbench.analysis.constraints)."""
 
-import math
 from collections import Counter
 
 import streamlit as st
@@ -20,18 +19,11 @@ sel = url_state.selection()
 db, mtime = store_cache.current()
 
 
-def _positive(raw: str) -> float:
-    v = float(raw)
-    if not math.isfinite(v) or v <= 0:  # a link's `nan` / `inf` is no such constraint, as a typo is
-        raise ValueError(raw)
-    return v
-
-
 MARGIN_PTS = (0.1, 50.0)  # the margin input's range: a link outside it keeps the default (not the nearest end)
 
 
 def _margin(raw: str) -> float:
-    v = _positive(raw)
+    v = url_state.positive(raw)
     if not MARGIN_PTS[0] <= v <= MARGIN_PTS[1]:
         raise ValueError(raw)
     return v
@@ -44,8 +36,8 @@ def _int(raw: str) -> int:
     return v
 
 
-for key, parse in (("max_latency_ms", _positive), ("max_vram_gib", _positive), ("max_energy_j", _positive)):
-    url_state.start(key, None, parse)
+for key in ("max_latency_ms", "max_vram_gib", "max_energy_j"):
+    url_state.start(key, None, url_state.positive)
 url_state.start("concurrency", 1, _int)
 url_state.start("percentile", 50, lambda raw: int(raw) if int(raw) in PERCENTILES else 50)
 url_state.start("margin_pts", 2.0, _margin)

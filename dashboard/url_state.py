@@ -190,9 +190,11 @@ def _percent(raw: str) -> float:
     return v
 
 
-def _budget(raw: str) -> float | None:
+def positive(raw: str) -> float:
+    """A link's positive number (a budget, a price, a constraint), or ValueError: its `nan` / `inf` is none, as a
+    typo is."""
     v = float(raw)
-    if not math.isfinite(v) or v <= 0:  # a link's `nan` / `inf` is no budget (nor price), as a typo is
+    if not math.isfinite(v) or v <= 0:
         raise ValueError(raw)
     return v
 
@@ -205,7 +207,7 @@ def _objective(raw: str) -> str:
 
 def rules() -> Rules:
     """The rules the user set on the report page (or the URL, or the defaults) — pages without the inputs too."""
-    budget = value("budget", None, _budget)
+    budget = value("budget", None, positive)
     return Rules(min_agreement=value("min_agree", DEFAULT_MIN_AGREE, _percent) / 100,
                  vram_budget_gib=budget or None,  # 0 (the input cleared to zero) means no budget
                  objective=value("objective", "memory", _objective))
@@ -213,12 +215,12 @@ def rules() -> Rules:
 
 def price() -> float | None:
     """The price per GPU hour (USD) the user set on the report page (or the URL); None: no cost shown."""
-    return value("price", None, _budget) or None  # 0 (the input cleared to zero) means no price
+    return value("price", None, positive) or None  # 0 (the input cleared to zero) means no price
 
 
 def price_input() -> float | None:
     """`--price-per-gpu-hour`: turns time into cost per 1M decisions in the tables."""
-    start("price", None, _budget)
+    start("price", None, positive)
     st.number_input("Price per GPU hour (USD)", min_value=0.0, step=0.5, key="price", placeholder="no price",
                     help="adds cost per 1M decisions: from the mean model time per decision at batch 1, or "
                          "decisions/s in the throughput table; leave empty for none")
@@ -228,7 +230,7 @@ def price_input() -> float | None:
 
 def rule_inputs(cpu: bool) -> Rules:
     start("min_agree", DEFAULT_MIN_AGREE, _percent)
-    start("budget", None, _budget)
+    start("budget", None, positive)
     start("objective", "memory", _objective)
     a, b, c = st.columns(3)
     a.slider("Minimum agreement with BF16 (%)", 50.0, 100.0, step=0.5, key="min_agree",

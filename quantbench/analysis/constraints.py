@@ -228,10 +228,11 @@ def _batched_runs(row: Row, rep: GpuReport, n: int) -> list[dict[str, Any]]:
     """The batched runs (rep.throughput) of `row`'s own variant, checkpoint and implementation at ≥ n decisions a
     pass. Matched by the runs, not by the label's first word: `bf16 (transformers grouped_mm)` took the quantbench
     engine's batched pass as its latency and energy."""
-    run = row.run
-    same = lambda r: (r.backend, r.variant, r.weight_format, implementation(r.kernel_path)) == (  # noqa: E731
-        run.backend, run.variant, run.weight_format, implementation(run.kernel_path))
-    return [t for t in rep.throughput if same(t["run"]) and t["batch"] >= n]
+    def what_ran(run: StoredRun) -> tuple[Any, ...]:
+        return run.backend, run.variant, run.weight_format, implementation(run.kernel_path)
+
+    mine = what_ran(row.run)
+    return [t for t in rep.throughput if t["batch"] >= n and what_ran(t["run"]) == mine]
 
 
 def latency_evidence(row: Row, rep: GpuReport, steps: pd.DataFrame, c: Constraints) -> Evidence:

@@ -109,6 +109,21 @@ def weight_files(root: Path) -> set[str]:
     return {Path(f).name for f in files if isinstance(f, str) and "/" not in f} if isinstance(files, list) else set()
 
 
+def refuse_code_only_architecture(root: Path, config: dict[str, Any], fix: str) -> None:
+    """LoadError when config.json names the checkpoint's own code (auto_map) for a model_type transformers does not
+    have: there is no built-in class to load instead of that code. `fix`: what the caller offers (the flag that
+    runs the code, or that it never runs it)."""
+    if not config.get("auto_map"):
+        return
+    from transformers.models.auto.configuration_auto import (
+        CONFIG_MAPPING,  # lazy: only for an auto_map (rare)
+    )
+
+    if config.get("model_type") not in CONFIG_MAPPING:
+        raise LoadError(f"{root / 'config.json'}: model_type {config.get('model_type')!r} is not built into "
+                        f"transformers and its auto_map names the checkpoint's own Python code{fix}")
+
+
 def check_safetensors_only(path: Path) -> None:
     """Refuse a checkpoint without safetensors weights, or with a weights file that is cut short or not
     safetensors (each file's header is read and checked against the file's size: milliseconds, no tensor read)."""
@@ -192,18 +207,22 @@ def check_shard_index(path: Path) -> None:
     # never asks the index which is meant: a tensor in two shards ran with whichever came last
     found: dict[str, str] = {}
     for shard in shards:
-        for key in safetensors_keys(path / shard):
+        for key in safetensors_header(path / shard)[1]:
             if key in found:
                 raise LoadError(f"{path}: tensor {key} is in both {found[key]} and {shard} (its {SHARD_INDEX} names "
                                 f"{weight_map.get(key, 'neither')}); the shards are of different copies: {fix}")
             found[key] = shard
 
 
-def safetensors_keys(file: Path) -> list[str]:
-    """The tensor names of a safetensors file, from its header alone."""
+def safetensors_header(file: Path) -> tuple[int, dict[str, Any]]:
+    """A safetensors file's tensors by name (dtype, shape, data_offsets), from its header alone, and the offset of
+    its data in the file (data_offsets count from there). The one reader of the format's header; a file whose
+    header may be damaged goes through check_safetensors_header first."""
     with open(file, "rb") as fh:
-        header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
-    return [k for k in header if k != "__metadata__"]
+        size = int.from_bytes(fh.read(8), "little")
+        header = json.loads(fh.read(size))
+    header.pop("__metadata__", None)
+    return 8 + size, header
 
 
 def check_safetensors_header(file: Path) -> None:
@@ -235,11 +254,7 @@ def unread_tensors(root: Path, prefixes: tuple[str, ...]) -> dict[str, Any]:
     read): {"components", "tensors", "bytes", "total_bytes"}."""
     tensors = nbytes = total = 0
     for f in sorted(root.glob("*.safetensors")):
-        with open(f, "rb") as fh:
-            header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
-        for key, t in header.items():
-            if key == "__metadata__":
-                continue
+        for key, t in safetensors_header(f)[1].items():
             size = t["data_offsets"][1] - t["data_offsets"][0]
             total += size
             if key.startswith(prefixes):

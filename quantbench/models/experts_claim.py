@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import json
 import re
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from quantbench.errors import LoadError
+from quantbench.models.checkpoint import safetensors_header
 
 EXPERT = re.compile(r"(?:^|\.)layers\.(\d+)\.mlp\.experts\.(.+)$")
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj", "gate_up_proj")
@@ -42,11 +42,7 @@ def _headers(root: Path) -> dict[str, dict[str, Any]]:
     """Every tensor's header entry (dtype, shape, data_offsets) across the checkpoint's safetensors files."""
     out: dict[str, dict[str, Any]] = {}
     for file in sorted(root.glob("*.safetensors")):
-        with open(file, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(n))
-        header.pop("__metadata__", None)
-        out.update(header)
+        out.update(safetensors_header(file)[1])
     return out
 
 

@@ -32,6 +32,7 @@ import numpy as np
 
 from quantbench.errors import ConfigError
 from quantbench.models import hub
+from quantbench.models.checkpoint import safetensors_header
 
 HOWS = ("quantbench", "given", "model_card")  # recorded on the run; `tensors` is found at report time
 SHARED_TENSOR = re.compile(r"(^|\.)embed_tokens\.weight$|norm\.weight$|(^|\.)mlp\.gate\.weight$")
@@ -98,14 +99,6 @@ def model_card_base(path: Path) -> str | None:
     return text or None
 
 
-def _safetensors_index(file: Path) -> tuple[int, dict[str, Any]]:
-    with open(file, "rb") as fh:
-        (n,) = struct.unpack("<Q", fh.read(8))
-        header = json.loads(fh.read(n))
-    header.pop("__metadata__", None)
-    return 8 + n, header
-
-
 def canonical_tensor_name(name: str) -> str | None:
     """One name per tensor whichever layout wrote it, so that a variant pairs with its base: Qwen3-Omni's
     ModelOpt export uses module names (`model.language_model.…`, `model.visual.…`) where transformers and
@@ -129,7 +122,7 @@ def shared_tensors_hash(path: Path) -> str | None:
     try:
         entries = []
         for file in sorted(path.glob("*.safetensors")):
-            start, header = _safetensors_index(file)
+            start, header = safetensors_header(file)
             named = ((canonical_tensor_name(name), meta) for name, meta in header.items())
             entries += [(name, file, start, meta) for name, meta in named if name and SHARED_TENSOR.search(name)]
         if not entries:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import quantbench
-from quantbench.errors import ConfigError, LoadError, QuantbenchError, classify
+from quantbench.errors import ConfigError, QuantbenchError, classify
 from quantbench.models import hub, scorer
 from quantbench.run.checks import check_state_lengths
 from quantbench.run.machine import Machine, check_gpu, detect
@@ -139,7 +139,12 @@ def _preflight(spec: RunSpec) -> tuple[dict[str, Any], Suite | None]:
     notes: dict[str, Any] = {}
     suite = None
     if spec.model and not spec.shape and not is_remote(spec.backend):  # a remote backend reads no --model
-        from quantbench.models.checkpoint import check_safetensors_only, check_tokenizer_json, read_config
+        from quantbench.models.checkpoint import (
+            check_safetensors_only,
+            check_tokenizer_json,
+            read_config,
+            refuse_code_only_architecture,
+        )
         from quantbench.models.families import family_of
 
         root = Path(spec.model)
@@ -163,13 +168,8 @@ def _preflight(spec: RunSpec) -> tuple[dict[str, Any], Suite | None]:
         auto_map = config.get("auto_map")
         if auto_map and not spec.trust_remote_code:
             # an architecture that exists only as the checkpoint's code has no built-in to load instead: the
-            # warning below claimed one, then the child failed (transformers imported only for an auto_map: rare)
-            from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-            if config.get("model_type") not in CONFIG_MAPPING:
-                raise LoadError(f"{root / 'config.json'}: model_type {config.get('model_type')!r} is not built into "
-                                "transformers and its auto_map names the checkpoint's own Python code; pass "
-                                "--trust-remote-code to run it (it runs that code)")
+            # warning below claimed one, then the child failed
+            refuse_code_only_architecture(root, config, "; pass --trust-remote-code to run it (it runs that code)")
             builtin = ", ".join(config.get("architectures") or []) or config.get("model_type") or "?"
             notes["auto_map_ignored"] = {"auto_map": auto_map, "loaded": builtin}
         if notes.get("auto_map_ignored") and str(root.resolve()) not in _warned:  # once per checkpoint

@@ -19,7 +19,7 @@ import torch
 
 from quantbench.errors import QuantbenchError
 from quantbench.models.calibration import calibration_texts
-from quantbench.models.checkpoint import load_causal_lm
+from quantbench.models.checkpoint import load_causal_lm, safetensors_header
 
 
 class _RichBar:
@@ -83,13 +83,9 @@ def check_export(out: Path, expected: int) -> int:
     """The int4 expert projections (`…experts.E.{gate,up,down}_proj.qweight`) AutoRound wrote into `out`, from the
     safetensors headers; a QuantbenchError when fewer than `expected`. AutoRound can report success having written
     a config and no weights (0.16.1 does on a full Qwen3-Omni-MoE checkpoint, whose blocks it does not find)."""
-    import json
-
     found = 0
     for f in sorted(out.glob("*.safetensors")):
-        with open(f, "rb") as fh:
-            header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
-        found += sum(1 for key in header if _EXPERT_QWEIGHT.search(key))
+        found += sum(1 for key in safetensors_header(f)[1] if _EXPERT_QWEIGHT.search(key))
     if found < expected:
         raise QuantbenchError(f"AutoRound reported success but {out} holds {found} of the {expected} int4 expert "
                               "projections (…experts.E.{gate,up,down}_proj.qweight); nothing usable was written. "

@@ -12,6 +12,7 @@ from quantbench.models.checkpoint import (
     check_tokenizer_json,
     load_tokenizer,
     read_config,
+    refuse_code_only_architecture,
 )
 
 
@@ -37,14 +38,8 @@ def check_source(source: Path, out: Path) -> None:
         raise LoadError(f"--model {source}: already quantized ({what}); quantize the BF16 checkpoint it was made "
                         "from (a variant is run as it is: `quantbench run --backend int4|nvfp4|fp8 --model DIR`)")
     _refuse_other_than_bf16(source)
-    model_type = config.get("model_type")
-    if config.get("auto_map"):
-        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-        if model_type not in CONFIG_MAPPING:
-            raise LoadError(f"{source / 'config.json'}: model_type {model_type!r} is not built into transformers and "
-                            "its auto_map names the checkpoint's own Python code, which `quantbench quantize` never "
-                            "runs; quantize a checkpoint of an architecture transformers has")
+    refuse_code_only_architecture(source, config, ", which `quantbench quantize` never runs; quantize a checkpoint "
+                                  "of an architecture transformers has")
 
 
 FLOAT_DTYPES = {"F16": "float16", "F32": "float32", "F64": "float64", "BF16": "bfloat16"}  # safetensors' names

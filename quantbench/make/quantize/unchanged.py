@@ -12,13 +12,12 @@ straight from the safetensors files (the header gives each tensor's byte range),
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from quantbench.errors import QuantbenchError
-from quantbench.models.checkpoint import read_config, weight_files
+from quantbench.models.checkpoint import read_config, safetensors_header, weight_files
 from quantbench.models.families import family_of, has_key_layouts
 
 _CHUNK = 16 << 20
@@ -58,17 +57,13 @@ def non_expert_tensors(root: Path) -> dict[str, StoredTensor]:
     out: dict[str, StoredTensor] = {}
     scorer_files = weight_files(root)  # a checkpoint's own scorer head: copied and checked whole (models/scorer.py)
     for file in sorted(f for f in root.glob("*.safetensors") if f.name not in scorer_files):
-        with open(file, "rb") as fh:
-            size = int.from_bytes(fh.read(8), "little")
-            header = json.loads(fh.read(size))
+        start, header = safetensors_header(file)
         for key, meta in header.items():
-            if key == "__metadata__":
-                continue
             name = name_of(key)
             if name is None or is_expert_tensor(name):
                 continue
             begin, end = meta["data_offsets"]
-            out[name] = StoredTensor(key, file, meta["dtype"], tuple(meta["shape"]), 8 + size + begin, 8 + size + end)
+            out[name] = StoredTensor(key, file, meta["dtype"], tuple(meta["shape"]), start + begin, start + end)
     return out
 
 
