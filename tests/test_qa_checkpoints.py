@@ -113,9 +113,11 @@ def test_quantize_never_runs_a_checkpoints_own_code_even_when_stdin_says_yes(tin
 GROUP = 32
 
 
-def _int4_tensors(tiny: Path, *, awq: bool = False) -> dict[str, torch.Tensor]:
-    """The tiny model's experts as auto-round int4 (4-bit codes 8 = zero, i.e. zero weights; scales 1), group 32,
-    in auto_gptq packing (qweight [K/8, N], qzeros [K/G, N/8]) or auto_awq's (qweight [K, N/8])."""
+def _int4_tensors(tiny: Path, *, awq: bool = False, group: int = GROUP, codes: int = 0x88888888,
+                  scale: float = 1.0) -> dict[str, torch.Tensor]:
+    """The tiny model's experts as auto-round int4, in auto_gptq packing (qweight [K/8, N], qzeros [K/G, N/8]) or
+    auto_awq's (qweight [K, N/8]): every word holds `codes` (the default, 8 = the zero point: zero weights), every
+    scale is `scale`, in groups of `group` inputs (-1: one group a row, auto-round's group_size -1)."""
     out = {}
     for k, w in load_file(str(tiny / "model.safetensors")).items():
         if not _is_expert(k):
@@ -123,18 +125,19 @@ def _int4_tensors(tiny: Path, *, awq: bool = False) -> dict[str, torch.Tensor]:
             continue
         n, kk = w.shape
         p = k[: -len(".weight")]
-        out[f"{p}.qweight"] = torch.full((kk, n // 8) if awq else (kk // 8, n), 0x88888888 - (1 << 32), dtype=torch.int32)
-        out[f"{p}.qzeros"] = torch.full((kk // GROUP, n // 8), 0x77777777, dtype=torch.int32)
-        out[f"{p}.scales"] = torch.ones(kk // GROUP, n, dtype=torch.float16)
+        groups = 1 if group == -1 else kk // group
+        out[f"{p}.qweight"] = torch.full((kk, n // 8) if awq else (kk // 8, n), codes - (1 << 32), dtype=torch.int32)
+        out[f"{p}.qzeros"] = torch.full((groups, n // 8), 0x77777777, dtype=torch.int32)
+        out[f"{p}.scales"] = torch.full((groups, n), scale, dtype=torch.float16)
     return out
 
 
-def _autoround_config(*, sym: bool, packing: str = "auto_round:auto_gptq") -> dict:
+def _autoround_config(*, sym: bool, packing: str = "auto_round:auto_gptq", group: int = GROUP) -> dict:
     """What auto-round 0.16.1 writes for an experts-only W4A16 export (attention and routers kept at 16 bits)."""
     keep = {f"model.layers.{i}.self_attn.{p}_proj": {"bits": 16} for i in range(2) for p in "qkvo"}
     keep.update({rf".*model\.layers\.{i}\.mlp\.gate.*": {"bits": 16, "data_type": "float"} for i in range(2)})
     return {"autoround_version": "0.16.1", "bits": 4, "block_name_to_quantize": "model.layers", "data_type": "int",
-            "extra_config": keep, "group_size": GROUP, "packing_format": packing, "quant_method": "auto-round",
+            "extra_config": keep, "group_size": group, "packing_format": packing, "quant_method": "auto-round",
             "sym": sym}
 
 
@@ -176,9 +179,10 @@ def test_an_asymmetric_auto_gptq_int4_without_a_cpu_kernel_names_the_missing_ker
 
 
 # -- ModelOpt's other NVFP4 / FP8 recipes ------------------------------------------------------------------------------
-def _modelopt_tensors(tiny: Path, scheme: str) -> dict[str, torch.Tensor]:
+def _modelopt_tensors(tiny: Path, scheme: str, *, static: bool = False) -> dict[str, torch.Tensor]:
     """The tiny model's experts as ModelOpt exports them: fp8 per-channel (`weight` E4M3, `weight_scale` [N] fp32,
-    no input_scale: per-token activations), nvfp4 (`weight` uint8, `weight_scale` E4M3, `weight_scale_2`)."""
+    no input_scale: per-token activations), nvfp4 (`weight` uint8, `weight_scale` E4M3, `weight_scale_2`); `static`:
+    its default recipes instead, with an `input_scale` each (fp8 then per-tensor)."""
     from quantbench.engine.moe import fp8, nvfp4_numbers
 
     out = {}
@@ -188,9 +192,11 @@ def _modelopt_tensors(tiny: Path, scheme: str) -> dict[str, torch.Tensor]:
             continue
         p = k[: -len(".weight")]
         if scheme == "fp8":
-            out[k], out[f"{p}.weight_scale"] = fp8.quantize(w, per_channel=True)
+            out[k], out[f"{p}.weight_scale"] = fp8.quantize(w, per_channel=not static)
         else:
             out[k], out[f"{p}.weight_scale"], out[f"{p}.weight_scale_2"] = nvfp4_numbers.quantize(w)
+        if static:
+            out[f"{p}.input_scale"] = torch.tensor(0.01)
     return out
 
 

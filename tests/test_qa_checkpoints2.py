@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from quantbench.errors import LoadError
 from quantbench.run.spec import RunSpec
+from tests.test_qa_checkpoints import _autoround_config, _int4_tensors, _modelopt_tensors, _rewrite
 from tests.tiny import save_tiny
 
 
@@ -37,10 +38,6 @@ def _preflight(path: Path, backend: str = "bf16") -> dict:
     from quantbench.run.runner import preflight
 
     return preflight(RunSpec(backend=backend, model=str(path), gpu="cpu"))
-
-
-def _is_expert(key: str) -> bool:
-    return ".mlp.experts." in key and key.endswith("_proj.weight")
 
 
 # -- tokenizer files and chat templates ---------------------------------------------------------------------------------
@@ -181,24 +178,10 @@ def test_modelopts_kv_cache_scheme_in_config_json_is_refused_by_name(tiny, tmp_p
 def test_a_config_whose_moe_intermediate_size_disagrees_with_the_experts_is_refused(tiny, tmp_path, scheme):
     """moe_intermediate_size 128 in config.json over experts of 64: bf16 and int4 refuse it (mismatched keys), the
     nvfp4 / fp8 loader built the experts from the tensors and ran."""
-    from quantbench.engine.moe import fp8, nvfp4_numbers
     from quantbench.models.modelopt import load_quantized
 
-    tensors = {}
-    for k, w in load_file(str(tiny / "model.safetensors")).items():
-        if not _is_expert(k):
-            tensors[k] = w
-            continue
-        p = k[: -len(".weight")]
-        if scheme == "fp8":
-            tensors[k], tensors[f"{p}.weight_scale"] = fp8.quantize(w)
-            tensors[f"{p}.input_scale"] = torch.tensor(0.01)
-        else:
-            tensors[k], tensors[f"{p}.weight_scale"], tensors[f"{p}.weight_scale_2"] = nvfp4_numbers.quantize(w)
-            tensors[f"{p}.input_scale"] = torch.tensor(0.01)
     qc = {"quant_method": "modelopt", "quant_algo": scheme.upper(), "ignore": ["lm_head"]}
-    good = _copy(tiny, tmp_path / "good", lambda c: c.__setitem__("quantization_config", qc))
-    save_file(tensors, str(good / "model.safetensors"), metadata={"format": "pt"})
+    good = _rewrite(tiny, tmp_path / "good", _modelopt_tensors(tiny, scheme, static=True), qc)
     load_quantized(good, scheme=scheme, dtype=torch.float32)  # the right config loads
     wrong = _copy(good, tmp_path / "wrong", lambda c: c.__setitem__("moe_intermediate_size", 128))
     with pytest.raises(LoadError, match=r"experts of model\.layers\.0\.mlp\.experts are \(8, 128, 128\) .* gives "
@@ -215,23 +198,8 @@ def test_an_int4_export_with_group_size_minus_one_is_checked_as_int4_and_loads(t
     from quantbench.models import experts_claim
     from quantbench.run.machine import detect
 
-    tensors = {}
-    for k, w in load_file(str(tiny / "model.safetensors")).items():
-        if not _is_expert(k):
-            tensors[k] = w
-            continue
-        n, kk = w.shape
-        p = k[: -len(".weight")]
-        tensors[f"{p}.qweight"] = torch.full((kk // 8, n), 0x89ABCDEF - (1 << 32), dtype=torch.int32)
-        tensors[f"{p}.qzeros"] = torch.full((1, n // 8), 0x77777777, dtype=torch.int32)
-        tensors[f"{p}.scales"] = torch.full((1, n), 0.01, dtype=torch.float16)
-    keep = {f"model.layers.{i}.self_attn.{p}_proj": {"bits": 16} for i in range(2) for p in "qkvo"}
-    keep.update({rf".*model\.layers\.{i}\.mlp\.gate.*": {"bits": 16, "data_type": "float"} for i in range(2)})
-    path = _copy(tiny, tmp_path / "gm1", lambda c: c.__setitem__("quantization_config", {
-        "autoround_version": "0.16.1", "bits": 4, "block_name_to_quantize": "model.layers", "data_type": "int",
-        "extra_config": keep, "group_size": -1, "packing_format": "auto_round:auto_gptq", "quant_method": "auto-round",
-        "sym": True}))
-    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    path = _rewrite(tiny, tmp_path / "gm1", _int4_tensors(tiny, group=-1, codes=0x89ABCDEF, scale=0.01),
+                    _autoround_config(sym=True, group=-1))
     record = experts_claim.check("int4", path)
     assert {(v["format"], v["group_size"]) for v in record["layers"].values()} == {("int4", -1)}
     loaded = Int4Backend().load(RunSpec(backend="int4", model=str(path), device="cpu", dtype="float32"), detect())
