@@ -3,7 +3,6 @@
 import streamlit as st
 
 from dashboard import EMPTY, figures, media_view, modality_view, store_cache, tests_view, url_state
-from quantbench.analysis.stats import n_needed_text
 from quantbench.report import SYNTHETIC_NOTE
 
 
@@ -78,7 +77,7 @@ v.metric("Against the noise floor", h.verdict.label,
          help=f"margins: {h.verdict.margins.describe()}" if h.verdict.margins else None)
 with st.expander("Why this verdict"):
     if h.verdict.label == "inconclusive":
-        st.markdown(f"- Inconclusive: {n_needed_text(h.verdict.n_needed)}.")
+        st.markdown(f"- Inconclusive: {h.verdict.need_text()}.")
     for reason in h.verdict.reasons:
         st.markdown(f"- {reason}")
     if c.floor is not None and h.floor_agreement is not None:

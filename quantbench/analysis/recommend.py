@@ -8,9 +8,11 @@ and a group of batched runs alone is a report of that table only: no rows, no re
 (GpuReport.batched_only).
 
 "Best for" follows `Rules`, applied in this order, and the report prints which rule picked the recommendation:
-  1. quality: agreement with BF16 ≥ `min_agreement`, and (with `use_noise_floor`) not `worse` than the noise
-     floor, overall nor on any one modality's questions; the BF16 reference passes by definition; a row
-     without parity figures cannot pass;
+  1. quality: agreement with BF16 ≥ `min_agreement`, and (with `use_noise_floor`) shown within the margin over
+     the noise floor on all its questions (indistinguishable or different-within-margin: an `inconclusive`
+     verdict, too few questions to tell, does not pass) and not `worse` on any one modality's questions (a
+     modality's own verdict may be inconclusive: its questions are a part); the BF16 reference passes by
+     definition; a row without parity figures cannot pass;
   2. memory: peak memory (peak VRAM; peak host RSS on a CPU) ≤ `vram_budget_gib`, when a budget is set;
   3. native: with `prefer_native`, a variant that is emulated on this GPU is dropped when a native one passes;
   4. objective: the smallest weights in memory (`objective="memory"`) or the lowest p50 latency ("latency"),
@@ -45,7 +47,7 @@ BATCHED_ONLY_RULE = "no recommendation: only batched runs here (throughput), no 
 @dataclass
 class Rules:
     min_agreement: float = 0.95  # top-answer agreement with BF16, a fraction
-    use_noise_floor: bool = True  # a variant `worse` than the noise floor does not pass
+    use_noise_floor: bool = True  # a variant not shown within the margin over the noise floor does not pass
     vram_budget_gib: float | None = None  # peak memory must fit (VRAM; host RSS on a CPU)
     prefer_native: bool = True  # drop emulated variants when a native one passes
     objective: str = "memory"  # memory (smallest weights) | latency (lowest p50)
@@ -64,7 +66,7 @@ class Rules:
         goal = memory if self.objective == "memory" else "the lowest p50 latency"
         parts = [f"agreement with BF16 ≥ {self.min_agreement:.1%}"]
         if self.use_noise_floor:
-            parts.append("not worse than the noise floor")
+            parts.append("shown within the margin over the noise floor")
         if self.vram_budget_gib is not None:
             parts.append(f"peak {'host RSS' if cpu else 'VRAM'} ≤ {self.vram_budget_gib:g} GiB")
         if self.prefer_native:
@@ -502,9 +504,10 @@ def _fill_quality(row: Row, reference, floor, answers_of, seed, margins: an.Marg
 
 
 def quality_exclusions(r: Row, rules: Rules) -> list[str]:
-    """Why a successful row fails the quality rule (empty: it passes): agreement with BF16 under the minimum, or
-    `worse` than the noise floor beyond the margin overall or on any one modality's questions. The reference
-    passes; a row without parity figures cannot."""
+    """Why a successful row fails the quality rule (empty: it passes): agreement with BF16 under the minimum,
+    `worse` than the noise floor beyond the margin overall or on any one modality's questions, or an overall
+    verdict that is inconclusive (equivalence not shown: recommending it would claim what its questions cannot
+    tell). The reference passes; a row without parity figures cannot."""
     if r.is_reference:
         return []
     c = r.comparison
@@ -518,6 +521,8 @@ def quality_exclusions(r: Row, rules: Rules) -> list[str]:
         # each modality is judged: a tower broken on pictures must not hide among text questions
         out.append("worse than the noise floor by more than the margin"
                    + (f" on {', '.join(worse_on)} decisions" if worse_on else ""))
+    elif rules.use_noise_floor and c.verdict.label == an.INCONCLUSIVE:
+        out.append(f"not shown within the margin: inconclusive ({c.verdict.need_text()})")
     return out
 
 
@@ -562,7 +567,8 @@ def _recommend(report: GpuReport, rules: Rules, synthetic: bool) -> None:
         report.recommended = pick
         report.rule = rules.describe(report.cpu)
         if rules.use_noise_floor and pick.comparison is not None and pick.comparison.verdict.label == an.NO_FLOOR:
-            # "not worse than the noise floor" claimed of a pick no floor judged: say what it was picked on
+            # "shown within the margin over the noise floor" claimed of a pick no floor judged: say what it was
+            # picked on
             report.rule += (" (no noise-floor run here: it was judged on its agreement with BF16 alone; "
                             "`quantbench run --noise-floor` makes one)")
 

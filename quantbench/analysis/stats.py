@@ -193,6 +193,7 @@ class Excess:
     c: int | None = None  # and for it only
     tost: hy.Tost | None = None  # two one-sided tests against the margin (one-sided for accuracy)
     mdd: float | None = None  # the smallest difference these questions detect (α 0.05 two-sided, power 80%)
+    no_interval: bool = False  # too few questions for an interval (one): inconclusive, and no count would be named
 
 
 @dataclass(frozen=True)
@@ -202,6 +203,7 @@ class Verdict:
     margins: Margins | None = None
     parts: tuple[Excess, ...] = ()
     n_needed: int | None = None  # inconclusive: the questions that would decide every undecided statistic
+    no_interval: bool = False  # inconclusive because a statistic had too few questions for any interval
 
     @property
     def tost_p(self) -> float | None:
@@ -220,8 +222,12 @@ class Verdict:
     def short(self) -> str:
         """The verdict in a table cell."""
         if self.label == INCONCLUSIVE:
-            return f"{INCONCLUSIVE} ({n_needed_text(self.n_needed)})"
+            return f"{INCONCLUSIVE} ({self.need_text()})"
         return self.label
+
+    def need_text(self) -> str:
+        """What would decide an inconclusive verdict."""
+        return NO_INTERVAL_TEXT if self.no_interval else n_needed_text(self.n_needed)
 
 
 @dataclass(frozen=True)
@@ -452,6 +458,9 @@ def _n_needed(n: int, interval_at, margin: float) -> int | None:
     return hi
 
 
+NO_INTERVAL_TEXT = "one question gives no interval: a suite of more questions would tell"
+
+
 def n_needed_text(n: int | None) -> str:
     if n is None:
         return "the difference sits on the margin: more questions would not settle it; choose the margin"
@@ -474,18 +483,29 @@ def _excess_agreement(both: pd.DataFrame, margin: float) -> Excess:
 
 
 def _excess_tv(both: pd.DataFrame, margin: float, seed: int) -> Excess:
+    """The mean of the per-question TV differences, with the wider of two 95% intervals: the paired bootstrap's
+    percentiles and Student's t (n − 1 degrees of freedom). The bootstrap alone is too narrow on a few questions
+    (one question's resamples are all that question: a zero-width interval decided the verdict); t is too narrow on
+    skewed TVs of many. One question: no interval at all (NaN bounds; inconclusive)."""
+    from scipy.stats import t as student
+
     d = both["tv_c"].to_numpy(dtype=float) - both["tv_f"].to_numpy(dtype=float)
     ci = bootstrap_mean(d, seed)  # paired: a resampled question keeps both its TVs
-    label = _classify(ci.lo, ci.hi, margin)
+    n = ci.n
+    sd = float(d.std(ddof=1)) if n > 1 else math.nan
+    if n < 2:
+        lo, hi = math.nan, math.nan  # _classify: neither side decided, inconclusive
+    else:
+        half = float(student.ppf(0.975, n - 1)) * sd / math.sqrt(n)
+        lo, hi = min(ci.lo, ci.mean - half), max(ci.hi, ci.mean + half)
+    label = _classify(lo, hi, margin)
     need = None
-    if label == INCONCLUSIVE:
-        n = ci.n
-        need = _n_needed(n, lambda m: (ci.mean - (ci.mean - ci.lo) * math.sqrt(n / m),
-                                       ci.mean + (ci.hi - ci.mean) * math.sqrt(n / m)), margin)
-    sd = float(d.std(ddof=1)) if d.size > 1 else math.nan
-    return Excess("mean TV", ci.n, float(both["tv_c"].mean()), float(both["tv_f"].mean()), ci.mean, ci.lo, ci.hi,
+    if label == INCONCLUSIVE and n > 1:
+        need = _n_needed(n, lambda m: (ci.mean - (ci.mean - lo) * math.sqrt(n / m),
+                                       ci.mean + (hi - ci.mean) * math.sqrt(n / m)), margin)
+    return Excess("mean TV", n, float(both["tv_c"].mean()), float(both["tv_f"].mean()), ci.mean, lo, hi,
                   margin, label, need, tost=hy.tost_mean("mean TV", d, margin, one_sided=True),
-                  mdd=hy.mdd_mean(sd, ci.n))
+                  mdd=hy.mdd_mean(sd, n), no_interval=n < 2)
 
 
 def _excess_accuracy(paired: pd.DataFrame, relative: float) -> Excess | None:
@@ -528,13 +548,14 @@ def _excess_txt(e: Excess) -> str:
                 f"interval [{100 * e.lo:+.2f}, {100 * e.hi:+.2f}] (Agresti–Min), margin {100 * e.margin:.2f} "
                 "points")
     else:
-        head = (f"mean TV {e.candidate:.4f} vs the floor's {e.floor:.4f}: {e.diff:+.4f}, 95% interval "
-                f"[{e.lo:+.4f}, {e.hi:+.4f}], margin {e.margin:g}")
+        interval = "no interval" if e.no_interval else f"95% interval [{e.lo:+.4f}, {e.hi:+.4f}]"
+        head = f"mean TV {e.candidate:.4f} vs the floor's {e.floor:.4f}: {e.diff:+.4f}, {interval}, margin {e.margin:g}"
     than = "BF16's accuracy" if e.statistic == "accuracy loss" else "the floor"
     why = {INDISTINGUISHABLE: f"within the margin and not detectably {'below' if than != 'the floor' else 'above'} {than}",
            WITHIN_MARGIN: f"detectably {'below' if than != 'the floor' else 'above'} {than}, but within the margin",
            WORSE: "wholly beyond the margin",
-           INCONCLUSIVE: f"the interval straddles the margin; {n_needed_text(e.n_needed)}"}[e.label]
+           INCONCLUSIVE: (NO_INTERVAL_TEXT if e.no_interval
+                          else f"the interval straddles the margin; {n_needed_text(e.n_needed)}")}[e.label]
     return f"{head} (n = {e.n}) → {e.label}: {why}"
 
 
@@ -581,11 +602,13 @@ def parity_verdict(candidate: pd.DataFrame, floor: pd.DataFrame | None, margins:
     if no_floor is not None:
         return Verdict(NO_FLOOR, (no_floor,), margins)
     label = max((p.label for p in parts), key=ORDER.index)
-    need = None
+    need, no_interval = None, False
     if label == INCONCLUSIVE:
-        needs = [p.n_needed for p in parts if p.label == INCONCLUSIVE]
-        need = None if None in needs else max(needs)
-    return Verdict(label, tuple(_excess_txt(p) for p in parts), margins, tuple(parts), need)
+        undecided = [p for p in parts if p.label == INCONCLUSIVE]
+        no_interval = any(p.no_interval for p in undecided)
+        needs = [p.n_needed for p in undecided]
+        need = None if no_interval or None in needs else max(needs)
+    return Verdict(label, tuple(_excess_txt(p) for p in parts), margins, tuple(parts), need, no_interval)
 
 
 def verdicts_by(candidate: pd.DataFrame, floor: pd.DataFrame | None, column: str, margins: Margins | None = None,

@@ -291,14 +291,16 @@ def verdict_notes(report: GpuReport) -> list[str]:
         f"margins ({m.describe()}): indistinguishable = within the margin "
         "and not detectably above the floor; different, within margin = detectably above it but within the margin; "
         "worse = wholly beyond the margin; inconclusive = the interval straddles the margin, with how many "
-        "questions would tell. `--margin` names the margin (`--margin-agreement` / `--margin-tv` change its figures)."
+        "questions would tell. Neither worse nor inconclusive is recommended. `--margin` names the margin (`--margin-agreement` / `--margin-tv` change its figures)."
     ]
     for r in compared:
         v = r.comparison.verdict
         figures = "; ".join(
             f"disagreement {100 * e.diff:+.1f} pts [{100 * e.lo:+.1f}, {100 * e.hi:+.1f}]" if e.statistic ==
             "disagreement" else f"accuracy lost {100 * e.diff:+.1f} pts [{100 * e.lo:+.1f}, {100 * e.hi:+.1f}]"
-            if e.statistic == "accuracy loss" else f"TV {e.diff:+.4f} [{e.lo:+.4f}, {e.hi:+.4f}]" for e in v.parts)
+            if e.statistic == "accuracy loss" else f"TV {e.diff:+.4f} " + ("(no interval)" if e.no_interval else
+                                                                          f"[{e.lo:+.4f}, {e.hi:+.4f}]")
+            for e in v.parts)
         pooled = f" (all {r.comparison.agreement.n} questions pooled)" if r.comparison.per_modality else ""
         judged = v.n_with_floor
         if judged is not None and judged < r.comparison.agreement.n:  # the floor answered fewer questions
