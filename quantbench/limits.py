@@ -7,6 +7,7 @@ Each limit has the flag that sets it; refusals name both (see quantbench.protoco
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 from quantbench.errors import ConfigError
@@ -79,10 +80,31 @@ class Limits:
         for f in fields(self):
             # a choice question has at least two options; every other limit counts from one
             least = 2 if f.name in ("max_options", "max_total_options") else 1
-            if getattr(self, f.name) < least:
-                raise ConfigError(f"{flag(f.name)} {getattr(self, f.name)}: use {least} or more")
+            if why := bound_refusal(flag(f.name), getattr(self, f.name), least=least):
+                raise ConfigError(why)
 
 
 def flag(name: str) -> str:
     """The command-line flag of a limit: max_total_options -> --max-total-options."""
     return "--" + name.replace("_", "-")
+
+
+def bound_refusal(where: str, value: float, *, least: float | None = None, above: float | None = None,
+                  most: float | None = None, unit: str = "") -> str | None:
+    """Why a number is refused by its bounds (values below `least`, at or below `above`, above `most`), naming the
+    flag `where` and the fix; None when it is inside them. The one check of `run`'s and `serve`'s numeric settings and of the request limits.
+    NaN passes a plain `value < least` (`run --latency-min-seconds nan` ran as if unset, `serve --max-wait-ms nan`
+    batched with a NaN wait) and an infinite value with only a lower bound is a phase that never ends: both refused.
+    (`above` refuses NaN itself; an infinite `above`-only value, a --timeout, is a run with no deadline.)"""
+    shown = f"{value:g}" if isinstance(value, float) else str(value)
+    units = f" {unit}" if unit else ""
+    if least is not None and isinstance(value, float) and not math.isfinite(value):
+        return f"{where} {shown}: give a finite number, {least:g} or more{units}"
+    if least is not None and value < least:
+        return f"{where} {shown}: give {least:g} or more{units}"
+    if most is not None and value > most:
+        return f"{where} {shown}: give {most:g} or fewer{units}"
+    if above is not None and not value > above:
+        number = "a positive number" if above == 0 else f"a number above {above:g}"
+        return f"{where} {shown}: give {number}{' of ' + unit if unit else ''}"
+    return None

@@ -142,4 +142,4 @@ def test_serve_takes_the_media_limits_as_flags_and_refuses_a_bad_one():
                  "--max-request-decoded-bytes"):
         for command in ("serve", "run"):
             out = CliRunner().invoke(app, [command, flag, "0"])
-            assert out.exit_code == 2 and f"{flag} 0: use 1 or more" in out.output, (command, flag, out.output)
+            assert out.exit_code == 2 and f"{flag} 0: give 1 or more" in out.output, (command, flag, out.output)

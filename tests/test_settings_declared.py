@@ -100,16 +100,18 @@ def test_each_server_setting_given_as_a_flag_reaches_the_settings_serve_hands_on
 
 
 @pytest.mark.parametrize("name, bad, says", [
-    ("max_batch", 0, "--max-batch 0: use 1 or more"),
-    ("max_queue", 0, "--max-queue 0: use 1 or more"),
-    ("max_queue_ms", -1.0, "--max-queue-ms -1: use 0 or more"),
-    ("max_wait_ms", -0.5, "--max-wait-ms -0.5: use 0 or more"),
-    ("max_body_bytes", 0, "--max-body-bytes 0: use 1 or more"),
-    ("max_request_tokens", 0, "--max-request-tokens 0: use 1 or more"),
-    ("request_timeout_s", 0.0, "--request-timeout 0: use a number above 0"),
-    ("header_timeout_s", -1.0, "--header-timeout -1: use a number above 0"),
-    ("max_questions", 0, "--max-questions 0: use 1 or more"),  # through quantbench.limits
-    ("max_options", 1, "--max-options 1: use 2 or more"),
+    ("max_batch", 0, "--max-batch 0: give 1 or more"),
+    ("max_queue", 0, "--max-queue 0: give 1 or more"),
+    ("max_queue_ms", -1.0, "--max-queue-ms -1: give 0 or more"),
+    ("max_wait_ms", -0.5, "--max-wait-ms -0.5: give 0 or more"),
+    ("max_wait_ms", float("nan"), "--max-wait-ms nan: give a finite number, 0 or more"),  # was taken: a NaN wait
+    ("max_queue_ms", float("inf"), "--max-queue-ms inf: give a finite number, 0 or more"),
+    ("max_body_bytes", 0, "--max-body-bytes 0: give 1 or more"),
+    ("max_request_tokens", 0, "--max-request-tokens 0: give 1 or more"),
+    ("request_timeout_s", 0.0, "--request-timeout 0: give a positive number"),
+    ("header_timeout_s", -1.0, "--header-timeout -1: give a positive number"),
+    ("max_questions", 0, "--max-questions 0: give 1 or more"),  # through quantbench.limits
+    ("max_options", 1, "--max-options 1: give 2 or more"),
 ])
 def test_a_bad_server_setting_is_refused_naming_its_flag_in_code_and_on_the_command_line(name, bad, says):
     with pytest.raises(ConfigError, match=says):

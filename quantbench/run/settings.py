@@ -8,11 +8,10 @@ A module of its own, importing nothing heavy, so `quantbench --help` reads it wi
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
-from quantbench.limits import DEFAULT_MAX_OPTIONS
+from quantbench.limits import DEFAULT_MAX_OPTIONS, bound_refusal
 
 # `run --repeat N` and a sweep's `repeats`: each repeat is a fresh process, so 1000 is already days of a real model.
 # Unbounded, --repeat 2147483648 ran its first run and then lost it (the store's INTEGER repeat_count refused the
@@ -79,18 +78,4 @@ def refusal(name: str, value: Any) -> str | None:
         return None
     if how.choices and value not in how.choices:
         return f"{where} {value!r}: use {one_of(how.choices)}"
-    shown = f"{value:g}" if isinstance(value, float) else str(value)
-    unit = f" {how.unit}" if how.unit else ""
-    if how.least is not None and isinstance(value, float) and not math.isfinite(value):
-        # NaN passed `value < least` (a --latency-min-seconds nan ran as if unset), and an infinite one
-        # (--latency-min-seconds inf) made a phase that never ends: a `timeout` row half an hour later. (`above`
-        # refuses NaN below; an infinite --timeout is a run with no deadline.)
-        return f"{where} {shown}: give a finite number, {how.least:g} or more{unit}"
-    if how.least is not None and value < how.least:
-        return f"{where} {shown}: give {how.least:g} or more{unit}"
-    if how.most is not None and value > how.most:
-        return f"{where} {shown}: give {how.most:g} or fewer{unit}"
-    if how.above is not None and not value > how.above:
-        number = "a positive number" if how.above == 0 else f"a number above {how.above:g}"
-        return f"{where} {shown}: give {number}{' of ' + how.unit if how.unit else ''}"
-    return None
+    return bound_refusal(where, value, least=how.least, above=how.above, most=how.most, unit=how.unit)

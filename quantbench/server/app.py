@@ -96,12 +96,26 @@ def _without_paths(value: Any) -> Any:
     return value
 
 
+# a path inside a message: POSIX absolute or home-relative (after a quote, space, bracket, = or the start), or a
+# Windows drive path; up to the next quote, space, comma or bracket (an OSError quotes its path), a sentence's
+# colon or full stop after it kept
+_PATH_IN_TEXT = re.compile(r"""(?:(?<=^)|(?<=[\s'"(\[=]))(?:~?/|[A-Za-z]:[\\/])(?:[^\s'",()\[\]]*[^\s'",()\[\].:;])?""")
+
+
+def without_paths_in_text(text: str) -> str:
+    """A message (a load or warm-up error) with every path in it replaced by PATH_SHOWN_AS."""
+    return _PATH_IN_TEXT.sub(PATH_SHOWN_AS, text)
+
+
 def public_health(body: dict[str, Any]) -> dict[str, Any]:
     """/healthz as a caller without a key sees it: what a client needs (status, the model, variant, kernel path,
-    device and GPU, batching, limits, counts), without the machine, the model's path or any other path."""
+    device and GPU, batching, limits, counts, why the warm-up failed), without the machine, the model's path or
+    any other path (an error's own text names the files it could not read; a load error: ServerState.shown_error)."""
     out = {k: v for k, v in body.items() if k != "machine"}
     if isinstance(out.get("info"), dict):
         out["info"] = _without_paths({k: v for k, v in out["info"].items() if k != "model_path"})
+    if isinstance(out.get("warm_error"), str):
+        out["warm_error"] = without_paths_in_text(out["warm_error"])
     return out
 
 
@@ -160,6 +174,7 @@ def create_app(
         log.info("model %s (%s) loaded in %.1f s", loaded.info.model_id, loaded.info.variant, state.load_s)
 
     def load_failed(message: str) -> None:
+        state.shown_error = message if s.api_key else without_paths_in_text(message)
         state.error = message
         log.error("loading the model failed: %s", message)
         if state.on_load_error:
@@ -223,7 +238,7 @@ def create_app(
     @app.get("/healthz", responses={503: {"description": "The model is still loading, or failed to load."}})
     async def healthz() -> JSONResponse:
         if state.error:
-            return JSONResponse({"status": "failed", "error": state.error}, status_code=503)
+            return JSONResponse({"status": "failed", "error": state.shown_error}, status_code=503)
         if state.loaded is None:
             return JSONResponse(
                 {"status": "loading", "loading_s": round(time.monotonic() - state.started, 1)},

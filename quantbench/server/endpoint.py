@@ -60,7 +60,8 @@ class ServerState:
     loaded: LoadedVariant | None = None
     batcher: MicroBatcher | None = None
     pool: PreparePool | None = None  # prepares requests off the event loop (made with the batcher)
-    error: str | None = None
+    error: str | None = None  # why loading failed, as the server logs it
+    shown_error: str | None = None  # and as a client is told it (without the server's paths unless a key is set)
     started: float = field(default_factory=time.monotonic)
     load_s: float | None = None
     metrics: Metrics = field(default_factory=Metrics)
@@ -207,7 +208,7 @@ class SystemOneEndpoint:
             ), headers={"Connection": "close"})
         batcher = state.batcher
         if batcher is None:
-            detail = f"the model failed to load: {state.error}" if state.error else "the model is still loading"
+            detail = f"the model failed to load: {state.shown_error}" if state.error else "the model is still loading"
             raise Rejected(503, ErrorBody(detail=detail, fix="retry when GET /healthz answers 200"),
                            headers={"Retry-After": "5"})
         loop = asyncio.get_running_loop()

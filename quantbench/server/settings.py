@@ -24,6 +24,7 @@ from quantbench.limits import (
     DEFAULT_REQUEST_TIMEOUT_S,
     DEFAULT_WARM_TOKENS,
     Limits,
+    bound_refusal,
 )
 
 API_KEY_ENV = "QUANTBENCH_API_KEY"
@@ -130,15 +131,10 @@ def flag_of(f: Field) -> str:
 
 def refusal(f: Field, value: Any) -> str | None:
     """Why `value` is refused for the setting `f`, naming its flag and the fix; None when it is taken."""
-    least, above, most = f.metadata.get("least"), f.metadata.get("above"), f.metadata.get("most")
-    shown = f"{value:g}" if isinstance(value, float) else str(value)
-    if least is not None and value < least:
-        return f"{flag_of(f)} {shown}: use {least:g} or more"
-    if above is not None and not value > above:
-        return f"{flag_of(f)} {shown}: use a number above {above:g}"
-    if most is not None and value > most:
-        return f"{flag_of(f)} {shown}: use {most:g} or less"
-    return None
+    if value is None or not any(f.metadata.get(k) is not None for k in ("least", "above", "most")):
+        return None
+    return bound_refusal(flag_of(f), value, least=f.metadata.get("least"), above=f.metadata.get("above"),
+                         most=f.metadata.get("most"))
 
 
 def declared() -> list[tuple[Field, Any, str | None]]:
