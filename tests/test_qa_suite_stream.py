@@ -169,6 +169,22 @@ def test_a_run_that_reaches_a_broken_record_is_refused_before_any_model_loads(tm
         execute(spec, echo=False)
 
 
+@pytest.mark.parametrize("other, refused", [("", False), ("limit = 3\n", True), ("limit = 1\n", False)])
+def test_a_sweep_checks_its_suites_as_far_as_its_runs_read_them(tmp_path, other, refused):
+    from quantbench.sweep import load_sweep
+
+    suite = _broken_past_two(tmp_path)
+    path = tmp_path / "sweep.toml"
+    path.write_text(f'suites = ["{suite.name}"]\ngpus = ["cpu"]\n[defaults]\nlimit = 2\n'
+                    '[[variants]]\nname = "a"\nbackend = "tests.tiny:TinyBackend"\n'
+                    f'[[variants]]\nname = "b"\nbackend = "tests.tiny:TinyBackend"\nseed = 7\n{other}')
+    if refused:  # variant b answers 3 records: the third is not JSON
+        with pytest.raises(ConfigError, match=r"broken\.jsonl:3: record: not valid JSON"):
+            load_sweep(path)
+    else:
+        assert load_sweep(path).suites == [str(suite)]
+
+
 # -- counts ----------------------------------------------------------------------------------------------------
 def test_a_limited_suite_counts_what_a_run_answers_and_refuses_to_give_more(tmp_path):
     path = _write(tmp_path / "ten.jsonl", [_record(f"r{i}") for i in range(10)])
