@@ -220,7 +220,7 @@ def run(spec: RunSpec, out: dict[str, Any], progress: Path | None = None) -> Non
     spec.device = device
     measured.machine = MachineFacts(**machine.as_row())
     measured.device = device
-    suite = load_suite(spec.suite, limits=spec.limits())
+    suite = load_suite(spec.suite, limits=spec.limits(), limit=spec.limit)  # what it answers; the hash is the file's
     records = suite.first(spec.limit)
     measured.suite = SuiteFacts.of(suite, spec.limit)
     save_progress(measured, progress)

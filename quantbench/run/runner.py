@@ -179,7 +179,8 @@ def _preflight(spec: RunSpec) -> tuple[dict[str, Any], Suite | None]:
     if spec.suite is not None:
         from quantbench.protocol.suite import check_suite_media, load_suite
 
-        suite = load_suite(spec.suite, limits=spec.limits())
+        # the first --limit records only: a bad record past them does not stop the run (a full run refuses it)
+        suite = load_suite(spec.suite, limits=spec.limits(), limit=spec.limit)
         check_suite_media(suite, spec.limits(), spec.limit)  # before any model loads, as the README promises
     if why := refusal("timeout_s", spec.timeout_s):  # a spec that check_spec did not see (sweep, API)
         raise ConfigError(why)
@@ -397,7 +398,7 @@ def _what_the_parent_knew(record: RunRecord, spec: RunSpec, child_spec: RunSpec,
     known: dict[str, Any] = {}
     if record.suite_hash is None:
         try:
-            suite = suite or load_suite(spec.suite, limits=spec.limits())
+            suite = suite or load_suite(spec.suite, limits=spec.limits(), limit=spec.limit)
         except (QuantbenchError, OSError):
             suite = None
         if suite is not None:

@@ -251,7 +251,8 @@ class _Parser:
         models = self.models(data.get("models"))
         variants = self.variants(data.get("variants"), {m.name for m in models}, defaults)
         defaults = {k: v for k, v in defaults.items() if k in SETTINGS}  # options went to the variants declaring them
-        sweep = Sweep(path=self.path, name=name, models=models, variants=variants, suites=self.suites(data),
+        suites = self.suites(data, _most_records(defaults, variants))
+        sweep = Sweep(path=self.path, name=name, models=models, variants=variants, suites=suites,
                       gpus=self.gpus(data), variants_dir=variants_dir, repeats=repeats,
                       quantize_missing=quantize_missing, quantize=quantize, defaults=defaults, ray=ray)
         if quantize:
@@ -379,7 +380,9 @@ class _Parser:
                           "remove it, or add a variant whose backend declares it")
         return out
 
-    def suites(self, data: dict[str, Any]) -> list[str | None]:
+    def suites(self, data: dict[str, Any], limit: int | None) -> list[str | None]:
+        """The suites' paths (None: the built-in suite), each checked as far as the sweep's runs read it: the first
+        `limit` records, or all (a run's own --limit read; a bad record past every run's limit stops none)."""
         from quantbench.protocol.suite import load_suite
 
         items = self.typed(data.get("suites", ["builtin"]), list, "suites", 'a list, e.g. ["builtin"]')
@@ -395,7 +398,7 @@ class _Parser:
             path = path if path.is_absolute() else (self.base / path).resolve()
             if not path.is_file():
                 self.fail(f"suites[{i}]", f"{path} does not exist", 'give a suite JSONL file, or "builtin"')
-            load_suite(path)  # a bad record fails now, not in the middle of the sweep
+            load_suite(path, limit=limit)  # a bad record fails now, not in the middle of the sweep
             out.append(str(path))
         return out
 
@@ -435,6 +438,13 @@ class _Parser:
                     self.fail(f"models[{i}]", f"variant {variant.label!r} needs a {scheme} checkpoint of "
                               f"{model.name!r}", f'give {scheme} = "DIR" in that model, or set quantize_missing = true '
                               "to make it with quantbench quantize first")
+
+
+def _most_records(defaults: dict[str, Any], variants: list[Variant]) -> int | None:
+    """The most records a run of the sweep answers (its `limit`, a variant's own or the defaults'); None when a
+    run answers every record."""
+    limits = [{**defaults, **variant.settings}.get("limit") for variant in variants]
+    return None if not limits or None in limits else max(limits)
 
 
 def _default_label(backend: str, settings: dict[str, Any], options: BackendOptions) -> str:
