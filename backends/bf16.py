@@ -7,7 +7,7 @@ kernels instead of transformers' sort, gathers and copies, which took over half 
 decisions of 512 tokens on the H200 (docs/BENCHMARKS.md). The default, `auto`, is that engine on a GPU (16.8 ms
 against transformers' grouped_mm 24.0 ms per 512-token decision at the 30B shape on the H200, 2026-12-02) and
 transformers' grouped_mm on a CPU (the answers every stored CPU reference was made with); the noise floor keeps a
-second kernel of transformers' (cli/run.py `noise_floor_kernel`)."""
+second kernel of transformers' (quantbench/run/spec.py `noise_floor_kernel`)."""
 
 from __future__ import annotations
 

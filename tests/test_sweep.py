@@ -170,9 +170,10 @@ models = ["tiny"]
 
 
 # -- skipping finished runs ---------------------------------------------------------------------------------------
-def _stored(store: Store, spec: RunSpec, machine, status: str = "ok") -> None:
+def _stored(store: Store, spec: RunSpec, machine, status: str = "ok", **fields) -> None:
+    """A row as a run of `spec` on `machine` would leave it (`fields`: more of its columns)."""
     row = {**machine.as_row(), "run_id": str(uuid7()), "created_at": "2026-11-29 10:00:00+00", "status": status,
-           "backend": spec.backend, "spec_hash": spec_hash(spec, machine)}
+           "backend": spec.backend, "spec_hash": spec_hash(spec, machine), **fields}
     store.write_run(RunResult(run=row))
 
 

@@ -292,15 +292,12 @@ def _new_repeat_id() -> str:
 
 
 def noise_floor_kernel(gpu: str) -> tuple[str, str]:
-    """(experts_impl, dtype) of the noise-floor run: the same BF16 weights through a second, equally valid kernel.
-
-    On a GPU that is transformers' `eager` experts loop instead of `grouped_mm` (the card's floor). On a CPU the
-    two compute bit-identical answers, which would make a floor of zero noise, so there the second kernel is
-    float32 arithmetic over the same bf16 weights: what bf16 rounding alone moves."""
+    """(experts_impl, dtype) of a noise-floor run on this machine (quantbench.run.spec.noise_floor_kernel: eager
+    experts on a GPU, float32 arithmetic on a CPU, where both experts kernels answer alike)."""
     from quantbench.run.machine import detect  # lazy: a fast --help
+    from quantbench.run.spec import noise_floor_kernel as on_machine
 
-    on_cpu = gpu.strip().lower() == "cpu" or not detect().has_gpu
-    return ("grouped_mm", "float32") if on_cpu else ("eager", "bfloat16")
+    return on_machine(gpu, detect().has_gpu)
 
 
 DEMO_VARIANTS = [

@@ -235,9 +235,9 @@ def condition_notes(report: GpuReport) -> list[str]:
     """Repeats, busy machines and the floors' spec sheets, as footnotes."""
     notes = []
     if any(r.repeats is not None for r in report.rows):
-        notes.append("± is the half-width of a 95% t interval over the runs of one `quantbench run --repeat N` (each "
-                     "in a fresh process, the same questions), CV their coefficient of variation; energy: each run's "
-                     "settled-window figure.")
+        notes.append("± is the half-width of a 95% t interval over the runs of one `quantbench run --repeat N` (or "
+                     "of one configuration of a sweep with `repeats = N`; each in a fresh process, the same "
+                     "questions), CV their coefficient of variation; energy: each run's settled-window figure.")
     for r in report.rows:
         if r.busy:
             notes.append(f"⚠ {r.label}: {r.busy}; its latency is not what an idle machine gives.")

@@ -292,3 +292,25 @@ class RunSpec(BaseModel):
 
 
 RunSpec.GENERIC = tuple(name for name in RunSpec.model_fields if name != "options")
+
+
+# -- the noise floor's second kernel ----------------------------------------------------------------------------
+NOISE_FLOOR_SETTINGS = ("experts_impl", "dtype")  # what the second kernel sets; a sweep variant naming either keeps it
+
+
+def noise_floor_kernel(gpu: str, has_gpu: bool) -> tuple[str, str]:
+    """(experts_impl, dtype) of the noise-floor run on a machine with or without a GPU: the same BF16 weights
+    through a second, equally valid kernel.
+
+    On a GPU that is transformers' `eager` experts loop instead of `grouped_mm` (the card's floor). On a CPU the
+    two compute bit-identical answers, which would make a floor of zero noise, so there the second kernel is
+    float32 arithmetic over the same bf16 weights: what bf16 rounding alone moves. `run --noise-floor`, `demo` and
+    a sweep's noise-floor variant all take it from here."""
+    on_cpu = gpu.strip().lower() == "cpu" or not has_gpu
+    return ("grouped_mm", "float32") if on_cpu else ("eager", "bfloat16")
+
+
+def as_noise_floor(spec: RunSpec, has_gpu: bool) -> RunSpec:
+    """`spec` under the noise floor's second kernel of a machine with (or without) a GPU."""
+    kernel = dict(zip(NOISE_FLOOR_SETTINGS, noise_floor_kernel(spec.gpu, has_gpu), strict=True))
+    return RunSpec.from_dict({**spec.to_dict(), **kernel})

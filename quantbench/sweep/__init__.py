@@ -5,12 +5,14 @@
 
 The unit of work is `runner.execute(spec) -> RunResult`, the same fresh-process run `quantbench run` does; it
 writes nothing. Results come back to the driver, the only process that writes DuckDB. A run whose config hash
-(`runner.spec_hash`) is already stored with status ok is skipped unless --rerun (failed runs run again).
+(`runner.spec_hash`) is already stored with status ok is skipped unless --rerun (failed runs run again); a run
+another live sweep of the store has claimed is waited for, not run twice.
 
     spec.py       the sweep file: its dataclasses, TOML loading and validation (ConfigError naming file, key, fix)
     planning.py   the matrix expanded into runs, the variants to quantize first, what is already done
     make.py       quantizing the missing variants, each in a fresh process, before the runs
     executor.py   what every executor hands the driver (Event) and the failed row of a run that made none
+    claims.py     which runs of a store a live sweep has claimed, so two sweeps at once never run one twice
     local.py      the local executor: one process per GPU
     ray.py        the Ray executor: one Ray task per run (imported only for --executor ray)
     driver.py     run_sweep, the summary, and `quantbench sweep` itself (cli_sweep)

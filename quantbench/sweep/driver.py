@@ -2,12 +2,15 @@
 
 The unit of work is `runner.execute(spec) -> RunResult`, the same fresh-process run `quantbench run` does; it
 writes nothing. Results come back to this driver, the only process that writes DuckDB, from whichever executor
-ran them (`local`: this host; `ray`: a Ray cluster).
+ran them (`local`: this host; `ray`: a Ray cluster). The driver claims the runs it will run
+(quantbench.sweep.claims) and gives each claim back once its run is stored.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,11 +28,15 @@ from quantbench.report.tables import runs_table
 from quantbench.run.record import RunResult
 from quantbench.run.spec import is_remote
 from quantbench.store import Store, StoreError, queries
+from quantbench.sweep.claims import Claims, Holder
 from quantbench.sweep.executor import Event, failed_result
 from quantbench.sweep.local import LocalExecutor
 from quantbench.sweep.make import make_missing
 from quantbench.sweep.planning import PlannedRun, plan, split_finished, text_or_none
 from quantbench.sweep.spec import Sweep, load_sweep
+
+WAIT_POLL_S = 2.0  # how often a sweep waiting for another sweep's runs looks again
+WAIT_REMIND_S = 300.0  # how often it says that it still waits
 
 
 @dataclass
@@ -42,6 +49,7 @@ class SweepOutcome:
     failed: int = 0
     unsaved: list[str] = field(default_factory=list)  # runs the store could not take: where each was kept
     not_started: int = 0  # placeable runs never started (the sweep was told to stop)
+    by_others: int = 0  # runs another sweep of the store had claimed and stored while this one waited
 
 
 class _Display:
@@ -89,11 +97,16 @@ class _Display:
 
 def run_sweep(sweep: Sweep, executor: Any, store: Store, *, rerun: bool = False,
               console: Console | None = None) -> SweepOutcome:
-    """Plan, skip what is finished, make missing variants, run the rest on `executor`, store every result."""
+    """Plan, skip what is finished, make missing variants, run the rest on `executor`, store every result.
+
+    Runs another live sweep of the store has claimed (quantbench.sweep.claims) are not run twice: this sweep runs
+    the others first, then waits for those; the ones it stores ok are skipped here, and any it does not (failed,
+    stopped, or it died) run here, as a sweep run again would run them."""
     console = console or Console(stderr=True)
     store.check_writable()  # refused before any run, not after the matrix
     runs = plan(sweep)
     refuse_untrusted_scorers(sweep, runs)  # before any run or quantize: a model whose own scorer may not run
+    began = dt.datetime.now(dt.UTC)
     todo, skipped = split_finished(runs, store, executor.accepts, rerun)
     outcome = SweepOutcome(planned=len(runs), skipped=len(skipped))
     placeable = []
@@ -108,8 +121,40 @@ def run_sweep(sweep: Sweep, executor: Any, store: Store, *, rerun: bool = False,
                   + f"; {len(placeable)} to run on {executor.where()}")
     for run, why in outcome.unplaceable:
         console.print(f"[yellow]not run:[/] {escape(run.label)}: {escape(why)}")
+    if placeable:
+        with Claims(store.path, sweep.name) as claims:
+            _run_claimed(placeable, executor, store, outcome, console, claims, since=began if rerun else None)
+    # Told to stop, the executor starts no more runs: count them, or the summary reads as a finished matrix.
+    outcome.not_started = len(placeable) - outcome.ok - outcome.failed - outcome.by_others
+    return outcome
 
-    def store_result(result: RunResult) -> None:
+
+def _run_claimed(runs: list[PlannedRun], executor: Any, store: Store, outcome: SweepOutcome, console: Console,
+                 claims: Claims, since: dt.datetime | None) -> None:
+    """Run the runs no other live sweep of the store has claimed, then wait for those it has and run here what it
+    left unfinished. `since`: with --rerun, only what the other sweep stored since this one began counts."""
+    while runs:
+        found = claims.claim(r.claim_key() for r in runs)
+        _say_dropped(console, found.dropped)
+        waiting = [r for r in runs if r.claim_key() in found.held]
+        mine = [r for r in runs if r.claim_key() not in found.held]
+        if waiting:
+            _say_waiting(console, waiting, found.held, len(mine))
+        _run(mine, executor, store, outcome, console, claims)
+        if not waiting or not _wait_for(waiting, claims, console):
+            return
+        runs, done = split_finished(waiting, store, executor.accepts, since=since)
+        outcome.by_others += len(done)
+        console.print(f"{len(done)} of the {len(waiting)} runs this sweep waited for were stored by the sweep that "
+                      f"held them; {len(runs)} left to run here")
+
+
+def _run(runs: list[PlannedRun], executor: Any, store: Store, outcome: SweepOutcome, console: Console,
+         claims: Claims) -> None:
+    """Make the variants `runs` need, run them on `executor` and store each result as it comes (the driver is the
+    only DuckDB writer), giving its claim back once stored."""
+
+    def store_result(run: PlannedRun, result: RunResult) -> None:
         try:
             outcome.run_ids.append(store.write_run(result))
         except StoreError as e:
@@ -117,18 +162,22 @@ def run_sweep(sweep: Sweep, executor: Any, store: Store, *, rerun: bool = False,
             # Raising here dropped the sweep mid-matrix, and the runs in flight on other GPUs died unstored.
             outcome.unsaved.append(str(e))
             console.print(f"[red]{escape(str(e))}[/]")
+        claims.release([run.claim_key()])
         if result.run.status == "ok":
             outcome.ok += 1
         else:
             outcome.failed += 1
 
-    unmade = make_missing(placeable, console)
-    with _Display(console, len(placeable)) as display:
+    if not runs:
+        return
+    unmade = make_missing(runs, console)
+    with _Display(console, len(runs)) as display:
         ready = []
-        for run in placeable:
+        for run in runs:
             if run.make in unmade:
-                event = Event("finished", run, failed_result(run.spec, "error", unmade[run.make]), "quantize")
-                store_result(event.result)
+                event = Event("finished", run, failed_result(run.spec, "error", unmade[run.make],
+                                                             repeat=run.repeat_tag), "quantize")
+                store_result(run, event.result)
                 display.started(event)
                 display.finished(event)
             else:
@@ -137,11 +186,48 @@ def run_sweep(sweep: Sweep, executor: Any, store: Store, *, rerun: bool = False,
             if event.kind == "started":
                 display.started(event)
             else:
-                store_result(event.result)  # the driver is the only DuckDB writer
+                store_result(event.run, event.result)
                 display.finished(event)
-    # Told to stop, the executor starts no more runs: count them, or the summary reads as a finished matrix.
-    outcome.not_started = len(placeable) - outcome.ok - outcome.failed
-    return outcome
+
+
+def _say_waiting(console: Console, waiting: list[PlannedRun], held: dict[str, Holder], others: int) -> None:
+    """Who holds which of this sweep's runs, and what this sweep does about it."""
+    by_holder: dict[Holder, int] = {}
+    for run in waiting:
+        holder = held[run.claim_key()]
+        by_holder[holder] = by_holder.get(holder, 0) + 1
+    for holder, n in by_holder.items():
+        console.print(f"[yellow]{escape(str(holder))}[/] holds {n} of these runs of this store (its sweep "
+                      f"{escape(holder.sweep)!r}): this one waits for them instead of running them twice; the ones "
+                      "it stores ok are skipped here, any it does not (failed, stopped, or it died) run here"
+                      + (f"; running the other {others} first" if others else ""))
+
+
+def _say_dropped(console: Console, dropped: list[Holder]) -> None:
+    for holder in dropped:
+        console.print(f"[yellow]sweep {escape(holder.sweep)!r} (pid {holder.pid} on {escape(holder.host)}, started "
+                      f"{holder.started}) is no longer running:[/] the runs it had claimed are free again")
+
+
+def _wait_for(runs: list[PlannedRun], claims: Claims, console: Console) -> bool:
+    """Wait until no other live sweep holds any of `runs` (each is stored, or its sweep ended); False when this
+    sweep is told to stop first."""
+    from quantbench.run.runner import stopping
+
+    keys = [r.claim_key() for r in runs]
+    began = said = time.monotonic()
+    while not stopping():
+        found = claims.held(keys)
+        _say_dropped(console, found.dropped)
+        if not found.held:
+            return True
+        if time.monotonic() - said >= WAIT_REMIND_S:
+            holders = ", ".join(sorted({str(h) for h in found.held.values()}))
+            console.print(f"still waiting for {len(found.held)} run(s) held by {escape(holders)} "
+                          f"(waited {(time.monotonic() - began) / 60:.0f} min)")
+            said = time.monotonic()
+        time.sleep(WAIT_POLL_S)
+    return False
 
 
 def refuse_untrusted_scorers(sweep: Sweep, runs: list[PlannedRun]) -> None:
@@ -166,15 +252,18 @@ def print_summary(store: Store, outcome: SweepOutcome, out: Console | None = Non
                   markup=False)
         for why in outcome.unsaved:
             out.print(f"- {why}", markup=False, soft_wrap=True)
+    others = (f", {outcome.by_others} stored by another sweep of this store while this one waited"
+              if outcome.by_others else "")
     if not outcome.run_ids:
         if outcome.unsaved:
             return
         out.print(f"Nothing ran: {outcome.skipped} of {outcome.planned} runs were already finished "
-                  f"(--rerun runs them again), {len(outcome.unplaceable)} could not be placed{left}.", markup=False)
+                  f"(--rerun runs them again){others}, {len(outcome.unplaceable)} could not be placed{left}.",
+                  markup=False)
         return
     stored = queries.stored_runs_by_id(store, outcome.run_ids)
     out.print(runs_table(stored, f"sweep: {outcome.ok} ok, {outcome.failed} failed, {outcome.skipped} already "
-                                 f"finished{left} — stored in {store.path}"))
+                                 f"finished{others}{left} — stored in {store.path}"))
     for gpu, host in dict.fromkeys((text_or_none(r.gpu_name), text_or_none(r.host)) for r in stored):
         try:
             out.print(report_for_this_machine(store, gpu or "cpu", None if gpu else host), markup=False, soft_wrap=True)

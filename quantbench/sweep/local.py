@@ -132,15 +132,16 @@ class LocalExecutor:
             try:
                 while (run := take(slot)) is not None:
                     events.put(Event("started", run, where=slot.name))
+                    spec = run.spec_on(slot.machine)
                     try:
-                        result = execute(run.spec, machine=slot.machine, echo=False, env=slot.env)
+                        result = execute(spec, machine=slot.machine, echo=False, env=slot.env, repeat=run.repeat_tag)
                     except Exception as e:  # the run is lost, not the sweep
                         from quantbench.errors import ConfigError, LoadError
 
                         # refused before its child started (runner.preflight): labelled as the child would
                         kind = "load_error" if isinstance(e, LoadError) else "config_error" if isinstance(
                             e, ConfigError) else "error"
-                        result = failed_result(run.spec, kind, f"{type(e).__name__}: {e}")
+                        result = failed_result(spec, kind, f"{type(e).__name__}: {e}", repeat=run.repeat_tag)
                     events.put(Event("finished", run, result, slot.name))
             finally:
                 events.put(None)

@@ -1,7 +1,8 @@
 """The Ray executor of `quantbench sweep`: one Ray task per run, on any node whose GPU matches.
 
 Each task calls `runner.execute(spec)` on its node — the same fresh child process as a local run — and returns
-the RunResult to the driver, which stores it (the only DuckDB writer). With `parquet_dir` each task also writes
+the RunResult to the driver, which stores it (the only DuckDB writer). A noise floor that names no kernel gets its
+second kernel there, from the node's own hardware (`run --noise-floor`'s choice). With `parquet_dir` each task also writes
 its run as a Parquet file there (`quantbench merge DIR` collects them) for clusters where the driver may go away.
 
 Placement: a task asks for `num_gpus=1` (a CPU run asks for no GPU and a whole node's CPUs) and, for a GPU family
@@ -35,11 +36,17 @@ FAMILY_TYPES = {
 }
 
 
-def run_task(spec: dict[str, Any], parquet_dir: str | None = None) -> RunResult:
-    """What one Ray task does on its node: one run in a fresh child process; its RunResult goes back."""
+def run_task(spec: dict[str, Any], parquet_dir: str | None = None, repeat: tuple[str, int, int] | None = None,
+             floor_kernel_here: bool = False) -> RunResult:
+    """What one Ray task does on its node: one run in a fresh child process; its RunResult goes back. `repeat`:
+    the run's repeat tag; `floor_kernel_here`: a noise floor whose second kernel this node's hardware chooses."""
+    from quantbench.run.machine import detect
     from quantbench.run.runner import execute
+    from quantbench.run.spec import as_noise_floor
 
-    result = execute(RunSpec.from_dict(spec), echo=False)
+    machine, planned = detect(), RunSpec.from_dict(spec)
+    run_spec = as_noise_floor(planned, machine.has_gpu) if floor_kernel_here else planned
+    result = execute(run_spec, machine=machine, echo=False, repeat=repeat)
     if parquet_dir:
         write_parquet(result, parquet_dir)
     return result
@@ -72,6 +79,13 @@ def accelerator_type(name: str) -> str:
     except (ImportError, AttributeError):  # a Ray that moved it: the plain spelling below
         found = None
     return found or "-".join(full.split()[1:])
+
+
+def _task_extras(run: PlannedRun) -> dict[str, Any]:
+    """run_task's keyword arguments of a run, only those it sets: a task of the plain (spec, parquet_dir) form
+    still takes a run that is no repeat and no noise floor of the node's choosing."""
+    extras = {"repeat": run.repeat_tag, "floor_kernel_here": run.floor_kernel_here}
+    return {k: v for k, v in extras.items() if v}
 
 
 def _failure(e: Exception) -> tuple[str, str]:
@@ -206,7 +220,7 @@ class RayExecutor:
                 break
             opts = self.options(run.spec.gpu)
             ref = remote.options(**opts, max_retries=self.max_retries, name=f"quantbench {run.label}"[:120]).remote(
-                run.spec.to_dict(), self.parquet_dir)
+                run.spec.to_dict(), self.parquet_dir, **_task_extras(run))
             pending[ref] = run
             yield Event("started", run, where="ray")  # submitted; Ray starts it when a matching node is free
         while pending:
@@ -218,7 +232,7 @@ class RayExecutor:
                     result = ray.get(ref)
                 except Exception as e:  # the task never returned a result: record why, keep going
                     failure, error = _failure(e)
-                    result = failed_result(run.spec, failure, error, executor="ray")
+                    result = failed_result(run.spec, failure, error, repeat=run.repeat_tag, executor="ray")
                 yield Event("finished", run, result, where=str(result.run.host or "ray"))
             if stop:
                 name = signal.Signals(stop_requested() or signal.SIGTERM).name
@@ -226,7 +240,7 @@ class RayExecutor:
                     ray.cancel(ref, force=True)  # kills its worker; the run's child dies with it (PDEATHSIG)
                     yield Event("finished", run, failed_result(
                         run.spec, "interrupted", f"quantbench was told to stop ({name}) and cancelled the Ray task "
-                        "before it finished", executor="ray"), "ray")
+                        "before it finished", repeat=run.repeat_tag, executor="ray"), "ray")
                 return
 
     def close(self) -> None:
