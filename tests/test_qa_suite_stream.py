@@ -197,3 +197,24 @@ def test_a_limited_suite_counts_what_a_run_answers_and_refuses_to_give_more(tmp_
     with pytest.raises(ValueError):
         limited.benchmarks  # noqa: B018 - the families of records it did not read
     assert load_suite(path, limit=10).complete and load_suite(path, limit=12).first(None) == full.records
+
+
+def test_the_parent_reads_an_unchanged_suite_once_for_all_its_runs(tmp_path, monkeypatch):
+    # `run --repeat N` (and a local sweep) parsed the suite in the parent N + 1 times: run's preflight, then each
+    # run's before its child (~25 s and 1.2 GB each on a 300,000-record file).
+    from quantbench.run import runner
+
+    reads = []
+    real = suite_module.load_suite
+    monkeypatch.setattr(suite_module, "load_suite", lambda *a, **k: reads.append(a) or real(*a, **k))
+    monkeypatch.setattr(runner, "_last_suite", None)
+    path = _write(tmp_path / "s.jsonl", [_record(f"r{i}") for i in range(4)])
+    spec = RunSpec(backend="tests.tiny:TinyBackend", suite=str(path), gpu="cpu", limit=2)
+    for _ in range(3):
+        runner.preflight(spec)
+    assert len(reads) == 1
+    _write(path, [_record(f"r{i}") for i in range(5)])  # another file now: read again, and its count is new
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 1))
+    assert len(runner._suite_of(spec)) == 5 and len(reads) == 2
+    runner.preflight(RunSpec(backend="tests.tiny:TinyBackend", suite=str(path), gpu="cpu", limit=3))
+    assert len(reads) == 3  # another limit reads another part of it

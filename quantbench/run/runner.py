@@ -177,14 +177,39 @@ def _preflight(spec: RunSpec) -> tuple[dict[str, Any], Suite | None]:
             print(f"warning: {root / 'config.json'} names its own code (auto_map) but --trust-remote-code is off: "
                   f"loading transformers' built-in {builtin} instead (recorded on the run)", file=sys.stderr)
     if spec.suite is not None:
-        from quantbench.protocol.suite import check_suite_media, load_suite
+        from quantbench.protocol.suite import check_suite_media
 
-        # the first --limit records only: a bad record past them does not stop the run (a full run refuses it)
-        suite = load_suite(spec.suite, limits=spec.limits(), limit=spec.limit)
+        suite = _suite_of(spec)
         check_suite_media(suite, spec.limits(), spec.limit)  # before any model loads, as the README promises
     if why := refusal("timeout_s", spec.timeout_s):  # a spec that check_spec did not see (sweep, API)
         raise ConfigError(why)
     return notes, suite
+
+
+_last_suite: tuple[tuple, Suite] | None = None  # (the file's state and the read's bounds, what was read)
+
+
+def _suite_of(spec: RunSpec) -> Suite:
+    """spec's --suite, validated as far as the run reads it (its first --limit records: a bad record past them does
+    not stop the run; a full run refuses it). Read once while the file is unchanged: `run` checks it before its
+    runs and each run checks it again before its child (every run of --repeat N, every run of a local sweep): a
+    300,000-record suite was parsed N + 1 times here, ~25 s and 1.2 GB each, besides the child's own read. Media
+    files are rehashed by the child, which records the run's suite hash."""
+    from quantbench.protocol.suite import load_suite
+
+    global _last_suite
+    if spec.suite is None:  # the built-in suite: small
+        return load_suite(None, limits=spec.limits(), limit=spec.limit)
+    path = Path(spec.suite)
+    try:
+        st = path.stat()
+    except OSError:  # no such file: load_suite says so, with the fix
+        return load_suite(spec.suite, limits=spec.limits(), limit=spec.limit)
+    key = (str(path.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, spec.limits(), spec.limit)
+    if _last_suite is None or _last_suite[0] != key:
+        _last_suite = None  # the old one freed before the new one is read
+        _last_suite = (key, load_suite(spec.suite, limits=spec.limits(), limit=spec.limit))
+    return _last_suite[1]
 
 
 # -- stopping: this process told to stop, the kernel's OOM killer ---------------------------------------------
@@ -393,12 +418,10 @@ def _what_the_parent_knew(record: RunRecord, spec: RunSpec, child_spec: RunSpec,
     timeout or a crash, or whose child reported a load error, was stored with them NULL, and the report listed it
     among the runs that "failed before their model or suite was known". What only loading says (the variant, its
     kernel) stays NULL unless the child saved it (quantbench.run.child.save_progress)."""
-    from quantbench.protocol.suite import load_suite
-
     known: dict[str, Any] = {}
     if record.suite_hash is None:
         try:
-            suite = suite or load_suite(spec.suite, limits=spec.limits(), limit=spec.limit)
+            suite = suite or _suite_of(spec)
         except (QuantbenchError, OSError):
             suite = None
         if suite is not None:
