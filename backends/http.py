@@ -26,6 +26,7 @@ import json
 import math
 import os
 import ssl
+import statistics
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -304,6 +305,7 @@ class HttpEngine(EngineBase):
         self.health = health
         self.model = _served_model(health or {})  # the model every answer must name
         self._model_lock = threading.Lock()
+        self._timed: list[tuple[float, float, int]] = []  # (client_ms, server model_ms, retries) per answer
         self._pool = (
             ThreadPoolExecutor(concurrency, thread_name_prefix="quantbench-http") if concurrency > 1 else None
         )
@@ -360,7 +362,9 @@ class HttpEngine(EngineBase):
         prepared.server_ms, prepared.tokens = response.model_ms, response.tokens
         batch = r.headers.get("x-quantbench-batch", "")
         prepared.batch = int(batch) if batch.isascii() and batch.isdigit() else None
-        return check_answers(prepared.request, response.answers)
+        answers = check_answers(prepared.request, response.answers)
+        self._timed.append((prepared.client_ms, response.model_ms, prepared.retries))  # atomic: threads share it
+        return answers
 
     def _check_model(self, model: str) -> None:
         """Every answer comes from the model /healthz named at load (or, without one, the first answer's): a
@@ -393,7 +397,12 @@ class HttpEngine(EngineBase):
         """Asked once the suite is answered (quantbench.run.kernel.kernel_ran): the server still serves what it
         served at load. A server restarted with another variant of the same model between two answers names
         the same model in each; its /healthz says what changed, and the run fails rather than mixing them.
-        A server that does not answer now is not held against the run (every answer was checked)."""
+        A server that does not answer now is not held against the run (every answer was checked).
+        Reports the server's own forward time beside the client's (`server_timing`)."""
+        self._check_identity()
+        return EngineReport(server=server_timing(self._timed))
+
+    def _check_identity(self) -> None:
         if self.health is not None:
             try:
                 now = get_health(self.client, self.endpoint)
@@ -405,12 +414,26 @@ class HttpEngine(EngineBase):
                     raise RemoteError(200, f"the server at {self.endpoint} changed what it serves during the run "
                                       f"({changed}): its answers may mix two models; run again against a server "
                                       "serving one model")
-        return EngineReport()
 
     def close(self) -> None:
         if self._pool:
             self._pool.shutdown(wait=True)
         self.client.close()
+
+
+def server_timing(timed: list[tuple[float, float, int]]) -> dict[str, Any] | None:
+    """The server's forward time (its model_ms) beside the client's end-to-end time over the same answers (cold
+    and warm-up ones included), in ms, and the answers that waited out a full queue (their waits are in the
+    client's time, the run's stored latencies). None before any answer."""
+    if not timed:
+        return None
+    client, server = [t[0] for t in timed], [t[1] for t in timed]
+    return {"decisions": len(timed), "client_ms_p50": statistics.median(client),
+            "server_model_ms_p50": statistics.median(server), "client_ms_mean": statistics.fmean(client),
+            "server_model_ms_mean": statistics.fmean(server), "retried": sum(1 for t in timed if t[2]),
+            "note": "server_model_ms: the server's own forward time (its model_ms); the run's latencies are the "
+                    "client's, end to end (network, queue, parsing, and the waits of answers asked again after a "
+                    "full queue's Retry-After or a dropped connection: `retried`)"}
 
 
 def _changed(before: dict[str, Any], after: dict[str, Any]) -> str:

@@ -203,20 +203,43 @@ def test_a_server_without_a_model_in_healthz_is_held_to_its_first_answers_model(
             ask(engine)
 
 
+def run_against(health: Callable[[int], bytes], post: Callable[[int, bytes], bytes]):
+    """A run of the built-in suite's first 3 records (no latency phase) against a server answering /healthz with
+    `health(n)` and its n-th POST with `post(n, body)`."""
+    def respond(method: str, path: str, headers: dict[str, str], body: bytes) -> bytes:
+        if path == "/healthz":
+            return health(sum(m == "GET" for m, *_ in srv.seen))
+        return post(srv.posts(), body)
+
+    with RawHttp(respond) as srv:
+        return execute(RunSpec(backend="http", endpoint=srv.url, warmup=0, latency_min_decisions=0,
+                               latency_min_seconds=0.0, limit=3), echo=False)
+
+
 def test_a_run_whose_server_changed_its_variant_fails_instead_of_storing_the_answers():
     # Same model name in every answer, another variant behind it: only /healthz tells. The run was stored ok.
     def health(n: int) -> bytes:
         return reply(200, HEALTH if n == 1 else {**HEALTH, "variant": "int4", "info": {"model_hash": "h2"}})
 
-    def post(method: str, path: str, headers: dict[str, str], body: bytes) -> bytes:
-        return health(sum(m == "GET" for m, *_ in srv.seen)) if path == "/healthz" else reply(200, answering(body))
-
-    with RawHttp(post) as srv:
-        result = execute(RunSpec(backend="http", endpoint=srv.url, warmup=0, latency_min_decisions=0,
-                                 latency_min_seconds=0.0, limit=3), echo=False)
+    result = run_against(health, lambda n, body: reply(200, answering(body)))
     assert (result.run.status, result.answers) == ("failed", [])
     assert "changed what it serves during the run (variant: 'v1' → 'int4'; info.model_hash: 'h1' → 'h2')" in \
         result.run.error
+
+
+def test_a_run_stores_the_servers_forward_time_beside_the_clients_and_its_retries():
+    # The server's model_ms was read and dropped: a run's latencies (client, end to end) had nothing to compare to.
+    def post(n: int, body: bytes) -> bytes:
+        if n == 2:
+            return reply(429, {"detail": "queue full"}, [("Retry-After", "1")])
+        return reply(200, {**answering(body), "model_ms": 7.0})
+
+    result = run_against(lambda n: reply(200, HEALTH), post)
+    assert result.run.status == "ok", result.run.error
+    assert len({a.record_id for a in result.answers}) == 3
+    timing = result.run.extra["server_timing"]
+    assert (timing["decisions"], timing["server_model_ms_p50"], timing["retried"]) == (4, 7.0, 1)  # cold + 3
+    assert timing["client_ms_p50"] > 0 and "end to end" in timing["note"]
 
 
 # -- bodies without end ------------------------------------------------------------------------------------------
@@ -401,3 +424,22 @@ def test_a_sweeps_endpoint_with_a_password_is_refused_before_anything_is_stored(
     with pytest.raises(ConfigError, match=r"\*\*\*@127.0.0.1:1") as e:
         execute(RunSpec(backend="http", endpoint="http://u:s3cret@127.0.0.1:1"), echo=False)
     assert "s3cret" not in str(e.value)
+
+
+def test_a_sweep_file_whose_endpoint_holds_a_password_is_refused_as_it_is_read(tmp_path):
+    # The sweep stored the refused run as a failed row: its spec column held the URL, password and all.
+    from quantbench.sweep import load_sweep
+
+    path = tmp_path / "sweep.toml"
+    path.write_text('[[variants]]\nbackend = "http"\nendpoint = "http://u:s3cret@127.0.0.1:1"\n')
+    with pytest.raises(ConfigError, match=r"variants\[0\]: --endpoint 'http://\*\*\*@127.0.0.1:1': a user or "
+                       "password") as e:
+        load_sweep(path)
+    assert "s3cret" not in str(e.value)
+
+
+def test_a_sweeps_own_failed_row_masks_the_api_key():
+    from quantbench.sweep import failed_result
+
+    row = failed_result(RunSpec(backend="http", endpoint="http://127.0.0.1:1", api_key="s3cret"), "error", "lost")
+    assert row.run.spec["api_key"] == "***" and row.run.spec["endpoint"] == "http://127.0.0.1:1"
