@@ -394,26 +394,26 @@ class HttpEngine(EngineBase):
         """Nothing to wait for: a POST has finished when it returns."""
 
     def report(self) -> EngineReport:
-        """Asked once the suite is answered (quantbench.run.kernel.kernel_ran): the server still serves what it
-        served at load. A server restarted with another variant of the same model between two answers names
-        the same model in each; its /healthz says what changed, and the run fails rather than mixing them.
-        A server that does not answer now is not held against the run (every answer was checked).
-        Reports the server's own forward time beside the client's (`server_timing`)."""
+        """Asked once the suite is answered (quantbench.run.kernel.kernel_ran): the server must still serve what
+        it served at load; the server's own forward time beside the client's becomes extra.server_timing."""
         self._check_identity()
         return EngineReport(server=server_timing(self._timed))
 
     def _check_identity(self) -> None:
-        if self.health is not None:
-            try:
-                now = get_health(self.client, self.endpoint)
-            except (QuantbenchError, httpx.HTTPError):
-                now = None
-            if now is not None and now.status_code == 200:
-                changed = _changed(identity(self.health), identity(_json(now)))
-                if changed:
-                    raise RemoteError(200, f"the server at {self.endpoint} changed what it serves during the run "
-                                      f"({changed}): its answers may mix two models; run again against a server "
-                                      "serving one model")
+        """RemoteError when /healthz now names another model, variant, dtype, GPU or model hash than at load: a
+        server restarted with another variant of the same model names the same model in every answer, and only
+        /healthz tells. A server that does not answer now is not held against the run (every answer was checked)."""
+        if self.health is None:
+            return
+        try:
+            now = get_health(self.client, self.endpoint)
+        except (QuantbenchError, httpx.HTTPError):
+            return
+        changed = _changed(identity(self.health), identity(_json(now))) if now.status_code == 200 else ""
+        if changed:
+            raise RemoteError(200, f"the server at {self.endpoint} changed what it serves during the run "
+                              f"({changed}): its answers may mix two models; run again against a server serving "
+                              "one model")
 
     def close(self) -> None:
         if self._pool:
