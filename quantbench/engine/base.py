@@ -33,11 +33,13 @@ class EngineReport:
     """What an engine ran, for the run's kernel path and `extra`. `fused_ops`: the decoder ops quantbench's Triton
     kernels ran ("rmsnorm+rope+qkv"; None: transformers' own). `graphs`: what the CUDA graphs did (replays,
     eager_calls, ...; None where there are none, e.g. on the CPU). `media`: what reads the model's media (the
-    media types, which video processor ran; None: a text-only engine)."""
+    media types, which video processor ran; None: a text-only engine). `server`: what a remote server said of its
+    own work (its forward time beside the client's end-to-end time, the waits for a full queue; None: local)."""
 
     fused_ops: str | None = None
     graphs: dict[str, Any] | None = None
     media: dict[str, Any] | None = None
+    server: dict[str, Any] | None = None
 
 
 @runtime_checkable

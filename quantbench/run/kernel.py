@@ -30,6 +30,8 @@ def kernel_ran(loaded: LoadedVariant, planned: KernelPath, device: str) -> tuple
     report = loaded.engine.report()
     if report.media is not None:  # the media types the model read, and which video processor ran
         extra["media"] = report.media
+    if report.server is not None:  # a remote server's own forward time: the stored latencies are the client's
+        extra["server_timing"] = report.server
     if report.fused_ops:  # RMSNorm / rotary ran as quantbench's Triton kernels (quantbench.engine.fused.ops)
         extra["fused_ops"] = report.fused_ops
         kernel = kernel.model_copy(update={"fused": report.fused_ops})

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import quantbench
 from quantbench.errors import ConfigError, QuantbenchError, classify
 from quantbench.models import hub, scorer
+from quantbench.run.backend import get_backend
 from quantbench.run.checks import check_state_lengths
 from quantbench.run.machine import Machine, check_gpu, detect
 from quantbench.run.record import (
@@ -441,6 +442,12 @@ def execute(spec: RunSpec, *, machine: Machine | None = None, echo: bool = True,
     `repeat` = (repeat_id, index from 1, count) marks one run of `run --repeat N` (the same spec, N fresh children)."""
     machine = machine or detect()
     device = check_gpu(spec.gpu, machine)
+    if is_remote(spec.backend):
+        # the backend's own check (http: --endpoint, which must hold no password) before anything is stored: a
+        # sweep's or an API caller's spec has not been through `run`'s check_spec
+        own = getattr(get_backend(spec.backend), "check", None)
+        if callable(own):
+            own(spec, machine)
     notes, suite = _preflight(spec)
     spec.device = spec.device or device
     run_id, created = str(uuid7()), dt.datetime.now(dt.UTC)

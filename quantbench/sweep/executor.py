@@ -31,12 +31,12 @@ def failed_result(spec: RunSpec, failure: str, error: str, *, repeat: tuple[str,
     """A `failed` row for a run that never produced one itself (a lost Ray worker, a variant that could not be
     made). It has no spec_hash: only ok runs count as finished. `repeat`: the run's repeat tag, so its group
     counts it as a run that failed."""
-    from quantbench.run.runner import provenance
+    from quantbench.run.runner import provenance, stored_spec
 
     now = dt.datetime.now(dt.UTC)
     tag = dict(zip(("repeat_id", "repeat_index", "repeat_count"), repeat, strict=True)) if repeat else {}
     return RunResult(run={
         **provenance(), "run_id": str(uuid7()), "created_at": now, "finished_at": now, "status": "failed",
         "failure": failure, "error": error, "backend": spec.backend, "role": spec.role, "gpu_requested": spec.gpu,
-        "spec": spec.to_dict(), "extra": extra or None, **tag,
+        "spec": stored_spec(spec), "extra": extra or None, **tag,  # secrets masked, as every run's row
     })

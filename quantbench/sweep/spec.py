@@ -167,6 +167,16 @@ class _Parser:
     def fail(self, where: str, problem: str, fix: str = "") -> typing.NoReturn:
         raise ConfigError(f"{self.path}: {where}: {problem}" + (f"; {fix}" if fix else ""))
 
+    def backend_check(self, backend: str, options: BackendOptions, where: str) -> None:
+        """The backend's own check of its settings (http: its endpoint, which must hold no password), here: a
+        run it refuses would be stored as a failed row, its settings with it."""
+        check = getattr(get_backend(backend), "check", None)
+        if callable(check):
+            try:
+                check(RunSpec(backend=backend, options=options), None)
+            except ConfigError as e:
+                self.fail(where, str(e))
+
     def keys(self, table: dict[str, Any], allowed: set[str], where: str) -> None:
         for key in table:
             if key not in allowed:
@@ -368,6 +378,7 @@ class _Parser:
             if is_remote(backend):  # it answers through a server (quantbench.run.backend.Backend.remote)
                 if not settings.get("endpoint"):
                     self.fail(where, f'backend "{backend}" needs endpoint = "http://HOST:PORT"')
+                self.backend_check(backend, chosen, where)
                 if models is None and len(model_names) > 1:
                     self.fail(f"{where}.models", f"a {backend} variant measures the model its server serves",
                               'say which with models = ["NAME"]')
