@@ -33,7 +33,6 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 from pydantic import ValidationError
@@ -42,12 +41,11 @@ from quantbench.engine.base import EngineBase, EngineReport, Prepared
 from quantbench.errors import ConfigError, LoadError, QuantbenchError, RequestError
 from quantbench.limits import Limits
 from quantbench.protocol import DecisionRequest, DecisionResponse, QuestionAnswer
+from quantbench.protocol.endpoint import API_KEY_ENV, PATH, checked_endpoint, shown_url
 from quantbench.run.backend import Availability, LoadedVariant
 from quantbench.run.record import VariantInfo
 from quantbench.run.spec import BackendOptions, RunSpec, opt
 
-API_KEY_ENV = "QUANTBENCH_API_KEY"
-PATH = "/v1/systemone"
 REQUEST_TIMEOUT_S = 300.0  # one decision, retries included
 READY_TIMEOUT_S = 600.0  # a server still loading its model (503) is waited for this long at most
 CONNECT_GRACE_S = 30.0  # nothing listening: give a server that is still importing this long, then fail
@@ -152,38 +150,12 @@ class HttpPrepared(Prepared):
     retries: int = 0  # 503 + Retry-After answers waited out
 
 
-def shown_url(url: str) -> str:
-    """`url` as it may be printed or stored: a user name or password in it replaced by ***."""
-    scheme, sep, rest = url.partition("://")
-    authority, slash, path = rest.partition("/")
-    if not sep or "@" not in authority:
-        return url
-    return f"{scheme}://***@{authority.rpartition('@')[2]}{slash}{path}"
-
-
 def normalize_endpoint(endpoint: str | None) -> str:
     if not endpoint:
         raise ConfigError(
             "--backend http needs --endpoint, the server's base URL, e.g. http://127.0.0.1:8000"
         )
-    url = endpoint.strip().rstrip("/")
-    example = "give the server's base URL, e.g. http://127.0.0.1:8000"
-    shown = shown_url(url)
-    if not url.startswith(("http://", "https://")):
-        raise ConfigError(f"--endpoint {shown!r} must start with http:// or https://, e.g. http://127.0.0.1:8000")
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - it raises for a port that is not a number from 0 to 65535
-    except ValueError as e:  # also an unclosed IPv6 bracket
-        raise ConfigError(f"--endpoint {shown!r}: {e}; {example}") from None
-    if parts.username is not None or parts.password is not None:
-        # it would be stored with the run (its spec, its provenance) and printed in every error naming the URL
-        raise ConfigError(f"--endpoint {shown!r}: a user or password in the URL would be stored with the run and "
-                          f"printed; give the key as --api-key or ${API_KEY_ENV} (sent as a Bearer token)")
-    if not parts.hostname or parts.query or parts.fragment:
-        # a query took /healthz and /v1/systemone into itself: every request went to the same path
-        raise ConfigError(f"--endpoint {shown!r}: a host (and port), with no query or fragment; {example}")
-    return url.removesuffix(PATH)  # accept the full /v1/systemone URL too
+    return checked_endpoint(endpoint)
 
 
 def _json(response: Answer) -> dict[str, Any]:

@@ -121,7 +121,7 @@ def test_an_endpoint_where_nothing_answers_is_refused_and_nothing_is_written(tmp
     (["--concurrency", "1,8", "--rate", "5"], "--concurrency and --rate: give one"),
     (["--concurrency", "0"], "each step needs 1 or more clients"),
     (["--rate", "x"], "--rate 'x': give comma-separated numbers"),
-    (["--endpoint", "localhost:8000"], "give the server's base URL"),
+    (["--endpoint", "localhost:8000"], "must start with http:// or https://"),
     (["--processes", "0"], "--processes 0: use 1 or more generator processes"),
 ], ids=["both_modes", "zero_clients", "not_numbers", "no_scheme", "no_processes"])
 def test_bad_settings_are_refused_naming_the_flag(args, text, tmp_path):

@@ -30,7 +30,7 @@ ENDPOINT = "http://127.0.0.1:8000"
 @pytest.mark.parametrize("port", [70000, -1])
 def test_a_port_out_of_range_is_refused_naming_the_flag_before_the_model_loads(port):
     # uvicorn took --port 70000, loaded the model, then failed to bind it with an OverflowError traceback.
-    with pytest.raises(ConfigError, match=f"--port {port}: use"):
+    with pytest.raises(ConfigError, match=f"--port {port}: give"):
         ServerSettings(port=port)
     assert ServerSettings(port=0).port == 0  # any free port: uvicorn logs the one it bound
 
@@ -81,7 +81,7 @@ def test_load_addresses_an_ipv6_server_by_its_bracketed_name():
     ("http://127.0.0.1:99999", "Port out of range"),  # was "nothing answers there (Connection refused)"
     ("http://[::1", "Invalid IPv6 URL"),  # was a ValueError traceback
     ("http://127.0.0.1:8000?x=1", "no query"),  # took /healthz and /v1/systemone into the query: 404s measured
-    ("http://127.0.0.1:8000/#top", "no query, fragment"),
+    ("http://127.0.0.1:8000/#top", "no query or fragment"),
 ])
 def test_load_refuses_an_endpoint_that_is_no_base_url_naming_the_flag(endpoint, words):
     with pytest.raises(ConfigError, match="--endpoint") as e:

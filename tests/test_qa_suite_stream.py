@@ -24,6 +24,7 @@ from quantbench.run.record import SuiteFacts
 from quantbench.run.runner import execute
 from quantbench.run.spec import RunSpec
 from quantbench.store import Store
+from tests.test_suite_faults import _env, importable_tests  # noqa: F401 - a fixture
 
 ROOT = Path(__file__).resolve().parent.parent
 QUESTIONS = {"a": {"type": "choice", "criteria": {"left": "Turn left", "right": "Turn right"}}}
@@ -49,16 +50,6 @@ def _broken_past_two(tmp_path: Path) -> Path:
         _record("r4", obs="caf#").encode().replace(b"#", b"\xfa"),  # not UTF-8
         _record("r0"),  # a duplicate id
     ])
-
-
-def _env() -> dict[str, str]:
-    # the child imports the test backend by path (tests.tiny:TinyBackend): the repo root must be importable
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-
-
-@pytest.fixture(autouse=True)
-def importable_tests(monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", _env()["PYTHONPATH"])
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,9 @@ from quantbench.analysis.load import Saturation, step_saturation
 from quantbench.errors import ConfigError
 from quantbench.load.driver import Driver, Drivers, DriverSettings, StepPlan
 from quantbench.load.http import Target
-from quantbench.load.requests import PATH, endpoint_url, request_bodies, server_health
+from quantbench.load.requests import endpoint_url, request_bodies, server_health
 from quantbench.load.steps import summarize, timing_breakdown
+from quantbench.protocol.endpoint import PATH
 from quantbench.run.machine import detect
 from quantbench.run.runner import provenance
 from quantbench.store.load import LoadRunRecord, LoadStepRecord

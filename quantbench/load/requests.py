@@ -8,18 +8,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 
 from quantbench.errors import ConfigError
 from quantbench.limits import Limits
 from quantbench.protocol import parse_request
+from quantbench.protocol.endpoint import checked_endpoint
 from quantbench.protocol.media import inline_media_paths
 from quantbench.protocol.suite import load_suite
 from quantbench.server.schema import DEMO_REQUEST
 
-PATH = "/v1/systemone"
 CARD_EXAMPLE = "card-example"
 READY_POLL_S = 0.5
 
@@ -35,20 +34,7 @@ class Bodies:
 
 def endpoint_url(endpoint: str) -> str:
     """The server's base URL (`--endpoint`), checked; the full /v1/systemone URL is accepted too."""
-    url = endpoint.strip().rstrip("/")
-    example = "give the server's base URL, e.g. http://127.0.0.1:8000"
-    if not url.startswith(("http://", "https://")):
-        raise ConfigError(f"--endpoint {endpoint!r}: {example}")
-    # Checked here: a port that is not one was an httpx traceback, and a query (`?x=1`) took /healthz and
-    # /v1/systemone into itself, so every request went to / and the run measured 404s.
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - it raises for a port that is not a number from 0 to 65535
-    except ValueError as e:  # also an unclosed IPv6 bracket
-        raise ConfigError(f"--endpoint {endpoint!r}: {e}; {example}") from None
-    if not parts.hostname or parts.query or parts.fragment or parts.username or parts.password:
-        raise ConfigError(f"--endpoint {endpoint!r}: a host (and port), with no query, fragment or user; {example}")
-    return url.removesuffix(PATH)
+    return checked_endpoint(endpoint)
 
 
 def request_bodies(suite: str | None, card_example: bool) -> Bodies:

@@ -26,12 +26,13 @@ from uvicorn.protocols.http.auto import AutoHTTPProtocol
 import quantbench
 from quantbench.limits import DEFAULT_HEADER_TIMEOUT_S, MEDIA_LIMITS, Limits
 from quantbench.protocol import DecisionRequest, DecisionResponse, parse_request
+from quantbench.protocol.endpoint import PATH
 from quantbench.run.backend import LoadedVariant
 from quantbench.run.kernel import kernel_ran, planned_kernel
 from quantbench.run.record import KernelPath
 from quantbench.server.auth import require_api_key
 from quantbench.server.batcher import MicroBatcher
-from quantbench.server.endpoint import PATH, ServerState, SystemOneEndpoint
+from quantbench.server.endpoint import ServerState, SystemOneEndpoint
 from quantbench.server.guard import HostGuard, allowed_hosts
 from quantbench.server.prepare import DEFAULT_HEAVY_THREADS, DEFAULT_LIGHT_THREADS, PreparePool
 from quantbench.server.schema import DEMO_REQUEST, ERROR_RESPONSES, ErrorBody, shortened

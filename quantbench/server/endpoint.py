@@ -39,7 +39,6 @@ from quantbench.server.schema import (
     over_deadline,
 )
 
-PATH = "/v1/systemone"
 SERVER_TIMING_HEADER = "Server-Timing"
 # A request body up to this size is parsed on the event loop, and tokenized there if it holds no media (well under a
 # millisecond for a card request: the hop to a preparing thread and back cost more than the work); anything with
