@@ -27,6 +27,7 @@ import math
 import os
 import ssl
 import statistics
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -41,7 +42,7 @@ from quantbench.engine.base import EngineBase, EngineReport, Prepared
 from quantbench.errors import ConfigError, LoadError, QuantbenchError, RequestError
 from quantbench.limits import Limits
 from quantbench.protocol import DecisionRequest, DecisionResponse, QuestionAnswer
-from quantbench.protocol.endpoint import API_KEY_ENV, PATH, checked_endpoint, shown_url
+from quantbench.protocol.endpoint import API_KEY_ENV, PATH, checked_endpoint, key_in_clear, shown_url
 from quantbench.run.backend import Availability, LoadedVariant
 from quantbench.run.record import VariantInfo
 from quantbench.run.spec import BackendOptions, RunSpec, opt
@@ -368,24 +369,29 @@ class HttpEngine(EngineBase):
     def report(self) -> EngineReport:
         """Asked once the suite is answered (quantbench.run.kernel.kernel_ran): the server must still serve what
         it served at load; the server's own forward time beside the client's becomes extra.server_timing."""
-        self._check_identity()
-        return EngineReport(server=server_timing(self._timed))
+        checked = self._check_identity()
+        timing = server_timing(self._timed)
+        return EngineReport(server=None if timing is None else {**timing, "identity_at_end": checked})
 
-    def _check_identity(self) -> None:
+    def _check_identity(self) -> str:
         """RemoteError when /healthz now names another model, variant, dtype, GPU or model hash than at load: a
         server restarted with another variant of the same model names the same model in every answer, and only
-        /healthz tells. A server that does not answer now is not held against the run (every answer was checked)."""
+        /healthz tells. A server that does not answer now is not held against the run (every answer was checked),
+        but the run says so: what is returned goes into extra.server_timing.identity_at_end."""
         if self.health is None:
-            return
+            return "not checked: the server had no /healthz at load"
         try:
             now = get_health(self.client, self.endpoint)
-        except (QuantbenchError, httpx.HTTPError):
-            return
-        changed = _changed(identity(self.health), identity(_json(now))) if now.status_code == 200 else ""
+        except (QuantbenchError, httpx.HTTPError) as e:
+            return f"not checked: /healthz did not answer at the run's end ({type(e).__name__})"
+        if now.status_code != 200:
+            return f"not checked: /healthz answered {now.status_code} at the run's end"
+        changed = _changed(identity(self.health), identity(_json(now)))
         if changed:
             raise RemoteError(200, f"the server at {self.endpoint} changed what it serves during the run "
                               f"({changed}): its answers may mix two models; run again against a server serving "
                               "one model")
+        return "the same as at load (/healthz read again at the run's end)"
 
     def close(self) -> None:
         if self._pool:
@@ -540,6 +546,9 @@ class HttpOptions(BackendOptions):
                            "the run)", flag="--tls-verify/--no-tls-verify", after="--api-key", hashed=False)
 
 
+_WARNED: set[str] = set()  # endpoints whose clear-text API key was warned about in this process
+
+
 class HttpBackend:
     name = "http"
     remote = True  # answers through --endpoint: no local weights (quantbench.run.backend.Backend.remote)
@@ -555,8 +564,13 @@ class HttpBackend:
         )
 
     def check(self, spec: RunSpec, machine: Any) -> None:
-        """In the parent, before a child starts or anything is stored: --endpoint is an http(s) base URL."""
-        normalize_endpoint(spec.options.endpoint)
+        """In the parent, before a child starts or anything is stored: --endpoint is an http(s) base URL; an API
+        key bound for it in clear text over a network is warned about (once, here)."""
+        endpoint = normalize_endpoint(spec.options.endpoint)
+        warning = key_in_clear(endpoint, spec.options.api_key or os.environ.get(API_KEY_ENV))
+        if warning and endpoint not in _WARNED:  # `run` checks before its runs and each run again
+            _WARNED.add(endpoint)
+            print(warning, file=sys.stderr)
 
     def load(self, spec: RunSpec, machine: Any) -> LoadedVariant:
         endpoint = normalize_endpoint(spec.options.endpoint)

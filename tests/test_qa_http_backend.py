@@ -240,6 +240,15 @@ def test_a_run_stores_the_servers_forward_time_beside_the_clients_and_its_retrie
     timing = result.run.extra["server_timing"]
     assert (timing["decisions"], timing["server_model_ms_p50"], timing["retried"]) == (4, 7.0, 1)  # cold + 3
     assert timing["client_ms_p50"] > 0 and "end to end" in timing["note"]
+    assert timing["identity_at_end"].startswith("the same as at load")
+
+
+def test_a_run_whose_server_did_not_answer_healthz_at_its_end_says_its_identity_was_not_checked():
+    # The end-of-run identity check was skipped in silence when /healthz failed: an ok run that read as checked.
+    result = run_against(lambda n: reply(200, HEALTH) if n == 1 else reply(503, {"status": "loading"}),
+                         lambda n, body: reply(200, answering(body)))
+    assert result.run.status == "ok", result.run.error
+    assert result.run.extra["server_timing"]["identity_at_end"] == "not checked: /healthz answered 503 at the run's end"
 
 
 # -- bodies without end ------------------------------------------------------------------------------------------
@@ -443,3 +452,17 @@ def test_a_sweeps_own_failed_row_masks_the_api_key():
 
     row = failed_result(RunSpec(backend="http", endpoint="http://127.0.0.1:1", api_key="s3cret"), "error", "lost")
     assert row.run.spec["api_key"] == "***" and row.run.spec["endpoint"] == "http://127.0.0.1:1"
+
+
+@pytest.mark.parametrize("url, key, warned", [
+    ("http://10.0.0.5:8000", "k", True), ("http://gpu-box.example:8000", "k", True),
+    ("http://127.0.0.1:8000", "k", False), ("http://[::1]:8000", "k", False), ("http://localhost:8000", "k", False),
+    ("https://gpu-box.example", "k", False), ("http://10.0.0.5:8000", None, False),
+])
+def test_an_api_key_bound_over_plain_http_for_another_machine_is_warned_about(url, key, warned, capsys, monkeypatch):
+    # A key sent in clear text to another host got no word: anyone on the path could read it.
+    monkeypatch.setattr("backends.http._WARNED", set())
+    for _ in range(2):  # run's check, then the run's own: one warning
+        HttpBackend().check(RunSpec(backend="http", endpoint=url, api_key=key), None)
+    err = capsys.readouterr().err
+    assert err.count("over plain HTTP") == int(warned), err

@@ -5,6 +5,7 @@ answer is refused before the first step."""
 from __future__ import annotations
 
 import datetime as dt
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +18,7 @@ from quantbench.load.driver import Driver, Drivers, DriverSettings, StepPlan
 from quantbench.load.http import Target
 from quantbench.load.requests import endpoint_url, request_bodies, server_health
 from quantbench.load.steps import summarize, timing_breakdown
-from quantbench.protocol.endpoint import PATH
+from quantbench.protocol.endpoint import PATH, key_in_clear
 from quantbench.run.machine import detect
 from quantbench.run.runner import provenance
 from quantbench.store.load import LoadRunRecord, LoadStepRecord
@@ -100,6 +101,8 @@ def run_load(settings: LoadSettings, on_step: Any = None) -> LoadResult:
     prints progress). ConfigError, before any request is sent, when nothing answers at the endpoint."""
     settings.check()
     endpoint = endpoint_url(settings.endpoint)
+    if warning := key_in_clear(endpoint, settings.api_key):
+        print(warning, file=sys.stderr)
     bodies = request_bodies(settings.suite, settings.card_example)
     with httpx.Client(headers=_headers(settings.api_key)) as client:
         health = server_health(client, endpoint, settings.ready_timeout_s)

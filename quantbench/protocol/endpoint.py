@@ -41,3 +41,22 @@ def checked_endpoint(endpoint: str) -> str:
         # a query took /healthz and /v1/systemone into itself: every request went to the same path (404s measured)
         raise ConfigError(f"--endpoint {shown!r}: a host (and port), with no query or fragment; {EXAMPLE}")
     return url.removesuffix(PATH)
+
+
+def key_in_clear(url: str, api_key: str | None) -> str | None:
+    """A warning when an API key would travel to `url` unencrypted over a network: http:// to a host that is not
+    this machine (a key on plain HTTP can be read by anyone on the path). None otherwise."""
+    import ipaddress
+
+    parts = urlsplit(url)
+    if not api_key or parts.scheme != "http" or parts.hostname is None:
+        return None
+    host = parts.hostname
+    try:
+        local = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        local = host == "localhost" or host.endswith(".localhost")
+    if local:
+        return None
+    return (f"warning: the API key goes to {shown_url(url)} over plain HTTP (not https://, not this machine): anyone "
+            "on the network path can read it; use an https:// endpoint or a tunnel")
