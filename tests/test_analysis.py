@@ -7,6 +7,8 @@ import pandas as pd
 import pytest
 
 from quantbench.analysis import stats as an
+from quantbench.analysis.margins import Margins
+from quantbench.errors import ConfigError
 
 
 def answers(rows):
@@ -287,7 +289,7 @@ def test_just_inside_and_just_past_the_margin(k, label):
 
 def test_a_wider_margin_moves_the_same_figures_inside_it():
     flips = range(53)
-    _, _, v = verdict_of(2000, flips, tvs(2000, flips, 0.03, 0.0), margins=an.Margins(agreement=0.04))
+    _, _, v = verdict_of(2000, flips, tvs(2000, flips, 0.03, 0.0), margins=Margins(agreement=0.04))
     assert v.label == an.WITHIN_MARGIN and "margin 4 points" in v.reasons[0]
 
 
@@ -327,10 +329,10 @@ def test_without_a_floor_there_is_no_verdict_but_the_way_to_get_one():
 
 
 def test_margins_outside_zero_to_one_name_the_flag():
-    with pytest.raises(an.ConfigError, match="--margin-agreement 2"):
-        an.Margins(agreement=2)
-    with pytest.raises(an.ConfigError, match="--margin-tv -0.1"):
-        an.Margins(tv=-0.1)
+    with pytest.raises(ConfigError, match="--margin-agreement 2"):
+        Margins(agreement=2)
+    with pytest.raises(ConfigError, match="--margin-tv -0.1"):
+        Margins(tv=-0.1)
 
 
 def test_the_paired_score_interval_reduces_to_wilson_at_zero_discordant_questions():

@@ -11,6 +11,7 @@ import pytest
 from quantbench.analysis import hypothesis as hy
 from quantbench.analysis import significance as sig
 from quantbench.analysis import stats as an
+from quantbench.analysis.margins import margins_from
 
 
 def test_mcnemar_matches_the_textbook_example():
@@ -120,12 +121,12 @@ def test_a_t_interval_over_repeats():
 
 
 def test_the_mlperf99_margin_judges_accuracy_against_bf16_one_sided():
-    margins = an.margins_from("mlperf99")
+    margins = margins_from("mlperf99")
     assert (margins.agreement, margins.tv, margins.accuracy, margins.name) == (None, None, 0.01, "mlperf99")
-    assert an.margins_from("agreement=0.03,tv=0.02").name == "custom"
-    assert an.margins_from("card", agreement=0.05).agreement == 0.05
+    assert margins_from("agreement=0.03,tv=0.02").name == "custom"
+    assert margins_from("card", agreement=0.05).agreement == 0.05
     with pytest.raises(Exception, match="--margin 'tight'"):
-        an.margins_from("tight")
+        margins_from("tight")
     # 1000 gold questions, BF16 right on 900: losing 5 net (0.5 points) is within 1% of 90% = 0.9 points
     n = 1000
     ref = [[0.8, 0.2]] * 900 + [[0.2, 0.8]] * 100

@@ -6,6 +6,7 @@ import pandas as pd
 from quantbench import report
 from quantbench.analysis import recommend
 from quantbench.analysis import stats as an
+from quantbench.analysis.margins import Margins
 from tests.test_report import MB, Lab
 
 
@@ -16,7 +17,7 @@ def _tv_frames(tvs_candidate, tvs_floor):
     return cand, floor
 
 
-TV_ONLY = an.Margins(agreement=None, tv=0.01)
+TV_ONLY = Margins(agreement=None, tv=0.01)
 
 
 def test_one_question_decides_no_tv_verdict():

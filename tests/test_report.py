@@ -11,7 +11,7 @@ import pytest
 
 from quantbench import report
 from quantbench.analysis import parity, recommend
-from quantbench.analysis import stats as an
+from quantbench.analysis.margins import Margins
 from quantbench.analysis.stats import ParityError
 from quantbench.errors import ConfigError, QuantbenchError
 from quantbench.report import Rules
@@ -216,7 +216,7 @@ def test_the_margin_flags_change_the_verdict_and_refuse_nonsense(cpu_lab):
     flat = report.flat_rows(report.build_report(lab.store)).set_index("variant")  # csv and json carry the figures
     assert flat.at["nvfp4-packed", "verdict"] == "worse"
     assert flat.at["nvfp4-packed", "excess_mean_tv_lo"] == pytest.approx(tv.lo)
-    wide = parity.compare(lab.store, ids["nvfp4"], margins=an.Margins(tv=tv.hi + 0.01))
+    wide = parity.compare(lab.store, ids["nvfp4"], margins=Margins(tv=tv.hi + 0.01))
     assert wide.verdict.label == "different, within margin"
     db = ["--db", str(lab.store.path)]
     result = CliRunner().invoke(app, ["compare", ids["nvfp4"], "--margin-tv", str(tv.hi + 0.01), *db],

@@ -28,7 +28,7 @@ from typing import Any
 import pandas as pd
 
 from quantbench.analysis import efficiency, parity
-from quantbench.analysis import stats as an
+from quantbench.analysis.margins import MARGIN_AGREEMENT, Margins
 from quantbench.analysis.provenance import origin_text
 from quantbench.analysis.recommend import (
     GIB,
@@ -57,7 +57,7 @@ class Constraints:
     percentile: int = 50
     max_vram_gib: float | None = None
     max_energy_j: float | None = None
-    margin: float = an.MARGIN_AGREEMENT  # per modality: agreement a variant may lose beyond the noise floor's
+    margin: float = MARGIN_AGREEMENT  # per modality: agreement a variant may lose beyond the noise floor's
     min_agreement: float = 0.95
     objective: str = "memory"
     prefer_native: bool = True
@@ -79,7 +79,7 @@ class Constraints:
             raise ConfigError(f"--objective {self.objective!r}: use one of {', '.join(OBJECTIVES)}")
 
     def rules(self) -> Rules:
-        return Rules(min_agreement=self.min_agreement, margins=an.Margins(agreement=self.margin),
+        return Rules(min_agreement=self.min_agreement, margins=Margins(agreement=self.margin),
                      prefer_native=self.prefer_native, objective="memory")
 
     @property

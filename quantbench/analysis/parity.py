@@ -17,6 +17,7 @@ import pandas as pd
 
 from quantbench.analysis import significance as sig
 from quantbench.analysis import stats as an
+from quantbench.analysis.margins import Margins
 from quantbench.analysis.significance import CellTests
 from quantbench.analysis.stats import ParityError
 from quantbench.models import lineage
@@ -263,7 +264,7 @@ def _modality_rank(modality: str) -> tuple[int, str]:
     return (MODALITIES.index(modality) if modality in MODALITIES else len(MODALITIES), modality)
 
 
-def modality_parity(paired: pd.DataFrame, floor: pd.DataFrame | None, margins: an.Margins | None = None,
+def modality_parity(paired: pd.DataFrame, floor: pd.DataFrame | None, margins: Margins | None = None,
                     seed: int = 0) -> list[ModalityParity]:
     """Per modality: agreement (Wilson), mean TV (bootstrap), flips, paired Δ accuracy (bootstrap) and the verdict
     against the floor on the same questions (stats.parity_verdict on the subset)."""
@@ -359,17 +360,17 @@ def floor_stats(ref: StoredRun, ref_answers: pd.DataFrame, floor: StoredRun, flo
     return FloorStats(floor, an.agreement(fp), an.distribution(fp["tv"]), an.bootstrap_mean(fp["tv"], seed), fp)
 
 
-def floor_note(floor: FloorStats | None, margins: an.Margins | None = None) -> str | None:
+def floor_note(floor: FloorStats | None, margins: Margins | None = None) -> str | None:
     if floor is None or floor.tv.max > 0:
         return None
     return (f"the noise-floor run answered exactly as the reference (TV 0 on all {floor.tv.n} questions): here the "
             "second kernel adds no noise, so the verdict rests on the stated margins "
-            f"({(margins or an.Margins()).describe()})")
+            f"({(margins or Margins()).describe()})")
 
 
 def compare_loaded(cand: StoredRun, cand_answers: pd.DataFrame, ref: StoredRun, ref_answers: pd.DataFrame,
                    floor: FloorStats | None = None, *, reference_how: str = "given", seed: int = 0,
-                   allow_synthetic: bool = False, margins: an.Margins | None = None) -> Comparison:
+                   allow_synthetic: bool = False, margins: Margins | None = None) -> Comparison:
     """The comparison of runs already loaded (the report reuses the reference's answers and floor across rows)."""
     check_comparable(cand, ref, allow_synthetic)
     paired = an.pair(ref_answers, cand_answers)
@@ -415,7 +416,7 @@ def compare_loaded(cand: StoredRun, cand_answers: pd.DataFrame, ref: StoredRun, 
 
 def compare(store: Store, candidate_run_id: str, reference_run_id: str | None = None,
             noise_floor_run_id: str | None = None, *, seed: int = 0, allow_synthetic: bool = False,
-            any_gpu_reference: bool = False, margins: an.Margins | None = None) -> Comparison:
+            any_gpu_reference: bool = False, margins: Margins | None = None) -> Comparison:
     """Compare a run with its reference (default: the BF16 run of its model, suite and GPU) and noise floor."""
     cand = resolve_run(store, candidate_run_id)
     if cand.status != "ok":  # before looking for its reference: a failed run may not know its model

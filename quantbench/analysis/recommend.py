@@ -31,6 +31,7 @@ import pandas as pd
 from quantbench.analysis import conditions, efficiency, parity, provenance, repeats
 from quantbench.analysis import significance as sig
 from quantbench.analysis import stats as an
+from quantbench.analysis.margins import Margins
 from quantbench.analysis.parity import Comparison, FloorStats
 from quantbench.analysis.stats import ParityError
 from quantbench.errors import ConfigError
@@ -51,7 +52,7 @@ class Rules:
     vram_budget_gib: float | None = None  # peak memory must fit (VRAM; host RSS on a CPU)
     prefer_native: bool = True  # drop emulated variants when a native one passes
     objective: str = "memory"  # memory (smallest weights) | latency (lowest p50)
-    margins: an.Margins = field(default_factory=an.Margins)  # the verdict's practical margins over the noise floor
+    margins: Margins = field(default_factory=Margins)  # the verdict's practical margins over the noise floor
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_agreement <= 1.0:
@@ -485,7 +486,7 @@ def batched_only_note(group: list[StoredRun], batched: list[dict[str, Any]], syn
     return f"only batched runs ({per_pass} decisions a pass){floors} in this group: run it at batch 1 for {what}"
 
 
-def _fill_quality(row: Row, reference, floor, answers_of, seed, margins: an.Margins | None = None) -> None:
+def _fill_quality(row: Row, reference, floor, answers_of, seed, margins: Margins | None = None) -> None:
     run = row.run
     if not row.ok:
         row.quality = f"failed ({run.failure or 'error'})"

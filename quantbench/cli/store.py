@@ -107,9 +107,10 @@ def compare(
     """Parity of one run with its BF16 reference, beside the noise floor, with a verdict; then speed, energy and
     cost per decision of both runs."""
     from quantbench.analysis import efficiency  # lazy: a fast --help
+    from quantbench.analysis.margins import margins_from
     from quantbench.analysis.parity import compare as compare_runs
     from quantbench.analysis.select import RunFilter, select_run
-    from quantbench.analysis.stats import ParityError, margins_from
+    from quantbench.analysis.stats import ParityError
     from quantbench.report.tables import print_comparison, print_efficiency
 
     try:

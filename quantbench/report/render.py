@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from quantbench.analysis import efficiency, parity, provenance
-from quantbench.analysis import stats as an
+from quantbench.analysis.margins import margins_from
 from quantbench.analysis.recommend import (
     SYNTHETIC_NOTE,
     GpuReport,
@@ -495,7 +495,7 @@ def report_text(db: str | Store | None = None, fmt: str = "markdown", gpu: str |
     the error lists what the store has."""
     if min_agreement is not None and 1.0 < min_agreement <= 100.0:
         min_agreement /= 100.0  # --min-agreement 95 means 95%
-    rules = Rules(vram_budget_gib=vram_budget_gib, margins=an.margins_from(margin, margin_agreement, margin_tv),
+    rules = Rules(vram_budget_gib=vram_budget_gib, margins=margins_from(margin, margin_agreement, margin_tv),
                   **({"min_agreement": min_agreement} if min_agreement is not None else {}))
     if fmt not in FORMATS:
         raise ConfigError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
