@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
+from quantbench.models.checkpoint import PROVENANCE_FILE
 from quantbench.run import runner
 from quantbench.run.runner import execute, stop_on_signals, stop_requested
-from tests.test_runner import importable_tests, spec, suite  # noqa: F401 - fixtures
+from tests.test_quantize_hostile import source  # noqa: F401 - a fixture
+from tests.test_runner import ROOT, importable_tests, spec, suite  # noqa: F401 - fixtures
 
 GENEROUS_S = 180  # a loaded 2-core machine: a child's imports alone can take a minute
 
@@ -85,4 +89,41 @@ def test_a_stop_signal_while_the_model_is_prepared_stops_it_then(suite, monkeypa
     assert not seen["finished"]
     assert (result.run.status, result.run.failure) == ("failed", "interrupted")
     assert "told to stop (SIGINT)" in result.run.error
+
+
+# -- quantize: a variant is whole or absent ------------------------------------------------------------------
+# `quantize --overwrite` in a process that the library's step kills with SIGKILL (as the OOM killer, `kill -9` or
+# a scheduler's hard stop would) after it has written a loadable checkpoint, before the checks and provenance.
+KILLED_MID_QUANTIZE = """
+import os, shutil, signal, sys
+from pathlib import Path
+from quantbench.make import quantize
+from quantbench.make.quantize import autoround
+
+def killed(source, out, recipe, **kw):
+    shutil.copytree(source, out, dirs_exist_ok=True)  # config.json and whole safetensors: what `run` loads
+    os.kill(os.getpid(), signal.SIGKILL)
+
+autoround.quantize_autoround = killed
+quantize.quantize(sys.argv[1], "int4", sys.argv[2], overwrite=True, nsamples=4, seqlen=32)
+"""
+
+
+def test_a_quantization_killed_half_way_leaves_the_old_variant_and_nothing_loadable(source, tmp_path):  # noqa: F811
+    # Before, quantize wrote into --out itself (and --overwrite removed the old variant first): a SIGKILL or
+    # SIGTERM left --out a checkpoint without provenance or checks, which `run --model` loaded as the variant.
+    from quantbench.make.quantize import quantize
+
+    out = tmp_path / "v"
+    quantize(source, "int4", out, nsamples=4, seqlen=32)
+    made = (out / PROVENANCE_FILE).read_bytes()
+    killed = subprocess.run([sys.executable, "-c", KILLED_MID_QUANTIZE, str(source), str(out)], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                            timeout=GENEROUS_S)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert (out / PROVENANCE_FILE).read_bytes() == made  # the old variant, whole
+    left = list(tmp_path.glob(".v.partial-*"))
+    assert len(left) == 1  # the killed process's own folder, beside --out
+    quantize(source, "int4", out, nsamples=4, seqlen=32, overwrite=True)  # the next one replaces it
+    assert (out / PROVENANCE_FILE).is_file() and not left[0].exists()
 
