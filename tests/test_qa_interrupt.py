@@ -127,3 +127,38 @@ def test_a_quantization_killed_half_way_leaves_the_old_variant_and_nothing_loada
     quantize(source, "int4", out, nsamples=4, seqlen=32, overwrite=True)  # the next one replaces it
     assert (out / PROVENANCE_FILE).is_file() and not left[0].exists()
 
+
+# -- a store another process holds ---------------------------------------------------------------------------
+HOLDER = """
+import duckdb, os, sys, time
+con = duckdb.connect(sys.argv[1])  # a writer: a merge, another run, a script
+print(os.getpid(), flush=True)
+while not os.path.exists(sys.argv[2]):
+    time.sleep(0.05)
+"""
+
+
+def test_a_write_waiting_for_another_processs_lock_says_who_holds_it(tmp_path, monkeypatch):
+    # Before, `run` waited up to a minute for the store's lock in silence, after its progress bars had ended.
+    import io
+
+    from quantbench.run.record import RunResult
+    from quantbench.store import Store
+    from tests.test_store import run_row
+
+    db, release = tmp_path / "r.duckdb", tmp_path / "release"
+    Store(db).write_run(RunResult(run=run_row()))
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(db), str(release)], stdout=subprocess.PIPE, text=True)
+    try:
+        holder_pid = holder.stdout.readline().strip()
+        monkeypatch.setattr("quantbench.store.LOCK_SAY_S", 0.0)  # said at once: no wait to time
+        monkeypatch.setattr(sys, "stderr", said := io.StringIO())
+        writer = threading.Thread(target=Store(db).write_run, args=(RunResult(run=run_row()),), daemon=True)
+        writer.start()
+        assert _wait_for(lambda: "waiting for" in said.getvalue(), 50), said.getvalue()
+    finally:
+        release.touch()
+        holder.wait(GENEROUS_S)
+    writer.join(GENEROUS_S)
+    assert f"waiting for {db}: process {holder_pid} holds it (waited 0 s of up to 60 s)" in said.getvalue()
+    assert len(Store(db).read("SELECT run_id FROM runs")) == 2  # then it wrote, once the holder let go
