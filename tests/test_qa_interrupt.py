@@ -162,3 +162,31 @@ def test_a_write_waiting_for_another_processs_lock_says_who_holds_it(tmp_path, m
     writer.join(GENEROUS_S)
     assert f"waiting for {db}: process {holder_pid} holds it (waited 0 s of up to 60 s)" in said.getvalue()
     assert len(Store(db).read("SELECT run_id FROM runs")) == 2  # then it wrote, once the holder let go
+
+
+# -- the child's result file ---------------------------------------------------------------------------------
+def test_a_result_its_run_folder_cannot_hold_goes_to_the_cache_and_the_parent_reads_it(tmp_path, monkeypatch):
+    # Before, a full temporary disk at the end of a run lost it: the child's OSError traceback, and a row saying it
+    # "died (exit status 1) before reporting", its answers gone.
+    from quantbench.run.child import write_result
+
+    monkeypatch.setenv("QUANTBENCH_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "quantbench-run-1-x"
+    folder.write_text("")  # not a folder: no file can be made in it, as on a full or read-only disk
+    result_path = folder / "result.json"
+    assert write_result('{"status": "ok"}', result_path)
+    kept = tmp_path / "cache" / "results" / "quantbench-run-1-x.json"
+    assert kept.is_file()
+    assert runner._read_result(result_path) == {"status": "ok"}
+    assert not kept.exists()  # read once, then removed
+
+
+def test_a_result_nothing_can_hold_is_said_where_it_was_tried(tmp_path, monkeypatch, capsys):
+    from quantbench.run.child import write_result
+
+    (tmp_path / "cache").write_text("")  # the cache is a file too
+    monkeypatch.setenv("QUANTBENCH_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "run").write_text("")
+    assert not write_result("{}", tmp_path / "run" / "result.json")
+    said = " ".join(capsys.readouterr().err.split())
+    assert said.count("cannot write the run's result to") == 2

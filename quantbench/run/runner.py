@@ -45,6 +45,7 @@ from quantbench.run.record import (
     RunResult,
     SuiteFacts,
     progress_file,
+    result_files,
     uuid7,
 )
 from quantbench.run.resolve import resolve
@@ -383,6 +384,18 @@ def _interrupted_row() -> dict[str, Any]:
             "error": _stop_message(_stop.signum or signal.SIGTERM)}
 
 
+def _read_result(result_path: Path) -> dict[str, Any] | None:
+    """The child's whole result, from its run folder or, where that disk was full, the cache (removed once read);
+    None if it wrote none."""
+    for path in result_files(result_path):
+        if path.exists():
+            out = json.loads(path.read_text())
+            if path != result_path:
+                path.unlink(missing_ok=True)
+            return out
+    return None
+
+
 def _read_progress(result_path: Path) -> dict[str, Any]:
     """What a child that never wrote its result had saved of its run (quantbench.run.child.save_progress): {} if
     nothing, or nothing readable."""
@@ -520,7 +533,7 @@ def execute(spec: RunSpec, *, machine: Machine | None = None, echo: bool = True,
             # A result file is whole (the child writes it aside and renames it): it stands even when the timeout or
             # a stop signal came while the child was exiting after writing it. Before, that finished run was
             # stored as failed (interrupted / timeout) and its answers thrown away.
-            out = json.loads(result_path.read_text()) if result_path.exists() else None
+            out = _read_result(result_path)
             saved = _read_progress(result_path) if out is None else {}
             crash_trace = result_path.with_suffix(".faulthandler")
             crash_text = crash_trace.read_text() if crash_trace.exists() else ""
