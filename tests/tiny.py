@@ -132,6 +132,17 @@ class PidHangBackend(TinyBackend):
         time.sleep(3600)
 
 
+class LingeringBackend(TinyBackend):
+    """Answers, writes its result, then takes its time to exit (an interpreter's teardown, a library's atexit
+    hook): the window in which a stop signal or the timeout finds the run finished but its child still alive."""
+
+    def load(self, spec, machine):
+        import atexit  # only this backend's child
+
+        atexit.register(time.sleep, 3600)
+        return super().load(spec, machine)
+
+
 class OutOfMemoryBackend(TinyBackend):
     """Runs out of memory for real: the address space is capped 256 MiB above what the process maps, then the
     load asks torch's allocator for 8 GiB (it raises, as it would on a host without the memory)."""

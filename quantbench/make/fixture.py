@@ -188,19 +188,26 @@ def _build_into(target: Path, *, rebuild: bool, progress: bool, seed: int = 0, s
 def build_in_place(target: Path, build: Any) -> Any:
     """`build(tmp)` into a temp sibling of `target`, then renamed into place (replacing an older build): a reader
     never sees half a model. The caller holds the target's lock. Returns build's info, its `path` set to target."""
+    for left in target.parent.glob(f".{target.name}.tmp-*"):  # a killed builder's: the lock we hold was its
+        shutil.rmtree(left, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; the cache is shared like any other
     try:
         info = build(tmp)
-        if target.exists():
-            old = target.with_name(f".{target.name}.old-{os.getpid()}")
-            target.rename(old)
-            shutil.rmtree(old)
-        tmp.rename(target)
+        replace_with(target, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     info.path = target
     return info
+
+
+def replace_with(target: Path, built: Path) -> None:
+    """Move the finished folder `built` to `target`, replacing what is there (an older build, an empty folder)."""
+    if target.exists():
+        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        target.rename(old)
+        shutil.rmtree(old)
+    built.rename(target)
 
 
 def default_model_dir(progress: bool = True) -> Path:

@@ -7,6 +7,7 @@ not optional: once auto_round is imported, transformers loads plain MoE checkpoi
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import hashlib
 import json
@@ -44,6 +45,7 @@ from quantbench.run.record import (
     MemoryFacts,
     SuiteFacts,
     progress_file,
+    result_files,
 )
 from quantbench.run.scorer import with_checkpoint_scorer
 from quantbench.run.spec import RunSpec
@@ -320,10 +322,29 @@ def main(argv: list[str]) -> int:
                       "error": f"{type(exc).__name__}: {exc}\n\n" + "".join(traceback.format_exception(exc))}
             console.print(f"[red]run failed ({result['failure']}):[/] {type(exc).__name__}: {exc}")
             code = 1
-        tmp = result_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result, default=str))
-        tmp.replace(result_path)  # the parent sees a whole result file or none
+        if not write_result(json.dumps(result, default=str), result_path):
+            code = 1
     return code
+
+
+def write_result(text: str, result_path: Path) -> bool:
+    """Write the result where the parent reads it (quantbench.run.record.result_files), whole or not at all
+    (aside, then renamed); False, having said why, where no place could hold it. Before, a full temporary disk
+    lost a finished run: an OSError traceback and a row saying the child "died (exit status 1)"."""
+    for path in result_files(result_path):
+        tmp = path.with_suffix(".tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(text)
+            tmp.replace(path)  # the parent sees a whole result file or none
+            if path != result_path:
+                console.print(f"the run's result went to {path} instead (the parent reads it there)")
+            return True
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            console.print(f"[red]cannot write the run's result to {path}:[/] {e.strerror or e}")
+    return False
 
 
 if __name__ == "__main__":

@@ -365,6 +365,14 @@ def progress_file(result_path: Path) -> Path:
     return result_path.with_suffix(".progress")
 
 
+def result_files(result_path: Path) -> tuple[Path, Path]:
+    """Where the child writes its result: `result_path` in the run's temporary folder, else (that disk full or
+    read-only) a file named after the folder in the cache, on another disk more often than not."""
+    from quantbench.paths import cache_dir
+
+    return result_path, cache_dir() / "results" / f"{result_path.parent.name}.json"
+
+
 @dataclass
 class RunResult:
     """One run's rows, made by the runner (or a remote task) and written by the store in one transaction. Rows

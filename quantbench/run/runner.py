@@ -46,6 +46,7 @@ from quantbench.run.record import (
     RunResult,
     SuiteFacts,
     progress_file,
+    result_files,
     uuid7,
 )
 from quantbench.run.resolve import resolve
@@ -220,7 +221,13 @@ class _StopState:
         self.installed = False
         self.live = 0  # children running under execute() now
         self.writing = 0  # runs being written to the store now (finishing_write)
+        self.preparing = False  # the main thread is in resolve() (training or quantizing: minutes, no child to kill)
         self.lock = threading.Lock()
+
+
+class _StoppedWhilePreparing(BaseException):  # noqa: N818 - not an error: what a stop signal raises in resolve()
+    """Raised by a stop signal in the main thread while it prepares the model (`_preparing`), as Ctrl-C raises
+    KeyboardInterrupt: a BaseException, so no `except Exception` of the training or quantizing code swallows it."""
 
 
 _stop = _StopState()
@@ -239,6 +246,8 @@ def stopping() -> bool:
 def _on_stop_signal(signum: int, frame: Any) -> None:
     first = _stop.signum is None
     _stop.signum = _stop.signum or signum
+    if _stop.preparing:  # training or quantizing in this thread: stop it now, not minutes later (_resolve_in_parent)
+        raise _StoppedWhilePreparing
     # No run to wind up: stop now, as the signal's default would; unless a finished run is being written, which
     # the first signal lets finish (under a second) and a second one interrupts.
     if _stop.live == 0 and (_stop.writing == 0 or not first):
@@ -361,17 +370,56 @@ def _resolve_in_parent(spec: RunSpec) -> tuple[RunSpec, dict[str, Any] | None]:
     with _stop.lock:
         _stop.live += 1
     try:
-        resolved = resolve(spec)
+        with _preparing():
+            resolved = resolve(spec)
+    except _StoppedWhilePreparing:
+        return spec, _interrupted_row()
     except Exception as exc:  # a failed row, never a lost run; KeyboardInterrupt still propagates
+        if stopping():  # Ctrl-C reached the quantizing child too, which failed of it: stopped, not crashed
+            return spec, _interrupted_row()
         return spec, {"run": {}, "status": "failed", "failure": classify(exc),
                       "error": f"{type(exc).__name__}: {exc}\n\n" + "".join(traceback.format_exception(exc))}
     finally:
         with _stop.lock:
             _stop.live -= 1
     if stopping():  # the resolved spec all the same: its model is known, and the failed row names it
-        return resolved, {"run": {}, "status": "failed", "failure": "interrupted",
-                          "error": _stop_message(_stop.signum or signal.SIGTERM)}
+        return resolved, _interrupted_row()
     return resolved, None
+
+
+@contextlib.contextmanager
+def _preparing() -> Iterator[None]:
+    """While inside, a stop signal raises _StoppedWhilePreparing in the main thread: before, a Ctrl-C or SIGTERM
+    during the embedded model's training (minutes) or its variant's quantization was only noted, and every further
+    Ctrl-C too, until the model was ready. Only where the signal handler runs (the main thread, under
+    stop_on_signals); a sweep's worker thread still finishes preparing first."""
+    if not _stop.installed or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    if stopping():  # a signal that came before: no handler would raise it again
+        raise _StoppedWhilePreparing
+    _stop.preparing = True
+    try:
+        yield
+    finally:
+        _stop.preparing = False
+
+
+def _interrupted_row() -> dict[str, Any]:
+    return {"run": {}, "status": "failed", "failure": "interrupted",
+            "error": _stop_message(_stop.signum or signal.SIGTERM)}
+
+
+def _read_result(result_path: Path) -> dict[str, Any] | None:
+    """The child's whole result, from its run folder or, where that disk was full, the cache (removed once read);
+    None if it wrote none."""
+    for path in result_files(result_path):
+        if path.exists():
+            out = json.loads(path.read_text())
+            if path != result_path:
+                path.unlink(missing_ok=True)
+            return out
+    return None
 
 
 def _read_progress(result_path: Path) -> dict[str, Any]:
@@ -431,6 +479,20 @@ def _what_the_parent_knew(record: RunRecord, spec: RunSpec, child_spec: RunSpec,
         known.update(_model_columns(child_spec))
     known = {k: v for k, v in known.items() if getattr(record, k) is None}
     return record.model_copy(update=known) if known else record
+
+
+def _without_result(spec: RunSpec, ended: str | None, saved: dict[str, Any], code: int, oom_before: int | None,
+                    crash_text: str, stderr_tail: str) -> dict[str, Any]:
+    """The failed result of a child that wrote none: timed out or stopped by this process, or died on its own."""
+    if ended == "timeout":
+        return {"run": saved, "status": "failed", "failure": "timeout",
+                "error": f"the run exceeded its timeout of {spec.timeout_s:g} s and was killed\n\n{stderr_tail}"}
+    if ended == "interrupted":
+        return {"run": saved, "status": "failed", "failure": "interrupted",
+                "error": f"{_stop_message(_stop.signum or signal.SIGTERM)}\n\n{stderr_tail}".strip()}
+    failure, how = death_failure(code, oom_before, oom_kill_count())
+    return {"run": saved, "status": "failed", "failure": failure,
+            "error": f"the child process died ({how}) before reporting\n\n{crash_text}\n{stderr_tail}".strip()}
 
 
 def execute(spec: RunSpec, *, machine: Machine | None = None, echo: bool = True,
@@ -498,23 +560,17 @@ def execute(spec: RunSpec, *, machine: Machine | None = None, echo: bool = True,
                 with _stop.lock:
                     _stop.live -= 1
             pump.join(timeout=5)
-            out = json.loads(result_path.read_text()) if result_path.exists() and ended is None else None
+            # A result file is whole (the child writes it aside and renames it): it stands even when the timeout or
+            # a stop signal came while the child was exiting after writing it. Before, that finished run was
+            # stored as failed (interrupted / timeout) and its answers thrown away.
+            out = _read_result(result_path)
             saved = _read_progress(result_path) if out is None else {}
             crash_trace = result_path.with_suffix(".faulthandler")
             crash_text = crash_trace.read_text() if crash_trace.exists() else ""
 
-        stderr_tail = b"".join(tail).decode(errors="replace")
-        # A child that never reported keeps what it had saved (its suite, its variant once loaded), not {}.
-        if ended == "timeout":
-            out = {"run": saved, "status": "failed", "failure": "timeout",
-                   "error": f"the run exceeded its timeout of {spec.timeout_s:g} s and was killed\n\n{stderr_tail}"}
-        elif ended == "interrupted":
-            out = {"run": saved, "status": "failed", "failure": "interrupted",
-                   "error": f"{_stop_message(_stop.signum or signal.SIGTERM)}\n\n{stderr_tail}".strip()}
-        elif out is None:
-            failure, how = death_failure(proc.returncode, oom_before, oom_kill_count())
-            out = {"run": saved, "status": "failed", "failure": failure,
-                   "error": f"the child process died ({how}) before reporting\n\n{crash_text}\n{stderr_tail}".strip()}
+        if out is None:  # a child that never reported keeps what it had saved (its suite, its variant once loaded)
+            out = _without_result(spec, ended, saved, proc.returncode, oom_before,
+                                  crash_text, b"".join(tail).decode(errors="replace"))
 
     identity = RunIdentity(
         run_id=run_id, created_at=created, finished_at=dt.datetime.now(dt.UTC), status=out["status"],

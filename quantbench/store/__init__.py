@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -33,6 +34,8 @@ if TYPE_CHECKING:  # pandas is imported where rows are read or inserted: `run` r
 
 DEFAULT_DB = "results.duckdb"  # the file name of your store, under $QUANTBENCH_HOME (quantbench.store.home)
 LOCK_RETRY_S = 60.0
+LOCK_SAY_S = 1.0  # a lock held this long is said (a run's write takes well under it)
+LOCK_REMIND_S = 10.0
 # Free disk asked for before a run: a new store holding one run of the built-in suite (436 answers) is 2.1 MB,
 # as DuckDB allocates 256 KiB blocks per table, plus its write-ahead log; 16 MiB leaves room for its checkpoints.
 MIN_FREE_BYTES = 16 << 20
@@ -77,6 +80,15 @@ def _is_data_error(e: BaseException) -> bool:
 def _is_lock_error(e: Exception) -> bool:
     text = str(e).lower()
     return "lock" in text and ("could not set" in text or "conflicting" in text)
+
+
+def _lock_wait(path: Path, e: Exception, waited: float) -> str:
+    """One line while waiting for another process's lock on `path`: which process, how long so far, until when."""
+    import re
+
+    holder = re.search(r"\(PID (\d+)\)", str(e))
+    who = f"process {holder.group(1)}" if holder else "another process"
+    return f"waiting for {path}: {who} holds it (waited {waited:.0f} s of up to {LOCK_RETRY_S:.0f} s)"
 
 
 def _open_error(path: Path, e: Exception) -> str:
@@ -172,8 +184,11 @@ class Store:
             con.close()
 
     def _open(self, opener: Callable[[], duckdb.DuckDBPyConnection]) -> duckdb.DuckDBPyConnection:
-        """`opener()`, retried (up to LOCK_RETRY_S) while another process holds the file."""
-        deadline = time.monotonic() + LOCK_RETRY_S
+        """`opener()`, retried (up to LOCK_RETRY_S) while another process holds the file, saying so (who, for how
+        long) once a wait passes LOCK_SAY_S and then every LOCK_REMIND_S: before, a run's final write waited a
+        silent minute after its progress bars had ended."""
+        started = time.monotonic()
+        said = None
         delay = 0.05
         while True:
             try:
@@ -181,8 +196,12 @@ class Store:
             except composite.SourceVersionError as e:
                 raise StoreError(str(e)) from None
             except duckdb.Error as e:
-                if not _is_lock_error(e) or time.monotonic() > deadline:
+                waited = time.monotonic() - started
+                if not _is_lock_error(e) or waited > LOCK_RETRY_S:
                     raise StoreUnavailableError(_open_error(self.path, e)) from e
+                if waited >= LOCK_SAY_S and (said is None or waited - said >= LOCK_REMIND_S):
+                    said = waited
+                    print(_lock_wait(self.path, e, waited), file=sys.stderr, flush=True)
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
@@ -334,8 +353,6 @@ class Store:
                        f"{kept}{skipped}: once the store can be written, `quantbench merge {kept} --db {self.path}` "
                        "adds it")
         if announce:
-            import sys
-
             print(message, file=sys.stderr)
         return message
 

@@ -100,12 +100,11 @@ def quantize(
         check_source(source, out)  # before --overwrite removes anything
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: a file, not a directory; give a new directory for the variant")
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise ConfigError(f"--out {out} is not empty; give a new directory (or remove it)")
-        shutil.rmtree(out)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ConfigError(f"--out {out} is not empty; give a new directory (or remove it)")
     log = Path(log) if log is not None else library_log(out)
     _check_writable(out, log)
+    clear_dead_staging(out.parent, f".{out.name}.partial-")
     say = stderr_console()
     library = "auto-round" if scheme == "int4" else "nvidia-modelopt"
     method = "calibrated" if scheme != "int4" else f"SignRound, {iters} iterations" if iters else \
@@ -121,16 +120,43 @@ def quantize(
     say.print(f"{scheme}: quantizing {source or shape} with {library} {library_versions().get(library) or ''} "
               f"({method}, {what}); the libraries' own log: {log}" + (f"; {busy}" if busy else ""), highlight=False)
     started = time.perf_counter()
+    # A variant is whole or absent: it is made in a folder of this process's beside --out and moved into place
+    # only once its checks and provenance are written. Before, it was made in --out itself: a SIGTERM (`timeout`, a
+    # scheduler), a closed terminal or a SIGKILL left a checkpoint without its provenance or its checks that `run`
+    # loaded as the variant, and --overwrite removed the old variant before the new one was made.
+    staging = out.with_name(f".{out.name}.partial-{os.getpid()}")
     try:
-        return _make(source, shape, scheme, out, recipe, cal, log, say, started, progress=progress, layers=layers,
-                     weights_seed=weights_seed, multimodal=multimodal, experts_only=experts_only)
+        _make(source, shape, scheme, staging, recipe, cal, log, say, started, progress=progress, layers=layers,
+              weights_seed=weights_seed, multimodal=multimodal, experts_only=experts_only, final=out)
+        from quantbench.make.fixture import replace_with
+
+        replace_with(out, staging)
+        return out
     except BaseException:
-        # a variant is whole or absent: an interrupted or failed quantization (Ctrl-C, a full disk, a library's
-        # error) left a checkpoint without its provenance or its checks, which `run` would then load
-        shutil.rmtree(out, ignore_errors=True)
+        # an interrupted or failed quantization (Ctrl-C, a full disk, a library's error)
+        shutil.rmtree(staging, ignore_errors=True)
         say.print(f"{scheme}: quantizing failed; the libraries' own log: {log}; what it had written of the variant "
                   "was removed", highlight=False)
         raise
+
+
+def clear_dead_staging(folder: Path, prefix: str) -> None:
+    """Remove the folders `{prefix}{pid}` in `folder` whose process is gone: what a SIGKILL left half made (a
+    variant's files, gigabytes for a real model), which nothing else would ever remove."""
+    for left in folder.glob(f"{prefix}*") if folder.is_dir() else ():
+        pid = left.name.removeprefix(prefix)
+        if left.is_dir() and pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(left, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's: alive, not ours to judge
+        pass
+    return True
 
 
 def _check_writable(out: Path, log: Path) -> None:
@@ -147,9 +173,9 @@ def _check_writable(out: Path, log: Path) -> None:
 
 def _make(source: Path | None, shape: str | None, scheme: str, out: Path, recipe: Recipe, cal: CalibrationFile | None,
           log: Path, say: Any, started: float, *, progress: bool, layers: int | None, weights_seed: int,
-          multimodal: bool, experts_only: bool) -> Path:
+          multimodal: bool, experts_only: bool, final: Path) -> Path:
     """quantize()'s work once its arguments are checked: the library's run into `out`, then the checks and the
-    provenance."""
+    provenance (which names `final`, where quantize() moves `out` once it is whole)."""
     nsamples, seqlen, seed = recipe.nsamples, recipe.seqlen, recipe.seed
     calibrated: dict[str, Any] = {}  # a calibration file's provenance, for a text model (a multimodal child reports its own)
     with libraries_to(log):
@@ -182,7 +208,7 @@ def _make(source: Path | None, shape: str | None, scheme: str, out: Path, recipe
                     tokenizer, nsamples, seqlen, seed)
                 made = quantize_modelopt(source, scheme, out, texts=texts, nsamples=len(texts), seqlen=seqlen,
                                          experts_only=experts_only, progress=progress)
-                details = {"checkpoint": str(made)} if made is not None else {}
+                details = {"checkpoint": str(final)} if made is not None else {}
         details.update(calibrated)
     restored = {}
     if source is not None and scheme == "int4":
@@ -334,14 +360,31 @@ def cached_variant(source_dir: str | Path, scheme: str, **opts: Any) -> Path:
         return _quantize_into(target, source_dir, scheme, recipe)
 
 
+# Ctrl-C reaches this child too (it shares the terminal's process group): it exits quietly, as `quantbench` does,
+# instead of printing a KeyboardInterrupt traceback from deep in transformers under the run's own message.
+QUANTIZE_CHILD = """
+import json, sys
+from quantbench.make.quantize import quantize
+try:
+    quantize(**json.loads(sys.argv[1]))
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
 def _quantize_into(target: Path, source_dir: str | Path, scheme: str, recipe: Recipe) -> Path:
     staging = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+    clear_dead_staging(target.parent, f"{target.name}.tmp-")  # a parent killed while quantizing (this lock is ours)
     shutil.rmtree(staging, ignore_errors=True)
     log = library_log(target)  # beside the variant's final place: the staging folder's name is never shown
     log.unlink(missing_ok=True)
     args = {"source_dir": str(source_dir), "out_dir": str(staging), "log": str(log), **recipe.to_dict()}
-    code = "import json, sys; from quantbench.make.quantize import quantize; quantize(**json.loads(sys.argv[1]))"
-    done = subprocess.run([sys.executable, "-c", code, json.dumps(args)], stdout=sys.stderr, check=False)
+    try:
+        # subprocess.run kills the child when this process is stopped (Ctrl-C, runner's stop signal)
+        done = subprocess.run([sys.executable, "-c", QUANTIZE_CHILD, json.dumps(args)], stdout=sys.stderr, check=False)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     if done.returncode != 0 or not (staging / PROVENANCE_FILE).is_file():
         shutil.rmtree(staging, ignore_errors=True)
         raise QuantbenchError(f"quantizing {source_dir} to {scheme} failed (exit {done.returncode}); see the lines "
