@@ -137,7 +137,7 @@ def loop_spills(sass: str) -> int:
 
 
 # the arithmetic options of each Gluon kernel, off unless a plan turns them on (as its launch passes them)
-KERNEL_OPTIONS = {"int4": {"SCALED": 0, "F16_PAIRS": False}, "nvfp4": {"DRAIN": 0, "RING": 0}}
+KERNEL_OPTIONS = {"int4": {"SCALED": 0}, "nvfp4": {"DRAIN": 0, "RING": 0}}
 
 
 def gluon_constexprs(tiles: dict, fmt: str = "int4") -> dict:

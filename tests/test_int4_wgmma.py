@@ -26,8 +26,7 @@ def _bits(v: float, fp16: bool) -> int:
 
 
 def run_ptx(asm: str, regs: dict[str, int]) -> dict[str, int]:
-    """Interpret the snippets' instructions: mov, shr, prmt, lop3 (0xEA: (a & b) | c), sub / mul.rn.{bf16,f16}x2,
-    fma.rn.f16x2."""
+    """Interpret the snippets' instructions: mov, shr, prmt, lop3 (0xEA: (a & b) | c), sub / mul.rn.{bf16,f16}x2."""
     body = asm.strip().removeprefix("{").removesuffix("}")
     regs = dict(regs)
 
@@ -51,11 +50,6 @@ def run_ptx(asm: str, regs: dict[str, int]) -> dict[str, int]:
         elif op == "lop3.b32":
             assert int(args[4], 0) == 0xEA, ins
             regs[args[0]] = (val(args[1]) & val(args[2])) | val(args[3])
-        elif op == "fma.rn.f16x2":  # each half's exact a * b + c (a double holds it), rounded once
-            a, b, c = val(args[1]), val(args[2]), val(args[3])
-            halves = [_bits(_half((a >> s) & 0xFFFF, True) * _half((b >> s) & 0xFFFF, True)
-                            + _half((c >> s) & 0xFFFF, True), True) for s in (0, 16)]
-            regs[args[0]] = halves[0] | halves[1] << 16
         elif op in ("sub.rn.bf16x2", "sub.rn.f16x2", "mul.rn.bf16x2", "mul.rn.f16x2"):
             fp16 = op.endswith("f16x2") and not op.endswith("bf16x2")
             a, b = val(args[1]), val(args[2])
@@ -117,35 +111,6 @@ def test_scaled_unpacking_gives_each_weight_rounded_once(fp16):
                          128, sym=False, k_block=128)
     dq = w.dequantize(torch.float16, use_triton=False)[0].transpose(0, 1)  # [K, N]
     assert torch.equal(dq, ((q - z).double() * scales.double()).to(torch.float16))
-
-
-def test_f16_pairs_unpacking_gives_the_scaled_unpackings_weights_with_fewer_shifts():
-    """F16_PAIRS: two nibbles a half-word (no shift; ab >> 8 once for slices 2, 3, 6, 7) give, for every slice,
-    the very fp16 weight scaled_asm gives: (q − z) · s rounded once (dequantize()'s weight of an fp16 model)."""
-    torch.manual_seed(2)
-    q = torch.randint(0, 16, (128, 4))
-    z = torch.randint(0, 16, (4,))
-    scales = torch.randn(4, dtype=torch.float16) * 0.01
-    scales[3] = 3e-4  # a scale whose sixteenth would be subnormal in fp16: the odd slices must not divide it
-    words = int4.pack_k(q.unsqueeze(0), 128)[0]
-    sixteenth = _bits(int4_wgmma.SIXTEENTH, True)
-    for col in range(4):
-        zz, zz_hi = _bits(1024.0 + int(z[col]), True), _bits(-(64.0 + int(z[col])), True)
-        ss = int(scales[col].view(torch.int16).item()) & 0xFFFF
-        for r in range(0, 16, 2):
-            w0, w1 = (int(words[r + i, col]) & MASK for i in (0, 1))
-            ab = run_ptx(int4_wgmma.WORD_HALVES_ASM, {"$2": w0, "$3": w1})
-            signed = {k: v - (1 << 32) if v >> 31 else v for k, v in ab.items() if k in ("$0", "$1")}
-            ab8 = {k: (v >> 8) & MASK for k, v in signed.items()}  # the kernel's int32 `ab >> 8` (arithmetic)
-            for j in range(8):
-                src = ab if j % 4 < 2 else ab8
-                regs = {"$1": src["$0"], "$2": src["$1"], "$3": (zz if j % 2 == 0 else zz_hi) * 0x10001,
-                        "$4": ss * 0x10001, "$5": sixteenth * 0x10001}
-                got = run_ptx(int4_wgmma.f16_pairs_asm(j), regs)["$0"]
-                regs = {"$1": ab["$0"], "$2": ab["$1"], "$3": zz * 0x10001, "$4": ss * 0x10001}
-                want = run_ptx(int4_wgmma.scaled_asm(j, True), regs)["$0"]
-                assert got == want, (col, r, j)
-                assert ("shr" in int4_wgmma.f16_pairs_asm(j)) is False
 
 
 def test_pair_asm_uses_the_right_half_and_shift():

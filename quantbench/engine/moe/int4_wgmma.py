@@ -82,24 +82,6 @@ def scaled_asm(j: int, fp16: bool) -> str:
             f"mul.rn.{op} $0, t, $4; }}")
 
 
-SIXTEENTH = 0.0625  # the high nibble's 1024 + 16q brought to 64 + q (exact in fp16)
-
-
-def f16_pairs_asm(j: int) -> str:
-    """F16_PAIRS (fp16 only): slice j of a k pair as (q − z) · s from two nibbles a half-word without a shift:
-    $1 / $2 are word_halves' a / b, shifted right by 8 for slices 2, 3, 6, 7 (ab >> 8, once a block, not once a
-    slice); an even slice takes the nibble at bits 0-3 (1024 + q, minus $3 = 1024 + z), an odd one the nibble at
-    bits 4-7 (1024 + 16q, times $5 = 1/16 plus $3 = −(64 + z): q − z, exact), each then times the scale $4,
-    rounded once: the weight scaled_asm gives, with a shift for four slices in eight instead of six. fp16's 10
-    mantissa bits hold both nibbles of a byte; bf16's 7 do not."""
-    src = ("$1", "$2")[j // 4]
-    if j % 2 == 0:
-        return ("{ .reg .b32 t; " f"lop3.b32 t, {src}, 0x000F000F, 0x64006400, 0xEA; sub.rn.f16x2 t, t, $3; "
-                "mul.rn.f16x2 $0, t, $4; }")
-    return ("{ .reg .b32 t; " f"lop3.b32 t, {src}, 0x00F000F0, 0x64006400, 0xEA; fma.rn.f16x2 t, t, $5, $3; "
-            "mul.rn.f16x2 $0, t, $4; }")
-
-
 def pair_asm(j: int, fp16: bool) -> str:
     """PTX for slice j of a k pair: nibble j of words r and r+1 (from word_halves' a for j < 4, b after) into the
     two 16-bit halves, OR-ed with the exponent of 128 (bf16) / 1024 (fp16), minus (128 + z) / (1024 + z)."""
@@ -124,7 +106,6 @@ def _kernel() -> Any:
 
     pair_asm_c = constexpr_function(pair_asm)  # called at compile time, with constexpr arguments
     scaled_asm_c = constexpr_function(scaled_asm)
-    f16_pairs_asm_c = constexpr_function(f16_pairs_asm)
     word_halves_asm = gl.constexpr(WORD_HALVES_ASM)
     # Gluon resolves names (annotations, callees, builtins) through the module's globals, not this closure.
     pdl_open = pdl.gluon_open()  # the first statement of each kernel here (quantbench.engine.pdl)
@@ -136,7 +117,7 @@ def _kernel() -> Any:
     tile_place, run_tile, weight_columns = shared["tile_place"], shared["run_tile"], shared["weight_columns"]
     token_pointers, copy_block, store_outputs = shared["token_pointers"], shared["copy_block"], shared["store_outputs"]
     globals().update(tile_place=tile_place, run_tile=run_tile, weight_columns=weight_columns,
-                     token_pointers=token_pointers, scaled_asm_c=scaled_asm_c, f16_pairs_asm_c=f16_pairs_asm_c,
+                     token_pointers=token_pointers, scaled_asm_c=scaled_asm_c,
                      copy_block=copy_block, store_outputs=store_outputs)
 
     @gluon.jit
@@ -169,18 +150,7 @@ def _kernel() -> Any:
             return gl.inline_asm_elementwise(scaled_asm_c(j, False), "=r,r,r,r,r", [ab, zz, ss],
                                              dtype=gl.bfloat16, is_pure=True, pack=2)
 
-    @gluon.jit
-    def slice_f16_pairs(ab, cc, ss, sixteenth, j: gl.constexpr):
-        """F16_PAIRS: f16_pairs_asm's slice j ((q − z) · s in fp16; `cc` 1024 + z for an even slice, −(64 + z) for
-        an odd one; `ab` word_halves' pairs, shifted right by 8 for slices 2, 3, 6, 7)."""
-        if j % 2 == 0:
-            return gl.inline_asm_elementwise(f16_pairs_asm_c(j), "=r,r,r,r,r", [ab, cc, ss], dtype=gl.float16,
-                                             is_pure=True, pack=2)
-        else:
-            return gl.inline_asm_elementwise(f16_pairs_asm_c(j), "=r,r,r,r,r,r", [ab, cc, ss, sixteenth],
-                                             dtype=gl.float16, is_pure=True, pack=2)
-
-    globals().update(slice_scaled=slice_scaled, slice_f16_pairs=slice_f16_pairs)
+    globals().update(slice_scaled=slice_scaled)
 
     @gluon.jit
     def int4_tile(
@@ -189,7 +159,7 @@ def _kernel() -> Any:
         stride_xm, stride_qe, stride_qk, stride_se, stride_sg, stride_ym, pid_n,
         K: gl.constexpr, BLOCK_N: gl.constexpr, AHEAD: gl.constexpr,
         GATHER: gl.constexpr, SWIGLU: gl.constexpr, ROW_SCALE: gl.constexpr, SCATTER: gl.constexpr,
-        SCALED: gl.constexpr, F16_PAIRS: gl.constexpr, num_warps: gl.constexpr,
+        SCALED: gl.constexpr, num_warps: gl.constexpr,
     ):
         """One program's tile: BLOCK_N weight rows of expert e times its rows row_start .. (at most BLOCK_M; the
         tile's place and size first, as gluon_common.run_tile calls it)."""
@@ -275,21 +245,7 @@ def _kernel() -> Any:
                        (i + AHEAD) * KB, K)
             ab = word_halves(w_smem.index(stage).permute((1, 0)).load(a_layout))
             zz = z_smem.index(i).load(gl.SliceLayout(1, a_layout))
-            if SCALED > 0 and F16_PAIRS and dtype == gl.float16:  # two nibbles a half-word (f16_pairs_asm)
-                ss = s_smem.index(i).load(gl.SliceLayout(1, a_layout))
-                ab8 = ab >> 8  # a and b of slices 2, 3, 6, 7 (what the shift brings down is masked off)
-                zz_hi = (960.0 - zz.to(gl.float32)).to(dtype)  # −(64 + z): zz is 1024 + z
-                sixteenth = gl.full([BLOCK_N], 0.0625, dtype, layout=gl.SliceLayout(1, a_layout))  # SIXTEENTH
-                for j in gl.static_range(8):
-                    x_half = x_lo if j < 4 else x_hi
-                    xs = x_half.index(stage).slice((j % 4) * SUB, SUB, dim=1).permute((1, 0))
-                    src = ab if j % 4 < 2 else ab8
-                    cc = zz if j % 2 == 0 else zz_hi
-                    w = slice_f16_pairs(src, cc[:, None], ss[:, None], sixteenth[:, None], j)
-                    acc = warpgroup_mma(w, xs, acc, is_async=True)
-                    acc, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, w_prev))
-                    w_prev = w
-            elif SCALED > 0:
+            if SCALED > 0:
                 ss = s_smem.index(i).load(gl.SliceLayout(1, a_layout))
                 for j in gl.static_range(8):
                     x_half = x_lo if j < 4 else x_hi
@@ -326,7 +282,6 @@ def _kernel() -> Any:
         K: gl.constexpr, E: gl.constexpr, E_P2: gl.constexpr,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, AHEAD: gl.constexpr,
         SMALL_M: gl.constexpr, MID_M: gl.constexpr, ONLY: gl.constexpr, SCALED: gl.constexpr,
-        F16_PAIRS: gl.constexpr,
         GATHER: gl.constexpr, SWIGLU: gl.constexpr, ROW_SCALE: gl.constexpr, SCATTER: gl.constexpr,
         PDL: gl.constexpr, num_warps: gl.constexpr,
     ):
@@ -337,8 +292,7 @@ def _kernel() -> Any:
             return
         run_tile(int4_tile, place, (x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, rowidx_ptr, rowscale_ptr, rowdest_ptr, N_OUT,
                                     HALF, stride_xm, stride_qe, stride_qk, stride_se, stride_sg, stride_ym, pid_n, K,
-                                    BLOCK_N, AHEAD, GATHER, SWIGLU, ROW_SCALE, SCATTER, SCALED, F16_PAIRS,
-                                    num_warps),
+                                    BLOCK_N, AHEAD, GATHER, SWIGLU, ROW_SCALE, SCATTER, SCALED, num_warps),
                  BLOCK_M, SMALL_M, MID_M, ONLY)
 
     return int4_wgmma_kernel
@@ -350,8 +304,7 @@ def launch(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, y: Tensor,
     """Run the kernel over y's rows (int4_kernels.int4_grouped_mm checks the arguments, available() included, and calls
     this). config: BLOCK_M tokens x BLOCK_N weight rows, AHEAD; optional SMALL_M / MID_M (a tile size per expert:
     gluon_common.tile_map), SPLIT (a launch per kind of tile), SCALED (the scale multiplied into the weights),
-    maxnreg (ptxas's register cap: more programs an SM where registers are what limits them), F16_PAIRS (fp16
-    tokens with SCALED: f16_pairs_asm's unpacking; ignored for bf16)."""
+    maxnreg (ptxas's register cap: more programs an SM where registers are what limits them)."""
     e, _, n = qweight.shape
     s_rows = y.shape[0]
     n_out = n // 2 if swiglu else n
@@ -366,7 +319,7 @@ def launch(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, y: Tensor,
             x.stride(0), qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1), y.stride(0),
             K=x.shape[1], E=e, E_P2=triton.next_power_of_2(e), BLOCK_M=config["BLOCK_M"], BLOCK_N=block_n,
             AHEAD=config["AHEAD"], SMALL_M=config.get("SMALL_M", 0), MID_M=config.get("MID_M", 0), ONLY=kind,
-            SCALED=int(config.get("SCALED", 0)), F16_PAIRS=bool(config.get("F16_PAIRS", 0)),
+            SCALED=int(config.get("SCALED", 0)),
             GATHER=row_index is not None, SWIGLU=swiglu, ROW_SCALE=row_scale is not None,
             SCATTER=row_dest is not None,
             num_warps=config.get("num_warps", 4),  # one warpgroup: a 128-row tile is two MMAs per slice
