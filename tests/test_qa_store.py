@@ -207,3 +207,19 @@ def test_stored_names_and_paths_with_brackets_are_shown_as_written(tmp_path):
     assert exported.exit_code == 0 and "[x] runs/e.parquet" in exported.output, exported.output
     sources = _cli("sources", "--db", str(src.path))
     assert "[x] runs" in " ".join(sources.output.split()), sources.output
+
+
+def test_merging_a_folder_that_holds_a_published_bundle_says_to_pull_it(tmp_path):
+    # `merge FOLDER` walked into a published bundle and refused its per-table runs.parquet as "not a quantbench
+    # export", with no word of the command that takes a bundle.
+    store = Store(tmp_path / "r.duckdb")
+    write_runs(store, "box", n=1)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    done = _cli("publish", "--db", str(store.path), "--out", str(shared / "h200-bundle"))
+    assert done.exit_code == 0, done.output
+    target = Store(tmp_path / "mine.duckdb")
+    with pytest.raises(StoreError, match=r"h200-bundle: a result bundle .* `quantbench pull .*h200-bundle`"):
+        transfer.merge(target, [shared])
+    out = _cli("merge", str(shared), "--db", str(target.path))
+    one_line_refusal(out, "a result bundle", "quantbench pull")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import os
 import socket
 from dataclasses import dataclass, field
@@ -135,6 +136,9 @@ def expand_sources(store: Store, sources: list[str | os.PathLike[str]]) -> tuple
     for src in sources:
         p = Path(src)
         if p.is_dir():
+            if bundle := _bundle_in(p):  # its per-table Parquet files are no exports: each was "not one"
+                raise StoreError(f"{bundle}: a result bundle (its manifest.json), not exports; verify and merge it "
+                                 f"with `quantbench pull {bundle}` (--db for another store than yours)")
             found = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in SOURCE_SUFFIXES)
             if not found:
                 raise StoreError(f"{p}: no .parquet or .duckdb files in this folder")
@@ -152,6 +156,21 @@ def expand_sources(store: Store, sources: list[str | os.PathLike[str]]) -> tuple
         else:
             raise StoreError(f"{p}: no such file or folder")
     return files, skipped
+
+
+def _bundle_in(folder: Path) -> Path | None:
+    """The folder, at or under `folder`, that holds a quantbench result bundle's manifest (quantbench.store.bundle),
+    or None."""
+    from quantbench.store.bundle import FORMAT, MANIFEST  # lazy: the bundle module reads through this one
+
+    for manifest in sorted(folder.rglob(MANIFEST)):
+        try:
+            fmt = json.loads(manifest.read_text()).get("format")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if fmt == FORMAT:
+            return manifest.parent
+    return None
 
 
 def _first_line(e: BaseException) -> str:
