@@ -157,6 +157,12 @@ def test_a_sweep_run_again_continues_the_repeat_group_its_finished_runs_began(tm
         _stored(store, runs[0].spec, detect(), repeat_id="stopped", repeat_index=index, repeat_count=3)
     todo, skipped = split_finished(runs, store, here.accepts)
     assert len(skipped) == 2 and [r.repeat_tag for r in todo] == [("stopped", 3, 3)]
+    # runs 1 and 3 finished, 2 failed: the run left takes index 2 (it took 3 again: two runs numbered 3)
+    gap = Store(tmp_path / "gap.duckdb")
+    for index in (1, 3):
+        _stored(gap, runs[0].spec, detect(), repeat_id="gap", repeat_index=index, repeat_count=3)
+    todo, _ = split_finished(runs, gap, here.accepts)
+    assert [r.repeat_tag for r in todo] == [("gap", 2, 3)]
     # one run of `run --repeat 2`'s group is not a group of three: the two left start one of their own
     other = Store(tmp_path / "other.duckdb")
     _stored(other, runs[0].spec, detect(), repeat_id="two", repeat_index=1, repeat_count=2)

@@ -136,7 +136,7 @@ def ok_spec_hashes(store: Store, since: Any = None) -> pd.DataFrame:
     """spec_hash, machine and repeat group of every ok run that has a spec_hash (finished at or after `since`, a
     datetime, where given): what a sweep counts as already finished, and the repeat group it may continue."""
     where = "status = 'ok' AND spec_hash IS NOT NULL" + (" AND finished_at >= ?" if since is not None else "")
-    return store.read(f"SELECT spec_hash, gpu_name, gpu_family, host, repeat_id, repeat_count FROM runs WHERE {where}",
+    return store.read(f"SELECT spec_hash, gpu_name, gpu_family, host, repeat_id, repeat_index, repeat_count FROM runs WHERE {where}",
                       [since] if since is not None else None)
 
 

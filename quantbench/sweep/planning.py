@@ -180,17 +180,24 @@ def _finished_rows(runs: list[PlannedRun], store: Store, accepts: Accepts,
 def tag_repeats(todo: list[PlannedRun], done: dict[str, list[dict[str, Any]]]) -> None:
     """Tag the runs left of each configuration asked for more than once as one repeat group, as `run --repeat N`
     tags its N runs, so the report shows them as one (p50 and J ± a t interval). A sweep that was stopped and is
-    run again continues the group its finished runs began (their indices are 1 … done); a new group otherwise."""
+    run again continues the group its finished runs began, its runs taking the indices those left free; a new group
+    otherwise."""
     from quantbench.run.record import uuid7
 
-    groups: dict[str, str] = {}
+    groups: dict[str, tuple[str, list[int]]] = {}  # configuration -> (its group, the indices still free in it)
     for run in todo:
         if run.repeats < 2:
             continue
         key = run.config_key()
         if key not in groups:
-            groups[key] = _group_begun(done.get(key, []), run.repeats) or str(uuid7())
-        run.repeat_tag = (groups[key], run.repeat + 1, run.repeats)
+            rows = done.get(key, [])
+            begun = _group_begun(rows, run.repeats)
+            # indices the finished runs hold are taken (1 and 3 finished, 2 failed: the next run is 2, not 3)
+            used = {r.get("repeat_index") for r in rows}
+            free = [i for i in range(1, run.repeats + 1) if i not in used] if begun else []
+            groups[key] = (begun or str(uuid7()), free)
+        group, free = groups[key]
+        run.repeat_tag = (group, free.pop(0) if free else run.repeat + 1, run.repeats)
 
 
 def _group_begun(rows: list[dict[str, Any]], count: int) -> str | None:
