@@ -73,7 +73,7 @@ def test_a_stopped_sweep_counts_the_runs_it_never_started(tmp_path, sweep_file, 
     store = Store(tmp_path / "r.duckdb")
     ex = LocalExecutor([Slot("cpu", detect(), {}, cpu=True)])
     outcome = run_sweep(load_sweep(sweep_file), ex, store, console=Console(record=True))
-    assert (outcome.ok, outcome.failed, outcome.not_started) == (0, 0, 2)
+    assert (outcome.ok, outcome.failed, outcome.not_started, outcome.interrupted) == (0, 0, 2, 0)
     out = Console(record=True, width=300)
     print_summary(store, outcome, out)
     assert "2 not started (the sweep was stopped): run the same sweep again" in out.export_text()
@@ -142,3 +142,24 @@ def test_a_stop_signal_during_a_ray_sweep_stores_the_tasks_in_flight_as_interrup
     assert [e.kind for e in started] == ["started", "started"]
     assert [(e.kind, e.result.run.failure) for e in finished] == [("finished", "interrupted")] * 2
     assert "told to stop (SIGTERM)" in finished[0].result.run.error
+
+
+@pytest.mark.parametrize("interrupted, says", [(0, "no run was in flight"), (2, "2 run(s) in flight stored as interrupted")])
+def test_a_stopped_sweep_says_whether_a_run_was_in_flight(tmp_path, monkeypatch, interrupted, says):
+    # Ctrl-C while the sweep waited for another sweep's runs said "the runs in flight were stored as interrupted"
+    # with none in flight.
+    import signal
+
+    from typer.testing import CliRunner
+
+    import quantbench.run.runner as runner
+    import quantbench.sweep as sweep_pkg
+    from quantbench.cli import app
+    from quantbench.sweep.driver import SweepOutcome
+
+    monkeypatch.setattr(sweep_pkg, "cli_sweep", lambda *a, **k: SweepOutcome(interrupted=interrupted, not_started=1))
+    monkeypatch.setattr(runner, "stop_requested", lambda: signal.SIGINT)
+    done = CliRunner().invoke(app, ["sweep", str(tmp_path / "s.toml"), "--db", str(tmp_path / "r.duckdb")])
+    assert done.exit_code == 128 + signal.SIGINT, done.output
+    text = " ".join(done.output.split())
+    assert says in text and "1 not started" in text, text

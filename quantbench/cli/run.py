@@ -439,7 +439,9 @@ def sweep(
         _fail(e)
     if signum := stop_requested():
         left = getattr(outcome, "not_started", 0)  # the runs it never started: the same sweep again runs them
-        err.print(f"[red]stopped by {signal.Signals(signum).name}:[/] the runs in flight were stored as interrupted"
+        stopped = getattr(outcome, "interrupted", 0)  # none when the signal came between runs or while it waited
+        err.print(f"[red]stopped by {signal.Signals(signum).name}:[/] "
+                  + (f"{stopped} run(s) in flight stored as interrupted" if stopped else "no run was in flight")
                   + (f"; {left} not started: run the same sweep again to run them (finished runs are skipped)"
                      if left else ""))
         raise typer.Exit(128 + signum)

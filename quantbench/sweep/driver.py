@@ -50,6 +50,7 @@ class SweepOutcome:
     unsaved: list[str] = field(default_factory=list)  # runs the store could not take: where each was kept
     not_started: int = 0  # placeable runs never started (the sweep was told to stop)
     by_others: int = 0  # runs another sweep of the store had claimed and stored while this one waited
+    interrupted: int = 0  # runs stopped in flight by a stop signal and stored so
 
 
 class _Display:
@@ -167,6 +168,7 @@ def _run(runs: list[PlannedRun], executor: Any, store: Store, outcome: SweepOutc
             outcome.ok += 1
         else:
             outcome.failed += 1
+            outcome.interrupted += result.run.failure == "interrupted"
 
     if not runs:
         return
