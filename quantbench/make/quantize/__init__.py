@@ -132,11 +132,14 @@ def quantize(
 
         replace_with(out, staging)
         return out
-    except BaseException:
+    except BaseException as e:
         # an interrupted or failed quantization (Ctrl-C, a full disk, a library's error)
         shutil.rmtree(staging, ignore_errors=True)
         say.print(f"{scheme}: quantizing failed; the libraries' own log: {log}; what it had written of the variant "
                   "was removed", highlight=False)
+        if isinstance(e, QuantbenchError) and e.args and isinstance(e.args[0], str):
+            # the checks name the folder they read: the user's --out, not this process's staging folder
+            e.args = (e.args[0].replace(str(staging), str(out)), *e.args[1:])
         raise
 
 
