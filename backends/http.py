@@ -244,11 +244,6 @@ def identity(health: dict[str, Any]) -> dict[str, Any]:
     return {**{k: health.get(k) for k in IDENTITY}, **{f"info.{k}": info.get(k) for k in IDENTITY_INFO}}
 
 
-def _served_model(health: dict[str, Any]) -> str | None:
-    model = health.get("model")
-    return model if isinstance(model, str) and model else None
-
-
 class HttpEngine(EngineBase):
     """A DecisionEngine whose forward pass is a POST to a SystemOne server. It declares no optional feature:
     nothing to warm, no fused ops or CUDA graphs of its own (EngineBase's defaults)."""
@@ -276,7 +271,7 @@ class HttpEngine(EngineBase):
         self.concurrency, self.timeout_s = concurrency, timeout_s
         self.media_base, self.limits = media_base, limits or Limits()
         self.health = health
-        self.model = _served_model(health or {})  # the model every answer must name
+        self.model = _text((health or {}).get("model"))  # the model every answer must name
         self._model_lock = threading.Lock()
         self._timed: list[tuple[float, float, int]] = []  # (client_ms, server model_ms, retries) per answer
         self._pool = (
@@ -347,7 +342,7 @@ class HttpEngine(EngineBase):
                 self.model = model
                 return
         if model != self.model:
-            said = "/healthz said it serves" if _served_model(self.health or {}) else "its first answer came from"
+            said = "/healthz said it serves" if _text((self.health or {}).get("model")) else "its first answer came from"
             raise RemoteError(200, f"the server at {self.endpoint} answered as model {model[:200]!r}, but {said} "
                               f"{self.model!r}: its answers would mix two models in one run (did it restart with "
                               "another model?); run again against a server serving one model")
@@ -549,6 +544,11 @@ class HttpOptions(BackendOptions):
 _WARNED: set[str] = set()  # endpoints whose clear-text API key was warned about in this process
 
 
+def _api_key(spec: RunSpec) -> str | None:
+    """The key sent to the server: --api-key, else $QUANTBENCH_API_KEY (a sweep's or an API caller's spec)."""
+    return spec.options.api_key or os.environ.get(API_KEY_ENV) or None
+
+
 class HttpBackend:
     name = "http"
     remote = True  # answers through --endpoint: no local weights (quantbench.run.backend.Backend.remote)
@@ -567,14 +567,14 @@ class HttpBackend:
         """In the parent, before a child starts or anything is stored: --endpoint is an http(s) base URL; an API
         key bound for it in clear text over a network is warned about (once, here)."""
         endpoint = normalize_endpoint(spec.options.endpoint)
-        warning = key_in_clear(endpoint, spec.options.api_key or os.environ.get(API_KEY_ENV))
+        warning = key_in_clear(endpoint, _api_key(spec))
         if warning and endpoint not in _WARNED:  # `run` checks before its runs and each run again
             _WARNED.add(endpoint)
             print(warning, file=sys.stderr)
 
     def load(self, spec: RunSpec, machine: Any) -> LoadedVariant:
         endpoint = normalize_endpoint(spec.options.endpoint)
-        api_key = spec.options.api_key or os.environ.get(API_KEY_ENV) or None
+        api_key = _api_key(spec)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         limits = httpx.Limits(
             max_connections=spec.concurrency + 2, max_keepalive_connections=spec.concurrency + 2

@@ -17,7 +17,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import quantbench
 from quantbench.errors import ConfigError, QuantbenchError, classify
 from quantbench.models import hub, scorer
+from quantbench.paths import remove_dead_folders
 from quantbench.run.backend import get_backend
 from quantbench.run.checks import check_state_lengths
 from quantbench.run.machine import Machine, check_gpu, detect
@@ -345,16 +345,7 @@ def death_failure(code: int, oom_before: int | None, oom_after: int | None) -> t
 
 def _clear_orphaned_tmp() -> None:
     """Remove run folders left by parents that were killed (SIGKILL leaves no chance to clean up)."""
-    for folder in Path(tempfile.gettempdir()).glob(f"{TMP_PREFIX}*-*"):
-        pid = folder.name.removeprefix(TMP_PREFIX).split("-", 1)[0]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(folder, ignore_errors=True)
-        except OSError:  # alive (another user's): not ours to touch
-            pass
+    remove_dead_folders(Path(tempfile.gettempdir()), TMP_PREFIX)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

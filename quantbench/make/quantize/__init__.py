@@ -41,7 +41,7 @@ from quantbench.make.quantize.source import check_source, source_tokenizer
 from quantbench.models import hub, scorer
 from quantbench.models.calibration import CalibrationFile, calibration_texts, file_samples, load_calibration
 from quantbench.models.checkpoint import PROVENANCE_FILE, fingerprint, model_identity, read_config
-from quantbench.paths import cache_dir
+from quantbench.paths import cache_dir, remove_dead_folders
 from quantbench.term import libraries_to, load_note, stderr_console
 
 __all__ = ["SCHEMES", "Recipe", "cached_variant", "default_model_dir", "default_variant", "library_log",
@@ -104,7 +104,7 @@ def quantize(
         raise ConfigError(f"--out {out} is not empty; give a new directory (or remove it)")
     log = Path(log) if log is not None else library_log(out)
     _check_writable(out, log)
-    clear_dead_staging(out.parent, f".{out.name}.partial-")
+    remove_dead_folders(out.parent, f".{out.name}.partial-")  # a killed quantize's staging folders
     say = stderr_console()
     library = "auto-round" if scheme == "int4" else "nvidia-modelopt"
     method = "calibrated" if scheme != "int4" else f"SignRound, {iters} iterations" if iters else \
@@ -141,25 +141,6 @@ def quantize(
             # the checks name the folder they read: the user's --out, not this process's staging folder
             e.args = (e.args[0].replace(str(staging), str(out)), *e.args[1:])
         raise
-
-
-def clear_dead_staging(folder: Path, prefix: str) -> None:
-    """Remove the folders `{prefix}{pid}` in `folder` whose process is gone: what a SIGKILL left half made (a
-    variant's files, gigabytes for a real model), which nothing else would ever remove."""
-    for left in folder.glob(f"{prefix}*") if folder.is_dir() else ():
-        pid = left.name.removeprefix(prefix)
-        if left.is_dir() and pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
-            shutil.rmtree(left, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's: alive, not ours to judge
-        pass
-    return True
 
 
 def _check_writable(out: Path, log: Path) -> None:
@@ -377,7 +358,7 @@ except KeyboardInterrupt:
 
 def _quantize_into(target: Path, source_dir: str | Path, scheme: str, recipe: Recipe) -> Path:
     staging = target.with_name(f"{target.name}.tmp-{os.getpid()}")
-    clear_dead_staging(target.parent, f"{target.name}.tmp-")  # a parent killed while quantizing (this lock is ours)
+    remove_dead_folders(target.parent, f"{target.name}.tmp-")  # a parent killed while quantizing (this lock is ours)
     shutil.rmtree(staging, ignore_errors=True)
     log = library_log(target)  # beside the variant's final place: the staging folder's name is never shown
     log.unlink(missing_ok=True)
